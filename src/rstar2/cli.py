@@ -1,0 +1,178 @@
+"""The `rstar2` command. Every sub-command has `--help`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="rstar2: agentic RL for language models that reason with a Python tool.",
+                  no_args_is_help=True, add_completion=False)
+sandbox_app = typer.Typer(help="The code environment: isolated, fast Python execution.", no_args_is_help=True)
+app.add_typer(sandbox_app, name="sandbox")
+console = Console(stderr=True)
+
+
+def _limits(timeout_s: float | None = None, memory_mb: int | None = None):
+    from .sandbox import Limits
+
+    return Limits().merged(timeout_s, memory_mb)
+
+
+@sandbox_app.command("run")
+def sandbox_run(
+    file: str = typer.Argument(..., help="Python file to run, or - for standard input."),
+    input: str = typer.Option("", "--input", "-i", help="Text given to the code on its standard input."),
+    input_file: Path | None = typer.Option(None, help="File whose content is the code's standard input."),
+    timeout_s: float = typer.Option(10.0, "--timeout", help="Wall-clock limit in seconds."),
+    memory_mb: int = typer.Option(1024, "--memory-mb", help="Memory limit in MiB."),
+    as_json: bool = typer.Option(False, "--json", help="Print the whole result as JSON."),
+    url: str | None = typer.Option(None, help="Run on a sandbox service at this URL instead of locally."),
+) -> None:
+    """Run one piece of code in the sandbox and show what came back."""
+    from .sandbox import ExecRequest, LocalPool
+    from .sandbox.client import Client
+
+    code = sys.stdin.read() if file == "-" else Path(file).read_text()
+    stdin = input_file.read_text() if input_file else input
+    req = ExecRequest(code=code, input=stdin, timeout_s=timeout_s, memory_mb=memory_mb)
+
+    async def go():
+        if url:
+            async with Client(url) as client:
+                return await client.run(req)
+        async with LocalPool(workers=1) as pool:
+            return await pool.run(req)
+
+    result = asyncio.run(go())
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        sys.stdout.write(result.stdout)
+        if result.value is not None:
+            print(result.value)
+        sys.stderr.write(result.stderr)
+        extra = f" ({result.reason})" if result.reason else ""
+        console.print(f"[bold]status[/bold]: {result.status}{extra}  [dim]{result.duration_s * 1000:.1f} ms[/dim]")
+    raise typer.Exit(0 if result.ok else 1)
+
+
+@sandbox_app.command("info")
+def sandbox_info(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Show which isolation layers are active on this machine, and why others are not."""
+    from .sandbox.executor import Executor
+    from .sandbox.isolation import IsolationConfig
+
+    async def go():
+        ex = Executor(0, _limits(), IsolationConfig())
+        await ex.start()
+        hello = dict(ex.hello)
+        await ex.close()
+        return hello
+
+    hello = asyncio.run(go())
+    if as_json:
+        print(json.dumps(hello, indent=2))
+        return
+    table = Table(title="rstar2 sandbox isolation on this machine")
+    table.add_column("layer")
+    table.add_column("active")
+    table.add_column("detail")
+    for layer in hello["layers"]:
+        table.add_row(layer["name"], "[green]yes[/green]" if layer["active"] else "[red]no[/red]", layer["detail"])
+    Console().print(table)
+    Console().print(f"pre-imported modules: {', '.join(hello.get('preloaded', []))}")
+
+
+@sandbox_app.command("serve")
+def sandbox_serve(
+    host: str = typer.Option("127.0.0.1", help="Address to bind. It runs untrusted code: keep it on loopback."),
+    port: int = typer.Option(8088, help="Port."),
+    workers: int = typer.Option(0, help="Local executors (0 = one per CPU core). Ignored with --redis."),
+    redis: str | None = typer.Option(None, "--redis", help="Enqueue calls to Redis worker nodes at this URL."),
+    timeout_s: float = typer.Option(10.0, "--timeout", help="Default wall-clock limit per call."),
+    memory_mb: int = typer.Option(1024, "--memory-mb", help="Default memory limit per call."),
+    deadline_s: float = typer.Option(600.0, help="Redis mode: a call gets a failure after this long."),
+) -> None:
+    """Serve the sandbox over HTTP (POST /run, /run_batch; GET /health, /metrics)."""
+    import uvicorn
+
+    from .sandbox.service import create_app
+
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(f"[yellow]warning[/yellow]: binding {host}: this service runs untrusted code; "
+                      "never expose it to a network you do not control.")
+    if redis:
+        from .sandbox.redis_queue import RedisBackend
+
+        backend = RedisBackend(redis, deadline_s=deadline_s)
+    else:
+        from .sandbox import LocalPool
+
+        backend = LocalPool(workers=workers or None, limits=_limits(timeout_s, memory_mb))
+    uvicorn.run(create_app(backend), host=host, port=port, log_level="warning")
+
+
+@sandbox_app.command("worker")
+def sandbox_worker(
+    redis: str = typer.Option(..., "--redis", help="Redis URL, e.g. redis://head-node:6379/0"),
+    workers: int = typer.Option(0, help="Local executors (0 = one per CPU core)."),
+    lease_s: float = typer.Option(60.0, help="A task held this long by a silent worker is given to another."),
+    timeout_s: float = typer.Option(10.0, "--timeout", help="Default wall-clock limit per call."),
+    memory_mb: int = typer.Option(1024, "--memory-mb", help="Default memory limit per call."),
+) -> None:
+    """Run a worker node: take calls from Redis, run them in isolation, send the results back."""
+    import signal
+
+    from .sandbox import LocalPool
+    from .sandbox.redis_queue import RedisWorker
+
+    async def go():
+        pool = LocalPool(workers=workers or None, limits=_limits(timeout_s, memory_mb))
+        worker = RedisWorker(redis, pool, lease_s=lease_s)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, worker.stop)
+        console.print(f"worker {worker.name}: {pool.size} executors, Redis {redis}")
+        await worker.run()
+
+    asyncio.run(go())
+
+
+@sandbox_app.command("bench")
+def sandbox_bench(
+    quick: bool = typer.Option(False, help="A short run (a minute or two) instead of the full table."),
+    modes: str = typer.Option("baseline,pool,http,redis", help="Comma-separated: baseline, pool, http, redis."),
+    workloads: str = typer.Option("trivial,sympy,loop", help="Comma-separated: trivial, sympy, loop."),
+    concurrency: str = typer.Option("1,8,64,256", help="Calls in flight, comma-separated."),
+    out: Path | None = typer.Option(None, help="Also write the results as JSON here."),
+) -> None:
+    """Benchmark throughput and latency against a fresh `python3 -c` per call (same run)."""
+    from .sandbox.bench import main as bench_main
+
+    bench_main(quick=quick, modes=modes.split(","), workloads=workloads.split(","),
+               concurrency=[int(c) for c in concurrency.split(",")], out=out)
+
+
+@app.command("demo")
+def demo() -> None:
+    """The main job on the embedded default (for now: the sandbox benchmark's quick mode)."""
+    from .sandbox.bench import main as bench_main
+
+    bench_main(quick=True, modes=["baseline", "pool", "http"], workloads=["trivial", "sympy"],
+               concurrency=[1, 64], out=None)
+
+
+def main() -> None:  # pragma: no cover
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

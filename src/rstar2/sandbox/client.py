@@ -1,0 +1,129 @@
+"""Async client for the HTTP service. Concurrent calls are gathered into `/run_batch` requests
+(up to `batch_size` calls, or whatever arrived within `linger_s`), like the paper's send workers.
+
+    async with Client("http://127.0.0.1:8088") as client:
+        result = await client.run("print(6 * 7)")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import httpx
+
+from .result import ExecRequest, ExecResult
+
+
+class Client:
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:8088",
+        batch_size: int = 64,
+        linger_s: float = 0.002,
+        concurrency: int = 16,
+        retries: int = 4,
+        request_timeout_s: float = 600.0,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.batch_size = batch_size
+        self.linger_s = linger_s
+        self.concurrency = concurrency
+        self.retries = retries
+        self.request_timeout_s = request_timeout_s
+        self._queue: asyncio.Queue | None = None
+        self._senders: list[asyncio.Task] = []
+        self._http: httpx.AsyncClient | None = None
+
+    async def __aenter__(self) -> Client:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        if self._queue is not None:
+            return
+        self._queue = asyncio.Queue()
+        limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
+        self._http = httpx.AsyncClient(timeout=self.request_timeout_s, limits=limits)
+        self._senders = [asyncio.create_task(self._sender()) for _ in range(self.concurrency)]
+
+    async def close(self) -> None:
+        for task in self._senders:
+            task.cancel()
+        await asyncio.gather(*self._senders, return_exceptions=True)
+        self._senders = []
+        if self._http is not None:
+            await self._http.aclose()
+        self._http = None
+        self._queue = None
+
+    async def run(self, code: str | ExecRequest, input: str = "", **kw) -> ExecResult:
+        req = code if isinstance(code, ExecRequest) else ExecRequest(code=code, input=input, **kw)
+        if self._queue is None:
+            await self.start()
+        assert self._queue is not None
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        await self._queue.put((req, fut))
+        return await fut
+
+    async def run_many(self, requests: list[ExecRequest | str]) -> list[ExecResult]:
+        return list(await asyncio.gather(*(self.run(r) for r in requests)))
+
+    async def health(self) -> dict:
+        if self._http is None:
+            await self.start()
+        assert self._http is not None
+        resp = await self._http.get(self.url + "/health")
+        resp.raise_for_status()
+        return resp.json()
+
+    # ------------------------------------------------------------------ sending
+    async def _sender(self) -> None:
+        assert self._queue is not None
+        queue = self._queue
+        while True:
+            batch = [await queue.get()]
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.linger_s
+            while len(batch) < self.batch_size:
+                try:
+                    batch.append(queue.get_nowait())
+                    continue
+                except asyncio.QueueEmpty:
+                    pass
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(queue.get(), remaining))
+                except asyncio.TimeoutError:
+                    break
+            live = [(req, fut) for req, fut in batch if not fut.done()]
+            if not live:
+                continue
+            results = await self._post([req for req, _ in live])
+            for (_, fut), result in zip(live, results):
+                if not fut.done():
+                    fut.set_result(result)
+
+    async def _post(self, reqs: list[ExecRequest]) -> list[ExecResult]:
+        assert self._http is not None
+        payload = {"requests": [{k: v for k, v in r.to_dict().items() if v is not None} for r in reqs]}
+        last_error = ""
+        for attempt in range(self.retries + 1):
+            try:
+                resp = await self._http.post(self.url + "/run_batch", json=payload)
+                if resp.status_code == 200:
+                    return [ExecResult.from_dict(d) for d in resp.json()["results"]]
+                if 400 <= resp.status_code < 500:  # our request is wrong: retrying will not help
+                    reason = f"rejected by the service ({resp.status_code}): {resp.text[:500]}"
+                    return [ExecResult.failure("rejected", reason) for _ in reqs]
+                last_error = f"HTTP {resp.status_code}"
+            except (httpx.TransportError, ValueError) as exc:
+                last_error = f"{type(exc).__name__}: {exc}"
+            if attempt < self.retries:
+                await asyncio.sleep(min(5.0, 0.25 * 2**attempt) * (0.5 + random.random()))
+        return [ExecResult.failure("internal", f"sandbox service unreachable: {last_error}") for _ in reqs]

@@ -1,0 +1,375 @@
+"""The isolation layers: what a worker sets up once, and what each call's child applies.
+
+Layers, each tried and reported (see `rstar2 sandbox info`); one that the machine does not allow is
+skipped and the others still hold:
+
+- ``user_ns``   when not root: an unprivileged user namespace, which allows the namespaces below
+- ``net``       an empty network namespace (not even loopback is up)
+- ``pid``       a PID namespace per call: the call's first process is its init; when it ends the
+                kernel kills everything it started, setsid daemons and double forks included
+- ``fs``        a private mount namespace and a minimal read-only root holding only the Python
+                installation, /usr and /etc; a fresh size-capped tmpfs as /tmp (the working directory)
+                per call; a /proc that shows only the call's own processes; no /sys, no host /tmp
+- ``ipc_uts``   private System V IPC and hostname
+- ``cgroup``    a memory and pids cgroup per worker, capping all processes of a call together
+- ``uid``       the code runs as an unprivileged uid, one per worker, with no capabilities
+- ``seccomp``   a deny-list of system calls (mount, namespaces, ptrace, bpf, kexec, raw sockets, ...)
+- ``rlimits``   address space, CPU seconds, processes, file size, open files, no core dumps
+- ``env``       an allow-listed environment: nothing inherited from the service
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import tempfile
+import sys
+from dataclasses import dataclass, field
+
+from . import linux
+from .result import Limits
+
+SAFE_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "PYTHONIOENCODING": "utf-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "MPLBACKEND": "Agg",
+}
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+UID_BASE = 61000  # worker k runs calls as uid UID_BASE + k (unused range on Debian)
+
+
+@dataclass
+class Layer:
+    name: str
+    active: bool
+    detail: str
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "active": self.active, "detail": self.detail}
+
+
+@dataclass
+class IsolationConfig:
+    """Which layers to try. `enabled=False` runs calls as plain forked children (for comparison only)."""
+
+    enabled: bool = True
+    network: bool = True
+    pid: bool = True
+    filesystem: bool = True
+    cgroups: bool = True
+    drop_uid: bool = True
+    seccomp: bool = True
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> IsolationConfig:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass
+class WorkerIsolation:
+    """The state a worker keeps after its one-time set-up; `child_setup` applies it per call."""
+
+    config: IsolationConfig
+    worker_index: int
+    layers: dict[str, Layer] = field(default_factory=dict)
+    pid_ns_fd: int | None = None
+    seccomp_program: bytes | None = None
+    uid: int | None = None
+    cgroup: CgroupPair | None = None
+    fs_ready: bool = False
+    root_dir: str | None = None
+
+    def note(self, name: str, active: bool, detail: str) -> None:
+        self.layers[name] = Layer(name, active, detail)
+
+    # ---------------------------------------------------------------- once per worker
+    def setup(self) -> None:
+        cfg = self.config
+        if not cfg.enabled:
+            self.note("all", False, "isolation disabled by configuration")
+            return
+        is_root = os.geteuid() == 0
+        flags = 0
+        if cfg.network:
+            flags |= linux.CLONE_NEWNET
+        if cfg.filesystem or cfg.pid:
+            flags |= linux.CLONE_NEWNS
+        flags |= linux.CLONE_NEWIPC | linux.CLONE_NEWUTS
+        if cfg.cgroups and is_root:
+            try:
+                self.cgroup = CgroupPair.create(f"w{os.getpid()}")
+                self.note("cgroup", True, f"memory+pids cgroup {self.cgroup.name}")
+            except OSError as exc:
+                self.note("cgroup", False, f"cgroup v1 memory/pids controllers not usable here ({exc})")
+        elif cfg.cgroups:
+            self.note("cgroup", False, "needs root")
+        if not is_root:
+            try:
+                uid, gid = os.getuid(), os.getgid()
+                linux.unshare(linux.CLONE_NEWUSER)
+                _write("/proc/self/setgroups", "deny")
+                _write("/proc/self/uid_map", f"0 {uid} 1")
+                _write("/proc/self/gid_map", f"0 {gid} 1")
+                self.note("user_ns", True, f"unprivileged user namespace (host uid {uid})")
+            except OSError as exc:
+                self.note("user_ns", False, f"unprivileged user namespaces unavailable ({exc.strerror})")
+                flags = 0
+        try:
+            if flags:
+                linux.unshare(flags)
+            self.note("net", bool(flags & linux.CLONE_NEWNET), "empty network namespace" if flags & linux.CLONE_NEWNET else "disabled")
+            self.note("ipc_uts", bool(flags), "private IPC and hostname" if flags else "unavailable")
+        except OSError as exc:
+            flags = 0
+            self.note("net", False, f"unshare failed: {exc.strerror}")
+            self.note("ipc_uts", False, f"unshare failed: {exc.strerror}")
+        if flags & linux.CLONE_NEWUTS:
+            try:
+                socket.sethostname("sandbox")
+            except OSError:
+                pass
+        if cfg.pid and flags & linux.CLONE_NEWNS:
+            try:
+                self.pid_ns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+                linux.unshare(linux.CLONE_NEWPID)  # probe, then reset to our own namespace
+                linux.setns(self.pid_ns_fd, linux.CLONE_NEWPID)
+                self.note("pid", True, "new PID namespace per call; all of a call's processes die with it")
+            except OSError as exc:
+                self.pid_ns_fd = None
+                self.note("pid", False, f"PID namespaces unavailable ({exc.strerror}); process-group kill instead")
+        else:
+            self.note("pid", False, "disabled" if not cfg.pid else "needs a mount namespace")
+        if cfg.seccomp:
+            try:
+                from .seccomp import build_program
+
+                self.seccomp_program = build_program()
+                self.note("seccomp", True, f"deny-list filter, {len(self.seccomp_program) // 8} BPF instructions")
+            except Exception as exc:  # noqa: BLE001 - libseccomp missing or unsupported arch
+                self.note("seccomp", False, f"unavailable: {exc}")
+        if cfg.filesystem and flags & linux.CLONE_NEWNS:
+            try:
+                self.root_dir = tempfile.mkdtemp(prefix="rstar2-root-")
+                _build_root(self.root_dir)
+                self.fs_ready = True
+                self.note("fs", True, "read-only minimal root, private tmpfs /tmp and /proc per call")
+            except OSError as exc:
+                self.note("fs", False, f"could not build the private root ({exc}); host filesystem visible")
+        else:
+            self.note("fs", False, "disabled" if not cfg.filesystem else "no mount namespace")
+        if cfg.drop_uid and is_root:
+            self.uid = UID_BASE + self.worker_index
+            self.note("uid", True, f"calls run as uid/gid {self.uid}, no capabilities")
+        elif cfg.drop_uid:
+            self.note("uid", False, "needs root (a user namespace maps a single uid)")
+        self.note("rlimits", True, "address space, CPU, processes, file size, open files, no core dumps")
+        self.note("env", True, "allow-listed environment")
+
+    # ---------------------------------------------------------------- per call, in the zygote
+    def before_fork(self) -> None:
+        """Make the next forked child the init of a fresh PID namespace."""
+        if self.pid_ns_fd is not None:
+            linux.setns(self.pid_ns_fd, linux.CLONE_NEWPID)
+            linux.unshare(linux.CLONE_NEWPID)
+
+    def after_fork(self) -> None:
+        if self.pid_ns_fd is not None:
+            linux.setns(self.pid_ns_fd, linux.CLONE_NEWPID)
+
+    def prepare_call(self, limits: Limits) -> None:
+        if self.cgroup is not None:
+            self.cgroup.set_limits(limits)
+
+    # ---------------------------------------------------------------- per call, in the child
+    def child_setup(self, limits: Limits) -> None:
+        """Runs in the forked child before the user's code: every per-call layer. Raises on failure."""
+        self.enter_private_fs(limits)
+        self.drop_privileges(limits)
+
+    def enter_private_fs(self, limits: Limits, tmp_dir: str | None = None) -> None:
+        """New session, private mount namespace with a fresh /tmp and /proc (needs privileges)."""
+        if self.config.enabled:
+            os.setsid()
+            if self.fs_ready:
+                linux.unshare(linux.CLONE_NEWNS)
+                uid = self.uid if self.uid is not None else 0
+                opts = f"size={limits.tmp_mb}m,mode=0700,uid={uid},gid={uid}"
+                linux.mount("tmpfs", "/tmp", "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, opts)
+                linux.mount("/tmp", "/dev/shm", None, linux.MS_BIND)
+                if self.pid_ns_fd is not None:
+                    linux.mount("proc", "/proc", "proc", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC)
+                os.chdir("/tmp")
+            elif tmp_dir is not None:
+                os.chdir(tmp_dir)
+            try:
+                _write("/proc/self/oom_score_adj", "1000")
+            except OSError:
+                pass
+        elif tmp_dir is not None:
+            os.chdir(tmp_dir)
+
+    def drop_privileges(self, limits: Limits, tmp_dir: str | None = None) -> None:
+        """Limits, environment, unprivileged uid, seccomp: after this the code may run."""
+        set_rlimits(limits)
+        os.environ.clear()
+        os.environ.update(SAFE_ENV)
+        if tmp_dir is not None and not self.fs_ready:
+            os.environ["HOME"] = os.environ["TMPDIR"] = tmp_dir
+        if self.uid is not None:
+            os.setgroups([])
+            os.setresgid(self.uid, self.uid, self.uid)
+            os.setresuid(self.uid, self.uid, self.uid)
+        if self.seccomp_program is not None:
+            linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)
+            linux.load_seccomp_bpf(self.seccomp_program)
+
+    def report(self) -> list[dict]:
+        return [layer.to_dict() for layer in self.layers.values()]
+
+
+def set_rlimits(limits: Limits, strict: bool = True) -> None:
+    """Apply the per-process limits. `strict=False` (a session cell) skips what cannot be raised."""
+    mb = 1024 * 1024
+    for res, value in (
+        (resource.RLIMIT_AS, limits.memory_mb * mb),
+        (resource.RLIMIT_CPU, limits.effective_cpu_s()),
+        (resource.RLIMIT_FSIZE, limits.file_size_mb * mb),
+        (resource.RLIMIT_NOFILE, limits.open_files),
+        (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_NPROC, limits.max_processes),
+    ):
+        try:
+            resource.setrlimit(res, (value, value))
+        except (ValueError, OSError):
+            if strict and res != resource.RLIMIT_NPROC:
+                raise
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _python_paths() -> list[str]:
+    """Directories the interpreter needs after the root is replaced (prefixes and sys.path)."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    paths.update(p for p in sys.path if p and os.path.isdir(p))
+    exe_dir = os.path.dirname(os.path.realpath(sys.executable))
+    paths.add(exe_dir)
+    return sorted(os.path.realpath(p) for p in paths)
+
+
+def _build_root(new: str) -> None:
+    """Replace / with a tmpfs holding read-only binds of what Python needs; then make it read-only.
+
+    `new` is an empty host directory the parent removes when the worker exits.
+    """
+    linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE)
+    linux.mount("tmpfs", new, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "size=4m,mode=0755")
+    binds = ["/usr", "/etc", "/lib", "/lib64", "/lib32", "/bin", "/sbin"]
+    binds += _python_paths()
+    done: list[str] = []
+    for src in binds:
+        if not os.path.lexists(src):
+            continue
+        if os.path.islink(src) and os.path.dirname(src) == "/":
+            os.symlink(os.readlink(src), new + src)  # merged-/usr symlinks such as /bin -> usr/bin
+            continue
+        real = os.path.realpath(src)
+        if any(real == d or real.startswith(d + "/") for d in done):
+            continue
+        target = new + real
+        os.makedirs(target, exist_ok=True)
+        linux.mount(real, target, None, linux.MS_BIND | linux.MS_REC)
+        done.append(real)
+    for d in ("tmp", "proc", "dev", "dev/shm", "old"):
+        os.makedirs(os.path.join(new, d), exist_ok=True)
+    for dev in ("null", "zero", "random", "urandom"):
+        target = os.path.join(new, "dev", dev)
+        open(target, "w").close()
+        linux.mount("/dev/" + dev, target, None, linux.MS_BIND)
+    os.symlink("/proc/self/fd", os.path.join(new, "dev/fd"))
+    linux.pivot_root(new, new + "/old")
+    os.chdir("/")
+    linux.umount2("/old", linux.MNT_DETACH)
+    os.rmdir("/old")
+    try:
+        linux.make_tree_readonly("/")
+    except OSError:
+        linux.mount(None, "/", None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY)
+
+
+class CgroupPair:
+    """A cgroup v1 memory + pids pair for one worker; the worker and its calls live in it."""
+
+    def __init__(self, name: str, mem_dir: str, pids_dir: str) -> None:
+        self.name = name
+        self.mem_dir = mem_dir
+        self.pids_dir = pids_dir
+        self._limit_fd = os.open(os.path.join(mem_dir, "memory.limit_in_bytes"), os.O_WRONLY)
+        self._usage_fd = os.open(os.path.join(mem_dir, "memory.usage_in_bytes"), os.O_RDONLY)
+        self._oom_fd = os.open(os.path.join(mem_dir, "memory.oom_control"), os.O_RDONLY)
+        self._pids_fd = os.open(os.path.join(pids_dir, "pids.max"), os.O_WRONLY)
+        self._last: tuple[int, int] | None = None
+
+    @classmethod
+    def create(cls, name: str) -> CgroupPair:
+        mem = os.path.join(CGROUP_ROOT, "memory", "rstar2", name)
+        pids = os.path.join(CGROUP_ROOT, "pids", "rstar2", name)
+        os.makedirs(mem, exist_ok=True)
+        os.makedirs(pids, exist_ok=True)
+        for d in (mem, pids):
+            _write(os.path.join(d, "cgroup.procs"), str(os.getpid()))
+        try:  # the cgroup's OOM killer should pick a call, never the worker (calls also raise theirs to 1000)
+            _write("/proc/self/oom_score_adj", "-1000")
+        except OSError:
+            pass
+        return cls(name, mem, pids)
+
+    def _read(self, fd: int) -> str:
+        return os.pread(fd, 4096, 0).decode()
+
+    def oom_kills(self) -> int:
+        for line in self._read(self._oom_fd).splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+        return 0
+
+    def set_limits(self, limits: Limits) -> None:
+        """Memory: what the worker itself holds plus the call's budget; pids: worker + the call's."""
+        base = int(self._read(self._usage_fd))
+        mem = base + limits.memory_mb * 1024 * 1024 + limits.tmp_mb * 1024 * 1024
+        key = (limits.memory_mb, limits.max_processes)
+        if self._last is not None and self._last == key:
+            return
+        try:
+            os.write(self._limit_fd, str(mem).encode())
+            os.write(self._pids_fd, str(limits.max_processes + 2).encode())
+            self._last = key
+        except OSError:
+            self._last = None
+
+
+def remove_cgroups(name: str) -> None:
+    """Called by the parent after a worker exited: its cgroup directories are empty by then."""
+    for ctrl in ("memory", "pids"):
+        try:
+            os.rmdir(os.path.join(CGROUP_ROOT, ctrl, "rstar2", name))
+        except OSError:
+            pass

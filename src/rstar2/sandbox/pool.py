@@ -1,0 +1,127 @@
+"""The local pool: N pre-warmed workers behind one bounded queue, used in-process by rollouts.
+
+`await pool.run(code)` returns an `ExecResult`. The queue is bounded: when it is full, callers wait
+(backpressure) instead of piling up memory. Each call is answered exactly once, including on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import zlib
+from collections import Counter
+
+from .executor import Executor
+from .isolation import IsolationConfig
+from .result import ExecRequest, ExecResult, Limits
+
+
+class PoolClosed(RuntimeError):
+    pass
+
+
+class LocalPool:
+    def __init__(
+        self,
+        workers: int | None = None,
+        limits: Limits | None = None,
+        isolation: IsolationConfig | None = None,
+        queue_size: int = 65536,
+        preload: list[str] | None = None,
+        max_sessions: int = 256,
+        session_idle_s: float = 600.0,
+    ) -> None:
+        self.size = workers or os.cpu_count() or 1
+        self.limits = limits or Limits()
+        self.isolation = isolation or IsolationConfig()
+        self.queue_size = queue_size
+        per_worker = max(1, -(-max_sessions // self.size))
+        self.executors = [
+            Executor(i, self.limits, self.isolation, preload, per_worker, session_idle_s) for i in range(self.size)
+        ]
+        self._queue: asyncio.Queue | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._closed = False
+        self.in_flight = 0
+        self.counts: Counter[str] = Counter()
+        self.latency_observers: list = []
+
+    # ------------------------------------------------------------------ life cycle
+    async def start(self) -> LocalPool:
+        if self._queue is not None:
+            return self
+        self._queue = asyncio.Queue(self.queue_size)
+        await asyncio.gather(*(ex.start() for ex in self.executors))
+        self._tasks = [asyncio.create_task(self._work(ex)) for ex in self.executors]
+        return self
+
+    async def close(self) -> None:
+        """Finish what is queued, then stop the workers."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._queue is not None:
+            await self._queue.join()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(ex.close() for ex in self.executors), return_exceptions=True)
+
+    async def __aenter__(self) -> LocalPool:
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    @property
+    def queue_depth(self) -> int:
+        return self._queue.qsize() if self._queue is not None else 0
+
+    @property
+    def layers(self) -> list[dict]:
+        return self.executors[0].layers if self.executors else []
+
+    # ------------------------------------------------------------------ calls
+    async def run(self, code: str | ExecRequest, input: str = "", **kw) -> ExecResult:
+        req = code if isinstance(code, ExecRequest) else ExecRequest(code=code, input=input, **kw)
+        if self._closed:
+            raise PoolClosed("the sandbox pool is closed")
+        if self._queue is None:
+            await self.start()
+        assert self._queue is not None
+        if req.session_id:  # a session lives in one worker: go there directly
+            ex = self.executors[zlib.crc32(req.session_id.encode()) % self.size]
+            return await self._execute(ex, req, time.monotonic())
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        await self._queue.put((req, fut, time.monotonic()))
+        return await fut
+
+    async def _execute(self, ex: Executor, req: ExecRequest, enqueued: float) -> ExecResult:
+        self.in_flight += 1
+        try:
+            result = await ex.run(req)
+        except Exception as exc:  # noqa: BLE001 - never lose a call
+            result = ExecResult.failure("internal", f"pool error: {exc!r}")
+        finally:
+            self.in_flight -= 1
+        self.counts[result.status] += 1
+        for observe in self.latency_observers:
+            observe(result, time.monotonic() - enqueued)
+        return result
+
+    async def run_many(self, requests: list[ExecRequest | str]) -> list[ExecResult]:
+        return list(await asyncio.gather(*(self.run(r) for r in requests)))
+
+    async def _work(self, ex: Executor) -> None:
+        assert self._queue is not None
+        while True:
+            req, fut, enqueued = await self._queue.get()
+            try:
+                if fut.done():  # the caller was cancelled while waiting
+                    continue
+                result = await self._execute(ex, req, enqueued)
+                if not fut.done():
+                    fut.set_result(result)
+            finally:
+                self._queue.task_done()

@@ -1,0 +1,292 @@
+"""Distributed mode: calls go through a Redis stream to worker nodes (`rstar2 sandbox worker`).
+
+Delivery is at least once, results exactly once:
+
+- `RedisBackend` (in `serve --redis URL`) XADDs each call to the stream ``{prefix}:tasks`` and waits for
+  its reply on its own list ``{prefix}:replies:{backend id}``. It keeps each call's request until the
+  result arrives; duplicate replies (a task run twice) are dropped by call id.
+- `RedisWorker` reads tasks through the consumer group ``workers``, runs them in a `LocalPool`, pushes
+  the reply, then acknowledges. Every worker also reclaims (XAUTOCLAIM) tasks that another consumer
+  has held longer than the lease: the task of a worker that died is delivered again.
+- Every call has a deadline; past it the caller gets status ``internal`` with the reason.
+- A task delivered more than `max_deliveries` times (it kills every worker that takes it) is answered
+  with status ``internal`` instead of being retried forever.
+- Redis restarts: both sides reconnect with back-off. A restart without persistence loses the stream,
+  so the backend re-submits every call it is still waiting for; callers see extra latency, not loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError, TimeoutError as RedisTimeoutError
+
+from .pool import LocalPool
+from .result import ExecRequest, ExecResult
+
+log = logging.getLogger("rstar2.sandbox.redis")
+GROUP = "workers"
+_CONN_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+
+
+def _client(url: str) -> aioredis.Redis:
+    return aioredis.from_url(url, decode_responses=True, socket_timeout=None, socket_connect_timeout=5,
+                             health_check_interval=0)
+
+
+class RedisBackend:
+    """The service side: enqueue calls, collect replies, re-submit after a Redis restart."""
+
+    def __init__(self, url: str, prefix: str = "rstar2:sandbox", deadline_s: float = 600.0,
+                 stream_maxlen: int = 1_000_000) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.deadline_s = deadline_s
+        self.stream_maxlen = stream_maxlen
+        self.id = uuid.uuid4().hex[:12]
+        self.reply_key = f"{prefix}:replies:{self.id}"
+        self._redis: aioredis.Redis | None = None
+        self._listener: asyncio.Task | None = None
+        self._pending: dict[str, tuple[dict, asyncio.Future]] = {}
+        self.resubmitted = 0
+        self.duplicates = 0
+
+    @property
+    def tasks_key(self) -> str:
+        return f"{self.prefix}:tasks"
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._pending)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    async def start(self) -> RedisBackend:
+        if self._redis is None:
+            self._redis = _client(self.url)
+            self._listener = asyncio.create_task(self._listen())
+        return self
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            await asyncio.gather(self._listener, return_exceptions=True)
+        for _, fut in self._pending.values():
+            if not fut.done():
+                fut.set_result(ExecResult.failure("internal", "sandbox service shutting down"))
+        if self._redis is not None:
+            try:
+                await self._redis.delete(self.reply_key)
+            except RedisError:
+                pass
+            await self._redis.aclose()
+        self._redis = None
+
+    async def run(self, req: ExecRequest) -> ExecResult:
+        if req.session_id:
+            return ExecResult.failure(
+                "rejected", "stateful sessions are served by the local pool only, not in Redis mode"
+            )
+        await self.start()
+        call_id = uuid.uuid4().hex
+        deadline = time.time() + self.deadline_s
+        task = {"id": call_id, "reply": self.reply_key, "deadline": deadline, "req": json.dumps(req.to_dict())}
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._pending[call_id] = (task, fut)
+        try:
+            await self._submit(task)
+            return await asyncio.wait_for(asyncio.shield(fut), max(0.0, deadline - time.time()))
+        except asyncio.TimeoutError:
+            return ExecResult.failure("internal", f"no result within the call's deadline of {self.deadline_s:g} s")
+        finally:
+            self._pending.pop(call_id, None)
+
+    async def _submit(self, task: dict) -> None:
+        delay = 0.1
+        while True:
+            try:
+                assert self._redis is not None
+                await self._redis.xadd(self.tasks_key, task, maxlen=self.stream_maxlen, approximate=True)
+                return
+            except _CONN_ERRORS:
+                if time.time() > task["deadline"]:
+                    return  # run() reports the deadline
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
+
+    async def _listen(self) -> None:
+        """Collect replies; after a lost connection, re-submit every call still waiting."""
+        delay = 0.1
+        lost = False
+        while True:
+            try:
+                assert self._redis is not None
+                if lost:
+                    await self._redis.ping()
+                    for task, fut in list(self._pending.values()):
+                        if not fut.done():
+                            self.resubmitted += 1
+                            await self._redis.xadd(self.tasks_key, task, maxlen=self.stream_maxlen,
+                                                   approximate=True)
+                    lost = False
+                    delay = 0.1
+                item = await self._redis.blpop([self.reply_key], timeout=1)
+                if item is None:
+                    continue
+                reply = json.loads(item[1])
+                entry = self._pending.get(reply["id"])
+                if entry is None or entry[1].done():
+                    self.duplicates += 1
+                    continue
+                entry[1].set_result(ExecResult.from_dict(reply["result"]))
+            except asyncio.CancelledError:
+                raise
+            except _CONN_ERRORS as exc:
+                if not lost:
+                    log.warning("lost Redis at %s (%s); reconnecting", self.url, exc)
+                lost = True
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
+
+
+class RedisWorker:
+    """A worker node: takes tasks from the stream, runs them in a local pool, replies, acknowledges."""
+
+    def __init__(self, url: str, pool: LocalPool, prefix: str = "rstar2:sandbox", lease_s: float = 60.0,
+                 max_deliveries: int = 3, name: str | None = None, reply_ttl_s: int = 3600) -> None:
+        self.url = url
+        self.pool = pool
+        self.prefix = prefix
+        self.lease_s = lease_s
+        self.max_deliveries = max_deliveries
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.reply_ttl_s = reply_ttl_s
+        self.slots = asyncio.Semaphore(pool.size * 2)
+        self._redis: aioredis.Redis | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._stop = asyncio.Event()
+        self.done = 0
+
+    @property
+    def tasks_key(self) -> str:
+        return f"{self.prefix}:tasks"
+
+    async def _ensure_group(self) -> None:
+        assert self._redis is not None
+        try:
+            await self._redis.xgroup_create(self.tasks_key, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        await self.pool.start()
+        self._redis = _client(self.url)
+        delay = 0.1
+        reclaim_at = 0.0
+        try:
+            while not self._stop.is_set():
+                try:
+                    await self._ensure_group()
+                    while not self._stop.is_set():
+                        await self.slots.acquire()
+                        self.slots.release()
+                        free = self.slots._value  # noqa: SLF001 - how many tasks this node can start now
+                        if time.monotonic() >= reclaim_at:
+                            reclaim_at = time.monotonic() + max(0.5, self.lease_s / 4)
+                            await self._reclaim(free)
+                            free = self.slots._value  # noqa: SLF001
+                            if free <= 0:
+                                continue
+                        resp = await self._redis.xreadgroup(
+                            GROUP, self.name, {self.tasks_key: ">"}, count=max(1, free), block=1000
+                        )
+                        for _, entries in resp or []:
+                            for entry_id, fields in entries:
+                                await self._start(entry_id, fields, deliveries=1)
+                        delay = 0.1
+                except _CONN_ERRORS as exc:
+                    log.warning("Redis unavailable at %s (%s); retrying", self.url, exc)
+                    await asyncio.sleep(delay)
+                    delay = min(2.0, delay * 2)
+                except ResponseError as exc:  # e.g. NOGROUP after a restart without persistence
+                    log.warning("Redis error (%s); re-creating the consumer group", exc)
+                    await asyncio.sleep(delay)
+        finally:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._redis.aclose()
+            await self.pool.close()
+
+    async def _reclaim(self, free: int) -> None:
+        """Take over tasks whose worker has held them past the lease (it died or hangs)."""
+        if free <= 0:
+            return
+        assert self._redis is not None
+        lease_ms = int(self.lease_s * 1000)
+        _, claimed, *_ = await self._redis.xautoclaim(
+            self.tasks_key, GROUP, self.name, min_idle_time=lease_ms, start_id="0-0", count=free
+        )
+        if not claimed:
+            return
+        ids = [entry_id for entry_id, fields in claimed if fields]
+        counts: dict[str, int] = {}
+        if ids:
+            info = await self._redis.xpending_range(self.tasks_key, GROUP, min=ids[0], max=ids[-1], count=len(ids) * 4)
+            counts = {row["message_id"]: int(row["times_delivered"]) for row in info}
+        for entry_id, fields in claimed:
+            if not fields:  # trimmed from the stream meanwhile
+                await self._redis.xack(self.tasks_key, GROUP, entry_id)
+                continue
+            await self._start(entry_id, fields, deliveries=counts.get(entry_id, 2))
+
+    async def _start(self, entry_id: str, fields: dict, deliveries: int) -> None:
+        await self.slots.acquire()
+        task = asyncio.create_task(self._handle(entry_id, fields, deliveries))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _handle(self, entry_id: str, fields: dict, deliveries: int) -> None:
+        try:
+            if float(fields.get("deadline", 0)) and time.time() > float(fields["deadline"]):
+                result = ExecResult.failure("internal", "the call's deadline passed while it was queued")
+            elif deliveries > self.max_deliveries:
+                result = ExecResult.failure(
+                    "internal", f"task was delivered {deliveries} times and never finished; given up"
+                )
+            else:
+                result = await self.pool.run(ExecRequest.from_dict(json.loads(fields["req"])))
+            reply = json.dumps({"id": fields["id"], "result": result.to_dict()})
+            await self._reply(fields["reply"], reply, entry_id)
+            self.done += 1
+        finally:
+            self.slots.release()
+
+    async def _reply(self, key: str, reply: str, entry_id: str) -> None:
+        delay = 0.1
+        for _ in range(30):
+            try:
+                assert self._redis is not None
+                async with self._redis.pipeline(transaction=True) as pipe:
+                    pipe.rpush(key, reply)
+                    pipe.expire(key, self.reply_ttl_s)
+                    pipe.xack(self.tasks_key, GROUP, entry_id)
+                    pipe.xdel(self.tasks_key, entry_id)
+                    await pipe.execute()
+                return
+            except _CONN_ERRORS:
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
+        log.error("could not deliver the result of %s; it will be re-run after the lease", entry_id)

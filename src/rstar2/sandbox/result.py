@@ -1,0 +1,112 @@
+"""The data that crosses the sandbox boundary: what to run, under which limits, and what came back."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Status = Literal["ok", "error", "timeout", "memory", "output_limit", "rejected", "internal"]
+STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "memory", "output_limit", "rejected", "internal")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-call resource limits. Every field has a default that suits model-written math code."""
+
+    timeout_s: float = 10.0  # wall clock, enforced from outside the child
+    memory_mb: int = 1024  # address space per process, and memory of all the call's processes together
+    cpu_s: int = 0  # CPU seconds per process; 0 = derived from the timeout (timeout + 1)
+    max_processes: int = 64  # processes + threads of the call
+    file_size_mb: int = 64  # largest file the code may write
+    open_files: int = 256
+    tmp_mb: int = 64  # size of the call's private /tmp
+    output_bytes: int = 64 * 1024  # stdout and stderr are each cut (in the middle) to this
+    max_output_mb: float = 8.0  # printing more than this in total stops the call: status output_limit
+
+    def merged(self, timeout_s: float | None = None, memory_mb: int | None = None) -> Limits:
+        changes: dict[str, Any] = {}
+        if timeout_s is not None:
+            changes["timeout_s"] = float(timeout_s)
+        if memory_mb is not None:
+            changes["memory_mb"] = int(memory_mb)
+        return dataclasses.replace(self, **changes) if changes else self
+
+    def effective_cpu_s(self) -> int:
+        return self.cpu_s if self.cpu_s > 0 else int(self.timeout_s) + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Limits:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class ExecRequest:
+    """One call: the code, its stdin, optional per-call overrides and an optional session."""
+
+    code: str
+    input: str = ""
+    timeout_s: float | None = None
+    memory_mb: int | None = None
+    session_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ExecRequest:
+        return cls(
+            code=data["code"],
+            input=data.get("input") or "",
+            timeout_s=data.get("timeout_s"),
+            memory_mb=data.get("memory_mb"),
+            session_id=data.get("session_id"),
+        )
+
+
+@dataclass
+class ExecResult:
+    """The structured outcome of one call. Nobody greps output text for the word "error"."""
+
+    status: Status
+    stdout: str = ""
+    stderr: str = ""
+    value: str | None = None  # repr of a trailing expression when nothing was printed
+    exit_code: int | None = None
+    signal: str | None = None  # e.g. "SIGSEGV" when a signal ended the code
+    duration_s: float = 0.0
+    truncated: bool = False
+    error_type: str | None = None  # exception class name for status "error"/"memory"
+    reason: str | None = None  # a short human-readable explanation for non-ok statuses
+    cpu_s: float | None = None  # CPU time of the call's process
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def output(self) -> str:
+        """What a notebook would show: stdout, or the trailing expression's value."""
+        if self.stdout:
+            return self.stdout
+        return self.value or ""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        if not data["extra"]:
+            data.pop("extra")
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ExecResult:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    @classmethod
+    def failure(cls, status: Status, reason: str, duration_s: float = 0.0) -> ExecResult:
+        return cls(status=status, reason=reason, duration_s=duration_s)

@@ -1,0 +1,103 @@
+"""Runs model-written code inside the already-isolated child: notebook-style value, clean tracebacks.
+
+The structured outcome (value, exception type) goes to a dedicated result pipe, never through the
+code's own stdout, so nothing the code prints can be mistaken for control data.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import io
+import json
+import linecache
+import os
+import sys
+import traceback
+
+FILENAME = "<code>"
+TRACEBACK_FRAMES = 8  # the last frames of a traceback that are shown
+
+
+def split_trailing_expression(code: str) -> tuple[ast.Module, ast.Expression | None]:
+    """Split `code` into a body and its final bare expression, if any (what a notebook displays)."""
+    tree = ast.parse(code, FILENAME, "exec")
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = tree.body.pop()
+        return tree, ast.Expression(last.value)
+    return tree, None
+
+
+def format_exception(exc: BaseException) -> str:
+    """The traceback as Python prints it, without the runner's own frames."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != FILENAME:
+        tb = tb.tb_next
+    te = traceback.TracebackException(type(exc), exc, tb, limit=-TRACEBACK_FRAMES if tb else 0)
+    return "".join(te.format())
+
+
+def _fresh_stdio() -> None:
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="replace")
+    sys.stdout = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=False
+    )
+    sys.stderr = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
+    )
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def run_code(code: str, result_fd: int, namespace: dict | None = None) -> int:
+    """Execute `code` (in `namespace`, or a fresh `__main__`) and report on `result_fd`.
+
+    Returns the exit code the process should end with. Called in a forked child only.
+    """
+    _fresh_stdio()
+    report: dict = {}
+    exit_code = 0
+    if namespace is None:
+        namespace = {"__name__": "__main__", "__builtins__": builtins}
+    linecache.cache[FILENAME] = (len(code), None, code.splitlines(True), FILENAME)
+    try:
+        body, last = split_trailing_expression(code)
+        exec(compile(body, FILENAME, "exec"), namespace)
+        if last is not None:
+            value = eval(compile(last, FILENAME, "eval"), namespace)
+            if value is not None:
+                namespace["_"] = value
+                report["value"] = repr(value)
+    except SystemExit as exc:
+        code_ = exc.code
+        if code_ is None:
+            exit_code = 0
+        elif isinstance(code_, int):
+            exit_code = code_ & 0xFF
+        else:
+            print(code_, file=sys.stderr)
+            exit_code = 1
+        if exit_code:
+            report["error_type"] = "SystemExit"
+    except BaseException as exc:  # noqa: BLE001 - everything the code raises is its result
+        report["error_type"] = type(exc).__name__
+        try:
+            sys.stderr.write(format_exception(exc))
+        except Exception:
+            sys.stderr.write(f"{type(exc).__name__}\n")
+        exit_code = 1
+    _flush()
+    if "value" in report and len(report["value"]) > 1 << 20:
+        report["value"] = report["value"][: 1 << 19] + "..." + report["value"][-(1 << 19) :]
+    try:
+        os.write(result_fd, json.dumps(report).encode())
+    except OSError:
+        pass
+    return exit_code

@@ -1,0 +1,212 @@
+"""Stateful sessions: a live interpreter per `session_id`, forked before every cell.
+
+Process tree of one session, inside its own PID namespace:
+
+    init (root, reaps) ── holder H_k (uid of the worker; keeps the variables after k cells)
+                              └── cell C_{k+1}: a fork of H_k that runs the next cell
+
+If the cell finishes (even by raising), C_{k+1} becomes the holder: it tells H_k to exit and kills
+whatever else the cell left running. If it crashes or times out, H_k kills it and stays: the session
+is exactly as it was before that cell. A cell costs one fork whatever k is (the released rStar2 code
+replays every earlier cell instead). The worker talks to the current holder over a SEQPACKET socket.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import select
+import signal
+import socket
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from .isolation import WorkerIsolation, set_rlimits
+from .result import Limits
+from .runner import run_code
+
+_MAX_MSG = 1 << 20
+
+
+# ----------------------------------------------------------------------------- inside the session
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _send(sock: socket.socket, obj: dict) -> None:
+    try:
+        sock.send(json.dumps(obj).encode())
+    except OSError:
+        os._exit(0)
+
+
+def holder_loop(sock: socket.socket, namespace: dict) -> None:
+    """The holder's life: wait for a cell, fork it, and either hand over to it or outlive it."""
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, _MAX_MSG, 4)
+        except OSError:
+            os._exit(0)
+        if not msg:  # the worker closed the session
+            os._exit(0)
+        cmd = json.loads(msg)
+        if cmd.get("op") != "cell" or len(fds) != 4:
+            for fd in fds:
+                os.close(fd)
+            continue  # e.g. a late "abort" for a cell that already finished
+        seq = cmd["seq"]
+        hand_r, hand_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # ------------------------------------------------ the cell
+            os.close(hand_r)
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+                os.close(fd)
+            set_rlimits(Limits.from_dict(cmd["limits"]), strict=False)
+            exit_code = run_code(cmd["code"], 3, namespace)
+            null = os.open(os.devnull, os.O_RDWR)
+            for target in (0, 1, 2):
+                os.dup2(null, target)
+            os.close(null)
+            os.close(3)
+            try:
+                os.write(hand_w, b"1")  # take over: the old holder exits
+            except OSError:
+                pass  # the cell already killed the old holder
+            os.close(hand_w)
+            try:
+                os.kill(-1, signal.SIGKILL)  # the old holder and anything the cell left running
+            except OSError:
+                pass
+            _reap()
+            _send(sock, {"seq": seq, "done": exit_code})
+            continue  # this process is now the holder
+        for fd in fds:
+            os.close(fd)
+        os.close(hand_w)
+        pidfd = os.pidfd_open(pid)
+        poller = select.poll()
+        for fd in (hand_r, pidfd, sock.fileno()):
+            poller.register(fd, select.POLLIN)
+        outcome: dict | None = None
+        while outcome is None:
+            for fd, _ in poller.poll():
+                if fd == hand_r and os.read(hand_r, 1):
+                    os._exit(0)  # the cell took over
+                if fd == pidfd:
+                    _, status = os.waitpid(pid, 0)
+                    outcome = {"seq": seq, "crashed": status}
+                elif fd == sock.fileno():
+                    try:
+                        m, extra, _, _ = socket.recv_fds(sock, _MAX_MSG, 4)
+                    except OSError:
+                        m, extra = b"", []
+                    for x in extra:
+                        os.close(x)
+                    if not m:
+                        os._exit(0)
+                    if json.loads(m).get("op") == "abort":
+                        outcome = {"seq": seq, "aborted": True}
+        try:
+            os.kill(-1, signal.SIGKILL)  # the failed cell and everything it started
+        except OSError:
+            pass
+        if "aborted" in outcome:
+            try:
+                _, status = os.waitpid(pid, 0)
+                outcome["status"] = status
+            except ChildProcessError:
+                pass
+        _reap()
+        os.close(hand_r)
+        os.close(pidfd)
+        _send(sock, outcome)
+
+
+def session_init(iso: WorkerIsolation, limits: Limits, sock: socket.socket) -> None:
+    """The session's PID-namespace init: private /tmp, then the first holder; reaps until it is alone."""
+    try:
+        iso.enter_private_fs(limits)
+        pid = os.fork()
+        if pid == 0:
+            iso.drop_privileges(limits)
+            holder_loop(sock, {"__name__": "__main__", "__builtins__": builtins})
+            os._exit(0)
+        sock.close()
+        while True:
+            try:
+                os.wait()
+            except ChildProcessError:
+                os._exit(0)
+    except BaseException:  # noqa: BLE001
+        os._exit(125)
+
+
+# ----------------------------------------------------------------------------- in the worker
+@dataclass
+class SessionHandle:
+    session_id: str
+    pid: int
+    pidfd: int
+    sock: socket.socket
+    last_used: float
+    seq: int = 0
+    cells: int = 0
+
+    def close(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)  # the init: the whole session's namespace goes with it
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        self.sock.close()
+        os.close(self.pidfd)
+
+
+class SessionTable:
+    """Live sessions of one worker: idle expiry, LRU eviction, a cap, and memory of what expired."""
+
+    def __init__(self, max_sessions: int = 64, idle_s: float = 600.0) -> None:
+        self.max_sessions = max_sessions
+        self.idle_s = idle_s
+        self.live: OrderedDict[str, SessionHandle] = OrderedDict()
+        self.gone: OrderedDict[str, str] = OrderedDict()  # id -> why it ended (bounded)
+
+    def forget(self, session_id: str, why: str) -> None:
+        handle = self.live.pop(session_id, None)
+        if handle is not None:
+            handle.close()
+        self.gone[session_id] = why
+        while len(self.gone) > 100_000:
+            self.gone.popitem(last=False)
+
+    def expire(self, now: float) -> None:
+        for sid, handle in list(self.live.items()):
+            if now - handle.last_used > self.idle_s:
+                self.forget(sid, f"expired after {self.idle_s:g} s idle")
+
+    def make_room(self) -> None:
+        while len(self.live) >= self.max_sessions:
+            sid = next(iter(self.live))
+            self.forget(sid, f"evicted (least recently used; at most {self.max_sessions} live sessions per worker)")
+
+    def add(self, handle: SessionHandle) -> None:
+        self.live[handle.session_id] = handle
+
+    def touch(self, session_id: str) -> SessionHandle | None:
+        handle = self.live.get(session_id)
+        if handle is not None:
+            handle.last_used = time.monotonic()
+            self.live.move_to_end(session_id)
+        return handle
