@@ -1,0 +1,144 @@
+"""Shared fixtures: real sandbox workers, a real redis-server, a real HTTP service."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from rstar2.sandbox import IsolationConfig, Limits, LocalPool
+from rstar2.sandbox.isolation import UID_BASE
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+ROOT = Path(__file__).resolve().parents[1]
+RSTAR2 = [sys.executable, "-m", "rstar2.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sandbox_processes() -> list[int]:
+    """PIDs of processes running as a sandbox uid: after a call, there must be none."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as fh:
+                for line in fh:
+                    if line.startswith("Uid:"):
+                        uid = int(line.split()[1])
+                        if UID_BASE <= uid < UID_BASE + 4096:
+                            pids.append(int(entry))
+                        break
+        except OSError:
+            continue
+    return pids
+
+
+def wait_no_sandbox_processes(timeout: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    left = sandbox_processes()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = sandbox_processes()
+    return left
+
+
+@pytest_asyncio.fixture(scope="session")
+async def pool():
+    """Two fully isolated workers shared by the tests (short default timeout)."""
+    os.environ["RSTAR2_TEST_SECRET"] = "hunter2"  # must never be visible to sandboxed code
+    p = LocalPool(workers=2, limits=Limits(timeout_s=5.0), isolation=IsolationConfig(), max_sessions=8)
+    await p.start()
+    yield p
+    await p.close()
+
+
+def need_redis_server() -> str:
+    path = shutil.which("redis-server")
+    if path is None:
+        if IN_CI:
+            pytest.fail("redis-server is not installed; scripts/setup.sh installs it (apt-get install redis-server)")
+        pytest.skip("redis-server not installed (run scripts/setup.sh); outside CI this test is skipped")
+    return path
+
+
+class RedisServer:
+    def __init__(self, binary: str, port: int, workdir: Path) -> None:
+        self.binary, self.port, self.workdir = binary, port, workdir
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.workdir), "--protected-mode", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    server = RedisServer(need_redis_server(), free_port(), tmp_path)
+    server.start()
+    yield server
+    server.kill()
+
+
+def start_cli(args: list[str], **kw) -> subprocess.Popen:
+    return subprocess.Popen(RSTAR2 + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, **kw)
+
+
+def wait_http(url: str, proc: subprocess.Popen | None = None, timeout: float = 120.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"service exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"service at {url} did not come up")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
