@@ -25,6 +25,14 @@ def _limits(timeout_s: float | None = None, memory_mb: int | None = None):
     return Limits().merged(timeout_s, memory_mb)
 
 
+PRELOAD_HELP = ("Modules each worker imports once, comma-separated (default: math, fractions, itertools, "
+                "collections, ..., numpy, sympy). Fewer modules make a smaller worker and a cheaper fork.")
+
+
+def _preload(text: str | None) -> list[str] | None:
+    return [m.strip() for m in text.split(",") if m.strip()] if text else None
+
+
 @sandbox_app.command("run")
 def sandbox_run(
     file: str = typer.Argument(..., help="Python file to run, or - for standard input."),
@@ -99,6 +107,7 @@ def sandbox_serve(
     timeout_s: float = typer.Option(10.0, "--timeout", help="Default wall-clock limit per call."),
     memory_mb: int = typer.Option(1024, "--memory-mb", help="Default memory limit per call."),
     deadline_s: float = typer.Option(600.0, help="Redis mode: a call gets a failure after this long."),
+    preload: str | None = typer.Option(None, help=PRELOAD_HELP),
 ) -> None:
     """Serve the sandbox over HTTP (POST /run, /run_batch; GET /health, /metrics)."""
     import uvicorn
@@ -115,7 +124,7 @@ def sandbox_serve(
     else:
         from .sandbox import LocalPool
 
-        backend = LocalPool(workers=workers or None, limits=_limits(timeout_s, memory_mb))
+        backend = LocalPool(workers=workers or None, limits=_limits(timeout_s, memory_mb), preload=_preload(preload))
     uvicorn.run(create_app(backend), host=host, port=port, log_level="warning")
 
 
@@ -126,6 +135,7 @@ def sandbox_worker(
     lease_s: float = typer.Option(60.0, help="A task held this long by a silent worker is given to another."),
     timeout_s: float = typer.Option(10.0, "--timeout", help="Default wall-clock limit per call."),
     memory_mb: int = typer.Option(1024, "--memory-mb", help="Default memory limit per call."),
+    preload: str | None = typer.Option(None, help=PRELOAD_HELP),
 ) -> None:
     """Run a worker node: take calls from Redis, run them in isolation, send the results back."""
     import signal
@@ -134,7 +144,7 @@ def sandbox_worker(
     from .sandbox.redis_queue import RedisWorker
 
     async def go():
-        pool = LocalPool(workers=workers or None, limits=_limits(timeout_s, memory_mb))
+        pool = LocalPool(workers=workers or None, limits=_limits(timeout_s, memory_mb), preload=_preload(preload))
         worker = RedisWorker(redis, pool, lease_s=lease_s)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
