@@ -136,6 +136,7 @@ def sandbox_worker(
     timeout_s: float = typer.Option(10.0, "--timeout", help="Default wall-clock limit per call."),
     memory_mb: int = typer.Option(1024, "--memory-mb", help="Default memory limit per call."),
     preload: str | None = typer.Option(None, help=PRELOAD_HELP),
+    name: str | None = typer.Option(None, help="Consumer name in Redis (default: host-pid-random)."),
 ) -> None:
     """Run a worker node: take calls from Redis, run them in isolation, send the results back."""
     import signal
@@ -145,7 +146,7 @@ def sandbox_worker(
 
     async def go():
         pool = LocalPool(workers=workers or None, limits=_limits(timeout_s, memory_mb), preload=_preload(preload))
-        worker = RedisWorker(redis, pool, lease_s=lease_s)
+        worker = RedisWorker(redis, pool, lease_s=lease_s, name=name)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, worker.stop)

@@ -37,9 +37,12 @@ GROUP = "workers"
 _CONN_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
 
 
-def _client(url: str) -> aioredis.Redis:
-    return aioredis.from_url(url, decode_responses=True, socket_timeout=None, socket_connect_timeout=5,
-                             health_check_interval=0)
+def _client(url: str, max_connections: int = 32) -> aioredis.Redis:
+    """A client whose pool makes callers wait for a free connection instead of failing."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, decode_responses=True, socket_connect_timeout=5, max_connections=max_connections, timeout=None
+    )
+    return aioredis.Redis(connection_pool=pool)
 
 
 class RedisBackend:

@@ -192,10 +192,8 @@ class Zygote:
         for fd in (*streams, pidfd):
             os.close(fd)
         oom = self.iso.cgroup is not None and self.iso.cgroup.oom_kills() > oom_before
-        result = self._result(limits, duration, out, err, res, wstatus, killed, oom,
-                              rusage.ru_utime + rusage.ru_stime)
-        result.extra["minflt"] = rusage.ru_minflt
-        return result
+        return self._result(limits, duration, out, err, res, wstatus, killed, oom,
+                            rusage.ru_utime + rusage.ru_stime)
 
     def _result(self, limits: Limits, duration: float, out: Capture, err: Capture, res: Capture,
                 wstatus: int | None, killed: str | None, oom: bool, cpu_s: float | None) -> ExecResult:
