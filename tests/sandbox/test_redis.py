@@ -87,7 +87,7 @@ async def test_killed_worker_tasks_are_redelivered(redis_server):
         assert info["pending"] == 0  # nothing left unacknowledged
     finally:
         await backend.close()
-        for w in workers[1:]:
+        for w in workers:
             stop(w)
 
 

@@ -434,7 +434,16 @@ def main(argv: list[str]) -> int:
     os.dup2(null, 1)
     os.close(null)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    iso = WorkerIsolation(IsolationConfig.from_dict(cfg.get("isolation", {})), int(cfg.get("index", 0)))
+    index = int(cfg.get("index", 0))
+    if cfg.get("pin_cpu", True):
+        # One core per worker: the worker's memory is then only ever live on one CPU, so fork and exit
+        # need no cross-CPU TLB shoot-downs (costly IPIs, very costly on virtual machines).
+        try:
+            cpus = sorted(os.sched_getaffinity(0))
+            os.sched_setaffinity(0, {cpus[index % len(cpus)]})
+        except OSError:
+            pass
+    iso = WorkerIsolation(IsolationConfig.from_dict(cfg.get("isolation", {})), index)
     loaded = preload(cfg.get("preload", list(PRELOAD)))
     iso.setup()
     gc.collect()
