@@ -24,6 +24,13 @@ if __name__ == "__main__":
     ap.add_argument("--stress-in-flight", type=int, default=4096)
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON")
     a = ap.parse_args()
-    main(quick=a.quick, modes=a.modes.split(","), workloads=a.workloads.split(","),
-         concurrency=[int(c) for c in a.concurrency.split(",")], out=a.out, workers=a.workers,
-         stress_calls=a.stress, stress_in_flight=a.stress_in_flight)
+    main(
+        quick=a.quick,
+        modes=a.modes.split(","),
+        workloads=a.workloads.split(","),
+        concurrency=[int(c) for c in a.concurrency.split(",")],
+        out=a.out,
+        workers=a.workers,
+        stress_calls=a.stress,
+        stress_in_flight=a.stress_in_flight,
+    )

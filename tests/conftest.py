@@ -55,6 +55,16 @@ def wait_no_sandbox_processes(timeout: float = 10.0) -> list[int]:
     return left
 
 
+def wait_no_sandbox_processes_except(before: set[int], timeout: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        extra = set(sandbox_processes()) - before
+        if not extra:
+            return []
+        time.sleep(0.05)
+    return sorted(extra)
+
+
 @pytest_asyncio.fixture(scope="session")
 async def pool():
     """Two fully isolated workers shared by the tests (short default timeout)."""
@@ -69,7 +79,9 @@ def need_redis_server() -> str:
     path = shutil.which("redis-server")
     if path is None:
         if IN_CI:
-            pytest.fail("redis-server is not installed; scripts/setup.sh installs it (apt-get install redis-server)")
+            pytest.fail(
+                "redis-server is not installed; scripts/setup.sh installs it (apt-get install redis-server)"
+            )
         pytest.skip("redis-server not installed (run scripts/setup.sh); outside CI this test is skipped")
     return path
 
@@ -85,9 +97,23 @@ class RedisServer:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.workdir), "--protected-mode", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+                "--protected-mode",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:

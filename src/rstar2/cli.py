@@ -12,8 +12,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-app = typer.Typer(help="rstar2: agentic RL for language models that reason with a Python tool.",
-                  no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    help="rstar2: agentic RL for language models that reason with a Python tool.",
+    no_args_is_help=True,
+    add_completion=False,
+)
 sandbox_app = typer.Typer(help="The code environment: isolated, fast Python execution.", no_args_is_help=True)
 app.add_typer(sandbox_app, name="sandbox")
 console = Console(stderr=True)
@@ -25,8 +28,10 @@ def _limits(timeout_s: float | None = None, memory_mb: int | None = None):
     return Limits().merged(timeout_s, memory_mb)
 
 
-PRELOAD_HELP = ("Modules each worker imports once, comma-separated (default: math, fractions, itertools, "
-                "collections, ..., numpy, sympy). Fewer modules make a smaller worker and a cheaper fork.")
+PRELOAD_HELP = (
+    "Modules each worker imports once, comma-separated (default: math, fractions, itertools, "
+    "collections, ..., numpy, sympy). Fewer modules make a smaller worker and a cheaper fork."
+)
 
 
 def _preload(text: str | None) -> list[str] | None:
@@ -67,7 +72,9 @@ def sandbox_run(
             print(result.value)
         sys.stderr.write(result.stderr)
         extra = f" ({result.reason})" if result.reason else ""
-        console.print(f"[bold]status[/bold]: {result.status}{extra}  [dim]{result.duration_s * 1000:.1f} ms[/dim]")
+        console.print(
+            f"[bold]status[/bold]: {result.status}{extra}  [dim]{result.duration_s * 1000:.1f} ms[/dim]"
+        )
     raise typer.Exit(0 if result.ok else 1)
 
 
@@ -93,17 +100,23 @@ def sandbox_info(as_json: bool = typer.Option(False, "--json", help="Print JSON.
     table.add_column("active")
     table.add_column("detail")
     for layer in hello["layers"]:
-        table.add_row(layer["name"], "[green]yes[/green]" if layer["active"] else "[red]no[/red]", layer["detail"])
+        table.add_row(
+            layer["name"], "[green]yes[/green]" if layer["active"] else "[red]no[/red]", layer["detail"]
+        )
     Console().print(table)
     Console().print(f"pre-imported modules: {', '.join(hello.get('preloaded', []))}")
 
 
 @sandbox_app.command("serve")
 def sandbox_serve(
-    host: str = typer.Option("127.0.0.1", help="Address to bind. It runs untrusted code: keep it on loopback."),
+    host: str = typer.Option(
+        "127.0.0.1", help="Address to bind. It runs untrusted code: keep it on loopback."
+    ),
     port: int = typer.Option(8088, help="Port."),
     workers: int = typer.Option(0, help="Local executors (0 = one per CPU core). Ignored with --redis."),
-    redis: str | None = typer.Option(None, "--redis", help="Enqueue calls to Redis worker nodes at this URL."),
+    redis: str | None = typer.Option(
+        None, "--redis", help="Enqueue calls to Redis worker nodes at this URL."
+    ),
     timeout_s: float = typer.Option(10.0, "--timeout", help="Default wall-clock limit per call."),
     memory_mb: int = typer.Option(1024, "--memory-mb", help="Default memory limit per call."),
     deadline_s: float = typer.Option(600.0, help="Redis mode: a call gets a failure after this long."),
@@ -115,8 +128,10 @@ def sandbox_serve(
     from .sandbox.service import create_app
 
     if host not in ("127.0.0.1", "localhost", "::1"):
-        console.print(f"[yellow]warning[/yellow]: binding {host}: this service runs untrusted code; "
-                      "never expose it to a network you do not control.")
+        console.print(
+            f"[yellow]warning[/yellow]: binding {host}: this service runs untrusted code; "
+            "never expose it to a network you do not control."
+        )
     if redis:
         from .sandbox.redis_queue import RedisBackend
 
@@ -124,7 +139,9 @@ def sandbox_serve(
     else:
         from .sandbox import LocalPool
 
-        backend = LocalPool(workers=workers or None, limits=_limits(timeout_s, memory_mb), preload=_preload(preload))
+        backend = LocalPool(
+            workers=workers or None, limits=_limits(timeout_s, memory_mb), preload=_preload(preload)
+        )
     uvicorn.run(create_app(backend), host=host, port=port, log_level="warning")
 
 
@@ -145,7 +162,9 @@ def sandbox_worker(
     from .sandbox.redis_queue import RedisWorker
 
     async def go():
-        pool = LocalPool(workers=workers or None, limits=_limits(timeout_s, memory_mb), preload=_preload(preload))
+        pool = LocalPool(
+            workers=workers or None, limits=_limits(timeout_s, memory_mb), preload=_preload(preload)
+        )
         worker = RedisWorker(redis, pool, lease_s=lease_s, name=name)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -159,7 +178,9 @@ def sandbox_worker(
 @sandbox_app.command("bench")
 def sandbox_bench(
     quick: bool = typer.Option(False, help="A short run (a minute or two) instead of the full table."),
-    modes: str = typer.Option("baseline,pool,http,redis", help="Comma-separated: baseline, pool, http, redis."),
+    modes: str = typer.Option(
+        "baseline,pool,http,redis", help="Comma-separated: baseline, pool, http, redis."
+    ),
     workloads: str = typer.Option("trivial,sympy,loop", help="Comma-separated: trivial, sympy, loop."),
     concurrency: str = typer.Option("1,8,64,256", help="Calls in flight, comma-separated."),
     out: Path | None = typer.Option(None, help="Also write the results as JSON here."),
@@ -167,8 +188,13 @@ def sandbox_bench(
     """Benchmark throughput and latency against a fresh `python3 -c` per call (same run)."""
     from .sandbox.bench import main as bench_main
 
-    bench_main(quick=quick, modes=modes.split(","), workloads=workloads.split(","),
-               concurrency=[int(c) for c in concurrency.split(",")], out=out)
+    bench_main(
+        quick=quick,
+        modes=modes.split(","),
+        workloads=workloads.split(","),
+        concurrency=[int(c) for c in concurrency.split(",")],
+        out=out,
+    )
 
 
 @app.command("demo")
@@ -176,8 +202,13 @@ def demo() -> None:
     """The main job on the embedded default (for now: the sandbox benchmark's quick mode)."""
     from .sandbox.bench import main as bench_main
 
-    bench_main(quick=True, modes=["baseline", "pool", "http"], workloads=["trivial", "sympy"],
-               concurrency=[1, 64], out=None)
+    bench_main(
+        quick=True,
+        modes=["baseline", "pool", "http"],
+        workloads=["trivial", "sympy"],
+        concurrency=[1, 64],
+        out=None,
+    )
 
 
 def main() -> None:  # pragma: no cover

@@ -104,7 +104,9 @@ async def test_long_output_cut_in_the_middle(pool):
 
 
 async def test_binary_and_invalid_utf8_output(pool):
-    r = await pool.run("import sys\nsys.stdout.buffer.write(b'ok \\xff\\xfe \\x00 end')\nsys.stderr.buffer.write(b'\\xc3')")
+    r = await pool.run(
+        "import sys\nsys.stdout.buffer.write(b'ok \\xff\\xfe \\x00 end')\nsys.stderr.buffer.write(b'\\xc3')"
+    )
     assert r.status == "ok"
     assert r.stdout.startswith("ok ") and "\\xff" in r.stdout and r.stdout.endswith("end")
     assert "\\xc3" in r.stderr
@@ -129,8 +131,10 @@ async def test_no_network(pool):
 async def test_cannot_kill_the_parent(pool):
     r = await pool.run("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)")
     assert r.status in ("ok", "error")
-    r = await pool.run("import os, signal\nfor pid in [int(p) for p in os.listdir('/proc') if p.isdigit()]:\n"
-                       "    if pid != os.getpid():\n        os.kill(pid, signal.SIGKILL)\nprint('done')")
+    r = await pool.run(
+        "import os, signal\nfor pid in [int(p) for p in os.listdir('/proc') if p.isdigit()]:\n"
+        "    if pid != os.getpid():\n        os.kill(pid, signal.SIGKILL)\nprint('done')"
+    )
     assert r.status in ("ok", "error")
     await still_serving(pool)
 

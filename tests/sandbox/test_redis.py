@@ -22,8 +22,22 @@ LIGHT = "math,fractions,itertools,collections"
 
 def start_worker(url: str, lease_s: float = 2.0, name: str | None = None) -> object:
     extra = ["--name", name] if name else []
-    return start_cli(["sandbox", "worker", "--redis", url, "--workers", "1", "--lease-s", str(lease_s),
-                      "--preload", LIGHT, *extra], start_new_session=True)
+    return start_cli(
+        [
+            "sandbox",
+            "worker",
+            "--redis",
+            url,
+            "--workers",
+            "1",
+            "--lease-s",
+            str(lease_s),
+            "--preload",
+            LIGHT,
+            *extra,
+        ],
+        start_new_session=True,
+    )
 
 
 def kill_worker(proc) -> None:
@@ -65,8 +79,9 @@ async def test_killed_worker_tasks_are_redelivered(redis_server):
 
     async def held_by(consumer: str) -> int:
         try:
-            rows = await backend._redis.xpending_range(backend.tasks_key, "workers", min="-", max="+",
-                                                       count=10_000, consumername=consumer)  # noqa: SLF001
+            rows = await backend._redis.xpending_range(
+                backend.tasks_key, "workers", min="-", max="+", count=10_000, consumername=consumer
+            )  # noqa: SLF001
         except ResponseError:  # the workers have not created the group yet
             return 0
         return len(rows)
@@ -134,8 +149,11 @@ async def test_service_in_redis_mode(redis_server):
     worker = start_worker(redis_server.url)
     try:
         wait_http(f"http://127.0.0.1:{port}", serve)
-        r = httpx.post(f"http://127.0.0.1:{port}/run_batch",
-                       json={"requests": [{"code": f"{i} * 2"} for i in range(20)]}, timeout=120)
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/run_batch",
+            json={"requests": [{"code": f"{i} * 2"} for i in range(20)]},
+            timeout=120,
+        )
         assert [x["value"] for x in r.json()["results"]] == [str(i * 2) for i in range(20)]
     finally:
         stop(serve)

@@ -16,8 +16,20 @@ from ..conftest import free_port, start_cli, stop, wait_http
 def service():
     port = free_port()
     # a light worker (no numpy/sympy) keeps the 10,000-call test short on a small CI machine
-    proc = start_cli(["sandbox", "serve", "--port", str(port), "--workers", "2", "--timeout", "5",
-                      "--preload", "math,fractions,itertools,collections"])
+    proc = start_cli(
+        [
+            "sandbox",
+            "serve",
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+            "--timeout",
+            "5",
+            "--preload",
+            "math,fractions,itertools,collections",
+        ]
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http(url, proc)
@@ -31,12 +43,24 @@ def test_run_and_health(service):
     assert r.status_code == 200
     body = r.json()
     assert body["status"] == "ok" and body["stdout"] == "hello\n"
-    assert set(body) >= {"status", "stdout", "stderr", "value", "exit_code", "signal", "duration_s", "truncated"}
+    assert set(body) >= {
+        "status",
+        "stdout",
+        "stderr",
+        "value",
+        "exit_code",
+        "signal",
+        "duration_s",
+        "truncated",
+    }
     assert httpx.get(service + "/health").json()["status"] == "ok"
 
 
 def test_batch_keeps_order(service):
-    reqs = [{"code": f"{i} ** 2"} for i in range(50)] + [{"code": "1/0"}, {"code": "while True: pass", "timeout_s": 0.5}]
+    reqs = [{"code": f"{i} ** 2"} for i in range(50)] + [
+        {"code": "1/0"},
+        {"code": "while True: pass", "timeout_s": 0.5},
+    ]
     r = httpx.post(service + "/run_batch", json={"requests": reqs}, timeout=60)
     results = r.json()["results"]
     assert [x["value"] for x in results[:50]] == [str(i * i) for i in range(50)]
@@ -79,17 +103,26 @@ def test_service_survives_hostile_code(service):
         "a = bytearray(10 * 1024**3)",
         "import ctypes\nctypes.string_at(0)",
     ]
-    r = httpx.post(service + "/run_batch", json={"requests": [{"code": c, "timeout_s": 2} for c in hostile]}, timeout=120)
+    r = httpx.post(
+        service + "/run_batch", json={"requests": [{"code": c, "timeout_s": 2} for c in hostile]}, timeout=120
+    )
     statuses = [x["status"] for x in r.json()["results"]]
     assert "internal" not in statuses, statuses
-    assert httpx.post(service + "/run", json={"code": "print('alive')"}, timeout=30).json()["stdout"] == "alive\n"
+    assert (
+        httpx.post(service + "/run", json={"code": "print('alive')"}, timeout=30).json()["stdout"]
+        == "alive\n"
+    )
 
 
 def test_metrics_in_prometheus_format(service):
     httpx.post(service + "/run", json={"code": "1"}, timeout=30)
     text = httpx.get(service + "/metrics").text
-    for name in ("rstar2_sandbox_queue_depth", "rstar2_sandbox_in_flight", "rstar2_sandbox_latency_seconds_bucket",
-                 'rstar2_sandbox_calls_total{status="ok"}'):
+    for name in (
+        "rstar2_sandbox_queue_depth",
+        "rstar2_sandbox_in_flight",
+        "rstar2_sandbox_latency_seconds_bucket",
+        'rstar2_sandbox_calls_total{status="ok"}',
+    ):
         assert name in text
 
 

@@ -7,13 +7,15 @@ import pytest_asyncio
 
 from rstar2.sandbox import ExecRequest, IsolationConfig, Limits, LocalPool
 
-from ..conftest import sandbox_processes
+from ..conftest import sandbox_processes, wait_no_sandbox_processes_except
 
 
 @pytest_asyncio.fixture(scope="module")
 async def pool():
     """A pool of its own: the shared one never holds sessions, so its leftover checks stay exact."""
-    async with LocalPool(workers=2, limits=Limits(timeout_s=5.0), isolation=IsolationConfig(), max_sessions=8) as p:
+    async with LocalPool(
+        workers=2, limits=Limits(timeout_s=5.0), isolation=IsolationConfig(), max_sessions=8
+    ) as p:
         yield p
 
 
@@ -44,41 +46,35 @@ async def test_crash_and_timeout_restore_the_previous_state(pool):
 
 async def test_background_processes_of_a_cell_are_killed(pool):
     await cell(pool, "d", "import subprocess, sys\np = subprocess.Popen(['sleep', '300'])")
-    r = await cell(pool, "d", "import os\nprint(sorted(open(f'/proc/{p}/comm').read().strip() "
-                              "for p in os.listdir('/proc') if p.isdigit()))")
+    r = await cell(
+        pool,
+        "d",
+        "import os\nprint(sorted(open(f'/proc/{p}/comm').read().strip() "
+        "for p in os.listdir('/proc') if p.isdigit()))",
+    )
     assert r.status == "ok"
     names = eval(r.stdout)
     assert "sleep" not in names and len(names) == 3, names  # init, the holder, this cell
 
 
 async def test_expired_and_evicted_sessions_get_a_clear_error():
-    async with LocalPool(workers=1, limits=Limits(timeout_s=5), isolation=IsolationConfig(),
-                         max_sessions=2, session_idle_s=0.5) as pool:
+    async with LocalPool(
+        workers=1, limits=Limits(timeout_s=5), isolation=IsolationConfig(), max_sessions=2, session_idle_s=0.5
+    ) as pool:
         assert (await cell(pool, "s1", "v = 1")).status == "ok"
         import asyncio
 
         await asyncio.sleep(1.0)
         r = await cell(pool, "s1", "v")
         assert r.status == "rejected" and "expired" in r.reason
-    async with LocalPool(workers=1, limits=Limits(timeout_s=5), isolation=IsolationConfig(),
-                         max_sessions=2, session_idle_s=600) as pool:
+    async with LocalPool(
+        workers=1, limits=Limits(timeout_s=5), isolation=IsolationConfig(), max_sessions=2, session_idle_s=600
+    ) as pool:
         for sid in ("s2", "s3", "s4"):
             assert (await cell(pool, sid, f"name = {sid!r}")).status == "ok"
         r = await cell(pool, "s2", "name")  # least recently used of three with a cap of two
         assert r.status == "rejected" and "evicted" in r.reason
         assert (await cell(pool, "s4", "name")).value == "'s4'"
-
-
-def wait_no_sandbox_processes_except(before: set[int], timeout: float = 10.0) -> list[int]:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        extra = set(sandbox_processes()) - before
-        if not extra:
-            return []
-        time.sleep(0.05)
-    return sorted(extra)
 
 
 async def test_closing_a_pool_ends_its_sessions():
@@ -94,7 +90,11 @@ async def test_closing_a_pool_ends_its_sessions():
 async def test_kth_cell_runs_only_itself(pool, n):
     """The released code replays every earlier cell; here a cell's CPU time does not depend on k."""
     for k in range(n):
-        r = await cell(pool, "k", f"import time\nt = time.process_time()\nx{k} = sum(range(10_000))\ntime.process_time() - t")
+        r = await cell(
+            pool,
+            "k",
+            f"import time\nt = time.process_time()\nx{k} = sum(range(10_000))\ntime.process_time() - t",
+        )
         assert r.status == "ok"
     # all n variables exist and the last cell saw only its own work (no replay of 11 earlier cells)
     assert (await cell(pool, "k", f"sum(1 for i in range({n}) if f'x{{i}}' in globals())")).value == str(n)

@@ -26,8 +26,10 @@ from .result import ExecRequest, ExecResult
 WORKLOADS = {
     "trivial": ("print(1+1)", "2\n"),
     "sympy": ("import sympy as sp\nx = sp.Symbol('x')\nprint(sp.solve(x**2 - 5*x + 6, x))", "[2, 3]\n"),
-    "loop": ("import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0:\n    pass\nprint('done')",
-             "done\n"),
+    "loop": (
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0:\n    pass\nprint('done')",
+        "done\n",
+    ),
 }
 CLK = os.sysconf("SC_CLK_TCK")
 console = Console(stderr=True)
@@ -96,8 +98,12 @@ class Baseline:
     async def run(self, req: ExecRequest) -> ExecResult:
         t0 = time.monotonic()
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", req.code, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-c",
+            req.code,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         try:
             out, err = await asyncio.wait_for(proc.communicate(), req.timeout_s or 10)
@@ -165,8 +171,11 @@ class Http:
         self.client = None
 
     def _spawn(self, args: list[str]) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-m", "rstar2.cli", "sandbox", *args],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rstar2.cli", "sandbox", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.procs.append(proc)
         return proc
 
@@ -214,9 +223,23 @@ class RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             return None
-        self.proc = subprocess.Popen([binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--dir", self.dir],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(0.5)
         return f"redis://127.0.0.1:{self.port}/0"
 
@@ -278,15 +301,31 @@ async def measure(runner, workload: str, in_flight: int, calls: int) -> Cell:
     cpu = runner.cpu_s() - cpu0
     latencies.sort()
     pct = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000  # noqa: E731
-    return Cell(runner.name, workload, in_flight, calls, wall, calls / wall, pct(0.5), pct(0.99),
-                cpu / calls * 1000, correct, statuses)
+    return Cell(
+        runner.name,
+        workload,
+        in_flight,
+        calls,
+        wall,
+        calls / wall,
+        pct(0.5),
+        pct(0.99),
+        cpu / calls * 1000,
+        correct,
+        statuses,
+    )
 
 
-async def run_bench(quick: bool, modes: list[str], workloads: list[str], concurrency: list[int],
-                    workers: int) -> list[Cell]:
+async def run_bench(
+    quick: bool, modes: list[str], workloads: list[str], concurrency: list[int], workers: int
+) -> list[Cell]:
     cells: list[Cell] = []
-    factories = {"baseline": Baseline, "pool": lambda: Pool(workers), "http": lambda: Http(workers),
-                 "redis": lambda: RedisMode(workers)}
+    factories = {
+        "baseline": Baseline,
+        "pool": lambda: Pool(workers),
+        "http": lambda: Http(workers),
+        "redis": lambda: RedisMode(workers),
+    }
     total = len(modes) * len(workloads) * len(concurrency)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("sandbox benchmark", total=total)
@@ -315,15 +354,37 @@ async def run_bench(quick: bool, modes: list[str], workloads: list[str], concurr
 
 
 def print_table(cells: list[Cell], workers: int) -> None:
-    table = Table(title=f"rstar2 sandbox benchmark ({os.cpu_count()} cores, {workers} workers; ratio = calls/s vs baseline)")
-    for col in ("mode", "workload", "in flight", "calls", "calls/s", "× baseline", "p50 ms", "p99 ms",
-                "server CPU ms/call", "correct", "statuses"):
+    table = Table(
+        title=f"rstar2 sandbox benchmark ({os.cpu_count()} cores, {workers} workers; ratio = calls/s vs baseline)"
+    )
+    for col in (
+        "mode",
+        "workload",
+        "in flight",
+        "calls",
+        "calls/s",
+        "× baseline",
+        "p50 ms",
+        "p99 ms",
+        "server CPU ms/call",
+        "correct",
+        "statuses",
+    ):
         table.add_column(col, justify="right" if col not in ("mode", "workload", "statuses") else "left")
     for c in cells:
-        table.add_row(c.mode, c.workload, str(c.in_flight), str(c.calls), f"{c.calls_per_s:.1f}",
-                      "—" if c.ratio is None else f"{c.ratio:.1f}×", f"{c.p50_ms:.1f}", f"{c.p99_ms:.1f}",
-                      f"{c.server_cpu_ms:.1f}", f"{c.correct}/{c.calls}",
-                      " ".join(f"{k}:{v}" for k, v in sorted(c.statuses.items())))
+        table.add_row(
+            c.mode,
+            c.workload,
+            str(c.in_flight),
+            str(c.calls),
+            f"{c.calls_per_s:.1f}",
+            "—" if c.ratio is None else f"{c.ratio:.1f}×",
+            f"{c.p50_ms:.1f}",
+            f"{c.p99_ms:.1f}",
+            f"{c.server_cpu_ms:.1f}",
+            f"{c.correct}/{c.calls}",
+            " ".join(f"{k}:{v}" for k, v in sorted(c.statuses.items())),
+        )
     Console(width=200).print(table)
 
 
@@ -346,13 +407,26 @@ async def stress(n: int, in_flight: int, workers: int) -> dict:
         t0 = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(n)))
         wall = time.perf_counter() - t0
-    return {"calls": n, "in_flight": in_flight, "wall_s": round(wall, 1), "calls_per_s": round(n / wall, 1),
-            "correct": correct, "statuses": statuses}
+    return {
+        "calls": n,
+        "in_flight": in_flight,
+        "wall_s": round(wall, 1),
+        "calls_per_s": round(n / wall, 1),
+        "correct": correct,
+        "statuses": statuses,
+    }
 
 
-def main(quick: bool = False, modes: list[str] | None = None, workloads: list[str] | None = None,
-         concurrency: list[int] | None = None, out: Path | None = None, workers: int | None = None,
-         stress_calls: int = 0, stress_in_flight: int = 4096) -> list[Cell]:
+def main(
+    quick: bool = False,
+    modes: list[str] | None = None,
+    workloads: list[str] | None = None,
+    concurrency: list[int] | None = None,
+    out: Path | None = None,
+    workers: int | None = None,
+    stress_calls: int = 0,
+    stress_in_flight: int = 4096,
+) -> list[Cell]:
     workers = workers or os.cpu_count() or 1
     modes = modes or ["baseline", "pool", "http", "redis"]
     workloads = workloads or list(WORKLOADS)

@@ -105,7 +105,11 @@ class Client:
             if not live:
                 continue
             results = await self._post([req for req, _ in live])
-            for (_, fut), result in zip(live, results):
+            if len(results) != len(live):  # never leave a caller waiting on a malformed reply
+                results = [
+                    ExecResult.failure("internal", "the service answered a batch with the wrong length")
+                ] * len(live)
+            for (_, fut), result in zip(live, results, strict=True):
                 if not fut.done():
                     fut.set_result(result)
 

@@ -27,8 +27,15 @@ class WorkerDied(RuntimeError):
 
 
 class Executor:
-    def __init__(self, index: int, limits: Limits, isolation: IsolationConfig,
-                 preload: list[str] | None = None, max_sessions: int = 64, session_idle_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        index: int,
+        limits: Limits,
+        isolation: IsolationConfig,
+        preload: list[str] | None = None,
+        max_sessions: int = 64,
+        session_idle_s: float = 600.0,
+    ) -> None:
         self.index = index
         self.max_sessions = max_sessions
         self.session_idle_s = session_idle_s
@@ -45,18 +52,34 @@ class Executor:
     async def start(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
             return
-        cfg = {"index": self.index, "isolation": self.isolation.to_dict(), "limits": self.limits.to_dict(),
-               "max_sessions": self.max_sessions, "session_idle_s": self.session_idle_s}
+        cfg = {
+            "index": self.index,
+            "isolation": self.isolation.to_dict(),
+            "limits": self.limits.to_dict(),
+            "max_sessions": self.max_sessions,
+            "session_idle_s": self.session_idle_s,
+        }
         if self.preload is not None:
             cfg["preload"] = list(self.preload)
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "VIRTUAL_ENV")}
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
-        env.update({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                    "PYTHONDONTWRITEBYTECODE": "1"})
+        env.update(
+            {
+                "OPENBLAS_NUM_THREADS": "1",
+                "OMP_NUM_THREADS": "1",
+                "MKL_NUM_THREADS": "1",
+                "PYTHONDONTWRITEBYTECODE": "1",
+            }
+        )
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "rstar2.sandbox.zygote", json.dumps(cfg),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
+            sys.executable,
+            "-m",
+            "rstar2.sandbox.zygote",
+            json.dumps(cfg),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=env,
             limit=1 << 26,
         )
         try:
@@ -113,8 +136,14 @@ class Executor:
             await self.start()
         except RuntimeError as exc:
             return ExecResult.failure("internal", str(exc))
-        msg = {"op": "run", "id": next(self._ids), "code": req.code, "input": req.input, "session_id": req.session_id,
-               "limits": {"timeout_s": limits.timeout_s, "memory_mb": limits.memory_mb}}
+        msg = {
+            "op": "run",
+            "id": next(self._ids),
+            "code": req.code,
+            "input": req.input,
+            "session_id": req.session_id,
+            "limits": {"timeout_s": limits.timeout_s, "memory_mb": limits.memory_mb},
+        }
         try:
             self._send(msg)
             reply = await asyncio.wait_for(self._recv(), limits.timeout_s + _GRACE_S)
@@ -123,7 +152,9 @@ class Executor:
             self.restarts += 1
             await self._kill()
             self.proc = None
-            return ExecResult.failure("internal", f"sandbox worker {self.index} lost ({type(exc).__name__}); replaced")
+            return ExecResult.failure(
+                "internal", f"sandbox worker {self.index} lost ({type(exc).__name__}); replaced"
+            )
         except asyncio.CancelledError:
             # the caller gave up mid-call: the worker's state is unknown, replace it
             await self._kill()

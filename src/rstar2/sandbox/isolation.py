@@ -23,8 +23,8 @@ from __future__ import annotations
 import os
 import resource
 import socket
-import tempfile
 import sys
+import tempfile
 from dataclasses import dataclass, field
 
 from . import linux
@@ -130,7 +130,11 @@ class WorkerIsolation:
         try:
             if flags:
                 linux.unshare(flags)
-            self.note("net", bool(flags & linux.CLONE_NEWNET), "empty network namespace" if flags & linux.CLONE_NEWNET else "disabled")
+            self.note(
+                "net",
+                bool(flags & linux.CLONE_NEWNET),
+                "empty network namespace" if flags & linux.CLONE_NEWNET else "disabled",
+            )
             self.note("ipc_uts", bool(flags), "private IPC and hostname" if flags else "unavailable")
         except OSError as exc:
             flags = 0
@@ -149,7 +153,9 @@ class WorkerIsolation:
                 self.note("pid", True, "new PID namespace per call; all of a call's processes die with it")
             except OSError as exc:
                 self.pid_ns_fd = None
-                self.note("pid", False, f"PID namespaces unavailable ({exc.strerror}); process-group kill instead")
+                self.note(
+                    "pid", False, f"PID namespaces unavailable ({exc.strerror}); process-group kill instead"
+                )
         else:
             self.note("pid", False, "disabled" if not cfg.pid else "needs a mount namespace")
         if cfg.seccomp:
@@ -157,7 +163,9 @@ class WorkerIsolation:
                 from .seccomp import build_program
 
                 self.seccomp_program = build_program()
-                self.note("seccomp", True, f"deny-list filter, {len(self.seccomp_program) // 8} BPF instructions")
+                self.note(
+                    "seccomp", True, f"deny-list filter, {len(self.seccomp_program) // 8} BPF instructions"
+                )
             except Exception as exc:  # noqa: BLE001 - libseccomp missing or unsupported arch
                 self.note("seccomp", False, f"unavailable: {exc}")
         if cfg.filesystem and flags & linux.CLONE_NEWNS:
@@ -344,6 +352,25 @@ class CgroupPair:
 
     def _read(self, fd: int) -> str:
         return os.pread(fd, 4096, 0).decode()
+
+    def kill_all_but(self, keep: int) -> None:
+        """Without a PID namespace: kill every process of the call that is still in our cgroup."""
+        path = os.path.join(self.pids_dir, "cgroup.procs")
+        for _ in range(100):
+            with open(path) as fh:
+                pids = [int(x) for x in fh.read().split() if int(x) != keep]
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, 9)
+                except OSError:
+                    pass
+            try:
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    pass
+            except ChildProcessError:
+                pass
 
     def oom_kills(self) -> int:
         for line in self._read(self._oom_fd).splitlines():

@@ -58,7 +58,9 @@ def setns(fd: int, nstype: int) -> None:
     _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
 
 
-def mount(source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None) -> None:
+def mount(
+    source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None
+) -> None:
     enc = lambda s: s.encode() if s is not None else None  # noqa: E731
     _check(
         _libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
@@ -115,6 +117,8 @@ def load_seccomp_bpf(program: bytes) -> None:
     buf = ctypes.create_string_buffer(program, len(program))
     prog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
     _check(
-        _libc.prctl(ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(prog), 0, 0),
+        _libc.prctl(
+            ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(prog), 0, 0
+        ),
         "seccomp",
     )

@@ -38,7 +38,8 @@ class LocalPool:
         self.queue_size = queue_size
         per_worker = max(1, -(-max_sessions // self.size))
         self.executors = [
-            Executor(i, self.limits, self.isolation, preload, per_worker, session_idle_s) for i in range(self.size)
+            Executor(i, self.limits, self.isolation, preload, per_worker, session_idle_s)
+            for i in range(self.size)
         ]
         self._queue: asyncio.Queue | None = None
         self._tasks: list[asyncio.Task] = []

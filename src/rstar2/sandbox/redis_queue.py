@@ -27,7 +27,8 @@ import uuid
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError, TimeoutError as RedisTimeoutError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .pool import LocalPool
 from .result import ExecRequest, ExecResult
@@ -48,8 +49,13 @@ def _client(url: str, max_connections: int = 32) -> aioredis.Redis:
 class RedisBackend:
     """The service side: enqueue calls, collect replies, re-submit after a Redis restart."""
 
-    def __init__(self, url: str, prefix: str = "rstar2:sandbox", deadline_s: float = 600.0,
-                 stream_maxlen: int = 1_000_000) -> None:
+    def __init__(
+        self,
+        url: str,
+        prefix: str = "rstar2:sandbox",
+        deadline_s: float = 600.0,
+        stream_maxlen: int = 1_000_000,
+    ) -> None:
         self.url = url
         self.prefix = prefix
         self.deadline_s = deadline_s
@@ -103,14 +109,21 @@ class RedisBackend:
         await self.start()
         call_id = uuid.uuid4().hex
         deadline = time.time() + self.deadline_s
-        task = {"id": call_id, "reply": self.reply_key, "deadline": deadline, "req": json.dumps(req.to_dict())}
+        task = {
+            "id": call_id,
+            "reply": self.reply_key,
+            "deadline": deadline,
+            "req": json.dumps(req.to_dict()),
+        }
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pending[call_id] = (task, fut)
         try:
             await self._submit(task)
             return await asyncio.wait_for(asyncio.shield(fut), max(0.0, deadline - time.time()))
         except asyncio.TimeoutError:
-            return ExecResult.failure("internal", f"no result within the call's deadline of {self.deadline_s:g} s")
+            return ExecResult.failure(
+                "internal", f"no result within the call's deadline of {self.deadline_s:g} s"
+            )
         finally:
             self._pending.pop(call_id, None)
 
@@ -139,8 +152,9 @@ class RedisBackend:
                     for task, fut in list(self._pending.values()):
                         if not fut.done():
                             self.resubmitted += 1
-                            await self._redis.xadd(self.tasks_key, task, maxlen=self.stream_maxlen,
-                                                   approximate=True)
+                            await self._redis.xadd(
+                                self.tasks_key, task, maxlen=self.stream_maxlen, approximate=True
+                            )
                     lost = False
                     delay = 0.1
                 item = await self._redis.blpop([self.reply_key], timeout=1)
@@ -165,8 +179,16 @@ class RedisBackend:
 class RedisWorker:
     """A worker node: takes tasks from the stream, runs them in a local pool, replies, acknowledges."""
 
-    def __init__(self, url: str, pool: LocalPool, prefix: str = "rstar2:sandbox", lease_s: float = 60.0,
-                 max_deliveries: int = 3, name: str | None = None, reply_ttl_s: int = 3600) -> None:
+    def __init__(
+        self,
+        url: str,
+        pool: LocalPool,
+        prefix: str = "rstar2:sandbox",
+        lease_s: float = 60.0,
+        max_deliveries: int = 3,
+        name: str | None = None,
+        reply_ttl_s: int = 3600,
+    ) -> None:
         self.url = url
         self.pool = pool
         self.prefix = prefix
@@ -247,7 +269,9 @@ class RedisWorker:
         ids = [entry_id for entry_id, fields in claimed if fields]
         counts: dict[str, int] = {}
         if ids:
-            info = await self._redis.xpending_range(self.tasks_key, GROUP, min=ids[0], max=ids[-1], count=len(ids) * 4)
+            info = await self._redis.xpending_range(
+                self.tasks_key, GROUP, min=ids[0], max=ids[-1], count=len(ids) * 4
+            )
             counts = {row["message_id"]: int(row["times_delivered"]) for row in info}
         for entry_id, fields in claimed:
             if not fields:  # trimmed from the stream meanwhile

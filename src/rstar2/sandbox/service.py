@@ -15,7 +15,14 @@ from typing import Protocol
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from pydantic import BaseModel, ConfigDict, Field
 
 from .result import STATUSES, ExecRequest, ExecResult
@@ -61,14 +68,15 @@ class BatchBody(BaseModel):
 class Metrics:
     def __init__(self, backend: Backend) -> None:
         self.registry = CollectorRegistry()
-        Gauge("rstar2_sandbox_queue_depth", "calls waiting for a worker", registry=self.registry).set_function(
-            lambda: backend.queue_depth
-        )
+        Gauge(
+            "rstar2_sandbox_queue_depth", "calls waiting for a worker", registry=self.registry
+        ).set_function(lambda: backend.queue_depth)
         Gauge("rstar2_sandbox_in_flight", "calls running now", registry=self.registry).set_function(
             lambda: backend.in_flight
         )
         self.latency = Histogram(
-            "rstar2_sandbox_latency_seconds", "end-to-end latency of a call in the service",
+            "rstar2_sandbox_latency_seconds",
+            "end-to-end latency of a call in the service",
             buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=self.registry,
         )
@@ -103,7 +111,10 @@ def create_app(backend: Backend) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(status_code=422, content={"error": _error_text(exc), "detail": exc.errors()[:10]},)
+        return JSONResponse(
+            status_code=422,
+            content={"error": _error_text(exc), "detail": exc.errors()[:10]},
+        )
 
     async def _run(req: ExecRequest) -> ExecResult:
         t0 = time.monotonic()

@@ -200,7 +200,9 @@ class SessionTable:
     def make_room(self) -> None:
         while len(self.live) >= self.max_sessions:
             sid = next(iter(self.live))
-            self.forget(sid, f"evicted (least recently used; at most {self.max_sessions} live sessions per worker)")
+            self.forget(
+                sid, f"evicted (least recently used; at most {self.max_sessions} live sessions per worker)"
+            )
 
     def add(self, handle: SessionHandle) -> None:
         self.live[handle.session_id] = handle

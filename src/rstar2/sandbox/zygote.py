@@ -16,19 +16,35 @@ import shutil
 import signal
 import socket
 import struct
-import tempfile
 import sys
+import tempfile
 import time
 
 from . import linux
 from .capture import Capture, cut_middle
 from .isolation import IsolationConfig, WorkerIsolation
+from .result import ExecResult, Limits
 from .runner import run_code
 from .session import SessionHandle, SessionTable, session_init
-from .result import ExecResult, Limits
 
-PRELOAD = ("math", "cmath", "fractions", "decimal", "itertools", "collections", "functools", "re",
-           "random", "statistics", "heapq", "bisect", "string", "json", "numpy", "sympy")
+PRELOAD = (
+    "math",
+    "cmath",
+    "fractions",
+    "decimal",
+    "itertools",
+    "collections",
+    "functools",
+    "re",
+    "random",
+    "statistics",
+    "heapq",
+    "bisect",
+    "string",
+    "json",
+    "numpy",
+    "sympy",
+)
 _INTERNAL_EXIT = 125
 _MAX_CTRL = 1 << 16
 _HEADER = struct.Struct("!I")
@@ -117,8 +133,16 @@ class Zygote:
             os.close(fd)
         return self._collect(pid, limits, t0, out_r, err_r, res_r, oom_before)
 
-    def _child(self, code: str, limits: Limits, stdin_fd: int, out_w: int, err_w: int, res_w: int,
-               tmp_dir: str | None) -> None:
+    def _child(
+        self,
+        code: str,
+        limits: Limits,
+        stdin_fd: int,
+        out_w: int,
+        err_w: int,
+        res_w: int,
+        tmp_dir: str | None,
+    ) -> None:
         try:
             os.dup2(stdin_fd, 0)
             os.dup2(out_w, 1)
@@ -139,8 +163,9 @@ class Zygote:
             status = 1
         os._exit(status)
 
-    def _collect(self, pid: int, limits: Limits, t0: float, out_r: int, err_r: int, res_r: int,
-                 oom_before: int) -> ExecResult:
+    def _collect(
+        self, pid: int, limits: Limits, t0: float, out_r: int, err_r: int, res_r: int, oom_before: int
+    ) -> ExecResult:
         out, err, res = Capture(limits.output_bytes), Capture(limits.output_bytes), Capture(4 << 20)
         streams = {out_r: out, err_r: err, res_r: res}
         pidfd = os.pidfd_open(pid)
@@ -189,14 +214,27 @@ class Zygote:
                 os.killpg(pid, signal.SIGKILL)
             except OSError:
                 pass
+            if self.iso.cgroup is not None:  # setsid daemons left the process group, not the cgroup
+                self.iso.cgroup.kill_all_but(os.getpid())
         for fd in (*streams, pidfd):
             os.close(fd)
         oom = self.iso.cgroup is not None and self.iso.cgroup.oom_kills() > oom_before
-        return self._result(limits, duration, out, err, res, wstatus, killed, oom,
-                            rusage.ru_utime + rusage.ru_stime)
+        return self._result(
+            limits, duration, out, err, res, wstatus, killed, oom, rusage.ru_utime + rusage.ru_stime
+        )
 
-    def _result(self, limits: Limits, duration: float, out: Capture, err: Capture, res: Capture,
-                wstatus: int | None, killed: str | None, oom: bool, cpu_s: float | None) -> ExecResult:
+    def _result(
+        self,
+        limits: Limits,
+        duration: float,
+        out: Capture,
+        err: Capture,
+        res: Capture,
+        wstatus: int | None,
+        killed: str | None,
+        oom: bool,
+        cpu_s: float | None,
+    ) -> ExecResult:
         report = {}
         if res.total:
             try:
@@ -249,9 +287,13 @@ class Zygote:
         handle = table.touch(sid)
         if handle is None:
             if sid in table.gone:
-                return ExecResult.failure("rejected", f"session {sid!r} {table.gone[sid]}; use a new session_id")
+                return ExecResult.failure(
+                    "rejected", f"session {sid!r} {table.gone[sid]}; use a new session_id"
+                )
             if self.iso.pid_ns_fd is None:
-                return ExecResult.failure("rejected", "stateful sessions need PID namespaces, unavailable here")
+                return ExecResult.failure(
+                    "rejected", "stateful sessions need PID namespaces, unavailable here"
+                )
             table.make_room()
             try:
                 handle = self._new_session(sid, limits)
@@ -456,14 +498,17 @@ def main(argv: list[str]) -> int:
     gc.freeze()  # keep the forked children from touching (copying) every object's GC header
     sessions = SessionTable(int(cfg.get("max_sessions", 64)), float(cfg.get("session_idle_s", 600)))
     zyg = Zygote(iso, Limits.from_dict(cfg.get("limits", {})), sessions)
-    send_msg(wfd, {
-        "op": "hello",
-        "pid": os.getpid(),
-        "layers": iso.report(),
-        "preloaded": loaded,
-        "cgroup": iso.cgroup.name if iso.cgroup else None,
-        "root_dir": iso.root_dir,
-    })
+    send_msg(
+        wfd,
+        {
+            "op": "hello",
+            "pid": os.getpid(),
+            "layers": iso.report(),
+            "preloaded": loaded,
+            "cgroup": iso.cgroup.name if iso.cgroup else None,
+            "root_dir": iso.root_dir,
+        },
+    )
     while True:
         msg = recv_msg(rfd)
         sessions.expire(time.monotonic())
@@ -476,8 +521,14 @@ def main(argv: list[str]) -> int:
                 result = ExecResult.failure("internal", f"worker error: {exc!r}")
             send_msg(wfd, {"op": "result", "id": msg.get("id"), "result": result.to_dict()})
         else:
-            send_msg(wfd, {"op": "result", "id": msg.get("id"),
-                           "result": ExecResult.failure("internal", f"unknown op {msg.get('op')!r}").to_dict()})
+            send_msg(
+                wfd,
+                {
+                    "op": "result",
+                    "id": msg.get("id"),
+                    "result": ExecResult.failure("internal", f"unknown op {msg.get('op')!r}").to_dict(),
+                },
+            )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,29 @@
+"""The fallback where PID and mount namespaces are unavailable: it still holds."""
+
+from __future__ import annotations
+
+import os
+
+from rstar2.sandbox import IsolationConfig, Limits, LocalPool
+
+from ..conftest import sandbox_processes, wait_no_sandbox_processes_except
+
+
+async def test_fallback_without_pid_and_mount_namespaces_still_cleans_up():
+    """Where PID and mount namespaces are unavailable: a temp dir per call and a cgroup sweep."""
+    iso = IsolationConfig(pid=False, filesystem=False)
+    async with LocalPool(workers=1, limits=Limits(timeout_s=5), isolation=iso) as pool:
+        layers = {layer["name"]: layer["active"] for layer in pool.layers}
+        assert layers["pid"] is False and layers["fs"] is False
+        r = await pool.run("import os\nopen('f.txt', 'w').write('x')\nprint(os.getcwd())")
+        assert r.status == "ok" and "rstar2-call-" in r.stdout
+        assert not os.path.exists(r.stdout.strip())  # the call's directory is removed afterwards
+        before = set(sandbox_processes())
+        code = (
+            "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            "        time.sleep(300)\n    os._exit(0)\ntime.sleep(0.2)"
+        )
+        assert (await pool.run(code)).status == "ok"
+        if layers.get("cgroup"):
+            assert wait_no_sandbox_processes_except(before) == []
+        assert (await pool.run("6 * 7")).value == "42"
