@@ -334,7 +334,7 @@ class CgroupPair:
         self._usage_fd = os.open(os.path.join(mem_dir, "memory.usage_in_bytes"), os.O_RDONLY)
         self._oom_fd = os.open(os.path.join(mem_dir, "memory.oom_control"), os.O_RDONLY)
         self._pids_fd = os.open(os.path.join(pids_dir, "pids.max"), os.O_WRONLY)
-        self._last: tuple[int, int] | None = None
+        self._pids_current_fd = os.open(os.path.join(pids_dir, "pids.current"), os.O_RDONLY)
 
     @classmethod
     def create(cls, name: str) -> CgroupPair:
@@ -379,18 +379,16 @@ class CgroupPair:
         return 0
 
     def set_limits(self, limits: Limits) -> None:
-        """Memory: what the worker itself holds plus the call's budget; pids: worker + the call's."""
+        """Memory: what the worker and its live sessions hold now, plus this call's budget (its
+        address space and its /tmp); pids: the worker, its sessions and this call's processes."""
         base = int(self._read(self._usage_fd))
-        mem = base + limits.memory_mb * 1024 * 1024 + limits.tmp_mb * 1024 * 1024
-        key = (limits.memory_mb, limits.max_processes)
-        if self._last is not None and self._last == key:
-            return
+        mem = base + (limits.memory_mb + limits.tmp_mb) * 1024 * 1024
+        procs = int(self._read(self._pids_current_fd))
         try:
-            os.write(self._limit_fd, str(mem).encode())
-            os.write(self._pids_fd, str(limits.max_processes + 2).encode())
-            self._last = key
+            os.pwrite(self._limit_fd, str(mem).encode(), 0)
+            os.pwrite(self._pids_fd, str(procs + limits.max_processes + 1).encode(), 0)
         except OSError:
-            self._last = None
+            pass
 
 
 def remove_cgroups(name: str) -> None:

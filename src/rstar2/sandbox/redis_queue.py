@@ -199,6 +199,7 @@ class RedisWorker:
         self.slots = asyncio.Semaphore(pool.size * 2)
         self._redis: aioredis.Redis | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._running: set[str] = set()  # stream entries being executed on this node
         self._stop = asyncio.Event()
         self.done = 0
 
@@ -232,6 +233,7 @@ class RedisWorker:
                         free = self.slots._value  # noqa: SLF001 - how many tasks this node can start now
                         if time.monotonic() >= reclaim_at:
                             reclaim_at = time.monotonic() + max(0.5, self.lease_s / 4)
+                            await self._heartbeat()
                             await self._reclaim(free)
                             free = self.slots._value  # noqa: SLF001
                             if free <= 0:
@@ -254,6 +256,19 @@ class RedisWorker:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             await self._redis.aclose()
             await self.pool.close()
+
+    async def _heartbeat(self) -> None:
+        """Renew the lease of the tasks running here, so a long call is not handed to another node."""
+        if self._running:
+            assert self._redis is not None
+            await self._redis.xclaim(
+                self.tasks_key,
+                GROUP,
+                self.name,
+                min_idle_time=0,
+                message_ids=list(self._running),
+                justid=True,
+            )
 
     async def _reclaim(self, free: int) -> None:
         """Take over tasks whose worker has held them past the lease (it died or hangs)."""
@@ -283,7 +298,9 @@ class RedisWorker:
         await self.slots.acquire()
         task = asyncio.create_task(self._handle(entry_id, fields, deliveries))
         self._tasks.add(task)
+        self._running.add(entry_id)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _t: self._running.discard(entry_id))
 
     async def _handle(self, entry_id: str, fields: dict, deliveries: int) -> None:
         try:
