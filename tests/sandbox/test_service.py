@@ -144,7 +144,7 @@ async def test_10000_calls_at_concurrency_256(service):
 async def test_client_retries_until_the_service_is_up():
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    async with Client(url, retries=8) as client:
+    async with Client(url, retries=8, retry_for_s=300) as client:
         task = asyncio.create_task(client.run("print('late')"))
         await asyncio.sleep(0.5)
         proc = start_cli(["sandbox", "serve", "--port", str(port), "--workers", "1"])
@@ -156,7 +156,7 @@ async def test_client_retries_until_the_service_is_up():
 
 
 async def test_client_reports_an_unreachable_service():
-    async with Client(f"http://127.0.0.1:{free_port()}", retries=1) as client:
+    async with Client(f"http://127.0.0.1:{free_port()}", retries=1, retry_for_s=0) as client:
         result = await client.run("1")
     assert result.status == "internal" and "unreachable" in result.reason
 

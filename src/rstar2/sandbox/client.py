@@ -1,5 +1,6 @@
 """Async client for the HTTP service. Concurrent calls are gathered into `/run_batch` requests
 (up to `batch_size` calls, or whatever arrived within `linger_s`), like the paper's send workers.
+Connection errors are retried with back-off for at least `retries` attempts and `retry_for_s` seconds.
 
     async with Client("http://127.0.0.1:8088") as client:
         result = await client.run("print(6 * 7)")
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import httpx
 
@@ -23,6 +25,7 @@ class Client:
         linger_s: float = 0.002,
         concurrency: int = 16,
         retries: int = 4,
+        retry_for_s: float = 60.0,
         request_timeout_s: float = 600.0,
     ) -> None:
         self.url = url.rstrip("/")
@@ -30,6 +33,7 @@ class Client:
         self.linger_s = linger_s
         self.concurrency = concurrency
         self.retries = retries
+        self.retry_for_s = retry_for_s
         self.request_timeout_s = request_timeout_s
         self._queue: asyncio.Queue | None = None
         self._senders: list[asyncio.Task] = []
@@ -117,7 +121,9 @@ class Client:
         assert self._http is not None
         payload = {"requests": [{k: v for k, v in r.to_dict().items() if v is not None} for r in reqs]}
         last_error = ""
-        for attempt in range(self.retries + 1):
+        give_up_at = time.monotonic() + self.retry_for_s
+        attempt = 0
+        while True:
             try:
                 resp = await self._http.post(self.url + "/run_batch", json=payload)
                 if resp.status_code == 200:
@@ -128,6 +134,8 @@ class Client:
                 last_error = f"HTTP {resp.status_code}"
             except (httpx.TransportError, ValueError) as exc:
                 last_error = f"{type(exc).__name__}: {exc}"
-            if attempt < self.retries:
-                await asyncio.sleep(min(5.0, 0.25 * 2**attempt) * (0.5 + random.random()))
+            attempt += 1
+            if attempt > self.retries and time.monotonic() >= give_up_at:
+                break
+            await asyncio.sleep(min(5.0, 0.25 * 2 ** min(attempt, 5)) * (0.5 + random.random()))
         return [ExecResult.failure("internal", f"sandbox service unreachable: {last_error}") for _ in reqs]

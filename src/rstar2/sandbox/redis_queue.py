@@ -67,6 +67,7 @@ class RedisBackend:
         self._pending: dict[str, tuple[dict, asyncio.Future]] = {}
         self.resubmitted = 0
         self.duplicates = 0
+        self._closing = False
 
     @property
     def tasks_key(self) -> str:
@@ -87,18 +88,19 @@ class RedisBackend:
         return self
 
     async def close(self) -> None:
+        self._closing = True
         if self._listener is not None:
             self._listener.cancel()
-            await asyncio.gather(self._listener, return_exceptions=True)
+            await asyncio.wait([self._listener], timeout=5)  # never hang on a stuck connection
         for _, fut in self._pending.values():
             if not fut.done():
                 fut.set_result(ExecResult.failure("internal", "sandbox service shutting down"))
         if self._redis is not None:
             try:
-                await self._redis.delete(self.reply_key)
-            except RedisError:
+                await asyncio.wait_for(self._redis.delete(self.reply_key), 5)
+                await asyncio.wait_for(self._redis.aclose(), 5)
+            except (RedisError, OSError, asyncio.TimeoutError):
                 pass
-            await self._redis.aclose()
         self._redis = None
 
     async def run(self, req: ExecRequest) -> ExecResult:
@@ -117,9 +119,13 @@ class RedisBackend:
         }
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pending[call_id] = (task, fut)
-        try:
+
+        async def submit_and_wait() -> ExecResult:
             await self._submit(task)
-            return await asyncio.wait_for(asyncio.shield(fut), max(0.0, deadline - time.time()))
+            return await asyncio.shield(fut)
+
+        try:  # the deadline bounds everything, a Redis that hangs included
+            return await asyncio.wait_for(submit_and_wait(), max(0.0, deadline - time.time()))
         except asyncio.TimeoutError:
             return ExecResult.failure(
                 "internal", f"no result within the call's deadline of {self.deadline_s:g} s"
@@ -144,7 +150,7 @@ class RedisBackend:
         """Collect replies; after a lost connection, re-submit every call still waiting."""
         delay = 0.1
         lost = False
-        while True:
+        while not self._closing:
             try:
                 assert self._redis is not None
                 if lost:
@@ -221,6 +227,7 @@ class RedisWorker:
     async def run(self) -> None:
         await self.pool.start()
         self._redis = _client(self.url)
+        heartbeat = asyncio.create_task(self._heartbeat())
         delay = 0.1
         reclaim_at = 0.0
         try:
@@ -233,7 +240,6 @@ class RedisWorker:
                         free = self.slots._value  # noqa: SLF001 - how many tasks this node can start now
                         if time.monotonic() >= reclaim_at:
                             reclaim_at = time.monotonic() + max(0.5, self.lease_s / 4)
-                            await self._heartbeat()
                             await self._reclaim(free)
                             free = self.slots._value  # noqa: SLF001
                             if free <= 0:
@@ -253,12 +259,22 @@ class RedisWorker:
                     log.warning("Redis error (%s); re-creating the consumer group", exc)
                     await asyncio.sleep(delay)
         finally:
+            heartbeat.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
             await self._redis.aclose()
             await self.pool.close()
 
     async def _heartbeat(self) -> None:
-        """Renew the lease of the tasks running here, so a long call is not handed to another node."""
+        """Renew the lease of the tasks held here (running or queued in the pool) every third of the
+        lease, independently of the read loop, so a long call is not handed to another node."""
+        while not self._stop.is_set():
+            await asyncio.sleep(max(0.1, self.lease_s / 3))
+            try:
+                await self._renew()
+            except (*_CONN_ERRORS, ResponseError) as exc:
+                log.warning("could not renew leases (%s)", exc)
+
+    async def _renew(self) -> None:
         if self._running:
             assert self._redis is not None
             await self._redis.xclaim(
