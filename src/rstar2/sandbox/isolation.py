@@ -25,6 +25,7 @@ import resource
 import socket
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 from . import linux
@@ -240,6 +241,10 @@ class WorkerIsolation:
             os.setgroups([])
             os.setresgid(self.uid, self.uid, self.uid)
             os.setresuid(self.uid, self.uid, self.uid)
+        # Die with the worker (set after the uid change, which clears it), and yield the CPU to it:
+        # a worker starved by its own call's processes could not enforce the call's timeout.
+        linux.prctl(linux.PR_SET_PDEATHSIG, 9)
+        os.nice(10)
         if self.seccomp_program is not None:
             linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)
             linux.load_seccomp_bpf(self.seccomp_program)
@@ -392,7 +397,22 @@ class CgroupPair:
 
 
 def remove_cgroups(name: str) -> None:
-    """Called by the parent after a worker exited: its cgroup directories are empty by then."""
+    """Called by the parent after a worker exited: kill what is left in its cgroup, then remove it."""
+    procs = os.path.join(CGROUP_ROOT, "pids", "rstar2", name, "cgroup.procs")
+    for _ in range(200):
+        try:
+            with open(procs) as fh:
+                pids = [int(x) for x in fh.read().split()]
+        except OSError:
+            break
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        time.sleep(0.01)
     for ctrl in ("memory", "pids"):
         try:
             os.rmdir(os.path.join(CGROUP_ROOT, ctrl, "rstar2", name))
