@@ -68,8 +68,8 @@ async def test_huge_allocation_is_memory(pool):
 async def test_fork_bomb_is_contained(pool):
     code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
     r = await pool.run(ExecRequest(code, timeout_s=2.0))
-    assert r.status in ("timeout", "error")
-    assert wait_no_sandbox_processes() == []
+    assert r.status in ("timeout", "error", "memory"), (r.status, r.reason)
+    assert wait_no_sandbox_processes(timeout=60) == []  # 64 exits can take a while on a slow VM
     await still_serving(pool)
 
 
