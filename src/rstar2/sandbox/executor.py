@@ -18,7 +18,7 @@ from .isolation import IsolationConfig, remove_cgroups
 from .result import ExecRequest, ExecResult, Limits
 
 _HEADER = struct.Struct("!I")
-_GRACE_S = 10.0  # worker start-up and output draining on top of a call's own timeout
+_GRACE_S = 60.0  # on top of a call's timeout: the kernel tearing down a big process tree can be slow
 _START_TIMEOUT_S = 120.0
 
 
