@@ -19,6 +19,7 @@ COMMANDS = [
     ["sandbox", "info"],
     ["sandbox", "bench"],
     ["demo"],
+    ["verify"],
 ]
 
 
@@ -55,3 +56,36 @@ def test_sandbox_info_lists_layers():
     assert r.returncode == 0
     layers = {layer["name"] for layer in json.loads(r.stdout)["layers"]}
     assert {"net", "pid", "fs", "seccomp", "rlimits", "env"} <= layers
+
+
+def test_verify_one_pair_sets_the_exit_status(tmp_path):
+    good = rstar2("verify", "--reference", "\\frac{1}{2}", "--response", "-", input="<answer>\\boxed{0.5}</answer>")
+    assert good.returncode == 0, good.stderr
+    assert json.loads(good.stdout)["correct"] is True
+    bad = rstar2("verify", "-r", "3", "--response", "-", input="<answer>\\boxed{4}</answer>")
+    assert bad.returncode == 1 and json.loads(bad.stdout)["reason"] == "different numbers"
+
+
+def test_verify_jsonl_prints_a_verdict_per_line_and_a_summary(tmp_path):
+    rows = [
+        {"reference": "117", "response": "<answer>\\boxed{117}</answer>", "label": True},
+        {"reference": "\\sqrt{8}", "response": "<answer>\\boxed{2\\sqrt{2}}</answer>", "label": True},
+        {"reference": "\\pi", "response": "<answer>\\boxed{3.14}</answer>", "label": False},
+        {"reference": 5, "response": "nothing", "label": False},
+    ]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    r = rstar2("verify", "--jsonl", str(path), "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    verdicts = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [v["correct"] for v in verdicts] == [True, True, False, False]
+    assert "precision" in r.stderr and "100.00%" in r.stderr
+
+
+def test_verify_rejects_bad_input_clearly(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"reference": "1"}\n')
+    r = rstar2("verify", "--jsonl", str(path))
+    assert r.returncode != 0 and "needs the fields" in r.stderr
+    r = rstar2("verify", "--reference", "1")
+    assert r.returncode != 0 and "either --reference and --response, or --jsonl" in r.stderr

@@ -30,12 +30,21 @@ def _limits(timeout_s: float | None = None, memory_mb: int | None = None):
 
 PRELOAD_HELP = (
     "Modules each worker imports once, comma-separated (default: math, fractions, itertools, "
-    "collections, ..., numpy, sympy). Fewer modules make a smaller worker and a cheaper fork."
+    "collections, ..., numpy, sympy; 'default' stands for that list). Fewer modules make a smaller "
+    "worker and a cheaper fork; add rstar2.reward.equivalence to check answers on the workers."
 )
 
 
 def _preload(text: str | None) -> list[str] | None:
-    return [m.strip() for m in text.split(",") if m.strip()] if text else None
+    """Comma-separated module names; ``default`` stands for the default list."""
+    if not text:
+        return None
+    from .sandbox.zygote import PRELOAD
+
+    names: list[str] = []
+    for name in (m.strip() for m in text.split(",")):
+        names.extend(PRELOAD if name == "default" else [name] if name else [])
+    return names
 
 
 @sandbox_app.command("run")
@@ -195,6 +204,92 @@ def sandbox_bench(
         concurrency=[int(c) for c in concurrency.split(",")],
         out=out,
     )
+
+
+@app.command("verify")
+def verify(
+    reference: str | None = typer.Option(None, "--reference", "-r", help="Reference answer (LaTeX or a number)."),
+    response: str | None = typer.Option(None, "--response", help="File with the model's response, or - for stdin."),
+    jsonl: Path | None = typer.Option(
+        None, help="JSON Lines with fields 'reference' and 'response' (optional 'label': true/false)."
+    ),
+    mode: str = typer.Option("strict", help="strict: \\boxed{} inside <answer>; lenient: any final answer."),
+    extracted: bool = typer.Option(False, "--extracted", help="The responses are already the final answers."),
+    timeout_s: float = typer.Option(2.0, "--timeout", help="Time box per check in seconds."),
+    workers: int = typer.Option(0, help="Checking processes (default: up to 4)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write verdicts here instead of stdout."),
+) -> None:
+    """Grade answers: one pair (exit status 0 = correct, 1 = not), or a JSON Lines file."""
+    from rich.progress import Progress
+
+    from .reward import VerifierPool
+
+    if mode not in ("strict", "lenient"):
+        raise typer.BadParameter("--mode must be strict or lenient")
+    if (jsonl is None) == (reference is None or response is None):
+        raise typer.BadParameter("give either --reference and --response, or --jsonl")
+    pool = VerifierPool(workers or None, timeout_s=timeout_s, mode=mode)  # type: ignore[arg-type]
+    with pool:
+        if jsonl is None:
+            text = sys.stdin.read() if response == "-" else Path(str(response)).read_text(errors="replace")
+            verdict = pool.check(str(reference), text, extracted=extracted)
+            print(json.dumps(verdict.to_dict()))
+            raise typer.Exit(0 if verdict.correct else 1)
+        rows = _read_pairs(jsonl)
+        sink = output.open("w") if output else sys.stdout
+        with Progress(console=console, transient=True) as progress:
+            bar = progress.add_task("verifying", total=len(rows))
+            futures = [pool.submit(r["reference"], r["response"], extracted=extracted) for r in rows]
+            for f in futures:
+                f.add_done_callback(lambda _f: progress.advance(bar))
+            verdicts = [f.result() for f in futures]
+        for row, v in zip(rows, verdicts):
+            sink.write(json.dumps({**v.to_dict(), **({"label": row["label"]} if "label" in row else {})}) + "\n")
+        if output:
+            sink.close()
+        _print_verify_summary(rows, verdicts, pool.stats)
+
+
+def _read_pairs(path: Path) -> list[dict]:
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise typer.BadParameter(f"{path}:{n}: not JSON ({exc})") from None
+        if not isinstance(row, dict) or "reference" not in row or "response" not in row:
+            raise typer.BadParameter(f"{path}:{n}: needs the fields 'reference' and 'response'")
+        rows.append({**row, "reference": str(row["reference"]), "response": str(row["response"])})
+    return rows
+
+
+def _print_verify_summary(rows: list[dict], verdicts: list, stats) -> None:
+    from collections import Counter
+
+    n = len(verdicts)
+    correct = sum(v.correct for v in verdicts)
+    paths = Counter(v.path for v in verdicts)
+    table = Table(title="verify")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    table.add_row("pairs", str(n))
+    table.add_row("judged correct", f"{correct} ({correct / max(n, 1):.1%})")
+    for path, count in sorted(paths.items()):
+        table.add_row(f"path {path}", str(count))
+    table.add_row("timeouts", str(stats.timeouts))
+    labelled = [(bool(r["label"]), v.correct) for r, v in zip(rows, verdicts) if "label" in r]
+    if labelled:
+        tp = sum(lab and got for lab, got in labelled)
+        fp = sum(got and not lab for lab, got in labelled)
+        fn = sum(lab and not got for lab, got in labelled)
+        acc = sum(lab == got for lab, got in labelled) / len(labelled)
+        table.add_row("accuracy vs label", f"{acc:.2%}")
+        table.add_row("precision", f"{tp / max(tp + fp, 1):.4f}")
+        table.add_row("recall", f"{tp / max(tp + fn, 1):.4f}")
+        table.add_row("false positives", str(fp))
+    console.print(table)
 
 
 @app.command("demo")

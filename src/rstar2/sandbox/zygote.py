@@ -451,10 +451,16 @@ def preload(modules: list[str]) -> list[str]:
     loaded = []
     for name in modules:
         try:
-            importlib.import_module(name)
+            module = importlib.import_module(name)
             loaded.append(name)
         except Exception:  # noqa: BLE001 - optional modules
-            pass
+            continue
+        warm_up = getattr(module, "warm_up", None)
+        if name.startswith("rstar2.") and callable(warm_up):  # e.g. the verifier's CAS caches
+            try:
+                warm_up()
+            except Exception:  # noqa: BLE001
+                pass
     if "sympy" in loaded:  # warm sympy's lazy caches with a typical call
         try:
             import sympy

@@ -1,0 +1,284 @@
+"""Verifier benchmark: rstar2's reward against plain math-verify on the same labelled pairs.
+
+    python benchmarks/verifier.py            # all shipped sets + 2,000 DAPO integer pairs
+    python benchmarks/verifier.py --quick    # a few hundred pairs
+
+Pairs come from the evaluation sets' references: each is written the ways a model writes it
+(label correct) and paired with wrong answers: a different reference, n+1, a x100 percent slip,
+a decimal that only rounds alike (label wrong). Prints pairs/s, p50/p99 latency (one process,
+one pair at a time), accuracy, precision and recall for (a) rstar2's fast path on the pairs it
+decides, (b) rstar2's full path in-process, (c) ``math_verify.verify(parse(gold), parse(pred))``,
+(d) rstar2's VerifierPool with one process per core. Ratios are against (c) in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import statistics
+import sys
+import time
+from fractions import Fraction
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from rstar2.eval import load_benchmark
+from rstar2.reward import VerifierPool, check_answer, extract_answer, quick_check
+from rstar2.reward.normalize import normalize, plain_number
+
+DAPO = Path(__file__).resolve().parents[2] / "shared" / "data" / "dapo_math_17k_en.jsonl"
+
+
+def _response(answer: str, style: int) -> str:
+    styles = [
+        "<reason>Let me compute it.</reason>\n<answer>The final answer is $\\boxed{{{a}}}$.</answer>",
+        "<reason>The tool printed the value; checking again it holds.</reason><answer>\\boxed{{{a}}}</answer>",
+        "<answer>${a}$</answer>",
+    ]
+    return styles[style % len(styles)].format(a=answer)
+
+
+def _rewrite(ref: str) -> str | None:
+    """The same value written differently, or None."""
+    num = plain_number(normalize(ref))
+    if num is None or num.percent:
+        return None
+    v = num.value
+    if v.denominator == 1:
+        return f"x = {v.numerator}"
+    if 10**6 % v.denominator == 0 or (2**20 * 5**20) % v.denominator == 0:
+        return str(float(v)) if len(str(float(v))) < 12 else None
+    return f"\\frac{{{v.numerator}}}{{{v.denominator}}}"
+
+
+def _wrongs(refs: list[str], i: int) -> list[str]:
+    ref = refs[i]
+    out = []
+    for step in range(7, 7 + len(refs)):
+        other = refs[(i + step) % len(refs)]
+        if normalize(other).replace(" ", "") != normalize(ref).replace(" ", ""):
+            out.append(other)
+            break
+    num = plain_number(normalize(ref))
+    if num is not None and not num.percent:
+        v = num.value
+        if v.denominator == 1:
+            out.append(str(v.numerator + 1))
+            if v != 0:
+                out.append(str(v.numerator * 100))  # x100 percent slip
+        else:
+            out.append(f"{float(v):.4f}" if Fraction(f"{float(v):.4f}") != v else str(v + 1))  # rounds alike
+    return out
+
+
+def build_pairs(quick: bool, dapo_n: int) -> list[dict]:
+    rng = random.Random(0)
+    pairs = []
+    sets = ["aime2024", "aime2025", "hmmt_feb_2025", "math500"]
+    for name in sets:
+        refs = [str(r["answer"]) for r in load_benchmark(name)]
+        if quick:
+            refs = refs[:60]
+        for i, ref in enumerate(refs):
+            kind = (
+                "integer"
+                if (n := plain_number(normalize(ref))) is not None and n.value.denominator == 1
+                else "latex"
+            )
+            pairs.append(
+                {"set": name, "kind": kind, "reference": ref, "response": _response(ref, i), "label": True}
+            )
+            alt = _rewrite(ref)
+            if alt is not None:
+                pairs.append(
+                    {
+                        "set": name,
+                        "kind": kind,
+                        "reference": ref,
+                        "response": _response(alt, i + 1),
+                        "label": True,
+                    }
+                )
+            for w in _wrongs(refs, i):
+                pairs.append(
+                    {
+                        "set": name,
+                        "kind": kind,
+                        "reference": ref,
+                        "response": _response(w, i + 2),
+                        "label": False,
+                    }
+                )
+    if DAPO.exists() and dapo_n:
+        rows = [json.loads(line) for line in DAPO.read_text().splitlines()[: dapo_n * 3]]
+        for i, r in enumerate(rng.sample(rows, min(dapo_n, len(rows)))):
+            ref = str(r["answer"])
+            wrong = str(int(ref) + rng.choice([-2, -1, 1, 2])) if ref.lstrip("-").isdigit() else "0"
+            pairs.append(
+                {
+                    "set": "dapo",
+                    "kind": "integer",
+                    "reference": ref,
+                    "response": _response(ref, i),
+                    "label": True,
+                }
+            )
+            pairs.append(
+                {
+                    "set": "dapo",
+                    "kind": "integer",
+                    "reference": ref,
+                    "response": _response(wrong, i),
+                    "label": False,
+                }
+            )
+    return pairs
+
+
+def _scores(pairs: list[dict], got: list[bool]) -> dict:
+    tp = sum(p["label"] and g for p, g in zip(pairs, got, strict=True))
+    fp = sum(g and not p["label"] for p, g in zip(pairs, got, strict=True))
+    fn = sum(p["label"] and not g for p, g in zip(pairs, got, strict=True))
+    acc = sum(p["label"] == g for p, g in zip(pairs, got, strict=True)) / max(len(pairs), 1)
+    return {"accuracy": acc, "precision": tp / max(tp + fp, 1), "recall": tp / max(tp + fn, 1), "fp": fp}
+
+
+def _timed(fn, pairs: list[dict]) -> tuple[list[bool], list[float], float]:
+    got, lat = [], []
+    start = time.perf_counter()
+    for p in pairs:
+        t = time.perf_counter()
+        got.append(bool(fn(p)))
+        lat.append(time.perf_counter() - t)
+    return got, lat, time.perf_counter() - start
+
+
+def _row(name: str, pairs, got, lat, wall, base_rate=None, timeouts=0) -> dict:
+    lat_sorted = sorted(lat) or [0.0]
+    rate = len(pairs) / wall if wall else 0.0
+    return {
+        "method": name,
+        "pairs": len(pairs),
+        "pairs_per_s": rate,
+        "ratio": rate / base_rate if base_rate else None,
+        "p50_ms": 1000 * statistics.median(lat_sorted),
+        "p99_ms": 1000 * lat_sorted[min(len(lat_sorted) - 1, int(0.99 * len(lat_sorted)))],
+        "timeouts": timeouts,
+        **_scores(pairs, got),
+    }
+
+
+def math_verify_baseline(p: dict) -> bool:
+    from math_verify import parse, verify
+
+    try:
+        return verify(parse(f"${p['reference']}$"), parse(p["response"]))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def ours_full(p: dict) -> bool:
+    answer = extract_answer(p["response"])
+    return answer is not None and check_answer(p["reference"], answer).correct
+
+
+def ours_fast(p: dict) -> bool:
+    answer = extract_answer(p["response"])
+    verdict = quick_check(p["reference"], answer) if answer is not None else None
+    return bool(verdict)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--dapo", type=int, default=2000, help="DAPO integer references to add (0: none)")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--out", type=Path, help="write the results as JSON")
+    args = ap.parse_args()
+    logging.disable(logging.WARNING)
+    console = Console(width=max(170, Console().width))
+    pairs = build_pairs(args.quick, 300 if args.quick else args.dapo)
+    console.print(f"{len(pairs)} labelled pairs ({sum(p['label'] for p in pairs)} correct); warming up ...")
+    check_answer("\\frac{1}{2}", "\\sqrt{\\frac14}")  # imports, grammar, caches: not timed
+    math_verify_baseline({"reference": "1", "response": "\\boxed{1}"})
+
+    results = []
+    for kind in ("integer", "latex", "all"):
+        subset = [p for p in pairs if kind == "all" or p["kind"] == kind]
+        got, lat, wall = _timed(math_verify_baseline, subset)
+        base = _row("math-verify verify(parse, parse)", subset, got, lat, wall)
+        rate = base["pairs_per_s"]
+        got, lat, wall = _timed(ours_full, subset)
+        full = _row("rstar2 full path (1 process)", subset, got, lat, wall, rate)
+        decided = [
+            p
+            for p in subset
+            if (a := extract_answer(p["response"])) is not None and quick_check(p["reference"], a) is not None
+        ]
+        got, lat, wall = _timed(ours_fast, decided)
+        fast = _row("rstar2 fast path (pairs it decides)", decided, got, lat, wall, rate)
+        with VerifierPool(args.workers, timeout_s=2.0) as pool:
+            pool.check("\\frac{1}{2}", "\\sqrt{\\frac14}", extracted=True)  # start the template
+            start = time.perf_counter()
+            futures = [pool.submit(p["reference"], p["response"]) for p in subset]
+            verdicts = [f.result() for f in futures]
+            wall = time.perf_counter() - start
+            lat = [v.seconds for v in verdicts]
+            pooled = _row(
+                f"rstar2 VerifierPool ({args.workers} processes)",
+                subset,
+                [v.correct for v in verdicts],
+                lat,
+                wall,
+                rate,
+                pool.stats.timeouts,
+            )
+        for r in (base, fast, full, pooled):
+            results.append({"pairs_kind": kind, **r})
+
+    table = Table(title=f"rstar2 verifier benchmark ({os.cpu_count()} cores; ratio = pairs/s vs math-verify)")
+    for col in [
+        "pairs",
+        "method",
+        "n",
+        "pairs/s",
+        "× math-verify",
+        "p50 ms",
+        "p99 ms",
+        "accuracy",
+        "precision",
+        "recall",
+        "false pos.",
+        "timeouts",
+    ]:
+        table.add_column(col, justify="left" if col in ("pairs", "method") else "right")
+    for r in results:
+        table.add_row(
+            r["pairs_kind"],
+            r["method"],
+            str(r["pairs"]),
+            f"{r['pairs_per_s']:.0f}",
+            "—" if r["ratio"] is None else f"{r['ratio']:.1f}",
+            f"{r['p50_ms']:.2f}",
+            f"{r['p99_ms']:.1f}",
+            f"{r['accuracy']:.2%}",
+            f"{r['precision']:.4f}",
+            f"{r['recall']:.4f}",
+            str(r["fp"]),
+            str(r["timeouts"]),
+        )
+    console.print(table)
+    if args.out:
+        args.out.write_text(
+            json.dumps({"argv": sys.argv, "cores": os.cpu_count(), "results": results}, indent=2)
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

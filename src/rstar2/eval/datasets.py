@@ -1,0 +1,31 @@
+"""The evaluation sets shipped with the package (see ``data/README.md`` for provenance)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+DATA_DIR = Path(__file__).parent / "data"
+BENCHMARKS = {
+    "aime2024": "aime2024.jsonl",
+    "aime2025": "aime2025.jsonl",
+    "hmmt_feb_2025": "hmmt_feb_2025.jsonl",
+    "math500": "math500.jsonl",
+    "amc2023": "amc2023.jsonl",
+}
+
+
+def load_benchmark(name_or_path: str) -> list[dict]:
+    """Rows (``id``, ``problem``, ``answer``, ...) of a shipped set, or of any JSON Lines file."""
+    path = DATA_DIR / BENCHMARKS[name_or_path] if name_or_path in BENCHMARKS else Path(name_or_path)
+    if not path.exists():
+        known = ", ".join(BENCHMARKS)
+        raise FileNotFoundError(f"no benchmark {name_or_path!r}: use one of {known}, or a .jsonl path")
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            row = json.loads(line)
+            if "problem" not in row or "answer" not in row:
+                raise ValueError(f"{path}:{n}: each row needs 'problem' and 'answer'")
+            rows.append(row)
+    return rows

@@ -1,0 +1,50 @@
+"""The reward: extract the final answer and decide whether it equals the reference.
+
+``verify_answer(reference, response)`` is the 0/1 reward of GRPO-RoC. Plain numbers are
+decided exactly in the caller's process; anything that needs a CAS runs in a time-boxed
+worker process (``VerifierPool``), or on the code environment's workers
+(``SandboxVerifier``) when the trainer should not spend its own CPU on it.
+"""
+
+from __future__ import annotations
+
+from .equivalence import Verdict, cas_check, check_answer, quick_check
+from .extract import extract_answer, last_boxed
+from .guards import GuardLimits
+from .offload import SandboxVerifier
+from .pool import DEFAULT_TIMEOUT_S, VerifierPool, default_pool, verify_batch
+
+
+def check(reference: str, response: str, *, mode: str = "strict") -> Verdict:
+    """The full verdict (answer found, path, reason, seconds) on the shared default pool."""
+    return default_pool().check(reference, response) if mode == "strict" else _lenient(reference, response)
+
+
+def _lenient(reference: str, response: str) -> Verdict:
+    answer = extract_answer(response, "lenient")
+    if answer is None:
+        return Verdict(False, "no answer found", None, "none")
+    return default_pool().check(reference, answer, extracted=True)
+
+
+def verify_answer(reference: str, response: str, *, mode: str = "strict") -> bool:
+    """True iff the final answer in ``response`` equals ``reference`` (2 s time box per check)."""
+    return check(reference, response, mode=mode).correct
+
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "GuardLimits",
+    "SandboxVerifier",
+    "Verdict",
+    "VerifierPool",
+    "cas_check",
+    "check",
+    "check_answer",
+    "default_pool",
+    "extract_answer",
+    "last_boxed",
+    "quick_check",
+    "verify_answer",
+    "verify_batch",
+]

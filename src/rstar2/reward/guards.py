@@ -1,0 +1,62 @@
+"""Refuse answers that would make a CAS work for minutes, before any sympy call.
+
+A model (or an adversary) can write ``9^9^9^9``, ``100000!``, 1,000 nested brackets or a
+megabyte of digits. None of these is a plausible competition answer, so each is judged
+"not equivalent" at once (unless it is literally the reference) with a reason that is logged.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from .normalize import MAX_DIGITS
+
+
+@dataclass(frozen=True)
+class GuardLimits:
+    max_chars: int = 2000
+    max_depth: int = 40
+    max_digits: int = MAX_DIGITS
+    max_result_digits: int = 10_000  # estimated digits of a power or factorial
+    max_factorial: int = 2000
+
+
+DEFAULT_LIMITS = GuardLimits()
+
+_POWER = re.compile(r"(\d+(?:\.\d+)?)\s*(?:\^|\*\*)\s*\{?\s*(\d+)\s*\}?")
+_FACTORIAL = re.compile(r"(\d+)\s*!")
+_TOWER = re.compile(r"\d\s*(?:\^|\*\*)\s*[{(]?\s*\d+\s*(?:\^|\*\*)")  # 9^9^9, 9^{9^{9}}
+
+
+def nesting_depth(s: str) -> int:
+    depth = best = 0
+    for c in s:
+        if c in "{([":
+            depth += 1
+            best = max(best, depth)
+        elif c in "})]":
+            depth = max(0, depth - 1)
+    return best
+
+
+def refuse(answer: str, limits: GuardLimits = DEFAULT_LIMITS) -> str | None:
+    """Why this answer is not worth a CAS call, or None when it is safe to parse."""
+    if len(answer) > limits.max_chars:
+        return f"answer longer than {limits.max_chars} characters"
+    if nesting_depth(answer) > limits.max_depth:
+        return f"brackets nested deeper than {limits.max_depth}"
+    for run in re.findall(r"\d+", answer):
+        if len(run) > limits.max_digits:
+            return f"a number with more than {limits.max_digits} digits"
+    if _TOWER.search(answer):
+        return "a tower of numeric powers"
+    for base, exp in _POWER.findall(answer):
+        b, e = float(base), int(exp) if len(exp) < 12 else 10**12
+        if b > 1 and e * math.log10(b) > limits.max_result_digits:
+            return f"a power with more than {limits.max_result_digits} digits"
+    for n in _FACTORIAL.findall(answer):
+        if len(n) > 6 or int(n) > limits.max_factorial:
+            return f"a factorial of more than {limits.max_factorial}"
+    return None

@@ -1,0 +1,101 @@
+"""Run answer checks on the code environment's workers, as the paper does.
+
+The trainer keeps the fast path (plain numbers, words, refused inputs: microseconds) and sends
+each CAS check as a tiny Python program to a sandbox (``LocalPool``, the HTTP ``Client`` or a
+Redis-backed service). The sandbox's wall-clock limit is the time box and its memory limit the
+cap, so a pathological answer costs one sandbox call and never the trainer. For speed, start the
+sandbox with ``--preload default,rstar2.reward.equivalence`` so workers import the CAS once.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from typing import Any, Protocol
+
+from ..sandbox.result import ExecRequest, ExecResult
+from .equivalence import Verdict, quick_check
+from .extract import Mode, extract_answer
+from .guards import DEFAULT_LIMITS, GuardLimits
+from .pool import DEFAULT_TIMEOUT_S
+
+_PROGRAM = "from rstar2.reward.offload import check_payload\ncheck_payload({payload!r})\n"
+
+
+class Sandbox(Protocol):
+    async def run_many(self, requests: list[ExecRequest | str]) -> list[ExecResult]: ...
+
+
+def check_payload(payload: str) -> None:
+    """Entry point inside the sandbox: decode one pair, print its verdict as JSON."""
+    from .equivalence import check_answer
+
+    data = json.loads(base64.b64decode(payload))
+    print(json.dumps(check_answer(data["reference"], data["answer"]).to_dict()))
+
+
+def program_for(reference: str, answer: str) -> str:
+    payload = base64.b64encode(json.dumps({"reference": reference, "answer": answer}).encode()).decode()
+    return _PROGRAM.format(payload=payload)
+
+
+def verdict_from_result(result: ExecResult, answer: str, seconds: float) -> Verdict:
+    if result.status == "ok":
+        try:
+            data: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+            verdict = Verdict.from_dict(data)
+            verdict.seconds = seconds
+            return verdict
+        except (ValueError, IndexError, TypeError):
+            return Verdict(False, "unreadable verdict from sandbox", answer, "error", seconds)
+    if result.status == "timeout":
+        return Verdict(False, "timeout", answer, "timeout", seconds)
+    detail = result.error_type or result.status
+    return Verdict(False, f"sandbox {result.status}: {detail}", answer, "error", seconds)
+
+
+class SandboxVerifier:
+    """``await check(reference, response)`` with the CAS step executed in a sandbox."""
+
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        memory_mb: int = 1024,
+        mode: Mode = "strict",
+        guard_limits: GuardLimits = DEFAULT_LIMITS,
+    ) -> None:
+        self.sandbox = sandbox
+        self.timeout_s = timeout_s
+        self.memory_mb = memory_mb
+        self.mode = mode
+        self.guard_limits = guard_limits
+
+    async def check(self, reference: str, response: str, *, extracted: bool = False) -> Verdict:
+        return (await self.check_many([(reference, response)], extracted=extracted))[0]
+
+    async def check_many(self, pairs: list[tuple[str, str]], *, extracted: bool = False) -> list[Verdict]:
+        start = time.perf_counter()
+        verdicts: list[Verdict | None] = []
+        remote: list[tuple[int, str, str]] = []
+        for reference, response in pairs:
+            answer = response if extracted else extract_answer(response, self.mode)
+            if answer is None:
+                verdicts.append(Verdict(False, "no answer found", None, "none"))
+                continue
+            verdict = quick_check(str(reference), answer, self.guard_limits)
+            if verdict is None:
+                remote.append((len(verdicts), str(reference), answer))
+            verdicts.append(verdict)
+        if remote:
+            requests = [
+                ExecRequest(program_for(ref, ans), timeout_s=self.timeout_s, memory_mb=self.memory_mb)
+                for _, ref, ans in remote
+            ]
+            results = await self.sandbox.run_many(requests)  # type: ignore[arg-type]
+            elapsed = time.perf_counter() - start
+            for (i, _, ans), result in zip(remote, results, strict=True):
+                verdicts[i] = verdict_from_result(result, ans, elapsed)
+        return [v for v in verdicts if v is not None]

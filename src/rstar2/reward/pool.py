@@ -1,0 +1,395 @@
+"""Time-boxed checking in worker processes, without signals.
+
+``math-verify`` times out with ``signal.alarm``, which works only in the main thread and can be
+swallowed by sympy. Here each CAS check runs in a worker process with an address-space cap; the
+parent enforces the time box from outside: a worker over its deadline is killed and replaced
+and its check counts as "not equivalent" with reason "timeout". Replacements are forked from a
+template process that already imported sympy and math-verify (``rstar2.reward.worker``; one
+per process, shared by all pools), so they are cheap. Fast-path answers (integers, plain numbers, words, refused inputs) never leave the
+caller's process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+
+from .equivalence import Verdict, quick_check
+from .extract import Mode, extract_answer
+from .guards import DEFAULT_LIMITS, GuardLimits
+
+DEFAULT_TIMEOUT_S = 2.0
+DEFAULT_MEMORY_MB = 2048
+_START_TIMEOUT_S = 120.0
+
+
+@dataclass
+class _Task:
+    reference: str
+    answer: str
+    future: Future
+    submitted: float = field(default_factory=time.perf_counter)
+    timeout_s: float | None = None
+
+
+class _Template:
+    """The template process (``rstar2.reward.worker``) that forks pre-warmed checkers."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.control: socket.socket | None = None
+        self.lock = threading.Lock()
+
+    def _start(self) -> None:
+        ours, theirs = socket.socketpair()
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rstar2.reward.worker", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        theirs.close()
+        ours.settimeout(_START_TIMEOUT_S)
+        if ours.recv(1) != b"R":
+            ours.close()
+            raise RuntimeError("the verifier template process did not start")
+        self.control = ours
+
+    def spawn(self, memory_mb: int) -> tuple[int, Connection]:
+        with self.lock:
+            return self._spawn(memory_mb)
+
+    def _spawn(self, memory_mb: int) -> tuple[int, Connection]:
+        for attempt in range(2):
+            try:
+                if self.proc is None or self.proc.poll() is not None or self.control is None:
+                    self._close()
+                    self._start()
+                assert self.control is not None
+                self.control.sendall(str(memory_mb).encode())
+                msg, fds, _, _ = socket.recv_fds(self.control, 64, 1)
+                return int(msg), Connection(fds[0])
+            except (OSError, RuntimeError, ValueError, IndexError):
+                self._close()
+                if attempt:
+                    raise
+        raise RuntimeError("unreachable")
+
+    def close(self) -> None:
+        with self.lock:
+            self._close()
+
+    def _close(self) -> None:
+        if self.control is not None:
+            self.control.close()
+            self.control = None
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+_TEMPLATE: _Template | None = None
+_TEMPLATE_LOCK = threading.Lock()
+
+
+def _template() -> _Template:
+    """One template per process, shared by every pool (its start costs the CAS import)."""
+    global _TEMPLATE
+    with _TEMPLATE_LOCK:
+        if _TEMPLATE is None:
+            _TEMPLATE = _Template()
+            atexit.register(_TEMPLATE.close)
+        return _TEMPLATE
+
+
+class _Worker:
+    def __init__(self, template: _Template, memory_mb: int) -> None:
+        self.pid, self.conn = template.spawn(memory_mb)
+        self.ready = False  # set when the checker has warmed up
+        self.task: _Task | None = None
+        self.deadline = 0.0
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.conn.close()
+
+
+@dataclass
+class PoolStats:
+    checks: int = 0
+    fast: int = 0
+    cas: int = 0
+    timeouts: int = 0
+    worker_deaths: int = 0
+    replaced: int = 0
+    start_failures: int = 0
+
+
+class VerifierPool:
+    """N worker processes that run CAS checks under a hard per-check time box.
+
+    ``submit`` returns a ``concurrent.futures.Future[Verdict]``; ``check`` waits for one;
+    ``map`` checks many; ``acheck`` is the asyncio form. Thread-safe. A check over
+    ``timeout_s`` is "not equivalent" (reason ``timeout``) and its worker is replaced.
+    """
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        memory_mb: int = DEFAULT_MEMORY_MB,
+        mode: Mode = "strict",
+        guard_limits: GuardLimits = DEFAULT_LIMITS,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        self.n_workers = max(1, workers or min(4, os.cpu_count() or 1))
+        self.timeout_s = timeout_s
+        self.memory_mb = memory_mb
+        self.mode = mode
+        self.guard_limits = guard_limits
+        self.stats = PoolStats()
+        self._pending: deque[_Task] = deque()
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._template = _template()
+        self._workers: list[_Worker | None] = []
+
+    # ------------------------------------------------------------------ public API
+    def start(self) -> VerifierPool:
+        with self._lock:
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._dispatch, name="verifier-pool", daemon=True)
+                self._thread.start()
+        return self
+
+    def submit(
+        self, reference: str, response: str, *, extracted: bool = False, timeout_s: float | None = None
+    ) -> Future:
+        """Grade ``response`` (a whole model output, or an answer when ``extracted``);
+        ``timeout_s`` overrides the pool's time box for this check."""
+        future: Future = Future()
+        start = time.perf_counter()
+        answer = response if extracted else extract_answer(response, self.mode)
+        self.stats.checks += 1
+        if answer is None:
+            future.set_result(Verdict(False, "no answer found", None, "none", time.perf_counter() - start))
+            return future
+        verdict = quick_check(str(reference), answer, self.guard_limits)
+        if verdict is not None:
+            self.stats.fast += 1
+            verdict.seconds = time.perf_counter() - start
+            future.set_result(verdict)
+            return future
+        if self._closed:
+            raise RuntimeError("VerifierPool is closed")
+        self.start()
+        self.stats.cas += 1
+        with self._lock:
+            self._pending.append(_Task(str(reference), answer, future, start, timeout_s))
+        self._wake()
+        return future
+
+    def check(
+        self, reference: str, response: str, *, extracted: bool = False, timeout_s: float | None = None
+    ) -> Verdict:
+        return self.submit(reference, response, extracted=extracted, timeout_s=timeout_s).result()
+
+    async def acheck(self, reference: str, response: str, *, extracted: bool = False) -> Verdict:
+        import asyncio
+
+        return await asyncio.wrap_future(self.submit(reference, response, extracted=extracted))
+
+    def map(
+        self,
+        pairs: Iterable[tuple[str, str]],
+        *,
+        extracted: bool = False,
+        on_done: Callable[[Verdict], None] | None = None,
+    ) -> list[Verdict]:
+        futures = [self.submit(ref, resp, extracted=extracted) for ref, resp in pairs]
+        if on_done is not None:
+            for f in futures:
+                f.add_done_callback(lambda f: on_done(f.result()))
+        return [f.result() for f in futures]
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live checkers (for monitoring)."""
+        return [w.pid for w in list(self._workers) if w is not None]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._wake()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def __enter__(self) -> VerifierPool:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ dispatcher thread
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def _dispatch(self) -> None:
+        workers: list[_Worker | None] = [None] * self.n_workers
+        self._workers = workers
+        try:
+            while True:
+                with self._lock:
+                    closing = self._closed
+                if closing:
+                    self._fail_pending("verifier pool closed")
+                    return
+                self._fill(workers)
+                live = [w for w in workers if w is not None]
+                self._assign(live)
+                now = time.perf_counter()
+                deadlines = [w.deadline for w in live if w.task is not None]
+                timeout = max(0.0, min(deadlines, default=now + 1.0) - now)
+                if not live:
+                    timeout = 1.0  # the template is failing: retry once a second
+                ready = wait([w.conn for w in live] + [self._wake_r], timeout=timeout)
+                if self._wake_r in ready:
+                    try:
+                        while self._wake_r.recv(4096):
+                            pass
+                    except BlockingIOError:
+                        pass
+                for i, w in enumerate(workers):
+                    if w is not None and w.conn in ready:
+                        workers[i] = self._receive(w)
+                now = time.perf_counter()
+                for i, w in enumerate(workers):
+                    if w is not None and w.task is not None and now >= w.deadline:
+                        self.stats.timeouts += 1
+                        task, w.task = w.task, None
+                        task.future.set_result(
+                            Verdict(False, "timeout", task.answer, "timeout", now - task.submitted)
+                        )
+                        w.kill()
+                        self.stats.replaced += 1
+                        workers[i] = None
+        finally:
+            for w in workers:
+                if w is not None:
+                    w.kill()
+
+    def _fill(self, workers: list[_Worker | None]) -> None:
+        for i, w in enumerate(workers):
+            if w is None:
+                try:
+                    workers[i] = _Worker(self._template, self.memory_mb)
+                except (OSError, RuntimeError) as exc:
+                    self.stats.start_failures += 1
+                    self._fail_pending(f"verifier workers cannot start: {exc}")
+                    return
+
+    def _assign(self, workers: list[_Worker]) -> None:
+        for w in workers:
+            if not w.ready or w.task is not None:
+                continue
+            with self._lock:
+                if not self._pending:
+                    return
+                task = self._pending.popleft()
+            w.task, w.deadline = task, time.perf_counter() + (task.timeout_s or self.timeout_s)
+            try:
+                w.conn.send((task.reference, task.answer))
+            except OSError:
+                pass  # the worker died; _receive sees EOF and replaces it
+
+    def _receive(self, w: _Worker) -> _Worker | None:
+        try:
+            msg = w.conn.recv()
+        except (EOFError, OSError):
+            self.stats.worker_deaths += 1
+            if w.task is not None:
+                task, w.task = w.task, None
+                task.future.set_result(
+                    Verdict(
+                        False,
+                        "verifier worker died",
+                        task.answer,
+                        "error",
+                        time.perf_counter() - task.submitted,
+                    )
+                )
+            w.kill()
+            return None
+        if msg == "ready":
+            w.ready = True
+            return w
+        task, w.task = w.task, None
+        if task is not None:
+            verdict = Verdict.from_dict(msg)
+            verdict.seconds = time.perf_counter() - task.submitted
+            task.future.set_result(verdict)
+        if msg.get("reason") == "memory cap reached":
+            w.kill()
+            self.stats.replaced += 1
+            return None
+        return w
+
+    def _fail_pending(self, reason: str) -> None:
+        with self._lock:
+            pending, self._pending = list(self._pending), deque()
+        for task in pending:
+            task.future.set_result(Verdict(False, reason, task.answer, "error"))
+
+
+_default: VerifierPool | None = None
+_default_lock = threading.Lock()
+
+
+def default_pool() -> VerifierPool:
+    """The process-wide pool behind ``verify_answer`` (started on first CAS check)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = VerifierPool()
+            atexit.register(_default.close)
+        return _default
+
+
+def verify_batch(
+    pairs: Iterable[tuple[str, str]],
+    workers: int | None = None,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    mode: Mode = "strict",
+    memory_mb: int = DEFAULT_MEMORY_MB,
+) -> list[Verdict]:
+    """Grade many (reference, response) pairs on ``workers`` processes; one verdict per pair."""
+    with VerifierPool(workers, timeout_s=timeout_s, memory_mb=memory_mb, mode=mode) as pool:
+        return pool.map(list(pairs))
