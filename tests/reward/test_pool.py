@@ -107,3 +107,11 @@ async def test_acheck_from_asyncio(verifier):
 def test_bad_arguments_are_clear_errors():
     with pytest.raises(ValueError, match="timeout_s"):
         VerifierPool(1, timeout_s=0)
+
+
+def test_checkers_run_under_the_memory_cap(verifier):
+    assert verifier.check("\\sqrt{8}", "<answer>\\boxed{2\\sqrt{2}}</answer>").correct
+    for pid in verifier.worker_pids:
+        with open(f"/proc/{pid}/limits") as f:
+            line = next(row for row in f if row.startswith("Max address space"))
+        assert line.split()[3] == str(verifier.memory_mb * 1024 * 1024), line

@@ -25,6 +25,7 @@ class GuardLimits:
 
 DEFAULT_LIMITS = GuardLimits()
 
+_HEDGE = re.compile(r"\\approx|\\sim\b|\\simeq|≈|\?")
 _POWER = re.compile(r"(\d+(?:\.\d+)?)\s*(?:\^|\*\*)\s*\{?\s*(\d+)\s*\}?")
 _FACTORIAL = re.compile(r"(\d+)\s*!")
 _TOWER = re.compile(r"\d\s*(?:\^|\*\*)\s*[{(]?\s*\d+\s*(?:\^|\*\*)")  # 9^9^9, 9^{9^{9}}
@@ -43,6 +44,8 @@ def nesting_depth(s: str) -> int:
 
 def refuse(answer: str, limits: GuardLimits = DEFAULT_LIMITS) -> str | None:
     """Why this answer is not worth a CAS call, or None when it is safe to parse."""
+    if _HEDGE.search(answer):
+        return "a hedged answer (approximate, or a question)"
     if len(answer) > limits.max_chars:
         return f"answer longer than {limits.max_chars} characters"
     if nesting_depth(answer) > limits.max_depth:

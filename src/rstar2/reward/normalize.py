@@ -44,10 +44,14 @@ def strip_delimiters(s: str) -> str:
     return s
 
 
+_UNICODE = {"−": "-", "–": "-", "π": "\\pi ", "×": "\\times ", "·": "\\cdot ", "∞": "\\infty ", "\u00a0": " "}
+_UNICODE_RE = re.compile("|".join(map(re.escape, _UNICODE)))
+
+
 def normalize(answer: str) -> str:
     """Cosmetic clean-up that never changes a value: delimiters, spacing macros, ``\\dfrac``,
     degree signs, trailing units and punctuation, dollar signs, ``x =`` / ``x \\in`` prefixes."""
-    s = strip_delimiters(answer)
+    s = strip_delimiters(_UNICODE_RE.sub(lambda m: _UNICODE[m.group(0)], answer))
     s = _SPACING.sub("", s)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\$", "").replace("$", "")
     s = _DEGREES.sub("", s)

@@ -25,6 +25,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
+from typing import Any
 
 from .equivalence import Verdict, quick_check
 from .extract import Mode, extract_answer
@@ -105,18 +106,22 @@ class _Template:
             self.proc = None
 
 
-_TEMPLATE: _Template | None = None
-_TEMPLATE_LOCK = threading.Lock()
+def _process_wide(factory: Callable[[], Any]) -> Callable[[], Any]:
+    """One lazily made instance per process, closed at exit."""
+    lock, made = threading.Lock(), []
+
+    def get() -> Any:
+        with lock:
+            if not made:
+                made.append(factory())
+                atexit.register(made[0].close)
+            return made[0]
+
+    return get
 
 
-def _template() -> _Template:
-    """One template per process, shared by every pool (its start costs the CAS import)."""
-    global _TEMPLATE
-    with _TEMPLATE_LOCK:
-        if _TEMPLATE is None:
-            _TEMPLATE = _Template()
-            atexit.register(_TEMPLATE.close)
-        return _TEMPLATE
+# One template per process, shared by every pool (its start costs the CAS import).
+_template: Callable[[], _Template] = _process_wide(_Template)
 
 
 class _Worker:
@@ -292,14 +297,14 @@ class VerifierPool:
                 now = time.perf_counter()
                 for i, w in enumerate(workers):
                     if w is not None and w.task is not None and now >= w.deadline:
-                        self.stats.timeouts += 1
                         task, w.task = w.task, None
+                        w.kill()
+                        self.stats.timeouts += 1  # counted before the caller can see the verdict
+                        self.stats.replaced += 1
+                        workers[i] = None
                         task.future.set_result(
                             Verdict(False, "timeout", task.answer, "timeout", now - task.submitted)
                         )
-                        w.kill()
-                        self.stats.replaced += 1
-                        workers[i] = None
         finally:
             for w in workers:
                 if w is not None:
@@ -351,13 +356,15 @@ class VerifierPool:
             w.ready = True
             return w
         task, w.task = w.task, None
+        fatal = msg.get("reason") == "memory cap reached"
+        if fatal:
+            w.kill()
+            self.stats.replaced += 1
         if task is not None:
             verdict = Verdict.from_dict(msg)
             verdict.seconds = time.perf_counter() - task.submitted
             task.future.set_result(verdict)
-        if msg.get("reason") == "memory cap reached":
-            w.kill()
-            self.stats.replaced += 1
+        if fatal:
             return None
         return w
 
@@ -368,18 +375,12 @@ class VerifierPool:
             task.future.set_result(Verdict(False, reason, task.answer, "error"))
 
 
-_default: VerifierPool | None = None
-_default_lock = threading.Lock()
+_default_pool: Callable[[], VerifierPool] = _process_wide(VerifierPool)
 
 
 def default_pool() -> VerifierPool:
-    """The process-wide pool behind ``verify_answer`` (started on first CAS check)."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = VerifierPool()
-            atexit.register(_default.close)
-        return _default
+    """The process-wide pool behind ``verify_answer`` (its workers start on the first CAS check)."""
+    return _default_pool()
 
 
 def verify_batch(
