@@ -85,6 +85,9 @@ def cas_check(reference: str, answer: str) -> Verdict:
         return Verdict(False, "reference not parseable", answer, "cas")
     if not pred:
         return Verdict(False, "answer not parseable", answer, "cas")
+    numeric = _numeric_verdict(gold[0], pred[0])
+    if numeric is not None:  # two closed-form numbers: decided to 40 digits, no simplify()
+        return Verdict(numeric, "equivalent" if numeric else "not equivalent", answer, "cas")
     if not verify(gold, pred, timeout_seconds=None):
         return Verdict(False, "not equivalent", answer, "cas")
     if not _confirm_numeric(gold[0], pred[0]):
@@ -116,6 +119,36 @@ def _parse(latex: str) -> list:
 
     config = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
     return parse(f"${latex}$", extraction_config=config, parsing_timeout=None)  # type: ignore[arg-type]
+
+
+def _numeric_verdict(gold: Any, pred: Any) -> bool | None:
+    """Equal or not for two closed-form numbers (no symbols, sets, relations), else None.
+
+    Evaluating both to 50 digits decides most MATH-style pairs (radicals, pi, fractions) without
+    sympy's ``simplify``, which is what makes a CAS check slow.
+    """
+    import sympy
+
+    if not isinstance(gold, sympy.Expr) or not isinstance(pred, sympy.Expr):
+        return None
+    try:
+        gold, pred = gold.doit(), pred.doit()
+        if (
+            gold.free_symbols
+            or pred.free_symbols
+            or gold.has(sympy.UnevaluatedExpr)
+            or pred.has(sympy.UnevaluatedExpr)
+        ):
+            return None
+        g, p = sympy.N(gold, 50), sympy.N(pred, 50)
+        if not (g.is_number and p.is_number) or g.has(sympy.zoo, sympy.nan) or p.has(sympy.zoo, sympy.nan):
+            return None
+        if g.is_infinite or p.is_infinite:
+            return None
+        scale = max(sympy.Float(1), abs(g))
+        return bool(abs(g - p) < sympy.Float(10) ** -40 * scale)
+    except Exception:  # noqa: BLE001 - leave it to math-verify
+        return None
 
 
 def _confirm_numeric(gold: Any, pred: Any) -> bool:

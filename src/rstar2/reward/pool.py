@@ -12,6 +12,7 @@ caller's process.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import signal
 import socket
@@ -31,6 +32,7 @@ from .equivalence import Verdict, quick_check
 from .extract import Mode, extract_answer
 from .guards import DEFAULT_LIMITS, GuardLimits
 
+_log = logging.getLogger("rstar2.reward")
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_MEMORY_MB = 2048
 _START_TIMEOUT_S = 120.0
@@ -302,6 +304,11 @@ class VerifierPool:
                         self.stats.timeouts += 1  # counted before the caller can see the verdict
                         self.stats.replaced += 1
                         workers[i] = None
+                        _log.warning(
+                            "answer check over its %.1f s time box (counted wrong): %.80r",
+                            task.timeout_s or self.timeout_s,
+                            task.answer,
+                        )
                         task.future.set_result(
                             Verdict(False, "timeout", task.answer, "timeout", now - task.submitted)
                         )
