@@ -159,6 +159,9 @@ def rationalize_decimals(s: str) -> str:
 
     def repl(m: re.Match) -> str:
         whole, frac = m.group(1) or "0", m.group(2)
-        return f"{{\\frac{{{int(whole + frac)}}}{{{10 ** len(frac)}}}}}"
+        fraction = f"\\frac{{{int(whole + frac)}}}{{{10 ** len(frac)}}}"
+        before = s[: m.start()].rstrip()
+        # after ^ or _ a group needs braces; elsewhere braces would read as a set literal
+        return f"{{{fraction}}}" if before.endswith(("^", "_")) else fraction
 
     return re.sub(r"(?<![\w.])(\d*)\.(\d+)(?![\d.])", repl, s)
