@@ -31,7 +31,7 @@ async def test_checks_run_on_sandbox_workers(sandbox):
 
 async def test_a_slow_check_is_a_sandbox_timeout(sandbox):
     verifier = SandboxVerifier(sandbox, timeout_s=1.0)
-    verdict = await verifier.check("2", "<answer>\\boxed{\\sum_{n=1}^{10^{7}} n^{99}}</answer>")
+    verdict = await verifier.check("2", "<answer>\\boxed{\\prod_{k=1}^{100000} (1+1/k) - 100000}</answer>")
     assert not verdict.correct and verdict.path == "timeout"
     # the sandbox still serves
     assert (await sandbox.run("print(6*7)")).stdout.strip() == "42"

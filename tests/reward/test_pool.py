@@ -41,7 +41,7 @@ def _live(pid: int) -> bool:
         return False
 
 
-SLOW = "<answer>\\boxed{\\sum_{n=1}^{10^{7}} n^{99}}</answer>"  # passes the guards, sympy grinds
+SLOW = "<answer>\\boxed{\\prod_{k=1}^{100000} (1+1/k) - 100000}</answer>"  # passes the guards, sympy grinds
 
 
 def test_a_check_over_the_time_box_is_not_equivalent_and_its_worker_is_replaced(verifier):

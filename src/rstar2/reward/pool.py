@@ -1,12 +1,13 @@
 """Time-boxed checking in worker processes, without signals.
 
 ``math-verify`` times out with ``signal.alarm``, which works only in the main thread and can be
-swallowed by sympy. Here each CAS check runs in a worker process with an address-space cap; the
-parent enforces the time box from outside: a worker over its deadline is killed and replaced
-and its check counts as "not equivalent" with reason "timeout". Replacements are forked from a
-template process that already imported sympy and math-verify (``rstar2.reward.worker``; one
-per process, shared by all pools), so they are cheap. Fast-path answers (integers, plain numbers, words, refused inputs) never leave the
-caller's process.
+swallowed by sympy. Here each CAS check runs in a worker process with an address-space cap, and
+the parent enforces the time box from outside: a checker that used more CPU time than the box
+(or 3x the box in wall time, when a busy machine starves it) is killed and replaced, and its
+check counts as "not equivalent" with reason "timeout". Replacements are forked from a template
+process that already imported sympy and math-verify (``rstar2.reward.worker``; one per process,
+shared by all pools), so they are cheap. Fast-path answers (integers, plain numbers, words,
+refused inputs) never leave the caller's process.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ _log = logging.getLogger("rstar2.reward")
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_MEMORY_MB = 2048
 _START_TIMEOUT_S = 120.0
+_WALL_BACKSTOP = 3.0  # a check may take up to 3x its box in wall time if it was starved of CPU
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 @dataclass
@@ -131,7 +134,33 @@ class _Worker:
         self.pid, self.conn = template.spawn(memory_mb)
         self.ready = False  # set when the checker has warmed up
         self.task: _Task | None = None
-        self.deadline = 0.0
+        self.deadline = 0.0  # when to look again at the running check
+        self.hard_deadline = 0.0  # wall-clock backstop
+        self.cpu_at_start = 0.0
+        self.box_s = 0.0
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time this checker has used (Linux /proc), or None where unknown."""
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def over_box(self, now: float) -> bool:
+        """Over the time box: its CPU time passed the box (a check starved of CPU by a busy
+        machine is given more wall time, up to the backstop), or the backstop passed."""
+        if now >= self.hard_deadline:
+            return True
+        cpu = self.cpu_seconds()
+        if cpu is None:
+            return True
+        used = cpu - self.cpu_at_start
+        if used >= self.box_s:
+            return True
+        self.deadline = now + max(0.05, self.box_s - used)
+        return False
 
     def kill(self) -> None:
         try:
@@ -298,7 +327,7 @@ class VerifierPool:
                         workers[i] = self._receive(w)
                 now = time.perf_counter()
                 for i, w in enumerate(workers):
-                    if w is not None and w.task is not None and now >= w.deadline:
+                    if w is not None and w.task is not None and now >= w.deadline and w.over_box(now):
                         task, w.task = w.task, None
                         w.kill()
                         self.stats.timeouts += 1  # counted before the caller can see the verdict
@@ -335,7 +364,11 @@ class VerifierPool:
                 if not self._pending:
                     return
                 task = self._pending.popleft()
-            w.task, w.deadline = task, time.perf_counter() + (task.timeout_s or self.timeout_s)
+            box = task.timeout_s or self.timeout_s
+            now = time.perf_counter()
+            w.task, w.box_s, w.deadline = task, box, now + box
+            w.hard_deadline = now + box * _WALL_BACKSTOP
+            w.cpu_at_start = w.cpu_seconds() or 0.0
             try:
                 w.conn.send((task.reference, task.answer))
             except OSError:
