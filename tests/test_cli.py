@@ -59,7 +59,9 @@ def test_sandbox_info_lists_layers():
 
 
 def test_verify_one_pair_sets_the_exit_status(tmp_path):
-    good = rstar2("verify", "--reference", "\\frac{1}{2}", "--response", "-", input="<answer>\\boxed{0.5}</answer>")
+    good = rstar2(
+        "verify", "--reference", "\\frac{1}{2}", "--response", "-", input="<answer>\\boxed{0.5}</answer>"
+    )
     assert good.returncode == 0, good.stderr
     assert json.loads(good.stdout)["correct"] is True
     bad = rstar2("verify", "-r", "3", "--response", "-", input="<answer>\\boxed{4}</answer>")

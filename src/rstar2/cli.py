@@ -208,8 +208,12 @@ def sandbox_bench(
 
 @app.command("verify")
 def verify(
-    reference: str | None = typer.Option(None, "--reference", "-r", help="Reference answer (LaTeX or a number)."),
-    response: str | None = typer.Option(None, "--response", help="File with the model's response, or - for stdin."),
+    reference: str | None = typer.Option(
+        None, "--reference", "-r", help="Reference answer (LaTeX or a number)."
+    ),
+    response: str | None = typer.Option(
+        None, "--response", help="File with the model's response, or - for stdin."
+    ),
     jsonl: Path | None = typer.Option(
         None, help="JSON Lines with fields 'reference' and 'response' (optional 'label': true/false)."
     ),
@@ -243,8 +247,10 @@ def verify(
             for f in futures:
                 f.add_done_callback(lambda _f: progress.advance(bar))
             verdicts = [f.result() for f in futures]
-        for row, v in zip(rows, verdicts):
-            sink.write(json.dumps({**v.to_dict(), **({"label": row["label"]} if "label" in row else {})}) + "\n")
+        for row, v in zip(rows, verdicts, strict=True):
+            sink.write(
+                json.dumps({**v.to_dict(), **({"label": row["label"]} if "label" in row else {})}) + "\n"
+            )
         if output:
             sink.close()
         _print_verify_summary(rows, verdicts, pool.stats)
@@ -279,7 +285,7 @@ def _print_verify_summary(rows: list[dict], verdicts: list, stats) -> None:
     for path, count in sorted(paths.items()):
         table.add_row(f"path {path}", str(count))
     table.add_row("timeouts", str(stats.timeouts))
-    labelled = [(bool(r["label"]), v.correct) for r, v in zip(rows, verdicts) if "label" in r]
+    labelled = [(bool(r["label"]), v.correct) for r, v in zip(rows, verdicts, strict=True) if "label" in r]
     if labelled:
         tp = sum(lab and got for lab, got in labelled)
         fp = sum(got and not lab for lab, got in labelled)
