@@ -285,7 +285,7 @@ class VerifierPool:
             self._thread.join(timeout=30)
 
     def __enter__(self) -> VerifierPool:
-        return self.start()
+        return self  # the checkers start on the first check that needs the CAS
 
     def __exit__(self, *exc) -> None:
         self.close()
