@@ -1,0 +1,55 @@
+"""What the model reads back after a tool call (the text inside ``<tool_response>``).
+
+Success shows the output (or the value of the last expression); a failure shows a short header
+naming the kind of failure and the end of the traceback; long text is cut in the middle so the
+beginning and the end, where the answer and the error usually are, survive.
+"""
+
+from __future__ import annotations
+
+from ..sandbox.capture import cut_middle
+from ..sandbox.result import ExecResult
+from .tools import ToolCallError
+
+DEFAULT_LIMIT_CHARS = 2048
+_TRACEBACK_LINES = 12
+
+_HEADERS = {
+    "error": "Tool call failed: the code raised an error.",
+    "timeout": "Tool call failed: time limit exceeded.",
+    "memory": "Tool call failed: memory limit exceeded.",
+    "output_limit": "Tool call failed: the code printed too much output.",
+    "rejected": "Tool call failed: the request was rejected.",
+    "internal": "Tool call failed: the code environment had an internal error.",
+}
+
+
+def is_tool_error(result: ExecResult | ToolCallError) -> bool:
+    """A failed call for Resample-on-Correct: a malformed call, or any status but ``ok``."""
+    return isinstance(result, ToolCallError) or not result.ok
+
+
+def render_result(result: ExecResult | ToolCallError, limit_chars: int = DEFAULT_LIMIT_CHARS) -> str:
+    if isinstance(result, ToolCallError):
+        text = f"Tool call failed: {result.message}."
+    elif result.ok:
+        text = result.output.rstrip("\n") or "(the code ran and printed nothing)"
+    else:
+        header = _HEADERS.get(result.status, f"Tool call failed: {result.status}.")
+        details = result.reason or ""
+        tail = "\n".join(result.stderr.rstrip("\n").splitlines()[-_TRACEBACK_LINES:])
+        printed = result.stdout.rstrip("\n")
+        parts = [header]
+        if details and details not in tail:
+            parts.append(details)
+        if printed:
+            parts.append(f"Output before the failure:\n{printed}")
+        if tail:
+            parts.append(tail)
+        text = "\n".join(parts)
+    return cut_middle(text, limit_chars)[0]
+
+
+def wrap(texts: list[str]) -> str:
+    """All responses of one turn, each in its own ``<tool_response>`` block."""
+    return "\n".join(f"<tool_response>\n{t}\n</tool_response>" for t in texts)
