@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rstar2.eval import load_benchmark
-from rstar2.reward import VerifierPool, check_answer, extract_answer, quick_check
+from rstar2.reward import VerifierPool, check_answer, extract_answer, triage
 from rstar2.reward.normalize import normalize, plain_number
 
 DAPO = Path(__file__).resolve().parents[2] / "shared" / "data" / "dapo_math_17k_en.jsonl"
@@ -245,9 +245,7 @@ def ours_full(p: dict) -> bool:
 
 
 def ours_fast(p: dict) -> bool:
-    answer = extract_answer(p["response"])
-    verdict = quick_check(p["reference"], answer) if answer is not None else None
-    return bool(verdict)
+    return bool(triage(p["reference"], p["response"])[0])
 
 
 def main() -> int:
@@ -272,11 +270,7 @@ def main() -> int:
         rate = base["pairs_per_s"]
         got, lat, wall = _timed(ours_full, subset)
         full = _row("rstar2 full path (1 process)", subset, got, lat, wall, rate)
-        decided = [
-            p
-            for p in subset
-            if (a := extract_answer(p["response"])) is not None and quick_check(p["reference"], a) is not None
-        ]
+        decided = [p for p in subset if triage(p["reference"], p["response"])[0] is not None]
         got, lat, wall = _timed(ours_fast, decided)
         fast = _row("rstar2 fast path (pairs it decides)", decided, got, lat, wall, rate)
         with VerifierPool(args.workers, timeout_s=2.0) as pool:

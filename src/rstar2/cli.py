@@ -243,10 +243,8 @@ def verify(
         sink = output.open("w") if output else sys.stdout
         with Progress(console=console, transient=True) as progress:
             bar = progress.add_task("verifying", total=len(rows))
-            futures = [pool.submit(r["reference"], r["response"], extracted=extracted) for r in rows]
-            for f in futures:
-                f.add_done_callback(lambda _f: progress.advance(bar))
-            verdicts = [f.result() for f in futures]
+            pairs = [(r["reference"], r["response"]) for r in rows]
+            verdicts = pool.map(pairs, extracted=extracted, on_done=lambda _v: progress.advance(bar))
         for row, v in zip(rows, verdicts, strict=True):
             sink.write(
                 json.dumps({**v.to_dict(), **({"label": row["label"]} if "label" in row else {})}) + "\n"

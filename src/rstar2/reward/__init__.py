@@ -8,26 +8,19 @@ worker process (``VerifierPool``), or on the code environment's workers
 
 from __future__ import annotations
 
-from .equivalence import Verdict, cas_check, check_answer, quick_check
-from .extract import extract_answer, last_boxed
+from .equivalence import Verdict, cas_check, check_answer, quick_check, triage
+from .extract import Mode, extract_answer, last_boxed
 from .guards import GuardLimits
 from .offload import SandboxVerifier
 from .pool import DEFAULT_TIMEOUT_S, VerifierPool, default_pool, verify_batch
 
 
-def check(reference: str, response: str, *, mode: str = "strict") -> Verdict:
+def check(reference: str, response: str, *, mode: Mode = "strict") -> Verdict:
     """The full verdict (answer found, path, reason, seconds) on the shared default pool."""
-    return default_pool().check(reference, response) if mode == "strict" else _lenient(reference, response)
+    return default_pool().check(reference, response, mode=mode)
 
 
-def _lenient(reference: str, response: str) -> Verdict:
-    answer = extract_answer(response, "lenient")
-    if answer is None:
-        return Verdict(False, "no answer found", None, "none")
-    return default_pool().check(reference, answer, extracted=True)
-
-
-def verify_answer(reference: str, response: str, *, mode: str = "strict") -> bool:
+def verify_answer(reference: str, response: str, *, mode: Mode = "strict") -> bool:
     """True iff the final answer in ``response`` equals ``reference`` (2 s time box per check)."""
     return check(reference, response, mode=mode).correct
 
@@ -45,6 +38,7 @@ __all__ = [
     "extract_answer",
     "last_boxed",
     "quick_check",
+    "triage",
     "verify_answer",
     "verify_batch",
 ]

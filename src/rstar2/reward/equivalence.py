@@ -3,9 +3,10 @@
 ``quick_check`` is pure string and ``Fraction`` work, safe to run anywhere: identical strings,
 plain numbers (exact), word answers (as strings) and the input guards. It decides most RL
 rewards (integers) in microseconds. ``cas_check`` hands the rest to ``math-verify`` (LaTeX
-parsing and sympy equivalence) with decimals made exact and a high-precision confirmation
-of every numeric "equal", so rounding never makes two different numbers equal. A CAS call
-can take unbounded time: callers run it under a time box (``rstar2.reward.pool``).
+parsing and sympy equivalence) with decimals made exact and closed-form numbers compared to
+40 digits, so rounding never makes two different numbers equal. A CAS call
+can take unbounded time: callers run it under a time box (``rstar2.reward.pool``). ``triage``
+is the local part every caller shares: extraction, then ``quick_check``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .extract import Mode, extract_answer
 from .guards import DEFAULT_LIMITS, GuardLimits, refuse
 from .normalize import (
     has_decimal_literal,
@@ -72,6 +74,25 @@ def quick_check(reference: str, answer: str, limits: GuardLimits = DEFAULT_LIMIT
     return None
 
 
+def triage(
+    reference: str,
+    response: str,
+    *,
+    mode: Mode = "strict",
+    extracted: bool = False,
+    limits: GuardLimits = DEFAULT_LIMITS,
+) -> tuple[Verdict | None, str | None]:
+    """The part of a check every caller runs locally: find the answer, try the fast path.
+
+    Returns ``(verdict, answer)``: a verdict when decided here (no answer, fast path, guards),
+    else ``(None, answer)`` for the CAS to judge under a time box.
+    """
+    answer = response if extracted else extract_answer(response, mode)
+    if answer is None:
+        return Verdict(False, "no answer found", None, "none"), None
+    return quick_check(str(reference), answer, limits), answer
+
+
 def cas_check(reference: str, answer: str) -> Verdict:
     """Equivalence through math-verify; may be slow, so run it in a time-boxed worker."""
     from math_verify import verify
@@ -88,11 +109,10 @@ def cas_check(reference: str, answer: str) -> Verdict:
     numeric = _numeric_verdict(gold[0], pred[0])
     if numeric is not None:  # two closed-form numbers: decided to 40 digits, no simplify()
         return Verdict(numeric, "equivalent" if numeric else "not equivalent", answer, "cas")
-    if not verify(gold, pred, timeout_seconds=None):
-        return Verdict(False, "not equivalent", answer, "cas")
-    if not _confirm_numeric(gold[0], pred[0]):
-        return Verdict(False, "only approximately equal", answer, "cas")
-    return Verdict(True, "equivalent", answer, "cas")
+    # decimals are exact fractions by now, so math-verify's numeric comparison has no floats to
+    # round; 50 digits keeps its "(a - b).evalf() == 0" from calling near-equal numbers equal
+    same = verify(gold, pred, numeric_precision=50, timeout_seconds=None)
+    return Verdict(same, "equivalent" if same else "not equivalent", answer, "cas")
 
 
 def check_answer(reference: str, answer: str, limits: GuardLimits = DEFAULT_LIMITS) -> Verdict:
@@ -149,23 +169,3 @@ def _numeric_verdict(gold: Any, pred: Any) -> bool | None:
         return bool(abs(g - p) < sympy.Float(10) ** -40 * scale)
     except Exception:  # noqa: BLE001 - leave it to math-verify
         return None
-
-
-def _confirm_numeric(gold: Any, pred: Any) -> bool:
-    """Two closed-form numbers called equal must agree to 40 digits (math-verify compares
-    with 15 digits and rounding, which makes ``pi`` equal ``3.14159265358979``)."""
-    import sympy
-
-    if not isinstance(gold, sympy.Expr) or not isinstance(pred, sympy.Expr):
-        return True  # sets, tuples, intervals, matrices, relations: math-verify's own comparison
-    try:
-        gold, pred = gold.doit(), pred.doit()
-        if gold.free_symbols or pred.free_symbols:
-            return True
-        diff = sympy.N(gold - pred, 50)
-        if diff == 0:
-            return True
-        scale = max(1, abs(sympy.N(gold, 50)))
-        return bool(abs(diff) < sympy.Float(10) ** -40 * scale)
-    except Exception:  # noqa: BLE001 - not a plain number after all
-        return True

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from .normalize import strip_delimiters
+
 Mode = Literal["strict", "lenient"]
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*")
@@ -69,14 +71,6 @@ def answer_block(text: str) -> str | None:
     return text[start + len("<answer>") : end]
 
 
-def _strip_math_delimiters(s: str) -> str:
-    s = s.strip()
-    for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
-        if len(s) >= len(left) + len(right) and s.startswith(left) and s.endswith(right):
-            return s[len(left) : len(s) - len(right)].strip()
-    return s
-
-
 def _looks_like_prose(s: str) -> bool:
     """Two words in a row outside LaTeX commands and ``\\text{}``: a sentence, not an answer."""
     bare = re.sub(r"\\[a-zA-Z]+(?:\{[^{}]*\})?", " ", s)
@@ -90,7 +84,7 @@ def _final_answer_phrase(text: str) -> str | None:
         found = m.group(1)
     if found is None:
         return None
-    found = _strip_math_delimiters(found.strip().rstrip("."))
+    found = strip_delimiters(found.strip().rstrip("."))
     return found if 0 < len(found) <= _MAX_FALLBACK_CHARS else None
 
 
@@ -105,7 +99,7 @@ def _from_scope(scope: str, whole_block: bool) -> str | None:
     if boxed is not None:
         return boxed
     if whole_block:  # <answer>33</answer> or <answer>$\frac{1}{2}$</answer>
-        short = _strip_math_delimiters(scope)
+        short = strip_delimiters(scope)
         if short and len(short) <= _MAX_FALLBACK_CHARS and not _looks_like_prose(short):
             return short.rstrip(".").strip() or None
     phrase = _final_answer_phrase(scope)

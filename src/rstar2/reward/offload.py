@@ -15,8 +15,8 @@ import time
 from typing import Any, Protocol
 
 from ..sandbox.result import ExecRequest, ExecResult
-from .equivalence import Verdict, quick_check
-from .extract import Mode, extract_answer
+from .equivalence import Verdict, triage
+from .extract import Mode
 from .guards import DEFAULT_LIMITS, GuardLimits
 from .pool import DEFAULT_TIMEOUT_S
 
@@ -81,13 +81,11 @@ class SandboxVerifier:
         verdicts: list[Verdict | None] = []
         remote: list[tuple[int, str, str]] = []
         for reference, response in pairs:
-            answer = response if extracted else extract_answer(response, self.mode)
-            if answer is None:
-                verdicts.append(Verdict(False, "no answer found", None, "none"))
-                continue
-            verdict = quick_check(str(reference), answer, self.guard_limits)
+            verdict, answer = triage(
+                reference, response, mode=self.mode, extracted=extracted, limits=self.guard_limits
+            )
             if verdict is None:
-                remote.append((len(verdicts), str(reference), answer))
+                remote.append((len(verdicts), str(reference), str(answer)))
             verdicts.append(verdict)
         if remote:
             requests = [

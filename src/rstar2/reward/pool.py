@@ -29,9 +29,10 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from .equivalence import Verdict, quick_check
-from .extract import Mode, extract_answer
+from .equivalence import Verdict, triage
+from .extract import Mode
 from .guards import DEFAULT_LIMITS, GuardLimits
+from .worker import MEMORY_CAP_REASON
 
 _log = logging.getLogger("rstar2.reward")
 DEFAULT_TIMEOUT_S = 2.0
@@ -223,20 +224,25 @@ class VerifierPool:
         return self
 
     def submit(
-        self, reference: str, response: str, *, extracted: bool = False, timeout_s: float | None = None
+        self,
+        reference: str,
+        response: str,
+        *,
+        extracted: bool = False,
+        timeout_s: float | None = None,
+        mode: Mode | None = None,
     ) -> Future:
         """Grade ``response`` (a whole model output, or an answer when ``extracted``);
-        ``timeout_s`` overrides the pool's time box for this check."""
+        ``timeout_s`` and ``mode`` override the pool's for this check."""
         future: Future = Future()
         start = time.perf_counter()
-        answer = response if extracted else extract_answer(response, self.mode)
         self.stats.checks += 1
-        if answer is None:
-            future.set_result(Verdict(False, "no answer found", None, "none", time.perf_counter() - start))
-            return future
-        verdict = quick_check(str(reference), answer, self.guard_limits)
+        verdict, answer = triage(
+            reference, response, mode=mode or self.mode, extracted=extracted, limits=self.guard_limits
+        )
         if verdict is not None:
-            self.stats.fast += 1
+            if answer is not None:
+                self.stats.fast += 1
             verdict.seconds = time.perf_counter() - start
             future.set_result(verdict)
             return future
@@ -245,19 +251,18 @@ class VerifierPool:
         self.start()
         self.stats.cas += 1
         with self._lock:
-            self._pending.append(_Task(str(reference), answer, future, start, timeout_s))
+            self._pending.append(_Task(str(reference), str(answer), future, start, timeout_s))
         self._wake()
         return future
 
-    def check(
-        self, reference: str, response: str, *, extracted: bool = False, timeout_s: float | None = None
-    ) -> Verdict:
-        return self.submit(reference, response, extracted=extracted, timeout_s=timeout_s).result()
+    def check(self, reference: str, response: str, **options: Any) -> Verdict:
+        """``submit`` and wait; takes the same keyword options."""
+        return self.submit(reference, response, **options).result()
 
-    async def acheck(self, reference: str, response: str, *, extracted: bool = False) -> Verdict:
+    async def acheck(self, reference: str, response: str, **options: Any) -> Verdict:
         import asyncio
 
-        return await asyncio.wrap_future(self.submit(reference, response, extracted=extracted))
+        return await asyncio.wrap_future(self.submit(reference, response, **options))
 
     def map(
         self,
@@ -325,26 +330,28 @@ class VerifierPool:
                 for i, w in enumerate(workers):
                     if w is not None and w.conn in ready:
                         workers[i] = self._receive(w)
-                now = time.perf_counter()
-                for i, w in enumerate(workers):
-                    if w is not None and w.task is not None and now >= w.deadline and w.over_box(now):
-                        task, w.task = w.task, None
-                        w.kill()
-                        self.stats.timeouts += 1  # counted before the caller can see the verdict
-                        self.stats.replaced += 1
-                        workers[i] = None
-                        _log.warning(
-                            "answer check over its %.1f s time box (counted wrong): %.80r",
-                            task.timeout_s or self.timeout_s,
-                            task.answer,
-                        )
-                        task.future.set_result(
-                            Verdict(False, "timeout", task.answer, "timeout", now - task.submitted)
-                        )
+                self._expire(workers, time.perf_counter())
         finally:
             for w in workers:
                 if w is not None:
                     w.kill()
+
+    def _expire(self, workers: list[_Worker | None], now: float) -> None:
+        """Kill checkers over their time box; their checks count as wrong ("timeout")."""
+        for i, w in enumerate(workers):
+            if w is None or w.task is None or now < w.deadline or not w.over_box(now):
+                continue
+            task, w.task = w.task, None
+            w.kill()
+            workers[i] = None
+            self.stats.timeouts += 1  # counted before the caller can see the verdict
+            self.stats.replaced += 1
+            _log.warning(
+                "answer check over its %.1f s time box (counted wrong): %.80r",
+                task.timeout_s or self.timeout_s,
+                task.answer,
+            )
+            task.future.set_result(Verdict(False, "timeout", task.answer, "timeout", now - task.submitted))
 
     def _fill(self, workers: list[_Worker | None]) -> None:
         for i, w in enumerate(workers):
@@ -396,7 +403,7 @@ class VerifierPool:
             w.ready = True
             return w
         task, w.task = w.task, None
-        fatal = msg.get("reason") == "memory cap reached"
+        fatal = msg.get("reason") == MEMORY_CAP_REASON
         if fatal:
             w.kill()
             self.stats.replaced += 1

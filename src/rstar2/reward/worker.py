@@ -17,14 +17,14 @@ import socket
 import sys
 from multiprocessing.connection import Connection
 
-PR_SET_PDEATHSIG = 1
+MEMORY_CAP_REASON = "memory cap reached"
 
 
 def _die_with_parent() -> None:
-    try:
-        import ctypes
+    from ..sandbox import linux
 
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    try:
+        linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # not Linux: the EOF on the socket ends the process instead
         pass
 
@@ -52,7 +52,7 @@ def serve_checks(conn: Connection, memory_mb: int) -> None:
         try:
             conn.send(check_answer(reference, answer).to_dict())
         except MemoryError:
-            conn.send(Verdict(False, "memory cap reached", answer, "error").to_dict())
+            conn.send(Verdict(False, MEMORY_CAP_REASON, answer, "error").to_dict())
             return  # a checker that ran out of memory is replaced
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import socket
 import sys
 import tempfile
@@ -243,7 +244,7 @@ class WorkerIsolation:
             os.setresuid(self.uid, self.uid, self.uid)
         # Die with the worker (set after the uid change, which clears it), and yield the CPU to it:
         # a worker starved by its own call's processes could not enforce the call's timeout.
-        linux.prctl(linux.PR_SET_PDEATHSIG, 9)
+        linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
         os.nice(10)
         if self.seccomp_program is not None:
             linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)
@@ -368,7 +369,7 @@ class CgroupPair:
                 return
             for pid in pids:
                 try:
-                    os.kill(pid, 9)
+                    os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
             try:
@@ -409,7 +410,7 @@ def remove_cgroups(name: str) -> None:
             break
         for pid in pids:
             try:
-                os.kill(pid, 9)
+                os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
         time.sleep(0.01)
