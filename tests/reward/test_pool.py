@@ -37,7 +37,7 @@ def _live(pid: int) -> bool:
     try:  # a zombie is gone for our purposes
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # it exited between the two looks
         return False
 
 

@@ -68,6 +68,7 @@ class RedisBackend:
         self.resubmitted = 0
         self.duplicates = 0
         self._closing = False
+        self._run_id: str | None = None  # the Redis server instance the pending calls went to
 
     @property
     def tasks_key(self) -> str:
@@ -147,20 +148,26 @@ class RedisBackend:
                 delay = min(2.0, delay * 2)
 
     async def _listen(self) -> None:
-        """Collect replies; after a lost connection, re-submit every call still waiting."""
+        """Collect replies; re-submit every call still waiting when Redis itself restarted.
+
+        A connection that merely timed out (a loaded machine) finds the same server, whose
+        stream still holds the calls: re-submitting them then would only run them twice.
+        """
         delay = 0.1
         lost = False
         while not self._closing:
             try:
                 assert self._redis is not None
-                if lost:
-                    await self._redis.ping()
-                    for task, fut in list(self._pending.values()):
-                        if not fut.done():
-                            self.resubmitted += 1
-                            await self._redis.xadd(
-                                self.tasks_key, task, maxlen=self.stream_maxlen, approximate=True
-                            )
+                if lost or self._run_id is None:
+                    run_id = (await self._redis.info("server"))["run_id"]
+                    if lost and run_id != self._run_id:  # a new server: the queued calls are gone
+                        for task, fut in list(self._pending.values()):
+                            if not fut.done():
+                                self.resubmitted += 1
+                                await self._redis.xadd(
+                                    self.tasks_key, task, maxlen=self.stream_maxlen, approximate=True
+                                )
+                    self._run_id = run_id
                     lost = False
                     delay = 0.1
                 item = await self._redis.blpop([self.reply_key], timeout=1)
