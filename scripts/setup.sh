@@ -25,9 +25,8 @@ stamp="$VENV/.rstar2-installed"
 if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
     echo "[setup] installing rstar2 and its dependencies"
     "$VENV/bin/python" -m pip install -q --upgrade pip
-    if [ -z "${RSTAR2_NO_TORCH:-}" ] && [ -n "${RSTAR2_WITH_TORCH:-}" ]; then
-        "$VENV/bin/python" -m pip install -q torch==2.13.0
-    fi
+    # CPU PyTorch first, so the package's own torch requirement is already met by it.
+    "$VENV/bin/python" -m pip install -q "torch==${RSTAR2_TORCH_VERSION:-2.13.0}"
     "$VENV/bin/python" -m pip install -q -e "$ROOT[dev]"
     touch "$stamp"
 fi

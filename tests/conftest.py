@@ -163,3 +163,13 @@ def stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="session")
+def verifier():
+    """Two checking processes shared by the tests (the CAS under a 10 s time box: generous
+    because this 2-core CI machine is shared; the time box itself is tested apart)."""
+    from rstar2.reward import VerifierPool
+
+    with VerifierPool(2, timeout_s=10.0) as vpool:
+        yield vpool

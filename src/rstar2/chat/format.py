@@ -1,0 +1,104 @@
+"""Token-in, token-out conversation building through the tokenizer's own chat template.
+
+A rollout never re-tokenizes the conversation: the ids the engine sampled are kept as they are,
+and only the new tool turn is tokenized. Its text is what the chat template adds for the tool
+messages, found as the difference of two renderings of a stand-in conversation (so any template
+works: ChatML, Llama-3, ...), plus whatever the template writes after an assistant message that
+the model itself did not generate (ChatML's newline after ``<|im_end|>``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..sandbox.result import ExecResult
+from .prompt import CHATML_TEMPLATE, SYSTEM_PROMPT, problem_messages
+from .tool_response import DEFAULT_LIMIT_CHARS, render_result
+from .tools import PYTHON_TOOL, SESSION_TOOL, ToolCallError, tool_schemas
+
+_MARK = "RSTAR2ASSISTANTTURN"
+
+
+class TemplateError(ValueError):
+    """The chat template cannot be used token-in/token-out (see the message for why)."""
+
+
+def ensure_chat_template(tokenizer: Any) -> Any:
+    """Give a tokenizer without a chat template rstar2's ChatML one (with tool support)."""
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+@dataclass
+class ChatFormat:
+    """Renders prompts and tool turns for one tokenizer; ids are lists of ints."""
+
+    tokenizer: Any
+    stateful: bool = False  # offer python_session as well as the stateless tool
+    system_prompt: str | None = SYSTEM_PROMPT
+    tool_limit_chars: int = DEFAULT_LIMIT_CHARS
+    tool_limit_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        ensure_chat_template(self.tokenizer)
+        self.tools = tool_schemas(self.stateful)
+        self.tool_names = (PYTHON_TOOL, SESSION_TOOL) if self.stateful else (PYTHON_TOOL,)
+        stub = [*problem_messages("1+1", self.system_prompt), {"role": "assistant", "content": _MARK}]
+        self._stub = stub
+        self._stub_text = self.render(stub)
+        at = self._stub_text.rfind(_MARK)
+        if at < 0:
+            raise TemplateError("the chat template does not render assistant content verbatim")
+        self.after_assistant = self._stub_text[at + len(_MARK) :]  # e.g. "<|im_end|>\n"
+
+    # -- rendering --------------------------------------------------------------------------
+    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=self.tools, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def prompt_ids(self, problem: str) -> list[int]:
+        return self.encode(self.render(problem_messages(problem, self.system_prompt), True))
+
+    def messages_ids(self, messages: list[dict]) -> list[int]:
+        return self.encode(self.render(messages, True))
+
+    # -- tool turns -------------------------------------------------------------------------
+    def tool_text(self, result: ExecResult | ToolCallError) -> str:
+        """One tool response, cut in the middle to the character and (optional) token limits."""
+        text = render_result(result, self.tool_limit_chars)
+        if self.tool_limit_tokens is not None:
+            ids = self.encode(text)
+            if len(ids) > self.tool_limit_tokens:
+                keep = max(1, self.tool_limit_tokens // 2)
+                head, tail = self.decode(ids[:keep]), self.decode(ids[-keep:])
+                text = f"{head}\n... [{len(ids) - 2 * keep} tokens cut] ...\n{tail}"
+        return text
+
+    def tool_turn_text(self, responses: list[str], model_end: str = "") -> str:
+        """The text that follows a generated assistant turn: the rest of the assistant's ending that
+        the model did not write (``model_end`` is the decoded text of the stop token it ended with),
+        the tool messages, and the next generation prompt."""
+        tools = [{"role": "tool", "content": r, "name": PYTHON_TOOL} for r in responses]
+        full = self.render([*self._stub, *tools], add_generation_prompt=True)
+        if not full.startswith(self._stub_text):
+            raise TemplateError("the chat template renders earlier turns differently once tool turns follow")
+        glue = self.after_assistant
+        if model_end and glue.startswith(model_end):
+            glue = glue[len(model_end) :]
+        return glue + full[len(self._stub_text) :]
+
+    def tool_turn_ids(self, responses: list[str], model_end: str = "") -> list[int]:
+        return self.encode(self.tool_turn_text(responses, model_end))
+
+    def closing_text(self, model_end: str = "") -> str:
+        """What the template writes after a final assistant turn beyond the model's own stop token."""
+        return self.after_assistant[len(model_end) :] if self.after_assistant.startswith(model_end) else ""

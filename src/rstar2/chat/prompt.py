@@ -1,0 +1,67 @@
+"""The words the policy reads: the system prompt, the user prefix, and a ChatML template with tools.
+
+The format follows the rStar2-Agent report (reasoning in ``<reason>``, one ``<answer>`` with the
+result in ``\\boxed{}``, Hermes-style ``<tool_call>`` JSON); the wording is rstar2's own.
+``CHATML_TEMPLATE`` is installed on tokenizers that have no chat template (the tiny model's);
+real models keep their own template, which receives the tool schemas through ``tools=``.
+"""
+
+from __future__ import annotations
+
+SYSTEM_PROMPT = (
+    "You are a careful problem solver. Work the problem out step by step before answering: put your "
+    "reasoning inside <reason> </reason> and your final answer inside <answer> </answer>, for example "
+    "<reason> ... </reason> <answer> The result is \\boxed{42}. </answer>. You may reason several "
+    "times, and check your work with the tools between reasoning steps, but give exactly one answer, "
+    "with the final result in \\boxed{}."
+)
+
+USER_PREFIX = (
+    "Give your final answer inside <answer> </answer>; the result is read from the \\boxed{} in it. "
+    "Here is the problem:\n"
+)
+
+# ChatML with tools. Consecutive tool messages are answered in one user turn, each inside
+# <tool_response>; the tool section is appended to the system message.
+CHATML_TEMPLATE = (
+    # Written for Hugging Face's Jinja settings (trim_blocks: a newline right after a tag is
+    # dropped), so every newline that must stay is an expression: {{ nl }}.
+    "{% set nl = '\\n' %}{% set ns = namespace(sys='') %}"
+    "{% if messages and messages[0]['role'] == 'system' %}{% set ns.sys = messages[0]['content'] %}{% endif %}"
+    "{% if tools %}"
+    "<|im_start|>system{{ nl }}{% if ns.sys %}{{ ns.sys }}{{ nl }}{{ nl }}{% endif %}"
+    "# Tools{{ nl }}{{ nl }}You can call the functions below to help you. Their signatures, as JSON, are "
+    "listed inside <tools></tools>:{{ nl }}<tools>"
+    "{% for tool in tools %}{{ nl }}{{ tool | tojson }}{% endfor %}{{ nl }}</tools>{{ nl }}{{ nl }}"
+    "To call a function, write a JSON object with its name and arguments inside "
+    '<tool_call></tool_call>:{{ nl }}<tool_call>{{ nl }}{"name": <function-name>, "arguments": '
+    "<args-json-object>}{{ nl }}</tool_call><|im_end|>{{ nl }}"
+    "{% elif ns.sys %}<|im_start|>system{{ nl }}{{ ns.sys }}<|im_end|>{{ nl }}{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}"
+    "{% if not loop.first %}<|im_start|>system{{ nl }}{{ m['content'] }}<|im_end|>{{ nl }}{% endif %}"
+    "{% elif m['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ nl }}<tool_response>{{ nl }}{{ m['content'] }}{{ nl }}</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>{{ nl }}{% endif %}"
+    "{% else %}"
+    "<|im_start|>{{ m['role'] }}{{ nl }}{{ m['content'] or '' }}"
+    "{% for call in m.get('tool_calls') or [] %}"
+    "{% set f = call['function'] if call['function'] is defined else call %}"
+    '{{ nl }}<tool_call>{{ nl }}{"name": "{{ f[\'name\'] }}", "arguments": '
+    "{{ f['arguments'] if f['arguments'] is string else (f['arguments'] | tojson) }}}{{ nl }}</tool_call>"
+    "{% endfor %}"
+    "<|im_end|>{{ nl }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant{{ nl }}{% endif %}"
+)
+
+CHATML_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+
+
+def problem_messages(problem: str, system_prompt: str | None = SYSTEM_PROMPT) -> list[dict]:
+    """The opening of a conversation about one problem."""
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages.append({"role": "user", "content": USER_PREFIX + problem.strip()})
+    return messages

@@ -1,0 +1,64 @@
+"""What every inference engine offers the rollout: token ids in, token ids and logprobs out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling. ``temperature`` 0 is greedy; ``top_k`` 0 and ``top_p`` 1 switch those off."""
+
+    max_new_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    banned_token_ids: tuple[int, ...] = ()  # never sampled (pad, role tags the model must not write)
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        self.stop_token_ids = tuple(self.stop_token_ids)
+        self.banned_token_ids = tuple(self.banned_token_ids)
+
+
+@dataclass
+class Generation:
+    """The sampled ids (a stop token included), the log-probability of each under the engine's
+    temperature-scaled distribution, and why generation stopped."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    prompt_tokens: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    name: str
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
+
+    @property
+    def capacity_tokens(self) -> int:
+        """KV-cache tokens the engine can hold at once (for capacity-aware scheduling)."""
+        ...
+
+    @property
+    def in_flight(self) -> int:
+        """Requests accepted and not yet answered."""
+        ...
+
+    async def close(self) -> None: ...

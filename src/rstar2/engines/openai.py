@@ -1,0 +1,122 @@
+"""``OpenAIEngine``: an OpenAI-compatible completions server (vLLM, SGLang, ``rstar2 serve``).
+
+Token ids go in as the prompt of ``/v1/completions``; the sampled ids come back through vLLM's
+``return_token_ids`` (or, on servers without it, from logprob tokens written as ``token_id:N``),
+so a rollout never re-tokenizes text the server produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from .base import Generation, SamplingParams
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+def _token_ids(choice: dict[str, Any]) -> list[int]:
+    if choice.get("token_ids") is not None:
+        return [int(t) for t in choice["token_ids"]]
+    tokens = (choice.get("logprobs") or {}).get("tokens") or []
+    if tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+        return [int(t.split(":", 1)[1]) for t in tokens]
+    raise ServerError(
+        "the server returned no token ids: it needs vLLM's `return_token_ids` or "
+        "`return_tokens_as_token_ids` (vLLM >= 0.10, or `rstar2 serve`)"
+    )
+
+
+class OpenAIEngine:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str | None = None,
+        name: str | None = None,
+        capacity_tokens: int = 1 << 20,
+        timeout_s: float = 600.0,
+        retries: int = 3,
+        api_key: str | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.model = model
+        self.name = name or self.base_url
+        self._capacity = capacity_tokens
+        self.retries = retries
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, headers=headers)
+        self._in_flight = 0
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self._capacity
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    async def _model(self) -> str:
+        if self.model is None:
+            data = (await self._client.get("/v1/models")).raise_for_status().json()
+            self.model = data["data"][0]["id"]
+        return self.model
+
+    def body(self, prompt_ids: list[int], params: SamplingParams, model: str) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": model,
+            "prompt": list(prompt_ids),
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k if params.top_k > 0 else -1,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        if params.stop_token_ids:
+            body["stop_token_ids"] = list(params.stop_token_ids)
+        if params.seed is not None:
+            body["seed"] = params.seed
+        if params.banned_token_ids:
+            body["logit_bias"] = {str(t): -100 for t in params.banned_token_ids}
+        return body
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        self._in_flight += 1
+        try:
+            body = self.body(prompt_ids, params, await self._model())
+            delay = 0.5
+            for attempt in range(self.retries + 1):
+                try:
+                    resp = await self._client.post("/v1/completions", json=body)
+                except httpx.TransportError as exc:
+                    if attempt == self.retries:
+                        raise ServerError(f"{self.base_url} unreachable: {exc}") from exc
+                    await asyncio.sleep(delay)
+                    delay *= 2
+                    continue
+                if resp.status_code >= 500 and attempt < self.retries:
+                    await asyncio.sleep(delay)
+                    delay *= 2
+                    continue
+                if resp.status_code != 200:
+                    raise ServerError(f"{self.base_url} answered {resp.status_code}: {resp.text[:500]}")
+                break
+            choice = resp.json()["choices"][0]
+            ids = _token_ids(choice)
+            logprobs = [
+                float(x) for x in ((choice.get("logprobs") or {}).get("token_logprobs") or [0.0] * len(ids))
+            ]
+            finish = "length" if choice.get("finish_reason") == "length" else "stop"
+            return Generation(ids, logprobs, finish, prompt_tokens=len(prompt_ids))  # type: ignore[arg-type]
+        finally:
+            self._in_flight -= 1
+
+    async def close(self) -> None:
+        await self._client.aclose()

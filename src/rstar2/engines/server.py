@@ -1,0 +1,181 @@
+"""``rstar2 serve``: an OpenAI-compatible HTTP server over an ``HFEngine``.
+
+``/v1/completions`` takes a prompt as text or as token ids and, like vLLM, can return the sampled
+token ids (``return_token_ids``) and per-token logprobs with tokens written as ``token_id:N``
+(``return_tokens_as_token_ids``): what ``OpenAIEngine`` needs for token-in, token-out rollouts.
+``/v1/chat/completions`` renders messages (and ``tools``) through the model's chat template and
+returns tool calls in the OpenAI shape, so any OpenAI client can talk to the tiny model.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel, Field
+
+from ..chat.format import ensure_chat_template
+from ..chat.tools import ToolCall, parse_tool_calls
+from .base import SamplingParams
+from .hf import HFEngine
+
+
+class _Sampling(BaseModel):
+    model: str | None = None
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = -1
+    seed: int | None = None
+    n: int = Field(1, ge=1, le=64)
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int]
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
+
+
+class ChatRequest(_Sampling):
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    logprobs: bool | None = None  # type: ignore[assignment]
+
+
+def create_app(engine: HFEngine, tokenizer: Any, model_name: str) -> FastAPI:
+    from ..rollout.runner import end_of_turn_ids
+
+    ensure_chat_template(tokenizer)
+    app = FastAPI(title="rstar2 serve", version="1")
+    default_stops = end_of_turn_ids(tokenizer)
+
+    def params(req: _Sampling, i: int) -> SamplingParams:
+        stops = () if req.ignore_eos else default_stops
+        try:
+            return SamplingParams(
+                max_new_tokens=req.max_tokens,
+                temperature=req.temperature,
+                top_p=req.top_p,
+                top_k=max(0, req.top_k),
+                stop_token_ids=tuple(req.stop_token_ids or ()) + tuple(stops),
+                seed=None if req.seed is None else req.seed + i,
+            )
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from exc
+
+    async def generate(prompt_ids: list[int], req: _Sampling) -> list[Any]:
+        import asyncio
+
+        try:
+            return await asyncio.gather(*(engine.generate(prompt_ids, params(req, i)) for i in range(req.n)))
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from exc
+
+    def text_of(ids: list[int], stops: tuple[int, ...], skip_special: bool) -> str:
+        ids = [i for i in ids if i not in stops]
+        return tokenizer.decode(ids, skip_special_tokens=skip_special, clean_up_tokenization_spaces=False)
+
+    def usage(prompt: int, gens: list[Any]) -> dict[str, int]:
+        done = sum(len(g.token_ids) for g in gens)
+        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": model_name, "in_flight": engine.in_flight}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "rstar2"}]}
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest) -> dict[str, Any]:
+        prompt_ids = (
+            req.prompt
+            if isinstance(req.prompt, list)
+            else tokenizer.encode(req.prompt, add_special_tokens=False)
+        )
+        if not prompt_ids:
+            raise HTTPException(400, "the prompt is empty")
+        if any(not 0 <= t < len(tokenizer) for t in prompt_ids):
+            raise HTTPException(400, f"prompt token ids must be in [0, {len(tokenizer)})")
+        gens = await generate(list(prompt_ids), req)
+        stops = default_stops + tuple(req.stop_token_ids or ())
+        choices = []
+        for i, g in enumerate(gens):
+            choice: dict[str, Any] = {
+                "index": i,
+                "text": text_of(g.token_ids, stops, req.skip_special_tokens),
+                "finish_reason": g.finish_reason,
+                "logprobs": None,
+            }
+            if req.logprobs is not None:
+                tokens = (
+                    [f"token_id:{t}" for t in g.token_ids]
+                    if req.return_tokens_as_token_ids
+                    else tokenizer.convert_ids_to_tokens(g.token_ids)
+                )
+                choice["logprobs"] = {"tokens": tokens, "token_logprobs": g.logprobs, "top_logprobs": None}
+            if req.return_token_ids:
+                choice["token_ids"] = g.token_ids
+                choice["prompt_token_ids"] = list(prompt_ids)
+            choices.append(choice)
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex[:24]}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": model_name,
+            "choices": choices,
+            "usage": usage(len(prompt_ids), gens),
+        }
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest) -> dict[str, Any]:
+        try:
+            text = tokenizer.apply_chat_template(
+                req.messages, tools=req.tools, tokenize=False, add_generation_prompt=True
+            )
+        except Exception as exc:  # a template error names what is wrong with the messages
+            raise HTTPException(400, f"cannot render the messages: {exc}") from exc
+        prompt_ids = tokenizer.encode(text, add_special_tokens=False)
+        gens = await generate(prompt_ids, req)
+        names = tuple(t.get("function", t).get("name", "") for t in req.tools or ())
+        choices = []
+        for i, g in enumerate(gens):
+            content = text_of(g.token_ids, default_stops, False)
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            finish = g.finish_reason
+            if names and "<tool_call>" in content:
+                calls = [
+                    c
+                    for c in parse_tool_calls(content, tools=names, max_calls=16).calls
+                    if isinstance(c, ToolCall)
+                ]
+                if calls:
+                    message["content"] = content.split("<tool_call>")[0].rstrip() or None
+                    message["tool_calls"] = [
+                        {
+                            "id": f"call_{uuid.uuid4().hex[:16]}",
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                        }
+                        for c in calls
+                    ]
+                    finish = "tool_calls"
+            choices.append({"index": i, "message": message, "finish_reason": finish})
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model_name,
+            "choices": choices,
+            "usage": usage(len(prompt_ids), gens),
+        }
+
+    return app

@@ -1,0 +1,1 @@
+"""The training recipe and the tiny embedded default."""

@@ -1,0 +1,104 @@
+"""A tokenizer and a model of standard Hugging Face types, built locally from nothing.
+
+No weights can be downloaded on many machines (and none should be needed to try rstar2), so the
+embedded default trains a small byte-level BPE with ``tokenizers`` and initialises a small Qwen2
+model from a config. Both are saved and reloaded through ``from_pretrained``, the same code path
+as any real model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..chat.prompt import CHATML_SPECIAL_TOKENS, CHATML_TEMPLATE
+
+# Tags of the paper's format: single tokens keep the tiny model's sequences short.
+FORMAT_TOKENS = (
+    "<reason>",
+    "</reason>",
+    "<answer>",
+    "</answer>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "\\boxed",
+)
+
+
+def build_tokenizer(
+    corpus: Iterable[str],
+    vocab_size: int = 512,
+    *,
+    special_tokens: tuple[str, ...] = CHATML_SPECIAL_TOKENS,
+    format_tokens: tuple[str, ...] = FORMAT_TOKENS,
+    chat_template: str | None = CHATML_TEMPLATE,
+    eos_token: str = "<|im_end|>",
+    pad_token: str = "<|endoftext|>",
+) -> Any:
+    """Byte-level BPE (every byte encodable), one token per digit, the role and format tags as
+    single tokens; wrapped as a ``PreTrainedTokenizerFast`` with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=eos_token, pad_token=pad_token, clean_up_tokenization_spaces=False
+    )
+    fast.add_tokens(list(format_tokens))
+    if chat_template:
+        fast.chat_template = chat_template
+    return fast
+
+
+def build_model(
+    tokenizer: Any,
+    *,
+    hidden: int = 128,
+    layers: int = 4,
+    heads: int = 4,
+    mlp: int = 512,
+    max_positions: int = 512,
+    seed: int = 0,
+) -> Any:
+    """A Qwen2-architecture causal LM with random weights (fp32, tied embeddings)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config)
+
+
+def save_pretrained(model: Any, tokenizer: Any, out: str | Path) -> Path:
+    """Save both in Hugging Face format (safetensors weights); reload with ``from_pretrained``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -1,0 +1,223 @@
+"""Multi-turn tool-integrated rollouts: generate → parse → execute → append → repeat.
+
+One code path for training and evaluation. Token-in, token-out: the engine's sampled ids are kept
+as they are and only each new tool turn is tokenized (``ChatFormat``), so the trainer sees exactly
+what the policy sampled; tool-turn tokens get loss mask 0. Every trajectory is its own asyncio
+task, so a tool call of one never holds up the generation of another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..chat.format import ChatFormat
+from ..chat.tools import SESSION_TOOL, ToolCall, parse_tool_calls
+from ..engines.base import Engine, SamplingParams
+from ..sandbox.result import ExecRequest, ExecResult
+from .dispatch import DispatchPolicy, LeastLoaded, Request
+from .trajectory import ToolCallRecord, Trajectory, Turn
+
+Event = Callable[[str, dict[str, Any]], None]
+
+
+class Executor(Protocol):
+    """The code environment: the local sandbox pool, the HTTP client, or the Redis backend."""
+
+    async def run(self, code: str | ExecRequest, input: str = "", **kw: Any) -> ExecResult: ...
+
+
+class Verifier(Protocol):
+    async def acheck(self, reference: str, response: str, **options: Any) -> Any: ...
+
+
+@dataclass
+class RolloutConfig:
+    max_turns: int = 10
+    max_response_tokens: int = 8192  # model and tool tokens together
+    max_tokens_per_turn: int | None = None
+    max_calls_per_turn: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_token_ids: tuple[int, ...] | None = None  # None: the tokenizer's end-of-turn tokens
+    banned_token_ids: tuple[int, ...] = ()
+    tool_timeout_s: float | None = None
+    verify_mode: str = "strict"
+
+
+def end_of_turn_ids(tokenizer: Any) -> tuple[int, ...]:
+    """The tokenizer's eos and the usual end-of-turn tokens of chat templates that it knows."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    vocab = tokenizer.get_vocab()
+    for tok in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>"):
+        if tok in vocab:
+            ids.add(vocab[tok])
+    return tuple(sorted(ids))
+
+
+class Rollout:
+    def __init__(
+        self,
+        engines: Engine | Sequence[Engine],
+        fmt: ChatFormat,
+        executor: Executor,
+        verifier: Verifier | None = None,
+        config: RolloutConfig | None = None,
+        policy: DispatchPolicy | None = None,
+    ) -> None:
+        engines = [engines] if not isinstance(engines, Sequence) else list(engines)
+        self.fmt = fmt
+        self.executor = executor
+        self.verifier = verifier
+        self.config = config or RolloutConfig()
+        self.policy = policy or LeastLoaded(engines)
+        self.stop_ids = self.config.stop_token_ids or end_of_turn_ids(fmt.tokenizer)
+
+    # -- one trajectory ---------------------------------------------------------------------
+    async def run(
+        self,
+        problem: str,
+        reference: str | None = None,
+        *,
+        seed: int | None = None,
+        meta: dict[str, Any] | None = None,
+        on_event: Event | None = None,
+        prompt_ids: list[int] | None = None,
+    ) -> Trajectory:
+        cfg = self.config
+        emit = on_event or (lambda kind, data: None)
+        started = time.perf_counter()
+        traj = Trajectory(
+            problem, reference, prompt_ids or self.fmt.prompt_ids(problem), meta=dict(meta or {})
+        )
+        key = traj.meta.setdefault("id", uuid.uuid4().hex[:16])
+        engine: Engine | None = None
+        try:
+            for turn_no in range(cfg.max_turns):
+                left = cfg.max_response_tokens - len(traj.response_ids)
+                if left <= 0:
+                    traj.finish_reason = "max_length"
+                    break
+                budget = min(left, cfg.max_tokens_per_turn or left)
+                params = SamplingParams(
+                    max_new_tokens=budget,
+                    temperature=cfg.temperature,
+                    top_p=cfg.top_p,
+                    top_k=cfg.top_k,
+                    stop_token_ids=self.stop_ids,
+                    banned_token_ids=cfg.banned_token_ids,
+                    seed=None if seed is None else seed * 1000 + turn_no,
+                )
+                context = traj.prompt_ids + traj.response_ids
+                request = Request(key, len(context), budget, engine)
+                engine = await self.policy.acquire(request)
+                t0 = time.perf_counter()
+                try:
+                    gen = await engine.generate(context, params)
+                finally:
+                    self.policy.release(engine, request)
+                ids = list(gen.token_ids)
+                text = self.fmt.decode([i for i in ids if i not in self.stop_ids])
+                turn = Turn(text, len(ids), gen_s=time.perf_counter() - t0, engine=engine.name)
+                traj.turns.append(turn)
+                traj.response_ids += ids
+                traj.loss_mask += [1] * len(ids)
+                traj.logprobs += list(gen.logprobs)
+                emit("generation", {"turn": turn_no, "text": text})
+                if gen.finish_reason == "length":
+                    traj.finish_reason = "max_length"
+                    break
+                if "<answer>" in text:
+                    traj.finish_reason = "answer"
+                    break
+                parsed = parse_tool_calls(text, tools=self.fmt.tool_names, max_calls=cfg.max_calls_per_turn)
+                if not parsed.has_calls:
+                    traj.finish_reason = "no_tool_call"
+                    break
+                t1 = time.perf_counter()
+                turn.calls = await asyncio.gather(*(self._call(c, key) for c in parsed.calls))
+                turn.skipped_calls = parsed.skipped
+                turn.tool_s = time.perf_counter() - t1
+                for call in turn.calls:
+                    emit("tool", {"turn": turn_no, "call": call})
+                responses = [c.response for c in turn.calls]
+                if parsed.skipped:
+                    responses[-1] += (
+                        f"\n({parsed.skipped} more tool call(s) in this turn were not run: "
+                        f"at most {cfg.max_calls_per_turn} per turn.)"
+                    )
+                end = self.fmt.decode(ids[-1:]) if ids and ids[-1] in self.stop_ids else ""
+                tool_ids = self.fmt.tool_turn_ids(responses, model_end=end)
+                if len(traj.response_ids) + len(tool_ids) >= cfg.max_response_tokens:
+                    traj.finish_reason = "max_length"  # no room left for the tool turn and a reply
+                    break
+                turn.tool_tokens = len(tool_ids)
+                traj.response_ids += tool_ids
+                traj.loss_mask += [0] * len(tool_ids)
+                traj.logprobs += [0.0] * len(tool_ids)
+            else:
+                traj.finish_reason = "max_turns"
+        except Exception as exc:  # an engine failure ends this trajectory, never the batch
+            traj.finish_reason = "error"
+            traj.verdict = f"rollout error: {type(exc).__name__}: {exc}"
+        await self._score(traj)
+        traj.seconds = time.perf_counter() - started
+        emit("done", {"trajectory": traj})
+        return traj
+
+    async def _call(self, call: Any, key: str) -> ToolCallRecord:
+        if not isinstance(call, ToolCall):
+            return ToolCallRecord(call.name, {}, self.fmt.tool_text(call), None, call.message)
+        req = ExecRequest(
+            code=call.arguments.get("code", ""),
+            input=call.arguments.get("input", ""),
+            timeout_s=self.config.tool_timeout_s,
+            session_id=key if call.name == SESSION_TOOL else None,
+        )
+        try:
+            result = await self.executor.run(req)
+        except Exception as exc:  # the environment failed, not the model's code
+            result = ExecResult.failure("internal", f"code environment unavailable: {exc}")
+        return ToolCallRecord(call.name, call.arguments, self.fmt.tool_text(result), result)
+
+    async def _score(self, traj: Trajectory) -> None:
+        if traj.reference is None or self.verifier is None or traj.finish_reason in ("max_length", "error"):
+            return  # a truncated trajectory keeps reward 0
+        try:
+            verdict = await self.verifier.acheck(
+                traj.reference, traj.model_text, mode=self.config.verify_mode
+            )
+        except Exception as exc:
+            traj.verdict = f"verifier error: {exc}"
+            return
+        traj.reward = 1.0 if verdict else 0.0
+        traj.answer = getattr(verdict, "answer", None)
+        traj.verdict = getattr(verdict, "reason", "")
+
+    # -- many -------------------------------------------------------------------------------
+    async def run_many(
+        self,
+        items: Sequence[dict[str, Any]],
+        *,
+        concurrency: int | None = None,
+        on_done: Callable[[Trajectory], None] | None = None,
+    ) -> list[Trajectory]:
+        """Items are dicts with ``problem`` and optional ``answer``, ``seed``, ``meta``; results keep
+        their order. ``on_done`` sees each trajectory as soon as it finishes."""
+        gate = asyncio.Semaphore(concurrency or max(1, len(items)))
+
+        async def one(item: dict[str, Any]) -> Trajectory:
+            async with gate:
+                traj = await self.run(
+                    item["problem"], item.get("answer"), seed=item.get("seed"), meta=item.get("meta")
+                )
+            if on_done is not None:
+                on_done(traj)
+            return traj
+
+        return list(await asyncio.gather(*(one(it) for it in items)))

@@ -1,0 +1,135 @@
+"""``Trajectory``: the one object that flows from rollout to verifier to RoC to the loss."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from ..sandbox.result import ExecResult
+
+FinishReason = Literal["answer", "no_tool_call", "max_turns", "max_length", "error"]
+
+
+@dataclass
+class ToolCallRecord:
+    """One tool call as the model wrote it, and what came back."""
+
+    name: str | None
+    arguments: dict[str, Any]
+    response: str  # the text the model read
+    result: ExecResult | None = None  # None when the call itself was malformed
+    error: str | None = None  # why a malformed call could not run
+
+    @property
+    def failed(self) -> bool:
+        return self.result is None or not self.result.ok
+
+    @property
+    def status(self) -> str:
+        return "malformed" if self.result is None else self.result.status
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["result"] = self.result.to_dict() if self.result is not None else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ToolCallRecord:
+        res = d.get("result")
+        return cls(
+            name=d.get("name"),
+            arguments=d.get("arguments") or {},
+            response=d.get("response", ""),
+            result=ExecResult.from_dict(res) if res else None,
+            error=d.get("error"),
+        )
+
+
+@dataclass
+class Turn:
+    """One assistant turn: what it generated, the calls it made, the tool tokens appended after it."""
+
+    text: str
+    model_tokens: int
+    calls: list[ToolCallRecord] = field(default_factory=list)
+    skipped_calls: int = 0  # calls beyond the per-turn maximum (not run)
+    tool_tokens: int = 0
+    gen_s: float = 0.0
+    tool_s: float = 0.0
+    engine: str = ""
+
+
+@dataclass
+class Trajectory:
+    """Prompt and response ids; ``loss_mask`` is 1 on the model's tokens and 0 on tool-turn tokens;
+    ``logprobs`` are the engine's for model tokens (0.0 on tool tokens)."""
+
+    problem: str
+    reference: str | None
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    finish_reason: FinishReason = "max_turns"
+    reward: float = 0.0
+    answer: str | None = None  # what the verifier extracted
+    verdict: str = ""  # the verifier's reason
+    meta: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    # -- views ------------------------------------------------------------------------------
+    @property
+    def calls(self) -> list[ToolCallRecord]:
+        return [c for t in self.turns for c in t.calls]
+
+    @property
+    def num_calls(self) -> int:
+        return len(self.calls)
+
+    @property
+    def num_failed_calls(self) -> int:
+        return sum(c.failed for c in self.calls)
+
+    @property
+    def model_text(self) -> str:
+        """Only what the model wrote: the reward never reads tool output."""
+        return "".join(t.text for t in self.turns)
+
+    @property
+    def correct(self) -> bool:
+        return self.reward > 0
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "max_length"
+
+    @property
+    def response_tokens(self) -> int:
+        return len(self.response_ids)
+
+    @property
+    def tool_seconds(self) -> float:
+        return sum(t.tool_s for t in self.turns)
+
+    # -- JSON -------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["turns"] = [
+            {**{k: v for k, v in asdict(t).items() if k != "calls"}, "calls": [c.to_dict() for c in t.calls]}
+            for t in self.turns
+        ]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
+        turns = [
+            Turn(
+                **{
+                    **{k: v for k, v in t.items() if k != "calls"},
+                    "calls": [ToolCallRecord.from_dict(c) for c in t["calls"]],
+                }
+            )
+            for t in d.get("turns", [])
+        ]
+        return cls(**{**d, "turns": turns})
