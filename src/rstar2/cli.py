@@ -296,6 +296,183 @@ def _print_verify_summary(rows: list[dict], verdicts: list, stats) -> None:
     console.print(table)
 
 
+# ---------------------------------------------------------------------------------- policy side
+MODEL_HELP = "A local Hugging Face model directory, run in this process (transformers)."
+SERVER_HELP = "An OpenAI-compatible server (vLLM, SGLang, rstar2 serve); repeat for several."
+TOKENIZER_HELP = "Tokenizer directory (default: the model directory; needed with --server)."
+SANDBOX_HELP = "URL of `rstar2 sandbox serve` (default: a local sandbox pool in this process)."
+
+
+def _setup(
+    model, server, tokenizer, sandbox, device, temperature, top_p, max_tokens, max_turns, stateful, batch
+):
+    from .rollout.build import RolloutSetup
+    from .rollout.runner import RolloutConfig
+
+    if bool(model) == bool(server):
+        raise typer.BadParameter("give either --model PATH or --server URL")
+    if model and not Path(model).is_dir():
+        raise typer.BadParameter(f"--model {model}: no such directory (models are loaded from local files)")
+    if server and not (tokenizer or model):
+        raise typer.BadParameter("with --server, give --tokenizer PATH (the served model's tokenizer)")
+    cfg = RolloutConfig(
+        max_turns=max_turns, max_response_tokens=max_tokens, temperature=temperature, top_p=top_p
+    )
+    return RolloutSetup(
+        model=model,
+        servers=server or (),
+        tokenizer=tokenizer,
+        sandbox=sandbox,
+        device=device,
+        max_batch_size=batch,
+        stateful=stateful,
+        config=cfg,
+    )
+
+
+@app.command("serve")
+def serve(
+    model: Path = typer.Option(..., "--model", help=MODEL_HELP),
+    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    port: int = typer.Option(8000, help="Port."),
+    device: str = typer.Option("auto", help="cpu, cuda, cuda:1, ... (auto: CUDA when present)."),
+    dtype: str = typer.Option("auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16."),
+    max_batch_size: int = typer.Option(64, help="Requests generated together in one batch."),
+    name: str | None = typer.Option(None, help="Model name clients use (default: the directory name)."),
+) -> None:
+    """Serve a model over an OpenAI-compatible API (/v1/completions, /v1/chat/completions)."""
+    import uvicorn
+
+    from .engines.hf import HFEngine
+    from .engines.server import create_app
+    from .rollout.build import load_tokenizer
+
+    if not model.is_dir():
+        raise typer.BadParameter(f"--model {model}: no such directory")
+    engine = HFEngine.from_pretrained(model, device=device, dtype=dtype, max_batch_size=max_batch_size)
+    model_name = name or model.name
+    console.print(f"serving {model_name} on http://{host}:{port}/v1 ({engine.model.device})")
+    uvicorn.run(
+        create_app(engine, load_tokenizer(str(model)), model_name), host=host, port=port, log_level="warning"
+    )
+
+
+@app.command("chat")
+def chat(
+    model: str | None = typer.Option(None, "--model", help=MODEL_HELP),
+    server: list[str] | None = typer.Option(None, "--server", help=SERVER_HELP),
+    tokenizer: str | None = typer.Option(None, help=TOKENIZER_HELP),
+    sandbox: str | None = typer.Option(None, help=SANDBOX_HELP),
+    problem: str | None = typer.Option(None, "--problem", "-p", help="Solve this one problem and exit."),
+    temperature: float = typer.Option(0.6, help="Sampling temperature (0 = greedy)."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling."),
+    max_tokens: int = typer.Option(8192, help="Response budget: model and tool tokens together."),
+    max_turns: int = typer.Option(30, help="Most assistant turns."),
+    stateful: bool = typer.Option(False, help="Also offer python_session (variables persist between calls)."),
+    device: str = typer.Option("auto", help="With --model: cpu, cuda, ..."),
+) -> None:
+    """Talk to a model that uses the Python tool: each tool call, its output and the answer as they happen."""
+    from .rollout.build import open_rollout
+
+    setup = _setup(
+        model, server, tokenizer, sandbox, device, temperature, top_p, max_tokens, max_turns, stateful, 8
+    )
+    out = Console()
+
+    def show(kind: str, data: dict) -> None:
+        if kind == "generation":
+            out.print(f"[bold cyan]assistant (turn {data['turn'] + 1})[/bold cyan]")
+            out.print(data["text"], markup=False, highlight=False)
+        elif kind == "tool":
+            c = data["call"]
+            colour = "green" if not c.failed else "red"
+            out.print(f"[{colour}]tool {c.name or '?'} → {c.status}[/{colour}]")
+            out.print(c.response, markup=False, highlight=False, style="dim")
+        elif kind == "done":
+            from .reward.extract import extract_answer
+
+            t = data["trajectory"]
+            t.answer = t.answer or extract_answer(t.model_text)
+            out.print(
+                f"[bold]finish:[/bold] {t.finish_reason}  answer: {t.answer or '-'}  "
+                f"tokens: {t.response_tokens}  tool calls: {t.num_calls}"
+            )
+
+    async def session() -> None:
+        async with open_rollout(setup) as rollout:
+            questions = [problem] if problem else None
+            while True:
+                if questions is not None:
+                    if not questions:
+                        return
+                    q = questions.pop()
+                else:
+                    try:
+                        q = await asyncio.to_thread(input, "problem> ")
+                    except EOFError:
+                        return
+                    if q.strip() in ("", "exit", "quit"):
+                        return
+                await rollout.run(q, None, on_event=show)
+
+    asyncio.run(session())
+
+
+@app.command("eval")
+def eval_cmd(
+    model: str | None = typer.Option(None, "--model", help=MODEL_HELP),
+    server: list[str] | None = typer.Option(None, "--server", help=SERVER_HELP),
+    tokenizer: str | None = typer.Option(None, help=TOKENIZER_HELP),
+    sandbox: str | None = typer.Option(None, help=SANDBOX_HELP),
+    bench: str = typer.Option(
+        "aime24,aime25,hmmt25,math500,amc23", help="Comma-separated benchmark names or .jsonl paths."
+    ),
+    samples: int = typer.Option(16, "--samples", "-k", help="Samples per problem (pass@1 is their average)."),
+    temperature: float = typer.Option(0.6, help="Sampling temperature."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling."),
+    max_tokens: int = typer.Option(30000, help="Response budget: model and tool tokens together."),
+    max_turns: int = typer.Option(30, help="Most assistant turns."),
+    limit: int | None = typer.Option(None, help="Only the first N problems of each benchmark."),
+    out: Path = typer.Option(Path("runs/eval"), "--out", "-o", help="Output folder (rerun to resume)."),
+    seed: int = typer.Option(0, help="Base seed of the samples."),
+    stateful: bool = typer.Option(False, help="Also offer python_session."),
+    device: str = typer.Option("auto", help="With --model: cpu, cuda, ..."),
+    batch: int = typer.Option(64, help="With --model: requests generated together."),
+) -> None:
+    """Average pass@1 over K samples (95% CI), pass@k, maj@k, lengths and tool statistics."""
+    from .eval.datasets import load_benchmark
+    from .eval.harness import evaluate
+    from .rollout.build import open_rollout
+
+    benches = [b.strip() for b in bench.split(",") if b.strip()]
+    for b in benches:
+        try:
+            load_benchmark(b)
+        except (FileNotFoundError, ValueError) as exc:
+            raise typer.BadParameter(str(exc)) from None
+    setup = _setup(
+        model, server, tokenizer, sandbox, device, temperature, top_p, max_tokens, max_turns, stateful, batch
+    )
+    settings = {
+        "model": model or ",".join(server or []),
+        "samples": samples,
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_tokens": max_tokens,
+        "max_turns": max_turns,
+    }
+
+    async def go():
+        async with open_rollout(setup) as rollout:
+            return await evaluate(
+                rollout, benches, out, samples=samples, limit=limit, seed=seed, settings=settings
+            )
+
+    asyncio.run(go())
+    Console().print((out / "summary.md").read_text())
+    console.print(f"trajectories, summary.json, summary.md and plots in {out}")
+
+
 @app.command("demo")
 def demo() -> None:
     """The main job on the embedded default (for now: the sandbox benchmark's quick mode)."""

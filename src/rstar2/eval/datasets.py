@@ -13,14 +13,18 @@ BENCHMARKS = {
     "math500": "math500.jsonl",
     "amc2023": "amc2023.jsonl",
 }
+ALIASES = {"aime24": "aime2024", "aime25": "aime2025", "hmmt25": "hmmt_feb_2025", "amc23": "amc2023"}
 
 
 def load_benchmark(name_or_path: str) -> list[dict]:
     """Rows (``id``, ``problem``, ``answer``, ...) of a shipped set, or of any JSON Lines file."""
+    name_or_path = ALIASES.get(name_or_path, name_or_path)
     path = DATA_DIR / BENCHMARKS[name_or_path] if name_or_path in BENCHMARKS else Path(name_or_path)
     if not path.exists():
         known = ", ".join(BENCHMARKS)
-        raise FileNotFoundError(f"no benchmark {name_or_path!r}: use one of {known}, or a .jsonl path")
+        raise FileNotFoundError(
+            f"no benchmark {name_or_path!r}: use one of {known} (or {', '.join(ALIASES)}), or a .jsonl path"
+        )
     rows = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if line.strip():

@@ -1,0 +1,135 @@
+"""`rstar2 eval`: sample K trajectories per problem through the training rollout code, score them,
+and write trajectories (JSONL, appended as they finish, so a rerun resumes), a summary (JSON and
+Markdown) and plots (PNG)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..rollout.runner import Rollout
+from ..rollout.trajectory import Trajectory
+from .datasets import ALIASES, load_benchmark
+from .metrics import summarize
+from .report import plot_benchmark, summary_markdown
+
+
+def bench_name(name_or_path: str) -> str:
+    name = ALIASES.get(name_or_path, name_or_path)
+    return Path(name).stem if name.endswith(".jsonl") else name
+
+
+def read_trajectories(path: Path) -> list[Trajectory]:
+    """Every complete line of a trajectories file (a line cut by a crash is ignored and rerun)."""
+    out = []
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                out.append(Trajectory.from_dict(json.loads(line)))
+            except (ValueError, TypeError, KeyError):
+                continue
+    return out
+
+
+def plan(
+    rows: list[dict], bench: str, samples: int, seed: int, done: set[tuple[int, int]]
+) -> list[dict[str, Any]]:
+    items = []
+    for pi, row in enumerate(rows):
+        for s in range(samples):
+            if (pi, s) in done:
+                continue
+            meta = {"bench": bench, "problem_index": pi, "sample": s, "problem_id": row.get("id", pi)}
+            items.append(
+                {
+                    "problem": row["problem"],
+                    "answer": str(row["answer"]),
+                    "seed": seed + pi * 1009 + s,
+                    "meta": meta,
+                }
+            )
+    return items
+
+
+async def evaluate(
+    rollout: Rollout,
+    benches: Sequence[str],
+    out_dir: str | Path,
+    *,
+    samples: int = 16,
+    limit: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    concurrency: int | None = None,
+    settings: dict[str, Any] | None = None,
+) -> dict[str, dict[str, Any]]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files: dict[str, Path] = {}
+    items: list[dict[str, Any]] = []
+    for b in benches:
+        name = bench_name(b)
+        rows = load_benchmark(b)[:limit]
+        (out / name).mkdir(exist_ok=True)
+        files[name] = out / name / "trajectories.jsonl"
+        old = [t for t in read_trajectories(files[name]) if t.meta.get("problem_index", 1 << 30) < len(rows)]
+        _rewrite(files[name], old)  # drops a half-written last line
+        done = {(t.meta["problem_index"], t.meta["sample"]) for t in old}
+        items += plan(rows, name, samples, seed, done)
+
+    handles = {name: path.open("a", encoding="utf-8") for name, path in files.items()}
+    bar = None
+    if progress and items:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(items), desc="eval", unit="traj")
+    correct = 0
+
+    def on_done(t: Trajectory) -> None:
+        nonlocal correct
+        fh = handles[t.meta["bench"]]
+        fh.write(json.dumps(t.to_dict(), ensure_ascii=False) + "\n")
+        fh.flush()
+        correct += t.correct
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(acc=f"{correct / bar.n:.3f}")
+
+    try:
+        await rollout.run_many(items, concurrency=concurrency, on_done=on_done)
+    finally:
+        for fh in handles.values():
+            fh.close()
+        if bar is not None:
+            bar.close()
+
+    summaries = {}
+    for name, path in files.items():
+        trajs = read_trajectories(path)
+        summaries[name] = summarize(trajs, ks=_ks(samples))
+        plot_benchmark(name, trajs, out / name / "plots.png", ks=_ks(samples))
+    report = {"settings": settings or {}, "benchmarks": summaries}
+    (out / "summary.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+    (out / "summary.md").write_text(summary_markdown(summaries, settings or {}), encoding="utf-8")
+    return summaries
+
+
+def _ks(samples: int) -> list[int]:
+    ks, k = [], 1
+    while k <= samples:
+        ks.append(k)
+        k *= 2
+    if samples not in ks:
+        ks.append(samples)
+    return ks
+
+
+def _rewrite(path: Path, trajs: list[Trajectory]) -> None:
+    if path.exists():
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(
+            "".join(json.dumps(t.to_dict(), ensure_ascii=False) + "\n" for t in trajs), encoding="utf-8"
+        )
+        tmp.replace(path)

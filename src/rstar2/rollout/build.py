@@ -1,0 +1,73 @@
+"""Wiring for the commands: engines + chat format + code environment + verifier → a ``Rollout``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..chat.format import ChatFormat
+from .runner import Rollout, RolloutConfig
+
+
+@dataclass
+class RolloutSetup:
+    model: str | None = None  # a local Hugging Face model directory (in-process HFEngine)
+    servers: Sequence[str] = ()  # OpenAI-compatible servers (vLLM, SGLang, rstar2 serve)
+    tokenizer: str | None = None  # defaults to the model directory
+    sandbox: str | None = None  # URL of `rstar2 sandbox serve`; default: a local pool
+    sandbox_workers: int | None = None
+    verifier_workers: int = 2
+    device: str = "auto"
+    dtype: str = "auto"
+    max_batch_size: int = 64
+    stateful: bool = False
+    tool_limit_chars: int = 2048
+    tool_limit_tokens: int | None = None
+    config: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+def load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+@asynccontextmanager
+async def open_rollout(setup: RolloutSetup) -> AsyncIterator[Rollout]:
+    from ..engines.hf import HFEngine
+    from ..engines.openai import OpenAIEngine
+    from ..reward import VerifierPool
+    from ..sandbox import LocalPool
+    from ..sandbox.client import Client
+
+    if bool(setup.model) == bool(setup.servers):
+        raise ValueError("give either a model directory (--model) or one or more servers (--server)")
+    tok_path = setup.tokenizer or setup.model
+    if tok_path is None:
+        raise ValueError("with --server, give --tokenizer PATH (the served model's tokenizer directory)")
+    fmt = ChatFormat(
+        load_tokenizer(tok_path),
+        stateful=setup.stateful,
+        tool_limit_chars=setup.tool_limit_chars,
+        tool_limit_tokens=setup.tool_limit_tokens,
+    )
+    if setup.model:
+        engines: list[Any] = [
+            HFEngine.from_pretrained(
+                setup.model, device=setup.device, dtype=setup.dtype, max_batch_size=setup.max_batch_size
+            )
+        ]
+    else:
+        engines = [OpenAIEngine(url) for url in setup.servers]
+    executor: Any = Client(setup.sandbox) if setup.sandbox else LocalPool(workers=setup.sandbox_workers)
+    await executor.start()
+    verifier = VerifierPool(setup.verifier_workers).start()
+    try:
+        yield Rollout(engines, fmt, executor, verifier, setup.config)
+    finally:
+        verifier.close()
+        await executor.close()
+        for e in engines:
+            await e.close()
