@@ -49,7 +49,8 @@ async def gather_all(backend: RedisBackend, n: int, sleep_every: int = 0):
     reqs = []
     for i in range(n):
         pause = "import time; time.sleep(0.3)\n" if sleep_every and i % sleep_every == 0 else ""
-        reqs.append(ExecRequest(f"{pause}print({i} + 1000)", timeout_s=5))
+        # a generous limit: these tests are about delivery, and the shared CI machine can starve a call
+        reqs.append(ExecRequest(f"{pause}print({i} + 1000)", timeout_s=30))
     return await asyncio.gather(*(backend.run(r) for r in reqs))
 
 
