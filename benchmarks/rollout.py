@@ -86,7 +86,7 @@ class ToolUsingPolicy:
             prompt_ids, SamplingParams(max_new_tokens=self.think, temperature=1.0, seed=params.seed)
         )
         ids = g.token_ids + self.call + [self.end_id]
-        return Generation(ids, g.logprobs + [0.0] * (len(self.call) + 1), "stop", len(prompt_ids))
+        return Generation(ids, g.logprobs + [0.0] * (len(self.call) + 1), "stop")
 
     async def close(self) -> None:
         pass

@@ -13,7 +13,6 @@ from rstar2.chat import (
     parse_tool_calls,
     render_result,
     tool_schemas,
-    wrap,
 )
 from rstar2.sandbox.result import ExecResult
 
@@ -105,10 +104,6 @@ def test_rendering_results():
 def test_long_output_is_cut_in_the_middle():
     text = render_result(ExecResult("ok", stdout="BEGIN" + "x" * 10_000 + "END"), limit_chars=200)
     assert text.startswith("BEGIN") and text.endswith("END") and "characters cut" in text and len(text) < 300
-
-
-def test_wrap_puts_each_response_in_its_block():
-    assert wrap(["a", "b"]) == "<tool_response>\na\n</tool_response>\n<tool_response>\nb\n</tool_response>"
 
 
 async def test_a_real_sandbox_result_renders(pool):

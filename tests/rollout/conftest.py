@@ -96,7 +96,7 @@ class ScriptedEngine:
         if len(ids) > params.max_new_tokens:
             ids, finish = ids[: params.max_new_tokens], "length"
         self.generated.setdefault(problem, []).append(ids)
-        return Generation(ids, [-0.5] * len(ids), finish, len(prompt_ids))
+        return Generation(ids, [-0.5] * len(ids), finish)
 
     async def close(self):
         pass

@@ -1,7 +1,9 @@
-"""The paper's chat format: tools, tool-call parsing and tool responses (rendering through the
-tokenizer's chat template follows with the engines)."""
+"""The paper's chat format: prompt, tools, tool-call parsing, tool responses, and token-in/token-out
+rendering through the tokenizer's own chat template."""
 
-from .tool_response import DEFAULT_LIMIT_CHARS, is_tool_error, render_result, wrap
+from .format import ChatFormat, TemplateError, end_of_turn_ids, ensure_chat_template
+from .prompt import CHATML_TEMPLATE, SYSTEM_PROMPT, USER_PREFIX, problem_messages
+from .tool_response import DEFAULT_LIMIT_CHARS, is_tool_error, render_result
 from .tools import (
     PYTHON_TOOL,
     SESSION_TOOL,
@@ -14,6 +16,14 @@ from .tools import (
 )
 
 __all__ = [
+    "CHATML_TEMPLATE",
+    "SYSTEM_PROMPT",
+    "USER_PREFIX",
+    "ChatFormat",
+    "TemplateError",
+    "end_of_turn_ids",
+    "ensure_chat_template",
+    "problem_messages",
     "DEFAULT_LIMIT_CHARS",
     "PYTHON_TOOL",
     "SESSION_TOOL",
@@ -25,5 +35,4 @@ __all__ = [
     "parse_tool_calls",
     "render_result",
     "tool_schemas",
-    "wrap",
 ]

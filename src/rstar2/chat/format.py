@@ -31,6 +31,16 @@ def ensure_chat_template(tokenizer: Any) -> Any:
     return tokenizer
 
 
+def end_of_turn_ids(tokenizer: Any) -> tuple[int, ...]:
+    """The tokenizer's eos and the usual end-of-turn tokens of chat templates that it knows."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    vocab = tokenizer.get_vocab()
+    for tok in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>"):
+        if tok in vocab:
+            ids.add(vocab[tok])
+    return tuple(sorted(ids))
+
+
 @dataclass
 class ChatFormat:
     """Renders prompts and tool turns for one tokenizer; ids are lists of ints."""
@@ -68,9 +78,6 @@ class ChatFormat:
     def prompt_ids(self, problem: str) -> list[int]:
         return self.encode(self.render(problem_messages(problem, self.system_prompt), True))
 
-    def messages_ids(self, messages: list[dict]) -> list[int]:
-        return self.encode(self.render(messages, True))
-
     # -- tool turns -------------------------------------------------------------------------
     def tool_text(self, result: ExecResult | ToolCallError) -> str:
         """One tool response, cut in the middle to the character and (optional) token limits."""
@@ -98,6 +105,51 @@ class ChatFormat:
 
     def tool_turn_ids(self, responses: list[str], model_end: str = "") -> list[int]:
         return self.encode(self.tool_turn_text(responses, model_end))
+
+    # -- whole conversations (SFT data) --------------------------------------------------------
+    @property
+    def assistant_end(self) -> str:
+        """The stop token the model writes to end its turn, as text (``<|im_end|>`` for ChatML)."""
+        ends = [self.decode([i]) for i in end_of_turn_ids(self.tokenizer)]
+        ends = [e for e in ends if e and self.after_assistant.startswith(e)]
+        return max(ends, key=len) if ends else ""
+
+    def conversation_ids(self, messages: list[dict]) -> tuple[list[int], list[int]]:
+        """Ids and loss mask (1 on what each assistant turn writes, its stop token included) of a
+        whole conversation, tokenized piece by piece exactly as a rollout builds it: the prompt,
+        then each assistant turn alone, then each tool turn alone. A system message is added
+        (this format's system prompt) when the conversation has none."""
+        if not messages or messages[0].get("role") != "system":
+            if self.system_prompt:
+                messages = [{"role": "system", "content": self.system_prompt}, *messages]
+        end = self.assistant_end
+        eos = [] if end or self.tokenizer.eos_token_id is None else [self.tokenizer.eos_token_id]
+        ids: list[int] = []
+        mask: list[int] = []
+        done = ""
+        for i, m in enumerate(messages):
+            if m.get("role") != "assistant":
+                continue
+            head = self.render(messages[:i], add_generation_prompt=True)
+            full = self.render(messages[: i + 1])
+            if (
+                not head.startswith(done)
+                or not full.startswith(head)
+                or not full.endswith(self.after_assistant)
+            ):
+                raise TemplateError(
+                    f"message {i}: the chat template renders earlier turns differently as the conversation "
+                    "grows, so it cannot be tokenized turn by turn"
+                )
+            written = full[len(head) : len(full) - len(self.after_assistant)] + end
+            context = self.encode(head[len(done) :])
+            model = self.encode(written) + eos
+            ids += context + model
+            mask += [0] * len(context) + [1] * len(model)
+            done = head + written
+        if not any(mask):
+            raise ValueError("the conversation has no assistant message to learn from")
+        return ids, mask
 
     def closing_text(self, model_end: str = "") -> str:
         """What the template writes after a final assistant turn beyond the model's own stop token."""

@@ -48,8 +48,3 @@ def render_result(result: ExecResult | ToolCallError, limit_chars: int = DEFAULT
             parts.append(tail)
         text = "\n".join(parts)
     return cut_middle(text, limit_chars)[0]
-
-
-def wrap(texts: list[str]) -> str:
-    """All responses of one turn, each in its own ``<tool_response>`` block."""
-    return "\n".join(f"<tool_response>\n{t}\n</tool_response>" for t in texts)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length"]
@@ -41,24 +41,14 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
-    prompt_tokens: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 @runtime_checkable
 class Engine(Protocol):
     name: str
+    capacity_tokens: int  # KV-cache tokens the engine can hold at once (capacity-aware scheduling)
+    in_flight: int  # requests accepted and not yet answered
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
-
-    @property
-    def capacity_tokens(self) -> int:
-        """KV-cache tokens the engine can hold at once (for capacity-aware scheduling)."""
-        ...
-
-    @property
-    def in_flight(self) -> int:
-        """Requests accepted and not yet answered."""
-        ...
 
     async def close(self) -> None: ...

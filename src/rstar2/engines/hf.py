@@ -106,7 +106,7 @@ def generate_batch(
             past_key_values=cache,
         ).logits[:, -1]
     return [
-        Generation(out_ids[i], out_lp[i], finish[i], prompt_tokens=len(prompts[i]))  # type: ignore[arg-type]
+        Generation(out_ids[i], out_lp[i], finish[i])  # type: ignore[arg-type]
         for i in range(n)
     ]
 
@@ -126,11 +126,11 @@ class HFEngine:
         self.model = model.eval()
         self.name = name
         self.max_batch_size = max_batch_size
-        self._capacity = capacity_tokens or max_batch_size * min(max_positions(model), 4096)
+        self.capacity_tokens = capacity_tokens or max_batch_size * min(max_positions(model), 4096)
         self.pad_token_id = pad_token_id if pad_token_id is not None else (model.config.pad_token_id or 0)
         self.lock = threading.Lock()  # held while a batch runs; hold it to change the weights
         self._queue: queue.Queue[_Request | None] = queue.Queue()
-        self._in_flight = 0
+        self.in_flight = 0
         self._thread: threading.Thread | None = None
         self._closed = False
         self.stats = {"batches": 0, "requests": 0, "generated_tokens": 0, "busy_s": 0.0}
@@ -142,19 +142,12 @@ class HFEngine:
         from transformers import AutoModelForCausalLM
 
         dev = pick_device(device)
-        torch_dtype = {"auto": torch.bfloat16 if dev.type == "cuda" else torch.float32}.get(dtype) or getattr(
-            torch, dtype
-        )
+        if dtype == "auto":
+            torch_dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+        else:
+            torch_dtype = getattr(torch, dtype)
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype).to(dev)
         return cls(model, name=kw.pop("name", Path(path).name), **kw)
-
-    @property
-    def capacity_tokens(self) -> int:
-        return self._capacity
-
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         if self._closed:
@@ -171,14 +164,14 @@ class HFEngine:
             self._thread.start()
         loop = asyncio.get_running_loop()
         req = _Request(list(prompt_ids), params, loop, loop.create_future())
-        self._in_flight += 1
+        self.in_flight += 1
         try:
             self._queue.put(req)
             return await req.future
         finally:
-            self._in_flight -= 1
+            self.in_flight -= 1
 
-    def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """New policy weights (a no-op when the engine shares the trainer's model object)."""
         with self.lock:
             self.model.load_state_dict(state_dict, strict=False)

@@ -46,19 +46,11 @@ class OpenAIEngine:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.model = model
         self.name = name or self.base_url
-        self._capacity = capacity_tokens
+        self.capacity_tokens = capacity_tokens
         self.retries = retries
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, headers=headers)
-        self._in_flight = 0
-
-    @property
-    def capacity_tokens(self) -> int:
-        return self._capacity
-
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
+        self.in_flight = 0
 
     async def _model(self) -> str:
         if self.model is None:
@@ -88,7 +80,7 @@ class OpenAIEngine:
         return body
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        self._in_flight += 1
+        self.in_flight += 1
         try:
             body = self.body(prompt_ids, params, await self._model())
             delay = 0.5
@@ -114,9 +106,21 @@ class OpenAIEngine:
                 float(x) for x in ((choice.get("logprobs") or {}).get("token_logprobs") or [0.0] * len(ids))
             ]
             finish = "length" if choice.get("finish_reason") == "length" else "stop"
-            return Generation(ids, logprobs, finish, prompt_tokens=len(prompt_ids))  # type: ignore[arg-type]
+            return Generation(ids, logprobs, finish)  # type: ignore[arg-type]
         finally:
-            self._in_flight -= 1
+            self.in_flight -= 1
+
+    async def update_weights(self, model_dir: str, endpoint: str = "/update_weights_from_disk") -> None:
+        """Ask the server to load new weights from ``model_dir`` (a checkpoint folder it can read).
+
+        The endpoint is SGLang's (``POST /update_weights_from_disk`` with ``{"model_path": …}``),
+        which ``rstar2 serve`` also offers. A vLLM server has no such endpoint: restart it on the
+        checkpoint, or set ``rollout.reload_path`` to your own route."""
+        resp = await self._client.post(endpoint, json={"model_path": str(model_dir)})
+        if resp.status_code != 200:
+            raise ServerError(
+                f"{self.base_url}{endpoint} could not load {model_dir}: {resp.status_code} {resp.text[:300]}"
+            )
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -9,18 +9,24 @@ returns tool calls in the OpenAI shape, so any OpenAI client can talk to the tin
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
 
-from ..chat.format import ensure_chat_template
+from ..chat.format import end_of_turn_ids, ensure_chat_template
 from ..chat.tools import ToolCall, parse_tool_calls
 from .base import SamplingParams
 from .hf import HFEngine
+
+
+class _WeightsPath(BaseModel):
+    model_path: str
 
 
 class _Sampling(BaseModel):
@@ -50,8 +56,6 @@ class ChatRequest(_Sampling):
 
 
 def create_app(engine: HFEngine, tokenizer: Any, model_name: str) -> FastAPI:
-    from ..rollout.runner import end_of_turn_ids
-
     ensure_chat_template(tokenizer)
     app = FastAPI(title="rstar2 serve", version="1")
     default_stops = end_of_turn_ids(tokenizer)
@@ -71,8 +75,6 @@ def create_app(engine: HFEngine, tokenizer: Any, model_name: str) -> FastAPI:
             raise HTTPException(400, str(exc)) from exc
 
     async def generate(prompt_ids: list[int], req: _Sampling) -> list[Any]:
-        import asyncio
-
         try:
             return await asyncio.gather(*(engine.generate(prompt_ids, params(req, i)) for i in range(req.n)))
         except ValueError as exc:
@@ -82,13 +84,34 @@ def create_app(engine: HFEngine, tokenizer: Any, model_name: str) -> FastAPI:
         ids = [i for i in ids if i not in stops]
         return tokenizer.decode(ids, skip_special_tokens=skip_special, clean_up_tokenization_spaces=False)
 
-    def usage(prompt: int, gens: list[Any]) -> dict[str, int]:
+    def response(kind: str, prefix: str, choices: list[dict], prompt: int, gens: list[Any]) -> dict[str, Any]:
         done = sum(len(g.token_ids) for g in gens)
-        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+        return {
+            "id": f"{prefix}-{uuid.uuid4().hex[:24]}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": model_name,
+            "choices": choices,
+            "usage": {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done},
+        }
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": model_name, "in_flight": engine.in_flight}
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(body: _WeightsPath) -> dict[str, Any]:
+        """Load new weights (a checkpoint folder) into the served model (the RL trainer's call)."""
+        from safetensors.torch import load_file
+
+        files = sorted(Path(body.model_path).glob("*.safetensors"))
+        if not files:
+            raise HTTPException(400, f"no *.safetensors files in {body.model_path}")
+        state: dict[str, Any] = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        await asyncio.to_thread(engine.update_weights, state)
+        return {"success": True, "message": f"loaded {len(state)} tensors from {body.model_path}"}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -126,14 +149,7 @@ def create_app(engine: HFEngine, tokenizer: Any, model_name: str) -> FastAPI:
                 choice["token_ids"] = g.token_ids
                 choice["prompt_token_ids"] = list(prompt_ids)
             choices.append(choice)
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex[:24]}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": model_name,
-            "choices": choices,
-            "usage": usage(len(prompt_ids), gens),
-        }
+        return response("text_completion", "cmpl", choices, len(prompt_ids), gens)
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest) -> dict[str, Any]:
@@ -169,13 +185,6 @@ def create_app(engine: HFEngine, tokenizer: Any, model_name: str) -> FastAPI:
                     ]
                     finish = "tool_calls"
             choices.append({"index": i, "message": message, "finish_reason": finish})
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model_name,
-            "choices": choices,
-            "usage": usage(len(prompt_ids), gens),
-        }
+        return response("chat.completion", "chatcmpl", choices, len(prompt_ids), gens)
 
     return app

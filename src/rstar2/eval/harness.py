@@ -21,16 +21,17 @@ def bench_name(name_or_path: str) -> str:
     return Path(name).stem if name.endswith(".jsonl") else name
 
 
-def read_trajectories(path: Path) -> list[Trajectory]:
-    """Every complete line of a trajectories file (a line cut by a crash is ignored and rerun)."""
-    out = []
+def read_trajectories(path: Path) -> tuple[list[Trajectory], int]:
+    """Every complete line of a trajectories file, and how many lines were not (a line cut by a
+    crash is dropped and its trajectory rerun)."""
+    out, bad = [], 0
     if path.exists():
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
                 out.append(Trajectory.from_dict(json.loads(line)))
             except (ValueError, TypeError, KeyError):
-                continue
-    return out
+                bad += 1
+    return out, bad
 
 
 def plan(
@@ -68,15 +69,21 @@ async def evaluate(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
+    results: dict[str, list[Trajectory]] = {}  # this run's problems: earlier lines and new ones
     items: list[dict[str, Any]] = []
     for b in benches:
         name = bench_name(b)
         rows = load_benchmark(b)[:limit]
         (out / name).mkdir(exist_ok=True)
         files[name] = out / name / "trajectories.jsonl"
-        old = [t for t in read_trajectories(files[name]) if t.meta.get("problem_index", 1 << 30) < len(rows)]
-        _rewrite(files[name], old)  # drops a half-written last line
-        done = {(t.meta["problem_index"], t.meta["sample"]) for t in old}
+        old, bad = read_trajectories(files[name])
+        if bad:  # rewrite without the half-written line, so new lines start on a line of their own
+            _rewrite(files[name], old)
+        wanted = range(len(rows))
+        results[name] = [
+            t for t in old if t.meta.get("problem_index") in wanted and t.meta.get("sample", 0) < samples
+        ]
+        done = {(t.meta["problem_index"], t.meta["sample"]) for t in results[name]}
         items += plan(rows, name, samples, seed, done)
 
     handles = {name: path.open("a", encoding="utf-8") for name, path in files.items()}
@@ -92,6 +99,7 @@ async def evaluate(
         fh = handles[t.meta["bench"]]
         fh.write(json.dumps(t.to_dict(), ensure_ascii=False) + "\n")
         fh.flush()
+        results[t.meta["bench"]].append(t)
         correct += t.correct
         if bar is not None:
             bar.update(1)
@@ -105,11 +113,11 @@ async def evaluate(
         if bar is not None:
             bar.close()
 
+    ks = _ks(samples)
     summaries = {}
-    for name, path in files.items():
-        trajs = read_trajectories(path)
-        summaries[name] = summarize(trajs, ks=_ks(samples))
-        plot_benchmark(name, trajs, out / name / "plots.png", ks=_ks(samples))
+    for name, trajs in results.items():
+        summaries[name] = summarize(trajs, ks=ks)
+        plot_benchmark(name, trajs, out / name / "plots.png", ks=ks)
     report = {"settings": settings or {}, "benchmarks": summaries}
     (out / "summary.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     (out / "summary.md").write_text(summary_markdown(summaries, settings or {}), encoding="utf-8")
@@ -127,9 +135,8 @@ def _ks(samples: int) -> list[int]:
 
 
 def _rewrite(path: Path, trajs: list[Trajectory]) -> None:
-    if path.exists():
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(
-            "".join(json.dumps(t.to_dict(), ensure_ascii=False) + "\n" for t in trajs), encoding="utf-8"
-        )
-        tmp.replace(path)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(
+        "".join(json.dumps(t.to_dict(), ensure_ascii=False) + "\n" for t in trajs), encoding="utf-8"
+    )
+    tmp.replace(path)

@@ -60,6 +60,11 @@ def group_by_problem(trajs: Iterable[Trajectory]) -> dict[Any, list[Trajectory]]
     return dict(groups)
 
 
+def mean_pass_at_k(groups: dict[Any, list[Trajectory]], k: int) -> float:
+    """pass@k averaged over problems."""
+    return sum(pass_at_k(len(g), sum(t.correct for t in g), k) for g in groups.values()) / len(groups)
+
+
 def summarize(trajs: Sequence[Trajectory], ks: Sequence[int] = (1, 4, 8, 16)) -> dict[str, Any]:
     """Everything `rstar2 eval` reports for one benchmark."""
     groups = group_by_problem(trajs)
@@ -77,9 +82,7 @@ def summarize(trajs: Sequence[Trajectory], ks: Sequence[int] = (1, 4, 8, 16)) ->
     }
     for k in ks:
         if 1 < k <= n_min:
-            out[f"pass@{k}"] = sum(
-                pass_at_k(len(g), sum(t.correct for t in g), k) for g in groups.values()
-            ) / len(groups)
+            out[f"pass@{k}"] = mean_pass_at_k(groups, k)
             out[f"maj@{k}"] = sum(
                 majority_correct([(t.answer, t.correct) for t in g[:k]]) for g in groups.values()
             ) / len(groups)

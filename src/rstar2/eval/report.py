@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..rollout.trajectory import Trajectory
-from .metrics import group_by_problem, pass_at_k
+from .metrics import group_by_problem, mean_pass_at_k
 
 
 def _pct(x: float | None) -> str:
@@ -50,10 +50,7 @@ def plot_benchmark(name: str, trajs: Sequence[Trajectory], path: Path, ks: Seque
     groups = group_by_problem(trajs)
     n_min = min(len(g) for g in groups.values())
     ks = [k for k in ks if k <= n_min] or [1]
-    curve = [
-        sum(pass_at_k(len(g), sum(t.correct for t in g), k) for g in groups.values()) / len(groups)
-        for k in ks
-    ]
+    curve = [mean_pass_at_k(groups, k) for k in ks]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     axes[0].plot(ks, [100 * c for c in curve], marker="o")
     axes[0].set(xlabel="k", ylabel="pass@k (%)", title=f"{name}: pass@k", ylim=(0, 100))

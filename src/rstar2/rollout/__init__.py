@@ -1,7 +1,7 @@
 """Multi-turn tool-integrated rollouts over one or more engines (training and evaluation alike)."""
 
 from .dispatch import POLICIES, DispatchPolicy, LeastLoaded, Request
-from .runner import Rollout, RolloutConfig, end_of_turn_ids
+from .runner import Rollout, RolloutConfig
 from .trajectory import ToolCallRecord, Trajectory, Turn
 
 __all__ = [
@@ -14,5 +14,4 @@ __all__ = [
     "ToolCallRecord",
     "Trajectory",
     "Turn",
-    "end_of_turn_ids",
 ]

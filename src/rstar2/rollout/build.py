@@ -25,6 +25,7 @@ class RolloutSetup:
     stateful: bool = False
     tool_limit_chars: int = 2048
     tool_limit_tokens: int | None = None
+    system_prompt: str | None = None  # None: rstar2's default system prompt
     config: RolloutConfig = field(default_factory=RolloutConfig)
 
 
@@ -35,26 +36,35 @@ def load_tokenizer(path: str) -> Any:
 
 
 @asynccontextmanager
-async def open_rollout(setup: RolloutSetup) -> AsyncIterator[Rollout]:
+async def open_rollout(
+    setup: RolloutSetup, engines: Sequence[Any] | None = None, tokenizer: Any = None
+) -> AsyncIterator[Rollout]:
+    """A ready ``Rollout``; ``engines`` and ``tokenizer`` given by the caller (the trainer, whose
+    engine shares its model) replace those the setup would load."""
     from ..engines.hf import HFEngine
     from ..engines.openai import OpenAIEngine
     from ..reward import VerifierPool
     from ..sandbox import LocalPool
     from ..sandbox.client import Client
 
-    if bool(setup.model) == bool(setup.servers):
+    if engines is None and bool(setup.model) == bool(setup.servers):
         raise ValueError("give either a model directory (--model) or one or more servers (--server)")
     tok_path = setup.tokenizer or setup.model
-    if tok_path is None:
+    if tok_path is None and tokenizer is None:
         raise ValueError("with --server, give --tokenizer PATH (the served model's tokenizer directory)")
+    extra = {} if setup.system_prompt is None else {"system_prompt": setup.system_prompt}
     fmt = ChatFormat(
-        load_tokenizer(tok_path),
+        tokenizer if tokenizer is not None else load_tokenizer(tok_path),
+        **extra,
         stateful=setup.stateful,
         tool_limit_chars=setup.tool_limit_chars,
         tool_limit_tokens=setup.tool_limit_tokens,
     )
-    if setup.model:
-        engines: list[Any] = [
+    own = engines is None
+    if not own:
+        engines = list(engines)
+    elif setup.model:
+        engines = [
             HFEngine.from_pretrained(
                 setup.model, device=setup.device, dtype=setup.dtype, max_batch_size=setup.max_batch_size
             )
@@ -69,5 +79,5 @@ async def open_rollout(setup: RolloutSetup) -> AsyncIterator[Rollout]:
     finally:
         verifier.close()
         await executor.close()
-        for e in engines:
+        for e in engines if own else []:
             await e.close()

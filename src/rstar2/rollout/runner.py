@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..chat.format import ChatFormat
+from ..chat.format import ChatFormat, end_of_turn_ids
 from ..chat.tools import SESSION_TOOL, ToolCall, parse_tool_calls
 from ..engines.base import Engine, SamplingParams
 from ..sandbox.result import ExecRequest, ExecResult
@@ -48,16 +48,6 @@ class RolloutConfig:
     banned_token_ids: tuple[int, ...] = ()
     tool_timeout_s: float | None = None
     verify_mode: str = "strict"
-
-
-def end_of_turn_ids(tokenizer: Any) -> tuple[int, ...]:
-    """The tokenizer's eos and the usual end-of-turn tokens of chat templates that it knows."""
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    vocab = tokenizer.get_vocab()
-    for tok in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>"):
-        if tok in vocab:
-            ids.add(vocab[tok])
-    return tuple(sorted(ids))
 
 
 class Rollout:
@@ -165,7 +155,9 @@ class Rollout:
         except Exception as exc:  # an engine failure ends this trajectory, never the batch
             traj.finish_reason = "error"
             traj.verdict = f"rollout error: {type(exc).__name__}: {exc}"
+        t_reward = time.perf_counter()
         await self._score(traj)
+        traj.meta["reward_s"] = time.perf_counter() - t_reward
         traj.seconds = time.perf_counter() - started
         emit("done", {"trajectory": traj})
         return traj
