@@ -473,6 +473,39 @@ def eval_cmd(
     console.print(f"trajectories, summary.json, summary.md and plots in {out}")
 
 
+@app.command("train")
+def train(
+    config: Path = typer.Argument(..., help="YAML config (kind: rl or sft); see recipes/."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the run's last checkpoint."),
+    out: str | None = typer.Option(None, "--out", help="Run folder (overrides run.out)."),
+    set_: list[str] = typer.Option([], "--set", help="Override one value: --set optim.lr=1e-5 (repeatable)."),
+) -> None:
+    """Train: GRPO-RoC (kind: rl) or supervised fine-tuning (kind: sft). Under torchrun, every
+    process runs this command: `torchrun --nproc-per-node N -m rstar2 train CONFIG`."""
+    from .config import ConfigError, load_config
+
+    overrides = list(set_) + ([f"run.out={out}"] if out else [])
+    try:
+        cfg = load_config(config, overrides)
+    except ConfigError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if cfg.kind == "sft":
+        from .rl.sft import SFTTrainer
+
+        history = SFTTrainer(cfg, resume=resume).train()
+    else:
+        from .rl.trainer import RLTrainer
+
+        history = asyncio.run(RLTrainer(cfg, resume=resume).train())
+    if history and int(os.environ.get("RANK", "0")) == 0:
+        last = history[-1]
+        shown = {
+            k: round(v, 4) for k, v in last.items() if k in ("loss", "accuracy", "reward/mean", "grad_norm")
+        }
+        console.print(f"done: {len(history)} steps this run; last step {shown}; run folder {cfg.run.out}")
+
+
 @app.command("demo")
 def demo() -> None:
     """The main job on the embedded default (for now: the sandbox benchmark's quick mode)."""

@@ -1,0 +1,190 @@
+"""Typed training configs, loaded from YAML: the one place where defaults live.
+
+A config file fully describes a run (torchtune's habit): ``kind: rl`` or ``kind: sft`` and the
+sections below. ``--set section.key=value`` on the command line overrides single values. Unknown
+keys are errors, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSection(_Section):
+    path: str  # a local Hugging Face model directory
+    tokenizer: str | None = None  # default: the model directory
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # parameters: auto (fp32), float32, bfloat16
+    gradient_checkpointing: bool = False
+    threads: int | None = None  # torch CPU threads (None: torch's default)
+
+
+class DataSection(_Section):
+    train: str  # JSONL path or a benchmark name (see rstar2.eval.datasets)
+    limit: int | None = None
+    shuffle: bool = True
+
+
+class RolloutSection(_Section):
+    samples: int = 16  # 2G: rollouts sampled per problem
+    max_turns: int = 10
+    max_response_tokens: int = 8192  # model and tool tokens together
+    max_tokens_per_turn: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    tool_timeout_s: float | None = None
+    stateful: bool = False
+    system_prompt: str | None = None  # None: rstar2's default prompt
+    tool_limit_chars: int = 2048
+    banned_tokens: list[str] = Field(default_factory=list)  # never sampled (e.g. pad)
+    servers: list[str] = Field(default_factory=list)  # OpenAI-compatible servers; empty: in-process
+    reload_path: str = "/update_weights_from_disk"  # server endpoint to load new weights
+    max_batch_size: int = 256  # in-process engine
+    sandbox: str | None = None  # URL of `rstar2 sandbox serve`; None: a local pool
+    sandbox_workers: int | None = None
+    verifier_workers: int = 2
+
+
+class RocSection(_Section):
+    enabled: bool = True  # False: plain GRPO on all samples
+    keep: int = 8  # G: rollouts kept per problem
+    mode: Literal["lowest", "weighted"] = "lowest"
+    min_per_class: int = 2
+    drop_equal_reward_groups: bool = True
+    error_penalty: bool = True
+    format_penalty: bool = True
+
+
+class LossSection(_Section):
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    aggregation: Literal["token-mean", "group-token-mean"] = "token-mean"
+    adv_eps: float = 1e-6
+    scale_by_std: bool = True
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    tis_cap: float | None = None
+
+
+class OptimSection(_Section):
+    lr: float = 1e-6
+    warmup_steps: int = 20
+    schedule: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = 0.1  # cosine floor, as a share of lr
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    micro_batch_tokens: int = 16384  # padded tokens per forward/backward
+    mini_batches: int = 1  # optimizer steps per RL step (1 = on-policy)
+    epochs: int = 1  # passes over the kept rollouts per RL step
+    reset_optimizer: bool = False  # start this stage with fresh optimizer state
+
+
+class RunSection(_Section):
+    out: str = "runs/rl"
+    steps: int = 100
+    batch_size: int = 16  # problems per step (RL) or sequences per step (SFT)
+    seed: int = 0
+    save_every: int = 10
+    keep_checkpoints: int = 2
+    tensorboard: bool = True
+    progress: bool = True
+    init_from: str | None = None  # a checkpoint (model directory) to start from instead of model.path
+
+
+class RLConfig(_Section):
+    kind: Literal["rl"] = "rl"
+    model: ModelSection
+    data: DataSection
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    roc: RocSection = Field(default_factory=RocSection)
+    loss: LossSection = Field(default_factory=LossSection)
+    optim: OptimSection = Field(default_factory=OptimSection)
+    run: RunSection = Field(default_factory=RunSection)
+
+    @model_validator(mode="after")
+    def _check(self) -> RLConfig:
+        if self.roc.enabled and self.roc.keep > self.rollout.samples:
+            raise ValueError(
+                f"roc.keep ({self.roc.keep}) cannot exceed rollout.samples ({self.rollout.samples}): "
+                "RoC keeps G of the 2G sampled rollouts"
+            )
+        return self
+
+
+class SFTSection(_Section):
+    max_length: int = 4096  # longer examples are dropped (and counted)
+    epochs: float | None = None  # overrides run.steps when set
+
+
+class SFTConfig(_Section):
+    kind: Literal["sft"] = "sft"
+    model: ModelSection
+    data: DataSection
+    sft: SFTSection = Field(default_factory=SFTSection)
+    optim: OptimSection = Field(default_factory=lambda: OptimSection(lr=5e-6, schedule="cosine"))
+    run: RunSection = Field(default_factory=lambda: RunSection(out="runs/sft"))
+    system_prompt: str | None = None
+    stateful: bool = False
+
+
+TrainConfig = RLConfig | SFTConfig
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message says which key and why."""
+
+
+def _set(tree: dict[str, Any], dotted: str) -> None:
+    if "=" not in dotted:
+        raise ConfigError(f"--set expects key=value (e.g. optim.lr=1e-5), got {dotted!r}")
+    key, raw = dotted.split("=", 1)
+    value = yaml.safe_load(raw) if raw else None
+    node = tree
+    parts = key.strip().split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {key}: {p!r} is not a section")
+    node[parts[-1]] = value
+
+
+def parse_config(tree: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    tree = dict(tree)
+    for o in overrides:
+        _set(tree, o)
+    kind = tree.get("kind", "rl")
+    cls = {"rl": RLConfig, "sft": SFTConfig}.get(kind)
+    if cls is None:
+        raise ConfigError(f"kind must be 'rl' or 'sft', got {kind!r}")
+    try:
+        return cls.model_validate(tree)
+    except ValidationError as exc:
+        lines = [f"  {'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError(f"invalid {kind} config:\n" + "\n".join(lines)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    path = Path(path)
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections (model:, data:, ...)")
+    return parse_config(tree, overrides)
+
+
+def dump_config(cfg: TrainConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,124 @@
+"""Checkpoints that resume exactly and that Hugging Face loads as they are.
+
+Layout of ``<run>/checkpoints/step-000012/``: the model in safetensors with its ``config.json``
+and the tokenizer (``from_pretrained`` loads the folder), ``trainer_state.pt`` (optimizer,
+scheduler, RNG states) and ``state.json`` (step, data position, metrics of the step). A checkpoint
+is written into a temporary folder and renamed when complete, so a run killed while saving leaves
+the previous checkpoint intact; ``latest_checkpoint`` only ever sees complete ones.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .distributed import LOCAL, World, barrier, full_state_dict
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"step-{step:06d}"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and (p / "state.json").is_file()]
+    return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, world: World) -> dict:
+    if not world.distributed:
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(
+        model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    tokenizer: Any,
+    state: dict[str, Any],
+    world: World = LOCAL,
+    keep: int = 2,
+) -> Path:
+    """Save step ``step``; every process must call it (the weights are gathered), rank 0 writes."""
+    final = checkpoint_dir(run_dir, step)
+    weights = full_state_dict(model, world)
+    optim_state = _optimizer_state(model, optimizer, world)
+    if world.main:
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        cpu = {k: v.detach().to("cpu").contiguous() for k, v in weights.items()}
+        model.save_pretrained(tmp, state_dict=cpu, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        torch.save(
+            {"optimizer": optim_state, "scheduler": scheduler.state_dict(), "rng": rng_state()},
+            tmp / "trainer_state.pt",
+        )
+        (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=2))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+    barrier(world)
+    return final
+
+
+def load_trainer_state(
+    path: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    world: World = LOCAL,
+) -> dict[str, Any]:
+    """Restore optimizer, scheduler and RNG from ``path`` (the model was loaded from it already);
+    returns ``state.json``."""
+    path = Path(path)
+    blob = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+    if world.distributed:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(
+            model, optimizer, blob["optimizer"], options=StateDictOptions(full_state_dict=True)
+        )
+    else:
+        optimizer.load_state_dict(blob["optimizer"])
+    scheduler.load_state_dict(blob["scheduler"])
+    set_rng_state(blob["rng"])
+    return json.loads((path / "state.json").read_text())

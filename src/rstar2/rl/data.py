@@ -1,0 +1,37 @@
+"""Training data order: shuffled per epoch from the seed, the position is a single integer.
+
+Because the order of every epoch derives from (seed, epoch), checkpointing the position is enough
+to continue a run exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+
+class ProblemStream:
+    """Rows (problems, or SFT examples) in a shuffled order per epoch."""
+
+    def __init__(self, rows: Sequence[Any], seed: int, shuffle: bool = True, position: int = 0):
+        if not rows:
+            raise ValueError("the training set is empty")
+        self.rows, self.seed, self.shuffle, self.position = list(rows), seed, shuffle, position
+        self._epoch, self._cached = -1, []
+
+    def _order(self, epoch: int) -> list[int]:
+        if epoch != self._epoch:
+            self._cached = list(range(len(self.rows)))
+            if self.shuffle:
+                random.Random(self.seed * 7919 + epoch).shuffle(self._cached)
+            self._epoch = epoch
+        return self._cached
+
+    def take(self, n: int) -> list[Any]:
+        out = []
+        for _ in range(n):
+            epoch, i = divmod(self.position, len(self.rows))
+            out.append(self.rows[self._order(epoch)[i]])
+            self.position += 1
+        return out

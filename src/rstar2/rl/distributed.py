@@ -1,0 +1,101 @@
+"""Several training processes: ``torchrun --nproc-per-node N -m rstar2 train …``.
+
+Parameters are sharded with PyTorch FSDP2 (``fully_shard``) on CUDA (NCCL) and on CPU (gloo).
+Every process rolls out its own share of the problems with a full copy of the weights, so the
+update is the only collective-heavy part. One process (no ``torchrun``) skips all of this.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+
+LOCAL = World()  # one process, no torchrun
+
+
+def init_world(device: str = "auto") -> World:
+    """Join the process group that torchrun describes in the environment (no-op without it)."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    cuda = torch.cuda.is_available() and device != "cpu"
+    if size == 1:
+        dev = torch.device(device if device not in ("auto", "cuda") else ("cuda" if cuda else "cpu"))
+        return World(0, 1, dev)
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    return World(dist.get_rank(), dist.get_world_size(), torch.device(f"cuda:{local}" if cuda else "cpu"))
+
+
+def shard(model: torch.nn.Module, world: World) -> torch.nn.Module:
+    """FSDP2: each decoder layer is its own unit, then the root (embeddings, head)."""
+    if not world.distributed:
+        return model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(world.device.type, (world.size,))
+    layers = getattr(getattr(model, "model", model), "layers", [])
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def full_state_dict(model: torch.nn.Module, world: World) -> dict[str, torch.Tensor]:
+    """Unsharded parameters on the CPU, on every process (for the engines and checkpoints)."""
+    if not world.distributed:
+        return {k: v.detach() for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
+    )
+
+
+def all_sum(values: Sequence[float], world: World) -> list[float]:
+    if not world.distributed:
+        return list(values)
+    t = torch.tensor(list(values), dtype=torch.float64, device=world.device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_gather_objects(obj: Any, world: World) -> list[Any]:
+    if not world.distributed:
+        return [obj]
+    out: list[Any] = [None] * world.size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier(world: World) -> None:
+    if world.distributed:
+        dist.barrier()
+
+
+def close(world: World) -> None:
+    if world.distributed and dist.is_initialized():
+        dist.destroy_process_group()

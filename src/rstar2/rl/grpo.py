@@ -1,0 +1,143 @@
+"""GRPO pieces as small functions: group advantages, token log-probs, the clipped token-level loss.
+
+The loss is written per token and weighted by ``token_weights`` computed once for the whole batch,
+so micro-batching, gradient accumulation and several processes all give the same gradient as one
+pass over the batch (the weights already hold the global normaliser).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+Aggregation = Literal["token-mean", "group-token-mean"]
+
+
+def group_advantages(
+    groups: Sequence[Sequence[float]], eps: float = 1e-6, scale_by_std: bool = True
+) -> list[list[float]]:
+    """(r - mean) / (std + eps) within each group (std with Bessel's correction, as torch.std and
+    the released recipe); ``scale_by_std=False`` gives r - mean (Dr. GRPO). A group of one has 0."""
+    out = []
+    for g in groups:
+        n = len(g)
+        if n == 0:
+            out.append([])
+            continue
+        mean = sum(g) / n
+        std = math.sqrt(sum((r - mean) ** 2 for r in g) / (n - 1)) if n > 1 else 0.0
+        out.append([(r - mean) / (std + eps) if scale_by_std else r - mean for r in g])
+    return out
+
+
+def token_weights(
+    mask: torch.Tensor,
+    group_index: torch.Tensor | None = None,
+    aggregation: Aggregation = "token-mean",
+    units: float | None = None,
+) -> torch.Tensor:
+    """Per-token weights that sum to 1 over the batch (0 where masked out).
+
+    ``token-mean``: every model token of the batch counts the same (DAPO, the released recipe).
+    ``group-token-mean``: token mean within each problem's group, then mean over groups (Eq. 6).
+    ``mask`` is (rows, T) of 0/1; ``group_index`` is (rows,) of group ids. ``units`` is the
+    denominator (tokens, or groups with tokens) of the whole batch when these rows are only part of
+    it (another process's share); by default it is counted here. Nothing masked in: all zeros.
+    """
+    mask = mask.to(torch.float32)
+    if aggregation == "token-mean":
+        raw, local = mask, float(mask.sum())
+    elif aggregation == "group-token-mean":
+        if group_index is None:
+            raise ValueError("group-token-mean needs the group index of every row")
+        per_row = mask.sum(dim=1)
+        raw, local = torch.zeros_like(mask), 0.0
+        for g in torch.unique(group_index):
+            rows = group_index == g
+            tokens = per_row[rows].sum()
+            if tokens > 0:
+                raw[rows] = mask[rows] / tokens
+                local += 1.0
+    else:
+        raise ValueError(f"unknown loss aggregation {aggregation!r}: use token-mean or group-token-mean")
+    total = local if units is None else units
+    return raw / total if total > 0 else torch.zeros_like(mask)
+
+
+def weight_units(mask: torch.Tensor, group_index: torch.Tensor | None, aggregation: Aggregation) -> float:
+    """The local denominator of ``token_weights`` (summed over processes for a global one)."""
+    if aggregation == "token-mean":
+        return float(mask.sum())
+    per_row = mask.sum(dim=1)
+    return float(sum(1 for g in torch.unique(group_index) if per_row[group_index == g].sum() > 0))
+
+
+def token_logprobs(
+    logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(label) per position, in fp32 at least (and the entropy of each position's distribution)."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    logp_all = F.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    return logp, entropy
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    clip_low: float = 0.2
+    clip_high: float = 0.28  # clip-higher: more room for raising unlikely tokens
+    kl_coef: float = 0.0  # k3 estimator against a reference policy; 0 = no reference needed
+    entropy_coef: float = 0.0
+    tis_cap: float | None = None  # truncated importance sampling vs the engine's logprobs
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    weights: torch.Tensor,
+    cfg: LossConfig = LossConfig(),
+    *,
+    engine_logp: torch.Tensor | None = None,
+    ref_logp: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO clipped surrogate per token, summed with ``weights`` (see ``token_weights``).
+
+    All tensors are (rows, T); ``advantages`` is broadcast per token. Returns the loss and weighted
+    sums for metrics (divide by the summed weights of the batch): clip fractions below/above, the
+    approximate KL to the old policy, entropy, and the engine-vs-trainer logprob gap.
+    """
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
+    ratio = log_ratio.exp()
+    clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    per_token = torch.maximum(-advantages * ratio, -advantages * clipped)
+    if cfg.tis_cap is not None and engine_logp is not None:
+        per_token = per_token * (old_logp - engine_logp).exp().clamp(max=cfg.tis_cap).detach()
+    if cfg.kl_coef and ref_logp is not None:
+        d = (ref_logp - logp).clamp(-20.0, 20.0)
+        per_token = per_token + cfg.kl_coef * (d.exp() - d - 1.0)
+    if cfg.entropy_coef and entropy is not None:
+        per_token = per_token - cfg.entropy_coef * entropy
+    loss = (per_token * weights).sum()
+
+    with torch.no_grad():
+        w = weights.detach()
+        stats = {
+            "weight": w.sum(),
+            "clip_low": (((ratio < 1.0 - cfg.clip_low) & (advantages < 0)).float() * w).sum(),
+            "clip_high": (((ratio > 1.0 + cfg.clip_high) & (advantages > 0)).float() * w).sum(),
+            "approx_kl": ((ratio - 1.0 - log_ratio) * w).sum(),  # k3 estimate of KL(old || new)
+        }
+        if entropy is not None:
+            stats["entropy"] = (entropy * w).sum()
+        if engine_logp is not None:
+            stats["engine_gap"] = ((old_logp - engine_logp).abs() * w).sum()
+    return loss, stats

@@ -1,0 +1,98 @@
+"""Per-step metrics: one JSON object a line in ``metrics.jsonl``, TensorBoard events, a PNG of curves.
+
+On resume, lines of steps after the checkpoint (written by the killed run, about to be redone)
+are dropped, so the file holds each step once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+PLOT_KEYS = (
+    ("reward/mean", "reward (all rollouts)"),
+    ("loss", "loss"),
+    ("tools/error_ratio_correct_all", "tool-error ratio, correct (all)"),
+    ("tools/error_ratio_correct_kept", "tool-error ratio, correct (kept)"),
+    ("response/length_mean", "response tokens (mean)"),
+    ("response/truncated_share", "share truncated"),
+)
+
+
+class MetricsLog:
+    def __init__(
+        self, run_dir: str | Path, *, tensorboard: bool = True, enabled: bool = True, resume_step: int = 0
+    ):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.enabled = enabled
+        self.writer = None
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=resume_step + 1)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, **metrics}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.writer is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                    self.writer.add_scalar(k, v, step)
+            self.writer.flush()
+
+    def close(self, plot: bool = True) -> Path | None:
+        if not self.enabled:
+            return None
+        if self.writer is not None:
+            self.writer.close()
+        return plot_metrics(self.path) if plot else None
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut by a kill
+    return rows
+
+
+def plot_metrics(path: str | Path, keys=PLOT_KEYS) -> Path | None:
+    """A grid of the main curves over steps, next to the JSONL (``metrics.png``)."""
+    rows = read_metrics(path)
+    present = [(k, title) for k, title in keys if any(k in r for r in rows)]
+    if not rows or not present:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(3, len(present))
+    nrows = (len(present) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
+    for ax, (k, title) in zip(axes.flat, present, strict=False):
+        pts = [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float))]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 50 else None)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(present) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    out = Path(path).with_suffix(".png")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,175 @@
+"""Resample-on-Correct (RoC): keep G of the 2G rollouts of a problem.
+
+Correct trajectories are ranked by a penalty (tool errors + format faults) and the cleanest are kept,
+so the policy is not taught that a right answer excuses crashing code; incorrect ones are kept
+uniformly at random, because their variety is the learning signal. Pure functions over plain
+numbers (``Scored``) so every rule can be checked by hand; ``score`` reads them off a trajectory.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+Mode = Literal["lowest", "weighted"]
+
+_ANSWER_PAIR = re.compile(r"<answer>.*?</answer>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """What RoC needs to know of one rollout."""
+
+    reward: float
+    p_err: float = 0.0
+    p_format: float = 0.0
+
+    @property
+    def correct(self) -> bool:
+        return self.reward > 0
+
+    @property
+    def penalty(self) -> float:
+        return self.p_err + self.p_format
+
+
+@dataclass(frozen=True)
+class RocConfig:
+    keep: int  # G: rollouts kept per problem (of the 2G sampled)
+    mode: Mode = "lowest"
+    min_per_class: int = 2  # keep at least this many of each class where present
+    drop_equal_reward_groups: bool = True
+    error_penalty: bool = True
+    format_penalty: bool = True
+
+    def __post_init__(self) -> None:
+        if self.keep < 1:
+            raise ValueError(f"roc keep must be >= 1, got {self.keep}")
+        if self.mode not in ("lowest", "weighted"):
+            raise ValueError(f"roc mode must be 'lowest' or 'weighted', got {self.mode!r}")
+        if self.min_per_class < 0:
+            raise ValueError(f"roc min_per_class must be >= 0, got {self.min_per_class}")
+
+
+# -- penalties ----------------------------------------------------------------------------------
+def error_penalty(num_calls: int, num_failed: int) -> float:
+    """Failed tool calls / tool calls; 0.5 without any call (the paper's nudge towards using the tool)."""
+    return 0.5 if num_calls == 0 else num_failed / num_calls
+
+
+def format_penalty(num_answers: int, num_turns: int) -> float:
+    """1 without an answer, else min(1, (answers - 1) / turns): a repeated answer is a format fault."""
+    if num_answers == 0 or num_turns == 0:
+        return 1.0
+    return min(1.0, (num_answers - 1) / num_turns)
+
+
+def count_answers(text: str) -> int:
+    """Complete ``<answer>…</answer>`` blocks in what the model wrote."""
+    return len(_ANSWER_PAIR.findall(text))
+
+
+def score(traj, error: bool = True, fmt: bool = True) -> Scored:
+    """Penalties of a ``Trajectory`` from its structured tool statuses (a failed call is one whose
+    status is not ``ok``, or that was malformed), never from grepping output text."""
+    p_err = error_penalty(traj.num_calls, traj.num_failed_calls) if error else 0.0
+    p_fmt = format_penalty(count_answers(traj.model_text), len(traj.turns)) if fmt else 0.0
+    return Scored(traj.reward, p_err, p_fmt)
+
+
+# -- counts -------------------------------------------------------------------------------------
+def class_counts(n_pos: int, n_neg: int, keep: int, min_per_class: int) -> tuple[int, int]:
+    """How many positives and negatives to keep: each class in proportion (round half to even,
+    so 2G → G is exactly half of each), then the minority raised to ``min_per_class`` where it has
+    that many. A group of at most ``keep`` is kept whole, as is one where both minimums cannot be
+    met inside ``keep`` (only possible for tiny groups; the released recipe does the same)."""
+    n = n_pos + n_neg
+    if n <= keep:
+        return n_pos, n_neg
+    k_neg = round(n_neg * keep / n)
+    k_pos = keep - k_neg
+    floor_neg, floor_pos = min(min_per_class, n_neg), min(min_per_class, n_pos)
+    if k_neg < floor_neg:
+        k_neg, k_pos = floor_neg, keep - floor_neg
+    if k_pos < floor_pos:
+        k_pos, k_neg = floor_pos, keep - floor_pos
+        if k_neg < floor_neg:
+            return n_pos, n_neg
+    return min(k_pos, n_pos), min(k_neg, n_neg)
+
+
+# -- choosing -----------------------------------------------------------------------------------
+def pick_positives(penalties: Sequence[float], k: int, mode: Mode, rng: random.Random) -> list[int]:
+    """Indices (into ``penalties``) of the k positives to keep.
+
+    ``lowest``: ascending penalty, ties in rollout order (the released code).
+    ``weighted``: drawn without replacement with probability ∝ 1/penalty (the paper's text).
+    A zero penalty would have infinite weight: zero-penalty rollouts are taken first (uniformly
+    among themselves when there are more than k), and only the remaining places are drawn by weight.
+    """
+    if k >= len(penalties):
+        return list(range(len(penalties)))
+    if mode == "lowest":
+        return sorted(sorted(range(len(penalties)), key=lambda i: penalties[i])[:k])
+    clean = [i for i, p in enumerate(penalties) if p <= 0]
+    if len(clean) >= k:
+        return sorted(rng.sample(clean, k))
+    chosen = list(clean)
+    pool = [i for i, p in enumerate(penalties) if p > 0]
+    while len(chosen) < k:
+        weights = [1.0 / penalties[i] for i in pool]
+        j = rng.choices(range(len(pool)), weights=weights)[0]
+        chosen.append(pool.pop(j))
+    return sorted(chosen)
+
+
+@dataclass
+class GroupChoice:
+    kept: list[int]  # indices into the group, in rollout order
+    dropped: str | None = None  # why nothing was kept: "all_correct" / "all_incorrect"
+
+
+def select_group(group: Sequence[Scored], cfg: RocConfig, rng: random.Random) -> GroupChoice:
+    pos = [i for i, s in enumerate(group) if s.correct]
+    neg = [i for i, s in enumerate(group) if not s.correct]
+    if cfg.drop_equal_reward_groups and len({s.reward for s in group}) <= 1:
+        return GroupChoice([], "all_correct" if pos else "all_incorrect")
+    k_pos, k_neg = class_counts(len(pos), len(neg), cfg.keep, cfg.min_per_class)
+    kept_pos = [pos[i] for i in pick_positives([group[i].penalty for i in pos], k_pos, cfg.mode, rng)]
+    kept_neg = sorted(rng.sample(neg, k_neg))
+    return GroupChoice(sorted(kept_pos + kept_neg))
+
+
+@dataclass
+class RocResult:
+    kept: list[list[int]]  # per group: indices kept (empty when the group was dropped)
+    metrics: dict[str, float]
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def roc_select(groups: Sequence[Sequence[Scored]], cfg: RocConfig, rng: random.Random) -> RocResult:
+    """Select per group; metrics compare the penalties of all correct rollouts with the kept ones."""
+    choices = [select_group(g, cfg, rng) for g in groups]
+    all_pos = [s for g in groups for s in g if s.correct]
+    kept_pos = [g[i] for g, c in zip(groups, choices, strict=True) for i in c.kept if g[i].correct]
+    kept = [g[i] for g, c in zip(groups, choices, strict=True) for i in c.kept]
+    metrics = {
+        "roc/groups": float(len(groups)),
+        "roc/groups_kept": float(sum(c.dropped is None for c in choices)),
+        "roc/groups_all_correct": float(sum(c.dropped == "all_correct" for c in choices)),
+        "roc/groups_all_incorrect": float(sum(c.dropped == "all_incorrect" for c in choices)),
+        "roc/rollouts": float(sum(len(g) for g in groups)),
+        "roc/rollouts_kept": float(len(kept)),
+        "roc/kept_correct_share": _mean([float(s.correct) for s in kept]),
+        "roc/p_err_correct_all": _mean([s.p_err for s in all_pos]),
+        "roc/p_err_correct_kept": _mean([s.p_err for s in kept_pos]),
+        "roc/p_format_correct_all": _mean([s.p_format for s in all_pos]),
+        "roc/p_format_correct_kept": _mean([s.p_format for s in kept_pos]),
+    }
+    return RocResult([c.kept for c in choices], metrics)

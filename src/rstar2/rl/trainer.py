@@ -1,0 +1,369 @@
+"""The RL trainer: one step = problems → 2G rollouts → rewards → RoC → advantages → update → sync.
+
+Rollouts go through the same ``Rollout`` as evaluation. In one process the in-process engine
+shares the trainer's model object, so new weights cost nothing to publish; under torchrun every
+process keeps a full copy for its own rollouts and reloads it after each update; remote servers
+are told to load the newest weights from disk. Everything a step needs to be redone identically
+(sampling seeds, RoC's choices, the data order) derives from (seed, step), so a resumed run
+continues exactly where the checkpoint left it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import RLConfig, dump_config
+from ..rollout.trajectory import Trajectory
+from . import distributed as D
+from .checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from .data import ProblemStream
+from .grpo import group_advantages
+from .metrics_log import MetricsLog
+from .optim import build_optimizer
+from .roc import RocConfig, roc_select, score
+from .update import update_on_rollouts
+
+RewardFn = Callable[[Trajectory], float]
+FINISH_REASONS = ("answer", "no_tool_call", "max_turns", "max_length", "error")
+
+
+def _seed(*parts: int) -> int:
+    return hash(tuple(parts)) % (2**31 - 1)
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def _record(t: Trajectory, kept: bool, p_err: float) -> dict[str, Any]:
+    """What the metrics need of one rollout (small, so processes can exchange it)."""
+    return {
+        "reward": t.reward,
+        "correct": t.correct,
+        "kept": kept,
+        "tokens": t.response_tokens,
+        "model_tokens": sum(t.loss_mask),
+        "finish": t.finish_reason,
+        "calls": t.num_calls,
+        "failed": t.num_failed_calls,
+        "p_err": p_err,
+        "tool_s": t.tool_seconds,
+        "reward_s": float(t.meta.get("reward_s", 0.0)),
+    }
+
+
+def step_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Accuracy, lengths, finish reasons and tool statistics of a step's rollouts (all processes)."""
+    n = max(1, len(records))
+    correct = [r for r in records if r["correct"]]
+    kept_correct = [r for r in correct if r["kept"]]
+
+    def err_ratio(rs: list[dict]) -> float:
+        calls = sum(r["calls"] for r in rs)
+        return sum(r["failed"] for r in rs) / calls if calls else 0.0
+
+    finishes = Counter(r["finish"] for r in records)
+    m = {
+        "accuracy": len(correct) / n,
+        "reward/mean": _mean([r["reward"] for r in records]),
+        "reward/kept_mean": _mean([r["reward"] for r in records if r["kept"]]),
+        "rollouts": float(len(records)),
+        "rollouts_kept": float(sum(r["kept"] for r in records)),
+        "response/length_mean": _mean([r["tokens"] for r in records]),
+        "response/length_max": float(max((r["tokens"] for r in records), default=0)),
+        "response/truncated_share": finishes["max_length"] / n,
+        "tools/calls_per_traj": _mean([r["calls"] for r in records]),
+        "tools/error_ratio_all": err_ratio(records),
+        "tools/error_ratio_correct_all": err_ratio(correct),
+        "tools/error_ratio_correct_kept": err_ratio(kept_correct),
+        "tools/correct_with_error_share": _mean([float(r["failed"] > 0) for r in correct]),
+        "time/tool_s_per_traj": _mean([r["tool_s"] for r in records]),
+        "time/reward_s_per_traj": _mean([r["reward_s"] for r in records]),
+    }
+    for reason in FINISH_REASONS:
+        m[f"finish/{reason}"] = finishes[reason] / n
+    return m
+
+
+class RLTrainer:
+    """Build with a config; ``await trainer.train()`` runs ``run.steps`` steps (resuming if asked)."""
+
+    def __init__(self, cfg: RLConfig, *, resume: bool = False, reward_fn: RewardFn | None = None):
+        self.cfg = cfg
+        self.reward_fn = reward_fn
+        self.resume = resume
+        self.run_dir = Path(cfg.run.out)
+        self.world = D.World()
+        self.step_no = 0
+
+    # -- set-up ------------------------------------------------------------------------------
+    def _load(self) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from ..eval.datasets import load_benchmark
+        from .distributed import init_world, shard
+
+        cfg = self.cfg
+        if cfg.model.threads:
+            torch.set_num_threads(cfg.model.threads)
+        self.world = init_world(cfg.model.device)
+        torch.manual_seed(cfg.run.seed)
+        ckpt = latest_checkpoint(self.run_dir) if self.resume else None
+        if self.resume and ckpt is None and self.world.main:
+            print(f"[rstar2] no checkpoint in {self.run_dir}/checkpoints: starting from step 0")
+        start = str(ckpt or cfg.run.init_from or cfg.model.path)
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or start)
+        dtype = torch.float32 if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
+        model = AutoModelForCausalLM.from_pretrained(start, dtype=dtype).to(self.world.device)
+        if cfg.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        # The in-process engine shares the model in one process; with several it needs its own copy.
+        self.engine_model = None
+        if not cfg.rollout.servers:
+            if self.world.distributed:
+                self.engine_model = copy.deepcopy(model)
+                if self.world.device.type == "cuda":
+                    self.engine_model = self.engine_model.to(torch.bfloat16)
+            else:
+                self.engine_model = model
+        self.model = shard(model, self.world)
+        updates = cfg.run.steps * cfg.optim.mini_batches * cfg.optim.epochs
+        self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, updates)
+        position = 0
+        if ckpt is not None:
+            state = load_trainer_state(ckpt, self.model, self.optimizer, self.scheduler, self.world)
+            if cfg.optim.reset_optimizer:
+                self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, updates)
+            self.step_no, position = int(state["step"]), int(state.get("data_position", 0))
+        rows = load_benchmark(cfg.data.train)[: cfg.data.limit]
+        self.problems = ProblemStream(rows, cfg.run.seed, cfg.data.shuffle, position)
+        self.log = MetricsLog(
+            self.run_dir, tensorboard=cfg.run.tensorboard, enabled=self.world.main, resume_step=self.step_no
+        )
+        if self.world.main:
+            (self.run_dir / "config.yaml").write_text(dump_config(cfg))
+
+    def _engines(self) -> list[Any]:
+        from ..engines.hf import HFEngine
+        from ..engines.openai import OpenAIEngine
+
+        if self.cfg.rollout.servers:
+            return [OpenAIEngine(url) for url in self.cfg.rollout.servers]
+        return [
+            HFEngine(
+                self.engine_model,
+                name=f"rank{self.world.rank}",
+                max_batch_size=self.cfg.rollout.max_batch_size,
+            )
+        ]
+
+    def _rollout_setup(self):
+        from ..rollout.build import RolloutSetup
+        from ..rollout.runner import RolloutConfig
+
+        r = self.cfg.rollout
+        vocab = self.tokenizer.get_vocab()
+        unknown = [t for t in r.banned_tokens if t not in vocab]
+        if unknown:
+            raise ValueError(f"rollout.banned_tokens not in the tokenizer's vocabulary: {unknown}")
+        return RolloutSetup(
+            sandbox=r.sandbox,
+            sandbox_workers=r.sandbox_workers,
+            verifier_workers=r.verifier_workers,
+            stateful=r.stateful,
+            tool_limit_chars=r.tool_limit_chars,
+            system_prompt=r.system_prompt,
+            config=RolloutConfig(
+                max_turns=r.max_turns,
+                max_response_tokens=r.max_response_tokens,
+                max_tokens_per_turn=r.max_tokens_per_turn,
+                temperature=r.temperature,
+                top_p=r.top_p,
+                top_k=r.top_k,
+                tool_timeout_s=r.tool_timeout_s,
+                banned_token_ids=tuple(vocab[t] for t in r.banned_tokens),
+            ),
+        )
+
+    # -- the loop ----------------------------------------------------------------------------
+    async def train(self) -> list[dict[str, Any]]:
+        from ..rollout.build import open_rollout
+
+        self._load()
+        history: list[dict[str, Any]] = []
+        engines = self._engines()
+        bar = None
+        if self.cfg.run.progress and self.world.main:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=self.cfg.run.steps, initial=self.step_no, desc="rl steps", unit="step")
+        try:
+            async with open_rollout(
+                self._rollout_setup(), engines=engines, tokenizer=self.tokenizer
+            ) as rollout:
+                self.rollout = rollout
+                while self.step_no < self.cfg.run.steps:
+                    metrics = await self.step()
+                    history.append(metrics)
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(
+                            acc=f"{metrics['accuracy']:.2f}", loss=f"{metrics.get('loss', 0.0):.4f}"
+                        )
+                    last = self.step_no == self.cfg.run.steps
+                    if last or self.step_no % max(1, self.cfg.run.save_every) == 0:
+                        self.save(metrics)
+        finally:
+            if bar is not None:
+                bar.close()
+            for e in engines:
+                await e.close()
+            self.log.close()
+            D.close(self.world)
+        return history
+
+    def save(self, metrics: dict[str, Any] | None = None) -> Path:
+        state = {"data_position": self.problems.position, "metrics": metrics or {}}
+        return save_checkpoint(
+            self.run_dir,
+            self.step_no,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.tokenizer,
+            state,
+            self.world,
+            keep=self.cfg.run.keep_checkpoints,
+        )
+
+    # -- one step ----------------------------------------------------------------------------
+    async def step(self) -> dict[str, Any]:
+        cfg, world = self.cfg, self.world
+        step = self.step_no + 1
+        t_step = time.perf_counter()
+        problems = self.problems.take(cfg.run.batch_size)
+        mine = list(range(world.rank, len(problems), world.size))  # this process's share, whole groups
+        items = [
+            {
+                "problem": problems[g]["problem"],
+                "answer": None if self.reward_fn else str(problems[g]["answer"]),
+                "seed": _seed(cfg.run.seed, step, g, k),
+                "meta": {"group": g, "sample": k},
+            }
+            for g in mine
+            for k in range(cfg.rollout.samples)
+        ]
+        self.model.eval()
+        t0 = time.perf_counter()
+        trajs = await self.rollout.run_many(items, on_done=self._progress(len(items)))
+        rollout_s = time.perf_counter() - t0
+        if self.reward_fn is not None:
+            for t in trajs:
+                t.reward = 0.0 if t.finish_reason in ("max_length", "error") else float(self.reward_fn(t))
+
+        S = cfg.rollout.samples
+        groups = [trajs[i * S : (i + 1) * S] for i in range(len(mine))]
+        roc_cfg = RocConfig(
+            keep=cfg.roc.keep if cfg.roc.enabled else S,
+            mode=cfg.roc.mode,
+            min_per_class=cfg.roc.min_per_class,
+            drop_equal_reward_groups=cfg.roc.drop_equal_reward_groups,
+            error_penalty=cfg.roc.error_penalty,
+            format_penalty=cfg.roc.format_penalty,
+        )
+        scored = [[score(t, cfg.roc.error_penalty, cfg.roc.format_penalty) for t in g] for g in groups]
+        choice = roc_select(scored, roc_cfg, random.Random(_seed(cfg.run.seed, step, world.rank, 1)))
+        kept_groups = [[g[i] for i in idx] for g, idx in zip(groups, choice.kept, strict=True)]
+        advs = group_advantages(
+            [[t.reward for t in g] for g in kept_groups], cfg.loss.adv_eps, cfg.loss.scale_by_std
+        )
+        rows = [
+            (t, a, gi)
+            for gi, (g, ad) in enumerate(zip(kept_groups, advs, strict=True))
+            for t, a in zip(g, ad, strict=True)
+        ]
+
+        records = []
+        for g, idx, sc in zip(groups, choice.kept, scored, strict=True):
+            records += [_record(t, i in idx, s.p_err) for i, (t, s) in enumerate(zip(g, sc, strict=True))]
+        all_records = [r for part in D.all_gather_objects(records, world) for r in part]
+        roc_counts = D.all_sum([choice.metrics[k] for k in _ROC_COUNTS], world)
+
+        t1 = time.perf_counter()
+        update = await asyncio.to_thread(self._update, rows, trajs)
+        update_s = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        await self._publish()
+        sync_s = time.perf_counter() - t2
+
+        self.step_no = step
+        gen_tokens = sum(r["model_tokens"] for r in all_records)
+        metrics = {
+            **step_metrics(all_records),
+            **dict(zip(_ROC_COUNTS, roc_counts, strict=True)),
+            **update,
+            "tokens_per_s": gen_tokens / rollout_s if rollout_s > 0 else 0.0,
+            "time/rollout_s": rollout_s,
+            "time/update_s": update_s,
+            "time/sync_s": sync_s,
+            "time/step_s": time.perf_counter() - t_step,
+        }
+        self.log.log(step, metrics)
+        return metrics
+
+    def _progress(self, total: int) -> Callable[[Trajectory], None] | None:
+        if not (self.cfg.run.progress and self.world.main) or total < 2:
+            return None
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, desc=f"rollouts step {self.step_no + 1}", unit="traj", leave=False)
+
+        def done(_: Trajectory) -> None:
+            bar.update(1)
+            if bar.n >= total:
+                bar.close()
+
+        return done
+
+    def _update(self, rows: list[tuple[Trajectory, float, int]], trajs: list[Trajectory]) -> dict[str, Any]:
+        out = update_on_rollouts(
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            rows,
+            trajs[0],
+            pad_id=self.tokenizer.pad_token_id or 0,
+            optim=self.cfg.optim,
+            loss=self.cfg.loss,
+            world=self.world,
+        )
+        self.model.eval()
+        return out
+
+    async def _publish(self) -> None:
+        """New weights to the engines that do not share the trainer's model."""
+        if self.cfg.rollout.servers:
+            path = self.run_dir / "weights-latest"
+            weights = D.full_state_dict(self.model, self.world)
+            if self.world.main:
+                cpu = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
+                self.model.save_pretrained(path, state_dict=cpu, safe_serialization=True)
+                for e in self.rollout.policy.engines:
+                    await e.update_weights(str(path.resolve()), self.cfg.rollout.reload_path)
+            D.barrier(self.world)
+        elif self.world.distributed:
+            weights = D.full_state_dict(self.model, self.world)
+            for e in self.rollout.policy.engines:
+                e.update_weights({k: v.to(self.engine_model.dtype) for k, v in weights.items()})
+
+
+_ROC_COUNTS = ("roc/groups", "roc/groups_kept", "roc/groups_all_correct", "roc/groups_all_incorrect")

@@ -1,0 +1,145 @@
+"""The policy update of one RL step: recompute old logprobs, clipped loss, accumulate, clip, step.
+
+With one mini-batch and one epoch (on-policy, the paper's setting) the old policy *is* the current
+one, so old logprobs are taken from the same forward pass (detached) instead of a second pass: the
+ratio is exactly 1 and the gradient the same, at two thirds of the compute. With several
+mini-batches or epochs they are recomputed once, before the first optimizer step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from .batch import Batch, collate, micro_batches, with_weights
+from .distributed import LOCAL, World, all_sum
+from .grpo import LossConfig, policy_loss, token_logprobs, weight_units
+
+STAT_KEYS = ("weight", "clip_low", "clip_high", "approx_kl", "entropy", "engine_gap")
+
+
+def _autocast(device: torch.device):
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def forward_logprobs(model: torch.nn.Module, mb: Batch, with_entropy: bool = False):
+    with _autocast(mb.input_ids.device):
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
+    return token_logprobs(logits[:, :-1], mb.labels, with_entropy)
+
+
+@torch.no_grad()
+def old_logprobs(model: torch.nn.Module, batch: Batch, max_tokens: int) -> Batch:
+    """The batch with ``old_logp`` from the current weights (micro-batched, no grad)."""
+    out = torch.zeros_like(batch.mask)
+    order = sorted(range(batch.rows), key=lambda i: int(batch.attention_mask[i].sum()))
+    step = max(1, max_tokens // max(2, batch.input_ids.shape[1]))
+    for k in range(0, len(order), step):
+        rows = order[k : k + step]
+        logp, _ = forward_logprobs(model, batch.select(rows))
+        out[torch.tensor(rows)] = logp.float()
+    return replace(batch, old_logp=out)
+
+
+def policy_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    batch: Batch,
+    loss_cfg: LossConfig,
+    *,
+    grad_clip: float = 1.0,
+    max_tokens: int = 16384,
+    world: World = LOCAL,
+    recompute_old: bool = False,
+) -> dict[str, float]:
+    """One optimizer step over ``batch`` (whose weights already hold the global normaliser)."""
+    model.train()
+    if recompute_old:
+        batch = old_logprobs(model, batch, max_tokens)
+    optimizer.zero_grad(set_to_none=True)
+    sums = dict.fromkeys(STAT_KEYS, 0.0)
+    loss_sum = 0.0
+    for mb in micro_batches(batch, max_tokens):
+        logp, entropy = forward_logprobs(model, mb, with_entropy=True)
+        old = mb.old_logp if mb.old_logp is not None else logp.detach()
+        loss, stats = policy_loss(
+            logp, old, mb.advantages, mb.weights, loss_cfg, engine_logp=mb.engine_logp, entropy=entropy
+        )
+        # FSDP averages gradients over processes; the weights are already global, so undo that.
+        (loss * world.size).backward()
+        loss_sum += float(loss)
+        for k, v in stats.items():
+            sums[k] += float(v)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    optimizer.step()
+    scheduler.step()
+    total = all_sum([loss_sum, *sums.values()], world)
+    loss_total, sums = total[0], dict(zip(STAT_KEYS, total[1:], strict=True))
+    w = sums.pop("weight") or 1.0
+    return {
+        "loss": loss_total,
+        "grad_norm": grad_norm,
+        "lr": scheduler.get_last_lr()[0],
+        **{f"update/{k}": v / w for k, v in sums.items()},
+    }
+
+
+def update_on_rollouts(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    rows: Sequence[tuple[Any, float, int]],
+    stand_in: Any,
+    *,
+    pad_id: int,
+    optim: Any,
+    loss: Any,
+    world: World = LOCAL,
+) -> dict[str, float]:
+    """The RL update on kept rollouts: ``rows`` are (trajectory, advantage, group) of this process.
+
+    ``optim.mini_batches`` optimizer steps per call, each on a share of the rows and normalised
+    over all processes, ``optim.epochs`` passes. A process with no rows (all its groups dropped)
+    still joins the collectives with a zero-weight copy of ``stand_in``.
+    """
+    if all_sum([len(rows)], world)[0] == 0:
+        return {"update/skipped": 1.0}
+    parts = [list(rows[i :: optim.mini_batches]) for i in range(optim.mini_batches)]
+    batches: list[Batch] = []
+    for part in parts:
+        if part:
+            seqs = [(t.prompt_ids, t.response_ids, t.loss_mask, t.logprobs) for t, _, _ in part]
+            b = collate(seqs, [a for _, a, _ in part], [g for _, _, g in part], pad_id)
+        else:
+            t = stand_in
+            b = collate(
+                [(t.prompt_ids, t.response_ids, [0] * len(t.loss_mask), t.logprobs)], [0.0], [0], pad_id
+            )
+        units = all_sum([weight_units(b.mask, b.group_index, loss.aggregation)], world)[0]
+        batches.append(with_weights(b, loss.aggregation, units).to(world.device))
+    if optim.mini_batches > 1 or optim.epochs > 1:
+        batches = [old_logprobs(model, b, optim.micro_batch_tokens) for b in batches]
+    loss_cfg = LossConfig(loss.clip_low, loss.clip_high, loss.kl_coef, loss.entropy_coef, loss.tis_cap)
+    out = [
+        policy_update(
+            model,
+            optimizer,
+            scheduler,
+            b,
+            loss_cfg,
+            grad_clip=optim.grad_clip,
+            max_tokens=optim.micro_batch_tokens,
+            world=world,
+        )
+        for _ in range(optim.epochs)
+        for b in batches
+    ]
+    return {k: sum(o[k] for o in out) / len(out) for k in out[0]}

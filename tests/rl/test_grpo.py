@@ -1,0 +1,166 @@
+"""Advantages, token weights and the clipped loss against hand-computed values; a gradient check."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rstar2.rl.batch import collate, micro_batches, with_weights
+from rstar2.rl.grpo import LossConfig, group_advantages, policy_loss, token_logprobs, token_weights, weight_units
+
+
+def test_group_advantages_by_hand():
+    (adv,) = group_advantages([[1, 0, 0, 1]])
+    # mean 0.5, sample std sqrt(4 * 0.25 / 3) = 0.57735
+    assert adv == pytest.approx([0.8660254, -0.8660254, -0.8660254, 0.8660254], abs=1e-5)
+    assert group_advantages([[1, 1, 1]]) == [[0.0, 0.0, 0.0]]
+    assert group_advantages([[1.0]]) == [[0.0]]
+    assert group_advantages([[]]) == [[]]
+    assert group_advantages([[1, 0, 0]], scale_by_std=False)[0] == pytest.approx([2 / 3, -1 / 3, -1 / 3])
+    # 1 incorrect, 15 correct: the negative carries most of the magnitude
+    (adv,) = group_advantages([[0.0] + [1.0] * 15])
+    std = math.sqrt((15 * (1 / 16) ** 2 + (15 / 16) ** 2) / 15)
+    assert adv[0] == pytest.approx(-(15 / 16) / std, rel=1e-5)
+    assert adv[1] == pytest.approx((1 / 16) / std, rel=1e-5)
+
+
+def test_token_weights_token_mean_and_per_group():
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    w = token_weights(mask)
+    assert torch.allclose(w, mask / 3)
+    w = token_weights(mask, torch.tensor([0, 1]), "group-token-mean")
+    assert torch.allclose(w, torch.tensor([[0.25, 0.25, 0.0], [0.5, 0.0, 0.0]]))
+    # another process's share: the denominator of the whole batch is given
+    assert torch.allclose(token_weights(mask, units=6.0), mask / 6)
+    assert weight_units(mask, torch.tensor([0, 0]), "group-token-mean") == 1.0
+    # empty masks give zero weights, never NaN
+    empty = torch.zeros(2, 3)
+    assert torch.equal(token_weights(empty), empty)
+    assert torch.equal(token_weights(empty, torch.tensor([0, 1]), "group-token-mean"), empty)
+    with pytest.raises(ValueError, match="aggregation"):
+        token_weights(mask, aggregation="seq-mean")  # type: ignore[arg-type]
+
+
+def _loss(ratio: float, adv: float, cfg=LossConfig()):
+    old = torch.zeros(1, 1)
+    logp = torch.full((1, 1), math.log(ratio), requires_grad=True)
+    loss, stats = policy_loss(logp, old, torch.full((1, 1), adv), torch.ones(1, 1), cfg)
+    loss.backward()
+    return float(loss.detach()), float(logp.grad), stats
+
+
+def test_clip_higher_by_hand():
+    # inside the band: -A * ratio, gradient -A * ratio
+    assert _loss(1.1, 1.0)[:2] == pytest.approx((-1.1, -1.1))
+    assert _loss(0.9, -1.0)[:2] == pytest.approx((0.9, 0.9))
+    # A > 0 above 1 + 0.28: clipped at -1.28, no gradient
+    loss, grad, stats = _loss(1.5, 1.0)
+    assert (loss, grad) == pytest.approx((-1.28, 0.0))
+    assert float(stats["clip_high"]) == 1.0 and float(stats["clip_low"]) == 0.0
+    # 1.25 is still inside the higher band (it would be clipped with a symmetric 0.2)
+    assert _loss(1.25, 1.0)[1] == pytest.approx(-1.25)
+    # A < 0 below 1 - 0.2: clipped at 0.8, no gradient
+    loss, grad, stats = _loss(0.5, -1.0)
+    assert (loss, grad) == pytest.approx((0.8, 0.0))
+    assert float(stats["clip_low"]) == 1.0
+    # A < 0 above the band is *not* clipped (the pessimistic max keeps the larger loss)
+    assert _loss(1.5, -1.0)[:2] == pytest.approx((1.5, 1.5))
+
+
+def test_all_tokens_clipped_gives_zero_gradient_and_empty_mask_zero_loss():
+    old = torch.zeros(2, 3)
+    logp = torch.full((2, 3), math.log(2.0), requires_grad=True)
+    loss, _ = policy_loss(logp, old, torch.ones(2, 3), torch.full((2, 3), 1 / 6))
+    loss.backward()
+    assert float(loss) == pytest.approx(-1.28) and torch.count_nonzero(logp.grad) == 0
+    logp.grad = None
+    loss, stats = policy_loss(logp, old, torch.ones(2, 3), torch.zeros(2, 3))
+    loss.backward()
+    assert float(loss) == 0.0 and torch.count_nonzero(logp.grad) == 0 and float(stats["weight"]) == 0.0
+
+
+def test_kl_and_truncated_importance_sampling_by_hand():
+    old, logp = torch.zeros(1, 1), torch.zeros(1, 1)
+    ref = torch.full((1, 1), math.log(0.5))
+    # k3: exp(d) - d - 1 with d = ref - logp = log 0.5 → 0.5 + 0.6931 - 1 = 0.19315
+    loss, _ = policy_loss(logp, old, torch.zeros(1, 1), torch.ones(1, 1), LossConfig(kl_coef=2.0), ref_logp=ref)
+    assert float(loss) == pytest.approx(2 * (0.5 + math.log(2) - 1), rel=1e-5)
+    # TIS: weight min(exp(old - engine), cap) = min(e^1, 2) = 2 on -A * 1
+    engine = torch.full((1, 1), -1.0)
+    loss, stats = policy_loss(
+        logp, old, torch.ones(1, 1), torch.ones(1, 1), LossConfig(tis_cap=2.0), engine_logp=engine
+    )
+    assert float(loss) == pytest.approx(-2.0)
+    assert float(stats["engine_gap"]) == pytest.approx(1.0)
+
+
+def test_collate_shifts_mask_and_logprobs_by_one():
+    b = collate([([5, 6], [7, 8, 9], [1, 0, 1], [-0.1, 0.0, -0.3]), ([5], [7], [1], [-0.2])], [1.0, -1.0], [0, 0])
+    assert b.input_ids.tolist() == [[5, 6, 7, 8, 9], [5, 7, 0, 0, 0]]
+    assert b.labels.tolist() == [[6, 7, 8, 9], [7, 0, 0, 0]]
+    # position t predicts token t+1: 7 (learn), 8 (tool token, masked), 9 (learn)
+    assert b.mask.tolist() == [[0, 1, 0, 1], [1, 0, 0, 0]]
+    assert b.engine_logp[0].tolist() == pytest.approx([0.0, -0.1, 0.0, -0.3])
+    assert b.advantages[1].tolist() == [-1.0] * 4
+    with pytest.raises(ValueError, match="same length"):
+        collate([([1], [2, 3], [1], [0.0, 0.0])], [0.0], [0])
+
+
+def test_micro_batches_do_not_change_the_loss():
+    torch.manual_seed(0)
+    seqs = [([1, 2], list(range(3, 3 + n)), [1] * n, [0.0] * n) for n in (1, 4, 2, 7, 3)]
+    b = with_weights(collate(seqs, [1.0, -0.5, 0.25, 2.0, -1.0], [0, 0, 1, 1, 1]), "token-mean")
+    logits = torch.randn(b.rows, b.input_ids.shape[1], 16)
+
+    full_logp, _ = token_logprobs(logits[:, :-1], b.labels)
+    full, _ = policy_loss(full_logp, full_logp.detach() - 0.1, b.advantages, b.weights)
+    parts = micro_batches(b, max_tokens=12)
+    assert len(parts) > 1 and sum(p.rows for p in parts) == b.rows
+    total = 0.0
+    lengths = b.attention_mask.sum(dim=1).tolist()
+    order = sorted(range(b.rows), key=lambda i: lengths[i])
+    at = 0
+    for p in parts:
+        idx = order[at : at + p.rows]
+        at += p.rows
+        w = p.input_ids.shape[1]
+        lp, _ = token_logprobs(logits[idx][:, : w - 1], p.labels)
+        part_loss, _ = policy_loss(lp, lp.detach() - 0.1, p.advantages, p.weights)
+        total += float(part_loss)
+    assert total == pytest.approx(float(full), rel=1e-5)
+
+
+def test_gradient_of_the_loss_on_a_tiny_model_matches_finite_differences(tiny):
+    """d loss / d θ by autograd equals a central finite difference on a real model (float64)."""
+    import copy
+
+    model = copy.deepcopy(tiny[0]).double().train()
+    seqs = [([1, 2, 3], [4, 5, 6, 7], [1, 1, 0, 1], [0.0] * 4), ([1, 2], [9, 8], [1, 1], [0.0] * 2)]
+    b = with_weights(collate(seqs, [0.7, -0.7], [0, 0]), "token-mean")
+
+    def logprobs():
+        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits[:, :-1]
+        return token_logprobs(logits, b.labels)[0]
+
+    with torch.no_grad():  # an old policy a little off the current one: ratios spread around 1
+        start = logprobs()
+        old = start + 0.3 * torch.sin(torch.arange(start.numel(), dtype=torch.float64)).view_as(start)
+
+    def loss_fn():
+        return policy_loss(logprobs(), old, b.advantages.double(), b.weights.double())[0]
+
+    param = model.model.layers[0].mlp.down_proj.weight
+    model.zero_grad()
+    loss_fn().backward()
+    grad = param.grad.clone()
+    h = 1e-3  # transformers' RMSNorm computes in float32 even for a float64 model: no smaller steps
+    for idx in [(0, 0), (3, 5), (10, 7)]:
+        with torch.no_grad():
+            param[idx] += h
+            up = float(loss_fn())
+            param[idx] -= 2 * h
+            down = float(loss_fn())
+            param[idx] += h
+        assert grad[idx].item() == pytest.approx((up - down) / (2 * h), rel=2e-3, abs=1e-6)
