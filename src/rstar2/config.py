@@ -103,6 +103,8 @@ class RunSection(_Section):
 
 class RLConfig(_Section):
     kind: Literal["rl"] = "rl"
+    # A custom reward "module:function" (Trajectory -> float, sees every rollout); None: the verifier.
+    reward: str | None = None
     model: ModelSection
     data: DataSection
     rollout: RolloutSection = Field(default_factory=RolloutSection)

@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from rstar2.rl.batch import collate, micro_batches, with_weights
-from rstar2.rl.grpo import LossConfig, group_advantages, policy_loss, token_logprobs, token_weights, weight_units
+from rstar2.rl.grpo import (
+    LossConfig,
+    group_advantages,
+    policy_loss,
+    token_logprobs,
+    token_weights,
+    weight_units,
+)
 
 
 def test_group_advantages_by_hand():
@@ -43,10 +50,10 @@ def test_token_weights_token_mean_and_per_group():
         token_weights(mask, aggregation="seq-mean")  # type: ignore[arg-type]
 
 
-def _loss(ratio: float, adv: float, cfg=LossConfig()):
+def _loss(ratio: float, adv: float, cfg: LossConfig | None = None):
     old = torch.zeros(1, 1)
     logp = torch.full((1, 1), math.log(ratio), requires_grad=True)
-    loss, stats = policy_loss(logp, old, torch.full((1, 1), adv), torch.ones(1, 1), cfg)
+    loss, stats = policy_loss(logp, old, torch.full((1, 1), adv), torch.ones(1, 1), cfg or LossConfig())
     loss.backward()
     return float(loss.detach()), float(logp.grad), stats
 
@@ -85,7 +92,9 @@ def test_kl_and_truncated_importance_sampling_by_hand():
     old, logp = torch.zeros(1, 1), torch.zeros(1, 1)
     ref = torch.full((1, 1), math.log(0.5))
     # k3: exp(d) - d - 1 with d = ref - logp = log 0.5 → 0.5 + 0.6931 - 1 = 0.19315
-    loss, _ = policy_loss(logp, old, torch.zeros(1, 1), torch.ones(1, 1), LossConfig(kl_coef=2.0), ref_logp=ref)
+    loss, _ = policy_loss(
+        logp, old, torch.zeros(1, 1), torch.ones(1, 1), LossConfig(kl_coef=2.0), ref_logp=ref
+    )
     assert float(loss) == pytest.approx(2 * (0.5 + math.log(2) - 1), rel=1e-5)
     # TIS: weight min(exp(old - engine), cap) = min(e^1, 2) = 2 on -A * 1
     engine = torch.full((1, 1), -1.0)
@@ -97,7 +106,9 @@ def test_kl_and_truncated_importance_sampling_by_hand():
 
 
 def test_collate_shifts_mask_and_logprobs_by_one():
-    b = collate([([5, 6], [7, 8, 9], [1, 0, 1], [-0.1, 0.0, -0.3]), ([5], [7], [1], [-0.2])], [1.0, -1.0], [0, 0])
+    b = collate(
+        [([5, 6], [7, 8, 9], [1, 0, 1], [-0.1, 0.0, -0.3]), ([5], [7], [1], [-0.2])], [1.0, -1.0], [0, 0]
+    )
     assert b.input_ids.tolist() == [[5, 6, 7, 8, 9], [5, 7, 0, 0, 0]]
     assert b.labels.tolist() == [[6, 7, 8, 9], [7, 0, 0, 0]]
     # position t predicts token t+1: 7 (learn), 8 (tool token, masked), 9 (learn)

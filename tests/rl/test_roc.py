@@ -113,7 +113,9 @@ def test_roc_select_metrics_compare_all_and_kept_positives():
 
 
 def _call(status: str) -> ToolCallRecord:
-    return ToolCallRecord("execute_python_code_with_standard_io", {"code": "x"}, "out", ExecResult(status=status))
+    return ToolCallRecord(
+        "execute_python_code_with_standard_io", {"code": "x"}, "out", ExecResult(status=status)
+    )
 
 
 def test_score_reads_structured_statuses():

@@ -93,17 +93,39 @@ def with_weights(batch: Batch, aggregation: Aggregation, units: float | None = N
     return replace(batch, weights=token_weights(batch.mask, batch.group_index, aggregation, units))
 
 
-def micro_batches(batch: Batch, max_tokens: int) -> list[Batch]:
-    """Split into micro-batches of at most ``max_tokens`` padded tokens (at least one row each),
-    rows sorted by length so that rows of similar length share a micro-batch."""
+def plan_micro_batches(batch: Batch, max_tokens: int, count: int | None = None) -> list[list[int]]:
+    """Rows of each micro-batch: at most ``max_tokens`` padded tokens (at least one row each), rows
+    sorted by length so that rows of similar length share a micro-batch.
+
+    ``count`` asks for exactly that many (under FSDP every process must run as many forward
+    passes): the largest are split further, and empty lists stand for filler passes.
+    """
     lengths = batch.attention_mask.sum(dim=1).tolist()
-    order = sorted(range(batch.rows), key=lambda i: lengths[i])
-    out, current = [], []
-    for i in order:
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for i in sorted(range(batch.rows), key=lambda i: lengths[i]):
         if current and (len(current) + 1) * max(lengths[i], 2) > max_tokens:
-            out.append(batch.select(current, max(2, max(lengths[j] for j in current))))
+            groups.append(current)
             current = []
         current.append(i)
     if current:
-        out.append(batch.select(current, max(2, max(lengths[j] for j in current))))
-    return out
+        groups.append(current)
+    while count is not None and len(groups) < count and any(len(g) > 1 for g in groups):
+        big = max(range(len(groups)), key=lambda k: len(groups[k]))
+        g = groups.pop(big)
+        groups[big:big] = [g[: len(g) // 2], g[len(g) // 2 :]]
+    return groups + [[] for _ in range(max(0, (count or 0) - len(groups)))]
+
+
+def take_rows(batch: Batch, rows: list[int]) -> Batch:
+    """These rows cut to their longest sequence; an empty list gives a zero-weight filler row."""
+    if not rows:
+        filler = batch.select([0], 2)
+        filler.weights = torch.zeros_like(filler.mask)
+        return filler
+    width = max(2, int(batch.attention_mask[rows].sum(dim=1).max()))
+    return batch.select(rows, width)
+
+
+def micro_batches(batch: Batch, max_tokens: int, count: int | None = None) -> list[Batch]:
+    return [take_rows(batch, rows) for rows in plan_micro_batches(batch, max_tokens, count)]

@@ -83,6 +83,14 @@ def all_sum(values: Sequence[float], world: World) -> list[float]:
     return t.tolist()
 
 
+def all_max(value: int, world: World) -> int:
+    if not world.distributed:
+        return value
+    t = torch.tensor([value], dtype=torch.long, device=world.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def all_gather_objects(obj: Any, world: World) -> list[Any]:
     if not world.distributed:
         return [obj]

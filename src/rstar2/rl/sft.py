@@ -18,12 +18,12 @@ import torch
 
 from ..config import SFTConfig, dump_config
 from . import distributed as D
-from .batch import Batch, micro_batches
+from .batch import Batch, take_rows
 from .checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from .data import ProblemStream
 from .metrics_log import MetricsLog
 from .optim import build_optimizer
-from .update import forward_logprobs
+from .update import forward_logprobs, plan
 
 
 def read_conversations(path: str | Path) -> list[list[dict[str, Any]]]:
@@ -73,11 +73,12 @@ def sft_step(
     model.train()
     optimizer.zero_grad(set_to_none=True)
     loss_sum = 0.0
-    for mb in micro_batches(batch, max_tokens):
+    for rows in plan(batch, max_tokens, world):
+        mb = take_rows(batch, rows)
         logp, _ = forward_logprobs(model, mb)
         loss = -(logp * mb.weights).sum()
         (loss * world.size).backward()
-        loss_sum += float(loss)
+        loss_sum += float(loss.detach())
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     optimizer.step()

@@ -36,6 +36,22 @@ RewardFn = Callable[[Trajectory], float]
 FINISH_REASONS = ("answer", "no_tool_call", "max_turns", "max_length", "error")
 
 
+def load_reward(spec: str) -> RewardFn:
+    """``"package.module:function"`` → the function (a custom reward for ``reward:`` in a config)."""
+    import importlib
+
+    module, _, name = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(
+            f"reward {spec!r}: cannot import it ({exc}); write it as package.module:function"
+        ) from None
+    if not callable(fn):
+        raise ValueError(f"reward {spec!r} is not callable")
+    return fn
+
+
 def _seed(*parts: int) -> int:
     return hash(tuple(parts)) % (2**31 - 1)
 
@@ -99,7 +115,7 @@ class RLTrainer:
 
     def __init__(self, cfg: RLConfig, *, resume: bool = False, reward_fn: RewardFn | None = None):
         self.cfg = cfg
-        self.reward_fn = reward_fn
+        self.reward_fn = reward_fn or (load_reward(cfg.reward) if cfg.reward else None)
         self.resume = resume
         self.run_dir = Path(cfg.run.out)
         self.world = D.World()
@@ -268,7 +284,7 @@ class RLTrainer:
         rollout_s = time.perf_counter() - t0
         if self.reward_fn is not None:
             for t in trajs:
-                t.reward = 0.0 if t.finish_reason in ("max_length", "error") else float(self.reward_fn(t))
+                t.reward = float(self.reward_fn(t))  # a custom reward sees every rollout, truncated ones too
 
         S = cfg.rollout.samples
         groups = [trajs[i * S : (i + 1) * S] for i in range(len(mine))]

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from .batch import Batch, collate, micro_batches, with_weights
-from .distributed import LOCAL, World, all_sum
+from .batch import Batch, collate, plan_micro_batches, take_rows, with_weights
+from .distributed import LOCAL, World, all_max, all_sum
 from .grpo import LossConfig, policy_loss, token_logprobs, weight_units
 
 STAT_KEYS = ("weight", "clip_low", "clip_high", "approx_kl", "entropy", "engine_gap")
@@ -34,16 +34,22 @@ def forward_logprobs(model: torch.nn.Module, mb: Batch, with_entropy: bool = Fal
     return token_logprobs(logits[:, :-1], mb.labels, with_entropy)
 
 
+def plan(batch: Batch, max_tokens: int, world: World) -> list[list[int]]:
+    """Micro-batch rows; under FSDP every process gets as many (each forward is a collective)."""
+    rows = plan_micro_batches(batch, max_tokens)
+    if world.distributed:
+        rows = plan_micro_batches(batch, max_tokens, count=all_max(len(rows), world))
+    return rows
+
+
 @torch.no_grad()
-def old_logprobs(model: torch.nn.Module, batch: Batch, max_tokens: int) -> Batch:
+def old_logprobs(model: torch.nn.Module, batch: Batch, max_tokens: int, world: World = LOCAL) -> Batch:
     """The batch with ``old_logp`` from the current weights (micro-batched, no grad)."""
     out = torch.zeros_like(batch.mask)
-    order = sorted(range(batch.rows), key=lambda i: int(batch.attention_mask[i].sum()))
-    step = max(1, max_tokens // max(2, batch.input_ids.shape[1]))
-    for k in range(0, len(order), step):
-        rows = order[k : k + step]
-        logp, _ = forward_logprobs(model, batch.select(rows))
-        out[torch.tensor(rows)] = logp.float()
+    for rows in plan(batch, max_tokens, world):
+        logp, _ = forward_logprobs(model, take_rows(batch, rows))
+        if rows:
+            out[torch.tensor(rows), : logp.shape[1]] = logp.float()
     return replace(batch, old_logp=out)
 
 
@@ -66,7 +72,8 @@ def policy_update(
     optimizer.zero_grad(set_to_none=True)
     sums = dict.fromkeys(STAT_KEYS, 0.0)
     loss_sum = 0.0
-    for mb in micro_batches(batch, max_tokens):
+    for rows in plan(batch, max_tokens, world):
+        mb = take_rows(batch, rows)
         logp, entropy = forward_logprobs(model, mb, with_entropy=True)
         old = mb.old_logp if mb.old_logp is not None else logp.detach()
         loss, stats = policy_loss(
@@ -74,7 +81,7 @@ def policy_update(
         )
         # FSDP averages gradients over processes; the weights are already global, so undo that.
         (loss * world.size).backward()
-        loss_sum += float(loss)
+        loss_sum += float(loss.detach())
         for k, v in stats.items():
             sums[k] += float(v)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -126,7 +133,7 @@ def update_on_rollouts(
         units = all_sum([weight_units(b.mask, b.group_index, loss.aggregation)], world)[0]
         batches.append(with_weights(b, loss.aggregation, units).to(world.device))
     if optim.mini_batches > 1 or optim.epochs > 1:
-        batches = [old_logprobs(model, b, optim.micro_batch_tokens) for b in batches]
+        batches = [old_logprobs(model, b, optim.micro_batch_tokens, world) for b in batches]
     loss_cfg = LossConfig(loss.clip_low, loss.clip_high, loss.kl_coef, loss.entropy_coef, loss.tis_cap)
     out = [
         policy_update(

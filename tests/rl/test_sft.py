@@ -1,0 +1,90 @@
+"""SFT: conversations tokenized turn by turn as rollouts build them, loss on assistant tokens only."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rstar2.chat.format import ChatFormat
+from rstar2.config import parse_config
+from rstar2.rl.sft import SFTTrainer, read_conversations, sft_batch
+
+CALL = '<tool_call>{"name": "execute_python_code_with_standard_io", "arguments": {"code": "print(6*7)"}}</tool_call>'
+
+
+def conversation(a: int, b: int) -> list[dict]:
+    return [
+        {"role": "user", "content": f"What is {a} * {b}?"},
+        {"role": "assistant", "content": CALL.replace("6*7", f"{a}*{b}")},
+        {"role": "tool", "content": str(a * b)},
+        {"role": "assistant", "content": f"<answer>\\boxed{{{a * b}}}</answer>"},
+    ]
+
+
+def test_conversation_ids_mask_exactly_the_assistant_turns(tiny):
+    fmt = ChatFormat(tiny[1], system_prompt="Answer.")
+    msgs = conversation(6, 7)
+    ids, mask = fmt.conversation_ids(msgs)
+    assert len(ids) == len(mask)
+    # the ids decode to what the chat template renders (up to the closing glue after the last turn)
+    full = fmt.render([{"role": "system", "content": "Answer."}, *msgs])
+    assert full.startswith(fmt.decode(ids)) and full[len(fmt.decode(ids)) :] == "\n"
+    learned = fmt.decode([i for i, m in zip(ids, mask, strict=True) if m])
+    assert learned == msgs[1]["content"] + "<|im_end|>" + msgs[3]["content"] + "<|im_end|>"
+    # the prompt part is the rollout's prompt, token for token
+    prompt = fmt.encode(fmt.render([{"role": "system", "content": "Answer."}, msgs[0]], True))
+    assert ids[: len(prompt)] == prompt and not any(mask[: len(prompt)])
+    # the tool turn is the rollout's tool turn, token for token
+    start = len(prompt) + mask[len(prompt) :].index(0)
+    tool = fmt.tool_turn_ids(["42"], model_end="<|im_end|>")
+    assert ids[start : start + len(tool)] == tool
+
+
+def test_conversations_without_assistant_or_bad_lines_are_refused(tiny, tmp_path):
+    fmt = ChatFormat(tiny[1])
+    with pytest.raises(ValueError, match="no assistant"):
+        fmt.conversation_ids([{"role": "user", "content": "hi"}])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": []}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        read_conversations(bad)
+
+
+def test_sft_batch_weights_are_a_token_mean_over_assistant_tokens():
+    b = sft_batch([([1, 2, 3, 4], [0, 0, 1, 1]), ([1, 5], [0, 1])], pad_id=0)
+    assert b.mask.tolist() == [[0, 1, 1], [1, 0, 0]]
+    assert torch.allclose(b.weights, b.mask / 3)
+
+
+@pytest.mark.slow
+def test_sft_learns_the_format_and_saves_a_loadable_checkpoint(tiny_dir, tmp_path):
+    data = tmp_path / "sft.jsonl"
+    data.write_text(
+        "".join(json.dumps({"messages": conversation(a, b)}) + "\n" for a in range(2, 6) for b in range(3, 7))
+    )
+    cfg = parse_config(
+        {
+            "kind": "sft",
+            "system_prompt": "Answer.",
+            "model": {"path": str(tiny_dir), "threads": 1},
+            "data": {"train": str(data)},
+            "sft": {"epochs": 4},
+            "optim": {"lr": 1e-2, "warmup_steps": 2},
+            "run": {"out": str(tmp_path / "run"), "batch_size": 8, "save_every": 100, "progress": False},
+        }
+    )
+    threads = torch.get_num_threads()
+    try:
+        history = SFTTrainer(cfg).train()
+    finally:
+        torch.set_num_threads(threads)
+    assert len(history) == 8  # 4 epochs of 16 examples at 8 per step
+    assert history[-1]["loss"] < 0.6 * history[0]["loss"], [h["loss"] for h in history]
+    from transformers import AutoModelForCausalLM
+
+    ckpt = tmp_path / "run" / "checkpoints" / "step-000008"
+    AutoModelForCausalLM.from_pretrained(ckpt)
+    state = json.loads((ckpt / "state.json").read_text())
+    assert state["step"] == 8 and state["data_position"] == 64

@@ -1,0 +1,147 @@
+"""The RL trainer end to end on a tiny model: the reward rises on a learnable task, and a run killed
+with SIGKILL resumes from its last checkpoint and continues exactly as an uninterrupted run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from rstar2.config import parse_config
+from rstar2.rl.checkpoint import latest_checkpoint
+from rstar2.rl.metrics_log import read_metrics
+from rstar2.rl.trainer import RLTrainer
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 6
+
+
+def rl_config(model_dir: Path, data: Path, out: Path) -> dict:
+    return {
+        "kind": "rl",
+        "reward": "tests.rl.rewards:first_token_even",
+        "model": {"path": str(model_dir), "threads": 1},
+        "data": {"train": str(data)},
+        "rollout": {
+            "samples": 8,
+            "max_turns": 1,
+            "max_response_tokens": 3,
+            "top_k": 4,
+            "system_prompt": "Answer.",
+            "max_batch_size": 1,  # one request at a time: the same float path in every run
+            "sandbox_workers": 1,
+            "verifier_workers": 1,
+        },
+        "roc": {"keep": 4},
+        "optim": {"lr": 1e-2, "warmup_steps": 0, "mini_batches": 2},
+        "run": {"out": str(out), "steps": STEPS, "batch_size": 4, "save_every": 2, "progress": False},
+    }
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("rl")
+    rows = [{"problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(12)]
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(setup, tiny_dir):
+    threads = torch.get_num_threads()
+    cfg = parse_config(rl_config(tiny_dir, setup / "train.jsonl", setup / "a"))
+    try:
+        history = asyncio.run(RLTrainer(cfg).train())
+    finally:
+        torch.set_num_threads(threads)
+    return setup / "a", history
+
+
+@pytest.mark.slow
+def test_reward_rises_and_the_run_folder_is_complete(uninterrupted):
+    run, history = uninterrupted
+    rewards = [m["reward/mean"] for m in history]
+    assert len(rewards) == STEPS
+    assert sum(rewards[-2:]) / 2 >= rewards[0] + 0.2, rewards
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    for key in (
+        "accuracy",
+        "roc/groups_kept",
+        "tools/error_ratio_correct_all",
+        "response/length_mean",
+        "finish/max_length",
+        "tokens_per_s",
+        "time/rollout_s",
+        "time/update_s",
+    ):
+        assert key in rows[0], key
+    assert (run / "metrics.png").stat().st_size > 0
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    ckpt = latest_checkpoint(run)
+    assert ckpt is not None and ckpt.name == f"step-{STEPS:06d}"
+    assert (ckpt / "model.safetensors").is_file() and (ckpt / "trainer_state.pt").is_file()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    AutoModelForCausalLM.from_pretrained(ckpt)  # a plain Hugging Face folder
+    AutoTokenizer.from_pretrained(ckpt)
+    assert len(list((run / "checkpoints").iterdir())) == 2  # keep_checkpoints
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_exactly(setup, tiny_dir, uninterrupted):
+    run_a, history = uninterrupted
+    run_b = setup / "b"
+    cfg_path = setup / "b.yaml"
+    cfg_path.write_text(yaml.safe_dump(rl_config(tiny_dir, setup / "train.jsonl", run_b)))
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rstar2", "train", str(cfg_path)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (run_b / "checkpoints" / "step-000002" / "state.json").exists():
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read()[-2000:]}"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert latest_checkpoint(run_b).name in ("step-000002", "step-000004")
+    threads = torch.get_num_threads()
+    try:
+        cfg = parse_config(rl_config(tiny_dir, setup / "train.jsonl", run_b))
+        resumed = asyncio.run(RLTrainer(cfg, resume=True).train())
+    finally:
+        torch.set_num_threads(threads)
+    rows_a = read_metrics(run_a / "metrics.jsonl")
+    rows_b = read_metrics(run_b / "metrics.jsonl")
+    assert [r["step"] for r in rows_b] == list(range(1, STEPS + 1))  # each step once
+    assert len(resumed) >= 2
+    for a, b in zip(rows_a, rows_b, strict=True):
+        assert a.keys() == b.keys(), a["step"]
+        for key in ("loss", "grad_norm", "reward/mean", "update/clip_high", "rollouts_kept"):
+            if key in a:  # a step whose groups were all dropped has no update metrics
+                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key)
+    from safetensors.torch import load_file
+
+    final_a = load_file(str(latest_checkpoint(run_a) / "model.safetensors"))
+    final_b = load_file(str(latest_checkpoint(run_b) / "model.safetensors"))
+    for k in final_a:
+        assert torch.allclose(final_a[k], final_b[k], atol=1e-6), k
