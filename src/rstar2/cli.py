@@ -490,14 +490,18 @@ def train(
     except ConfigError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
-    if cfg.kind == "sft":
-        from .rl.sft import SFTTrainer
+    try:
+        if cfg.kind == "sft":
+            from .rl.sft import SFTTrainer
 
-        history = SFTTrainer(cfg, resume=resume).train()
-    else:
-        from .rl.trainer import RLTrainer
+            history = SFTTrainer(cfg, resume=resume).train()
+        else:
+            from .rl.trainer import RLTrainer
 
-        history = asyncio.run(RLTrainer(cfg, resume=resume).train())
+            history = asyncio.run(RLTrainer(cfg, resume=resume).train())
+    except (ValueError, OSError) as exc:  # bad data, paths or settings: say what, no traceback
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
     if history and int(os.environ.get("RANK", "0")) == 0:
         last = history[-1]
         shown = {

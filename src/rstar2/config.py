@@ -44,6 +44,7 @@ class RolloutSection(_Section):
     tool_timeout_s: float | None = None
     stateful: bool = False
     system_prompt: str | None = None  # None: rstar2's default prompt
+    tools_in_prompt: bool = True  # False: no tool schemas in the prompt (small SFT'd models)
     tool_limit_chars: int = 2048
     banned_tokens: list[str] = Field(default_factory=list)  # never sampled (e.g. pad)
     servers: list[str] = Field(default_factory=list)  # OpenAI-compatible servers; empty: in-process
@@ -136,6 +137,7 @@ class SFTConfig(_Section):
     optim: OptimSection = Field(default_factory=lambda: OptimSection(lr=5e-6, schedule="cosine"))
     run: RunSection = Field(default_factory=lambda: RunSection(out="runs/sft"))
     system_prompt: str | None = None
+    tools_in_prompt: bool = True
     stateful: bool = False
 
 

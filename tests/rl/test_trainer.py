@@ -37,6 +37,7 @@ def rl_config(model_dir: Path, data: Path, out: Path) -> dict:
             "max_response_tokens": 3,
             "top_k": 4,
             "system_prompt": "Answer.",
+            "tools_in_prompt": False,  # ~80-token prompts instead of ~650
             "max_batch_size": 1,  # one request at a time: the same float path in every run
             "sandbox_workers": 1,
             "verifier_workers": 1,

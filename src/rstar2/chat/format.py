@@ -50,10 +50,13 @@ class ChatFormat:
     system_prompt: str | None = SYSTEM_PROMPT
     tool_limit_chars: int = DEFAULT_LIMIT_CHARS
     tool_limit_tokens: int | None = None
+    # False leaves the tool schemas out of the prompt (a small model taught the format by SFT
+    # does not need ~1K tokens of JSON schema in every prompt); calls are parsed all the same.
+    tools_in_prompt: bool = True
 
     def __post_init__(self) -> None:
         ensure_chat_template(self.tokenizer)
-        self.tools = tool_schemas(self.stateful)
+        self.tools = tool_schemas(self.stateful) if self.tools_in_prompt else None
         self.tool_names = (PYTHON_TOOL, SESSION_TOOL) if self.stateful else (PYTHON_TOOL,)
         stub = [*problem_messages("1+1", self.system_prompt), {"role": "assistant", "content": _MARK}]
         self._stub = stub

@@ -75,9 +75,9 @@ def generate_batch(
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
     active = list(range(n))  # original row of each batch row
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache).logits[
-        :, -1
-    ]
+    logits = model(
+        input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, logits_to_keep=1
+    ).logits[:, -1]
     last_pos = positions[:, -1]
     while active:
         tokens, logps = next_tokens(logits, [params[i] for i in active], [gens[i] for i in active])
@@ -122,8 +122,10 @@ class HFEngine:
         max_batch_size: int = 64,
         capacity_tokens: int | None = None,
         pad_token_id: int | None = None,
+        gather_s: float = 0.01,
     ) -> None:
         self.model = model.eval()
+        self.gather_s = gather_s
         self.name = name
         self.max_batch_size = max_batch_size
         self.capacity_tokens = capacity_tokens or max_batch_size * min(max_positions(model), 4096)
@@ -188,9 +190,14 @@ class HFEngine:
         if first is None:
             return None
         batch = [first]
+        # Requests of a burst (a rollout batch starting, tool calls returning together) arrive a
+        # little apart: wait until the queue has been quiet for ``gather_s`` (at most 10 windows),
+        # so the first request does not run alone while the rest of the burst queues behind it.
+        deadline = time.perf_counter() + 10 * self.gather_s
         while len(batch) < self.max_batch_size:
+            wait = min(self.gather_s, deadline - time.perf_counter())
             try:
-                nxt = self._queue.get_nowait()
+                nxt = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
             except queue.Empty:
                 break
             if nxt is None:

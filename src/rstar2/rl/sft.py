@@ -106,7 +106,7 @@ class SFTTrainer:
         start = str(ckpt or cfg.run.init_from or cfg.model.path)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or start)
         extra = {} if cfg.system_prompt is None else {"system_prompt": cfg.system_prompt}
-        fmt = ChatFormat(self.tokenizer, stateful=cfg.stateful, **extra)
+        fmt = ChatFormat(self.tokenizer, stateful=cfg.stateful, tools_in_prompt=cfg.tools_in_prompt, **extra)
         examples, self.dropped = [], 0
         for msgs in read_conversations(cfg.data.train)[: cfg.data.limit]:
             ids, mask = fmt.conversation_ids(msgs)

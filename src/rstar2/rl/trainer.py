@@ -198,6 +198,7 @@ class RLTrainer:
             stateful=r.stateful,
             tool_limit_chars=r.tool_limit_chars,
             system_prompt=r.system_prompt,
+            tools_in_prompt=r.tools_in_prompt,
             config=RolloutConfig(
                 max_turns=r.max_turns,
                 max_response_tokens=r.max_response_tokens,
@@ -268,9 +269,11 @@ class RLTrainer:
         t_step = time.perf_counter()
         problems = self.problems.take(cfg.run.batch_size)
         mine = list(range(world.rank, len(problems), world.size))  # this process's share, whole groups
+        prompts = {g: self.rollout.fmt.prompt_ids(problems[g]["problem"]) for g in mine}
         items = [
             {
                 "problem": problems[g]["problem"],
+                "prompt_ids": prompts[g],
                 "answer": None if self.reward_fn else str(problems[g]["answer"]),
                 "seed": _seed(cfg.run.seed, step, g, k),
                 "meta": {"group": g, "sample": k},

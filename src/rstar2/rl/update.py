@@ -29,9 +29,25 @@ def _autocast(device: torch.device):
 
 
 def forward_logprobs(model: torch.nn.Module, mb: Batch, with_entropy: bool = False):
+    """Log-probs of the labels, (rows, T-1), and optionally entropies. Logits are only computed
+    from the first position any row learns from: the prompt's vocabulary projections and
+    log-softmaxes are never needed (most of the compute of the head for a long prompt)."""
+    width = mb.labels.shape[1]
+    learn = mb.mask.any(dim=0).nonzero()
+    start = int(learn[0]) if len(learn) else width - 1
     with _autocast(mb.input_ids.device):
-        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
-    return token_logprobs(logits[:, :-1], mb.labels, with_entropy)
+        logits = model(
+            input_ids=mb.input_ids,
+            attention_mask=mb.attention_mask,
+            use_cache=False,
+            logits_to_keep=width + 1 - start,
+        ).logits
+    logp, entropy = token_logprobs(logits[:, :-1], mb.labels[:, start:], with_entropy)
+    if start:
+        pad = logp.new_zeros(logp.shape[0], start)
+        logp = torch.cat([pad, logp], dim=1)
+        entropy = torch.cat([pad, entropy], dim=1) if entropy is not None else None
+    return logp, entropy
 
 
 def plan(batch: Batch, max_tokens: int, world: World) -> list[list[int]]:

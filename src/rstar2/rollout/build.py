@@ -26,6 +26,7 @@ class RolloutSetup:
     tool_limit_chars: int = 2048
     tool_limit_tokens: int | None = None
     system_prompt: str | None = None  # None: rstar2's default system prompt
+    tools_in_prompt: bool = True
     config: RolloutConfig = field(default_factory=RolloutConfig)
 
 
@@ -57,6 +58,7 @@ async def open_rollout(
         tokenizer if tokenizer is not None else load_tokenizer(tok_path),
         **extra,
         stateful=setup.stateful,
+        tools_in_prompt=setup.tools_in_prompt,
         tool_limit_chars=setup.tool_limit_chars,
         tool_limit_tokens=setup.tool_limit_tokens,
     )

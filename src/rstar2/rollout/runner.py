@@ -83,7 +83,7 @@ class Rollout:
         emit = on_event or (lambda kind, data: None)
         started = time.perf_counter()
         traj = Trajectory(
-            problem, reference, prompt_ids or self.fmt.prompt_ids(problem), meta=dict(meta or {})
+            problem, reference, list(prompt_ids or self.fmt.prompt_ids(problem)), meta=dict(meta or {})
         )
         key = traj.meta.setdefault("id", uuid.uuid4().hex[:16])
         engine: Engine | None = None
@@ -199,14 +199,19 @@ class Rollout:
         concurrency: int | None = None,
         on_done: Callable[[Trajectory], None] | None = None,
     ) -> list[Trajectory]:
-        """Items are dicts with ``problem`` and optional ``answer``, ``seed``, ``meta``; results keep
+        """Items are dicts with ``problem`` and optional ``answer``, ``seed``, ``meta``, ``prompt_ids``
+        (rendered once per problem when several samples share it); results keep
         their order. ``on_done`` sees each trajectory as soon as it finishes."""
         gate = asyncio.Semaphore(concurrency or max(1, len(items)))
 
         async def one(item: dict[str, Any]) -> Trajectory:
             async with gate:
                 traj = await self.run(
-                    item["problem"], item.get("answer"), seed=item.get("seed"), meta=item.get("meta")
+                    item["problem"],
+                    item.get("answer"),
+                    seed=item.get("seed"),
+                    meta=item.get("meta"),
+                    prompt_ids=item.get("prompt_ids"),
                 )
             if on_done is not None:
                 on_done(traj)
