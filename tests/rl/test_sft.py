@@ -82,9 +82,8 @@ def test_sft_learns_the_format_and_saves_a_loadable_checkpoint(tiny_dir, tmp_pat
     finally:
         torch.set_num_threads(threads)
     assert len(history) == 8  # 4 epochs of 16 examples at 8 per step
-    assert history[-1]["loss"] < 0.7 * history[0]["loss"], [
-        h["loss"] for h in history
-    ]  # ln 512 = 6.2 at start
+    # the loss starts near ln 512 = 6.2 (random weights) and must fall by more than 30%
+    assert history[-1]["loss"] < 0.7 * history[0]["loss"], [h["loss"] for h in history]
     from transformers import AutoModelForCausalLM
 
     ckpt = tmp_path / "run" / "checkpoints" / "step-000008"
