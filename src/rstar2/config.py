@@ -7,6 +7,7 @@ keys are errors, so a typo never silently falls back to a default.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
@@ -146,6 +147,14 @@ TrainConfig = RLConfig | SFTConfig
 
 class ConfigError(ValueError):
     """A config file that cannot be used; the message says which key and why."""
+
+
+def as_dataclass(cls: type, section: BaseModel, **overrides: Any) -> Any:
+    """An instance of the dataclass ``cls`` from the section's values of the same names (plus
+    ``overrides``): the config holds the values, the code's dataclasses never restate them."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in section.model_dump().items() if k in names}
+    return cls(**{**values, **overrides})
 
 
 def _set(tree: dict[str, Any], dotted: str) -> None:

@@ -11,7 +11,7 @@ import torch
 
 from rstar2.config import ConfigError, RLConfig, load_config, parse_config
 from rstar2.rl.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
-from rstar2.rl.data import ProblemStream
+from rstar2.rl.data import DataStream
 from rstar2.rl.metrics_log import MetricsLog, read_metrics
 from rstar2.rl.optim import build_optimizer, lr_factor
 
@@ -74,10 +74,10 @@ def test_lr_schedule_by_hand():
 
 def test_problem_stream_continues_from_a_position():
     rows = list(range(10))
-    a = ProblemStream(rows, seed=3)
+    a = DataStream(rows, seed=3)
     first = a.take(7) + a.take(8)  # crosses into the second epoch
     assert sorted(first[:10]) == rows  # every row once per epoch
-    b = ProblemStream(rows, seed=3, position=7)
+    b = DataStream(rows, seed=3, position=7)
     assert b.take(8) == first[7:]
 
 

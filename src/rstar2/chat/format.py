@@ -10,6 +10,7 @@ the model itself did not generate (ChatML's newline after ``<|im_end|>``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from ..sandbox.result import ExecResult
@@ -110,7 +111,7 @@ class ChatFormat:
         return self.encode(self.tool_turn_text(responses, model_end))
 
     # -- whole conversations (SFT data) --------------------------------------------------------
-    @property
+    @cached_property
     def assistant_end(self) -> str:
         """The stop token the model writes to end its turn, as text (``<|im_end|>`` for ChatML)."""
         ends = [self.decode([i]) for i in end_of_turn_ids(self.tokenizer)]

@@ -174,7 +174,7 @@ class HFEngine:
             self.in_flight -= 1
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """New policy weights (a no-op when the engine shares the trainer's model object)."""
+        """New policy weights (not needed when the engine shares the trainer's model object)."""
         with self.lock:
             self.model.load_state_dict(state_dict, strict=False)
 

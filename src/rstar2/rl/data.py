@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 
-class ProblemStream:
+class DataStream:
     """Rows (problems, or SFT examples) in a shuffled order per epoch."""
 
     def __init__(self, rows: Sequence[Any], seed: int, shuffle: bool = True, position: int = 0):

@@ -47,34 +47,32 @@ def token_weights(
     ``group-token-mean``: token mean within each problem's group, then mean over groups (Eq. 6).
     ``mask`` is (rows, T) of 0/1; ``group_index`` is (rows,) of group ids. ``units`` is the
     denominator (tokens, or groups with tokens) of the whole batch when these rows are only part of
-    it (another process's share); by default it is counted here. Nothing masked in: all zeros.
+    it (another process holds the rest); by default ``weight_units`` of these rows. Nothing masked
+    in: all zeros.
     """
     mask = mask.to(torch.float32)
     if aggregation == "token-mean":
-        raw, local = mask, float(mask.sum())
+        raw = mask
     elif aggregation == "group-token-mean":
         if group_index is None:
             raise ValueError("group-token-mean needs the group index of every row")
-        per_row = mask.sum(dim=1)
-        raw, local = torch.zeros_like(mask), 0.0
-        for g in torch.unique(group_index):
-            rows = group_index == g
-            tokens = per_row[rows].sum()
-            if tokens > 0:
-                raw[rows] = mask[rows] / tokens
-                local += 1.0
+        row_tokens = mask.sum(dim=1)
+        sums = row_tokens.new_zeros(int(group_index.max()) + 1 if len(group_index) else 0)
+        group_tokens = sums.index_add_(0, group_index, row_tokens)[group_index]
+        raw = mask / group_tokens.clamp(min=1.0)[:, None]
     else:
         raise ValueError(f"unknown loss aggregation {aggregation!r}: use token-mean or group-token-mean")
-    total = local if units is None else units
+    total = weight_units(mask, group_index, aggregation) if units is None else units
     return raw / total if total > 0 else torch.zeros_like(mask)
 
 
 def weight_units(mask: torch.Tensor, group_index: torch.Tensor | None, aggregation: Aggregation) -> float:
-    """The local denominator of ``token_weights`` (summed over processes for a global one)."""
+    """The denominator of ``token_weights``: masked tokens, or groups that have any (summed over
+    processes for the whole batch)."""
     if aggregation == "token-mean":
         return float(mask.sum())
-    per_row = mask.sum(dim=1)
-    return float(sum(1 for g in torch.unique(group_index) if per_row[group_index == g].sum() > 0))
+    row_tokens = mask.to(torch.float32).sum(dim=1)
+    return float(torch.unique(group_index[row_tokens > 0]).numel())
 
 
 def token_logprobs(

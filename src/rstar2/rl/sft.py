@@ -14,16 +14,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from ..config import SFTConfig, dump_config
+from ..config import SFTConfig
 from . import distributed as D
-from .batch import Batch, take_rows
-from .checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
-from .data import ProblemStream
-from .metrics_log import MetricsLog
-from .optim import build_optimizer
-from .update import forward_logprobs, plan
+from .batch import Batch, collate, with_weights
+from .checkpoint import save_checkpoint
+from .data import DataStream
+from .launch import begin, load_training
+from .update import forward_logprobs, optimizer_step
 
 
 def read_conversations(path: str | Path) -> list[list[dict[str, Any]]]:
@@ -43,47 +40,31 @@ def read_conversations(path: str | Path) -> list[list[dict[str, Any]]]:
 
 
 def sft_batch(examples: list[tuple[list[int], list[int]]], pad_id: int, units: float | None = None) -> Batch:
-    """Right-padded rows; weights = mask / (assistant tokens of the whole batch)."""
-    width = max(len(ids) for ids, _ in examples)
-    rows = len(examples)
-    input_ids = torch.full((rows, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((rows, width), dtype=torch.long)
-    mask = torch.zeros((rows, width - 1))
-    for i, (ids, m) in enumerate(examples):
-        input_ids[i, : len(ids)] = torch.tensor(ids)
-        attention[i, : len(ids)] = 1
-        mask[i, : len(ids) - 1] = torch.tensor(m[1:], dtype=torch.float32)
-    total = float(mask.sum()) if units is None else units
-    zeros = torch.zeros_like(mask)
-    return Batch(
-        input_ids=input_ids,
-        attention_mask=attention,
-        labels=input_ids[:, 1:].clone(),
-        mask=mask,
-        advantages=zeros,
-        engine_logp=zeros,
-        group_index=torch.zeros(rows, dtype=torch.long),
-        weights=mask / total if total > 0 else zeros,
-    )
+    """Right-padded rows; weights = mask / (assistant tokens of the whole batch, ``units`` when
+    other processes hold part of it). The first token is the "prompt" of ``collate``."""
+    rows = [(ids[:1], ids[1:], mask[1:], [0.0] * (len(ids) - 1)) for ids, mask in examples]
+    return with_weights(collate(rows, [0.0] * len(rows), [0] * len(rows), pad_id), "token-mean", units)
 
 
 def sft_step(
     model, optimizer, scheduler, batch: Batch, max_tokens: int, grad_clip: float, world: D.World
 ) -> dict:
-    model.train()
-    optimizer.zero_grad(set_to_none=True)
-    loss_sum = 0.0
-    for rows in plan(batch, max_tokens, world):
-        mb = take_rows(batch, rows)
+    """Cross-entropy on assistant tokens, token mean over the whole batch (``batch.weights``)."""
+
+    def micro_loss(mb: Batch):
         logp, _ = forward_logprobs(model, mb)
-        loss = -(logp * mb.weights).sum()
-        (loss * world.size).backward()
-        loss_sum += float(loss.detach())
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    optimizer.step()
-    scheduler.step()
-    return {"loss": D.all_sum([loss_sum], world)[0], "grad_norm": norm, "lr": scheduler.get_last_lr()[0]}
+        return -(logp * mb.weights).sum(), {}
+
+    return optimizer_step(
+        model,
+        optimizer,
+        scheduler,
+        batch,
+        micro_loss,
+        grad_clip=grad_clip,
+        max_tokens=max_tokens,
+        world=world,
+    )
 
 
 class SFTTrainer:
@@ -93,18 +74,11 @@ class SFTTrainer:
         self.step_no = 0
 
     def _load(self) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         from ..chat.format import ChatFormat
 
         cfg = self.cfg
-        if cfg.model.threads:
-            torch.set_num_threads(cfg.model.threads)
-        self.world = D.init_world(cfg.model.device)
-        torch.manual_seed(cfg.run.seed)
-        ckpt = latest_checkpoint(self.run_dir) if self.resume else None
-        start = str(ckpt or cfg.run.init_from or cfg.model.path)
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or start)
+        start = begin(cfg, self.resume)
+        self.world, self.tokenizer = start.world, start.tokenizer
         extra = {} if cfg.system_prompt is None else {"system_prompt": cfg.system_prompt}
         fmt = ChatFormat(self.tokenizer, stateful=cfg.stateful, tools_in_prompt=cfg.tools_in_prompt, **extra)
         examples, self.dropped = [], 0
@@ -122,22 +96,15 @@ class SFTTrainer:
             self.total = max(1, math.ceil(cfg.sft.epochs * len(examples) / cfg.run.batch_size))
         else:
             self.total = cfg.run.steps
-        dtype = torch.float32 if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
-        model = AutoModelForCausalLM.from_pretrained(start, dtype=dtype).to(self.world.device)
-        if cfg.model.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-        self.model = D.shard(model, self.world)
-        self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, self.total)
-        position = 0
-        if ckpt is not None:
-            state = load_trainer_state(ckpt, self.model, self.optimizer, self.scheduler, self.world)
-            self.step_no, position = int(state["step"]), int(state.get("data_position", 0))
-        self.data = ProblemStream(examples, cfg.run.seed, cfg.data.shuffle, position)
-        self.log = MetricsLog(
-            self.run_dir, tensorboard=cfg.run.tensorboard, enabled=self.world.main, resume_step=self.step_no
+        run = load_training(cfg, start, self.total)
+        self.model, self.optimizer, self.scheduler, self.log = (
+            run.model,
+            run.optimizer,
+            run.scheduler,
+            run.log,
         )
-        if self.world.main:
-            (self.run_dir / "config.yaml").write_text(dump_config(cfg))
+        self.step_no = run.step
+        self.data = DataStream(examples, cfg.run.seed, cfg.data.shuffle, run.data_position)
 
     def train(self) -> list[dict[str, Any]]:
         self._load()
@@ -153,12 +120,13 @@ class SFTTrainer:
             while self.step_no < self.total:
                 t0 = time.perf_counter()
                 chunk = self.data.take(cfg.run.batch_size)
-                mine = chunk[world.rank :: world.size] or chunk[:1]
-                units = D.all_sum(
-                    [float(sum(sum(m[1:]) for _, m in chunk[world.rank :: world.size]))], world
-                )[0]
-                batch = sft_batch(mine, pad, units).to(world.device)
-                if not chunk[world.rank :: world.size]:
+                share = chunk[world.rank :: world.size]  # this process's examples
+                units, tokens = D.all_sum(
+                    [float(sum(sum(m[1:]) for _, m in share)), float(sum(len(ids) for ids, _ in share))],
+                    world,
+                )
+                batch = sft_batch(share or chunk[:1], pad, units).to(world.device)
+                if not share:
                     batch.weights.zero_()  # a stand-in row: this process still joins the collectives
                 m = sft_step(
                     self.model,
@@ -170,15 +138,8 @@ class SFTTrainer:
                     world,
                 )
                 self.step_no += 1
-                tokens = D.all_sum(
-                    [float(sum(len(ids) for ids, _ in chunk[world.rank :: world.size]))], world
-                )[0]
-                m.update(
-                    {
-                        "tokens_per_s": tokens / (time.perf_counter() - t0),
-                        "time/step_s": time.perf_counter() - t0,
-                    }
-                )
+                seconds = time.perf_counter() - t0
+                m.update({"tokens_per_s": tokens / seconds, "time/step_s": seconds})
                 if self.step_no == 1:
                     m["examples"], m["examples_dropped"] = float(len(self.data.rows)), float(self.dropped)
                 self.log.log(self.step_no, m)

@@ -21,14 +21,13 @@ from typing import Any
 
 import torch
 
-from ..config import RLConfig, dump_config
+from ..config import RLConfig, as_dataclass
 from ..rollout.trajectory import Trajectory
 from . import distributed as D
-from .checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
-from .data import ProblemStream
+from .checkpoint import save_checkpoint
+from .data import DataStream
 from .grpo import group_advantages
-from .metrics_log import MetricsLog
-from .optim import build_optimizer
+from .launch import begin, load_training
 from .roc import RocConfig, roc_select, score
 from .update import update_on_rollouts
 
@@ -123,50 +122,35 @@ class RLTrainer:
 
     # -- set-up ------------------------------------------------------------------------------
     def _load(self) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         from ..eval.datasets import load_benchmark
-        from .distributed import init_world, shard
 
         cfg = self.cfg
-        if cfg.model.threads:
-            torch.set_num_threads(cfg.model.threads)
-        self.world = init_world(cfg.model.device)
-        torch.manual_seed(cfg.run.seed)
-        ckpt = latest_checkpoint(self.run_dir) if self.resume else None
-        if self.resume and ckpt is None and self.world.main:
-            print(f"[rstar2] no checkpoint in {self.run_dir}/checkpoints: starting from step 0")
-        start = str(ckpt or cfg.run.init_from or cfg.model.path)
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or start)
-        dtype = torch.float32 if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
-        model = AutoModelForCausalLM.from_pretrained(start, dtype=dtype).to(self.world.device)
-        if cfg.model.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-        # The in-process engine shares the model in one process; with several it needs its own copy.
+        start = begin(cfg, self.resume)
+        self.world, self.tokenizer = start.world, start.tokenizer
         self.engine_model = None
-        if not cfg.rollout.servers:
-            if self.world.distributed:
+
+        def engine_copy(model: torch.nn.Module) -> None:
+            # The in-process engine shares the model in one process; with several it needs its own copy.
+            if cfg.rollout.servers:
+                return
+            if not self.world.distributed:
+                self.engine_model = model
+            else:
                 self.engine_model = copy.deepcopy(model)
                 if self.world.device.type == "cuda":
                     self.engine_model = self.engine_model.to(torch.bfloat16)
-            else:
-                self.engine_model = model
-        self.model = shard(model, self.world)
+
         updates = cfg.run.steps * cfg.optim.mini_batches * cfg.optim.epochs
-        self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, updates)
-        position = 0
-        if ckpt is not None:
-            state = load_trainer_state(ckpt, self.model, self.optimizer, self.scheduler, self.world)
-            if cfg.optim.reset_optimizer:
-                self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, updates)
-            self.step_no, position = int(state["step"]), int(state.get("data_position", 0))
-        rows = load_benchmark(cfg.data.train)[: cfg.data.limit]
-        self.problems = ProblemStream(rows, cfg.run.seed, cfg.data.shuffle, position)
-        self.log = MetricsLog(
-            self.run_dir, tensorboard=cfg.run.tensorboard, enabled=self.world.main, resume_step=self.step_no
+        run = load_training(cfg, start, updates, before_shard=engine_copy)
+        self.model, self.optimizer, self.scheduler, self.log = (
+            run.model,
+            run.optimizer,
+            run.scheduler,
+            run.log,
         )
-        if self.world.main:
-            (self.run_dir / "config.yaml").write_text(dump_config(cfg))
+        self.step_no = run.step
+        rows = load_benchmark(cfg.data.train)[: cfg.data.limit]
+        self.problems = DataStream(rows, cfg.run.seed, cfg.data.shuffle, run.data_position)
 
     def _engines(self) -> list[Any]:
         from ..engines.hf import HFEngine
@@ -191,25 +175,8 @@ class RLTrainer:
         unknown = [t for t in r.banned_tokens if t not in vocab]
         if unknown:
             raise ValueError(f"rollout.banned_tokens not in the tokenizer's vocabulary: {unknown}")
-        return RolloutSetup(
-            sandbox=r.sandbox,
-            sandbox_workers=r.sandbox_workers,
-            verifier_workers=r.verifier_workers,
-            stateful=r.stateful,
-            tool_limit_chars=r.tool_limit_chars,
-            system_prompt=r.system_prompt,
-            tools_in_prompt=r.tools_in_prompt,
-            config=RolloutConfig(
-                max_turns=r.max_turns,
-                max_response_tokens=r.max_response_tokens,
-                max_tokens_per_turn=r.max_tokens_per_turn,
-                temperature=r.temperature,
-                top_p=r.top_p,
-                top_k=r.top_k,
-                tool_timeout_s=r.tool_timeout_s,
-                banned_token_ids=tuple(vocab[t] for t in r.banned_tokens),
-            ),
-        )
+        banned = tuple(vocab[t] for t in r.banned_tokens)
+        return as_dataclass(RolloutSetup, r, config=as_dataclass(RolloutConfig, r, banned_token_ids=banned))
 
     # -- the loop ----------------------------------------------------------------------------
     async def train(self) -> list[dict[str, Any]]:
@@ -269,11 +236,9 @@ class RLTrainer:
         t_step = time.perf_counter()
         problems = self.problems.take(cfg.run.batch_size)
         mine = list(range(world.rank, len(problems), world.size))  # this process's share, whole groups
-        prompts = {g: self.rollout.fmt.prompt_ids(problems[g]["problem"]) for g in mine}
         items = [
             {
                 "problem": problems[g]["problem"],
-                "prompt_ids": prompts[g],
                 "answer": None if self.reward_fn else str(problems[g]["answer"]),
                 "seed": _seed(cfg.run.seed, step, g, k),
                 "meta": {"group": g, "sample": k},
@@ -291,14 +256,7 @@ class RLTrainer:
 
         S = cfg.rollout.samples
         groups = [trajs[i * S : (i + 1) * S] for i in range(len(mine))]
-        roc_cfg = RocConfig(
-            keep=cfg.roc.keep if cfg.roc.enabled else S,
-            mode=cfg.roc.mode,
-            min_per_class=cfg.roc.min_per_class,
-            drop_equal_reward_groups=cfg.roc.drop_equal_reward_groups,
-            error_penalty=cfg.roc.error_penalty,
-            format_penalty=cfg.roc.format_penalty,
-        )
+        roc_cfg = as_dataclass(RocConfig, cfg.roc, keep=cfg.roc.keep if cfg.roc.enabled else S)
         scored = [[score(t, cfg.roc.error_penalty, cfg.roc.format_penalty) for t in g] for g in groups]
         choice = roc_select(scored, roc_cfg, random.Random(_seed(cfg.run.seed, step, world.rank, 1)))
         kept_groups = [[g[i] for i in idx] for g, idx in zip(groups, choice.kept, strict=True)]

@@ -8,18 +8,19 @@ mini-batches or epochs they are recomputed once, before the first optimizer step
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any
 
 import torch
 
+from ..config import as_dataclass
 from .batch import Batch, collate, plan_micro_batches, take_rows, with_weights
 from .distributed import LOCAL, World, all_max, all_sum
 from .grpo import LossConfig, policy_loss, token_logprobs, weight_units
 
-STAT_KEYS = ("weight", "clip_low", "clip_high", "approx_kl", "entropy", "engine_gap")
+_MEANS = ("clip_low", "clip_high", "approx_kl", "entropy", "engine_gap")
 
 
 def _autocast(device: torch.device):
@@ -69,6 +70,37 @@ def old_logprobs(model: torch.nn.Module, batch: Batch, max_tokens: int, world: W
     return replace(batch, old_logp=out)
 
 
+def optimizer_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    batch: Batch,
+    micro_loss: Callable[[Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]],
+    *,
+    grad_clip: float = 1.0,
+    max_tokens: int = 16384,
+    world: World = LOCAL,
+) -> dict[str, float]:
+    """Gradient accumulation over micro-batches, clipping, one optimizer and scheduler step (the
+    loop SFT and RL share). ``micro_loss`` returns a micro-batch's loss, already weighted for the
+    whole batch, and sums for metrics; both come back summed over micro-batches and processes."""
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    sums: dict[str, float] = {"loss": 0.0}
+    for rows in plan(batch, max_tokens, world):
+        loss, stats = micro_loss(take_rows(batch, rows))
+        # FSDP averages gradients over processes; the weights are already global, so undo that.
+        (loss * world.size).backward()
+        for k, v in {"loss": loss.detach(), **stats}.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    optimizer.step()
+    scheduler.step()
+    totals = dict(zip(sums, all_sum(list(sums.values()), world), strict=True))
+    return {**totals, "grad_norm": grad_norm, "lr": scheduler.get_last_lr()[0]}
+
+
 def policy_update(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -79,40 +111,29 @@ def policy_update(
     grad_clip: float = 1.0,
     max_tokens: int = 16384,
     world: World = LOCAL,
-    recompute_old: bool = False,
 ) -> dict[str, float]:
-    """One optimizer step over ``batch`` (whose weights already hold the global normaliser)."""
-    model.train()
-    if recompute_old:
-        batch = old_logprobs(model, batch, max_tokens)
-    optimizer.zero_grad(set_to_none=True)
-    sums = dict.fromkeys(STAT_KEYS, 0.0)
-    loss_sum = 0.0
-    for rows in plan(batch, max_tokens, world):
-        mb = take_rows(batch, rows)
+    """One clipped-policy-gradient step over ``batch`` (whose weights hold the global normaliser)."""
+
+    def micro_loss(mb: Batch):
         logp, entropy = forward_logprobs(model, mb, with_entropy=True)
         old = mb.old_logp if mb.old_logp is not None else logp.detach()
-        loss, stats = policy_loss(
+        return policy_loss(
             logp, old, mb.advantages, mb.weights, loss_cfg, engine_logp=mb.engine_logp, entropy=entropy
         )
-        # FSDP averages gradients over processes; the weights are already global, so undo that.
-        (loss * world.size).backward()
-        loss_sum += float(loss.detach())
-        for k, v in stats.items():
-            sums[k] += float(v)
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-    optimizer.step()
-    scheduler.step()
-    total = all_sum([loss_sum, *sums.values()], world)
-    loss_total, sums = total[0], dict(zip(STAT_KEYS, total[1:], strict=True))
-    w = sums.pop("weight") or 1.0
-    return {
-        "loss": loss_total,
-        "grad_norm": grad_norm,
-        "lr": scheduler.get_last_lr()[0],
-        **{f"update/{k}": v / w for k, v in sums.items()},
-    }
+
+    out = optimizer_step(
+        model,
+        optimizer,
+        scheduler,
+        batch,
+        micro_loss,
+        grad_clip=grad_clip,
+        max_tokens=max_tokens,
+        world=world,
+    )
+    w = out.pop("weight") or 1.0  # weighted sums → means over the batch's tokens
+    means = {f"update/{k}": out.pop(k) / w for k in _MEANS if k in out}
+    return {**out, **means}
 
 
 def update_on_rollouts(
@@ -150,7 +171,7 @@ def update_on_rollouts(
         batches.append(with_weights(b, loss.aggregation, units).to(world.device))
     if optim.mini_batches > 1 or optim.epochs > 1:
         batches = [old_logprobs(model, b, optim.micro_batch_tokens, world) for b in batches]
-    loss_cfg = LossConfig(loss.clip_low, loss.clip_high, loss.kl_coef, loss.entropy_coef, loss.tis_cap)
+    loss_cfg = as_dataclass(LossConfig, loss)
     out = [
         policy_update(
             model,

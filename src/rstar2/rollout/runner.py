@@ -67,6 +67,15 @@ class Rollout:
         self.config = config or RolloutConfig()
         self.policy = policy or LeastLoaded(engines)
         self.stop_ids = self.config.stop_token_ids or end_of_turn_ids(fmt.tokenizer)
+        self._prompts: dict[str, list[int]] = {}
+
+    def _prompt_ids(self, problem: str) -> list[int]:
+        """The rendered prompt, once per problem: its 2G samples (or K eval samples) share it."""
+        if problem not in self._prompts:
+            if len(self._prompts) >= 4096:
+                self._prompts.clear()
+            self._prompts[problem] = self.fmt.prompt_ids(problem)
+        return self._prompts[problem]
 
     # -- one trajectory ---------------------------------------------------------------------
     async def run(
@@ -83,7 +92,7 @@ class Rollout:
         emit = on_event or (lambda kind, data: None)
         started = time.perf_counter()
         traj = Trajectory(
-            problem, reference, list(prompt_ids or self.fmt.prompt_ids(problem)), meta=dict(meta or {})
+            problem, reference, list(prompt_ids or self._prompt_ids(problem)), meta=dict(meta or {})
         )
         key = traj.meta.setdefault("id", uuid.uuid4().hex[:16])
         engine: Engine | None = None
@@ -199,8 +208,7 @@ class Rollout:
         concurrency: int | None = None,
         on_done: Callable[[Trajectory], None] | None = None,
     ) -> list[Trajectory]:
-        """Items are dicts with ``problem`` and optional ``answer``, ``seed``, ``meta``, ``prompt_ids``
-        (rendered once per problem when several samples share it); results keep
+        """Items are dicts with ``problem`` and optional ``answer``, ``seed``, ``meta``; results keep
         their order. ``on_done`` sees each trajectory as soon as it finishes."""
         gate = asyncio.Semaphore(concurrency or max(1, len(items)))
 
@@ -211,7 +219,6 @@ class Rollout:
                     item.get("answer"),
                     seed=item.get("seed"),
                     meta=item.get("meta"),
-                    prompt_ids=item.get("prompt_ids"),
                 )
             if on_done is not None:
                 on_done(traj)

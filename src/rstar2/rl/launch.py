@@ -1,0 +1,81 @@
+"""The start of a training run, shared by SFT and RL: process group, tokenizer, model (from the
+last checkpoint when resuming), sharding, optimizer and scheduler (restored too), metrics log."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import TrainConfig, dump_config
+from . import distributed as D
+from .checkpoint import latest_checkpoint, load_trainer_state
+from .metrics_log import MetricsLog
+from .optim import build_optimizer
+
+
+@dataclass
+class Start:
+    world: D.World
+    tokenizer: Any
+    path: str  # where the weights come from: the last checkpoint, run.init_from or model.path
+    checkpoint: Path | None
+
+
+@dataclass
+class Training:
+    model: torch.nn.Module  # sharded under torchrun
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    step: int
+    data_position: int
+    log: MetricsLog
+
+
+def begin(cfg: TrainConfig, resume: bool) -> Start:
+    from transformers import AutoTokenizer
+
+    if cfg.model.threads:
+        torch.set_num_threads(cfg.model.threads)
+    world = D.init_world(cfg.model.device)
+    torch.manual_seed(cfg.run.seed)
+    ckpt = latest_checkpoint(cfg.run.out) if resume else None
+    if resume and ckpt is None and world.main:
+        print(f"[rstar2] no checkpoint in {cfg.run.out}/checkpoints: starting from step 0")
+    path = str(ckpt or cfg.run.init_from or cfg.model.path)
+    return Start(world, AutoTokenizer.from_pretrained(cfg.model.tokenizer or path), path, ckpt)
+
+
+def load_training(
+    cfg: TrainConfig,
+    start: Start,
+    updates: int,
+    before_shard: Callable[[torch.nn.Module], None] | None = None,
+) -> Training:
+    """``updates``: optimizer steps of the whole run (the schedule's length). ``before_shard`` sees
+    the full model before FSDP shards it (the RL trainer copies it for its engine there)."""
+    from transformers import AutoModelForCausalLM
+
+    world = start.world
+    dtype = torch.float32 if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
+    model = AutoModelForCausalLM.from_pretrained(start.path, dtype=dtype).to(world.device)
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if before_shard is not None:
+        before_shard(model)
+    model = D.shard(model, world)
+    optimizer, scheduler = build_optimizer(model, cfg.optim, updates)
+    step = position = 0
+    if start.checkpoint is not None:
+        state = load_trainer_state(start.checkpoint, model, optimizer, scheduler, world)
+        if cfg.optim.reset_optimizer:
+            optimizer, scheduler = build_optimizer(model, cfg.optim, updates)
+        step, position = int(state["step"]), int(state.get("data_position", 0))
+    run_dir = Path(cfg.run.out)
+    log = MetricsLog(run_dir, tensorboard=cfg.run.tensorboard, enabled=world.main, resume_step=step)
+    if world.main:
+        (run_dir / "config.yaml").write_text(dump_config(cfg))
+    return Training(model, optimizer, scheduler, step, position, log)
