@@ -9,7 +9,7 @@ import torch
 
 from rstar2.engines.base import SamplingParams
 from rstar2.engines.hf import HFEngine
-from rstar2.engines.sampling import filter_logits
+from rstar2.engines.sampling import filter_logits, inverse_cdf
 
 
 @pytest.fixture
@@ -83,3 +83,15 @@ def test_top_k_and_top_p_keep_the_right_tokens():
     out = filter_logits(logits, torch.tensor([2, 0]), torch.tensor([1.0, 0.7]))
     assert torch.isfinite(out[0]).tolist() == [True, True, False, False]  # top-2
     assert torch.isfinite(out[1]).tolist() == [True, True, False, False]  # 0.5 + 0.3 reach 0.7
+
+
+def test_inverse_cdf_samples_the_distribution_and_never_a_zero_token():
+    probs = torch.tensor([[0.0, 0.2, 0.0, 0.5, 0.3, 0.0]]).repeat(20_000, 1)
+    u = torch.rand(20_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    picked = inverse_cdf(probs, u)
+    counts = torch.bincount(picked, minlength=6).double() / 20_000
+    assert counts[[0, 2, 5]].sum() == 0
+    assert torch.allclose(counts, probs[0].double(), atol=0.015)
+    # the edges: u = 0 takes the first token with mass, u = 1 the last one, even if the sum rounds low
+    edge = inverse_cdf(torch.tensor([[0.0, 0.3, 0.7 - 1e-7, 0.0]] * 2), torch.tensor([0.0, 1.0]))
+    assert edge.tolist() == [1, 2]

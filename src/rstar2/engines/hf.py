@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -59,13 +60,7 @@ def generate_batch(
             raise ValueError(
                 f"prompt of {len(prompts[i])} tokens leaves no room in the model's {limit} positions"
             )
-    gens = []
-    for p in params:
-        g = None
-        if p.seed is not None:
-            g = torch.Generator(device=device)
-            g.manual_seed(p.seed)
-        gens.append(g)
+    gens = [random.Random(p.seed) if p.seed is not None else None for p in params]
     width = max(len(p) for p in prompts)
     ids = torch.full((n, width), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros((n, width), dtype=torch.long, device=device)
@@ -82,10 +77,10 @@ def generate_batch(
     while active:
         tokens, logps = next_tokens(logits, [params[i] for i in active], [gens[i] for i in active])
         keep: list[int] = []
-        for row, orig in enumerate(active):
-            tok = int(tokens[row])
+        # one device→host copy per step, not two per row
+        for row, (orig, tok, lp) in enumerate(zip(active, tokens.tolist(), logps.tolist(), strict=True)):
             out_ids[orig].append(tok)
-            out_lp[orig].append(float(logps[row]))
+            out_lp[orig].append(lp)
             if tok in params[orig].stop_token_ids:
                 finish[orig] = "stop"
             elif len(out_ids[orig]) < budgets[orig]:

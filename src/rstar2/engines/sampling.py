@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import torch
 
 from .base import SamplingParams
@@ -25,10 +27,14 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 def next_tokens(
     logits: torch.Tensor,
     params: list[SamplingParams],
-    generators: list[torch.Generator | None],
+    generators: list[random.Random | None],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; returns (ids, log-probabilities under the temperature-scaled
-    distribution before top-k/top-p, as engines commonly report them)."""
+    distribution before top-k/top-p, as engines commonly report them).
+
+    A seeded request draws its uniforms from its own ``random.Random``, so what it samples does not
+    depend on what else shares the batch; all rows are then sampled at once by inverse CDF (one
+    vectorised search instead of a ``multinomial`` call per row)."""
     logits = logits.float()
     banned = [(i, list(p.banned_token_ids)) for i, p in enumerate(params) if p.banned_token_ids]
     for i, ids in banned:
@@ -44,14 +50,17 @@ def next_tokens(
         top_k = torch.tensor([params[i].top_k for i in sample_rows], device=logits.device)
         top_p = torch.tensor([params[i].top_p for i in sample_rows], device=logits.device)
         probs = filter_logits(scaled[rows], top_k, top_p).softmax(dim=-1)
-        if all(generators[i] is None for i in sample_rows):
-            picked = torch.multinomial(probs, 1).squeeze(1)
-        else:  # a seeded request draws from its own generator, whatever else shares the batch
-            picked = torch.stack(
-                [
-                    torch.multinomial(probs[j], 1, generator=generators[i]).squeeze(0)
-                    for j, i in enumerate(sample_rows)
-                ]
-            )
-        tokens[rows] = picked
+        u = torch.rand(len(sample_rows), dtype=torch.float64)
+        for j, i in enumerate(sample_rows):
+            if generators[i] is not None:
+                u[j] = generators[i].random()
+        tokens[rows] = inverse_cdf(probs, u.to(logits.device))
     return tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row, the first token whose cumulative mass exceeds the share ``u`` (in [0, 1]) of the
+    row's total: a token of zero probability is never picked, whatever the rounding of the sum."""
+    cdf = probs.double().cumsum(dim=-1)
+    target = (u.double().clamp(0.0, 1.0 - 1e-12) * cdf[:, -1]).unsqueeze(1)
+    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
