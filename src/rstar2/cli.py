@@ -475,14 +475,28 @@ def eval_cmd(
 
 @app.command("train")
 def train(
-    config: Path = typer.Argument(..., help="YAML config (kind: rl or sft); see recipes/."),
+    config: Path | None = typer.Argument(None, help="YAML config of one run (kind: rl or sft)."),
+    recipe: str | None = typer.Option(
+        None, "--recipe", help="A recipe (stages SFT -> RL ...): a YAML path, or a name in recipes/ (tiny)."
+    ),
     resume: bool = typer.Option(False, "--resume", help="Continue from the run's last checkpoint."),
-    out: str | None = typer.Option(None, "--out", help="Run folder (overrides run.out)."),
-    set_: list[str] = typer.Option([], "--set", help="Override one value: --set optim.lr=1e-5 (repeatable)."),
+    out: str | None = typer.Option(None, "--out", help="Run folder (overrides run.out; recipes: runs/NAME)."),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Override one value: --set optim.lr=1e-5, or stages.rl-64.steps=5 (repeatable)."
+    ),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
 ) -> None:
-    """Train: GRPO-RoC (kind: rl) or supervised fine-tuning (kind: sft). Under torchrun, every
-    process runs this command: `torchrun --nproc-per-node N -m rstar2 train CONFIG`."""
+    """Train: GRPO-RoC (kind: rl) or supervised fine-tuning (kind: sft), or a whole recipe with
+    --recipe. Under torchrun, every process runs this command:
+    `torchrun --nproc-per-node N -m rstar2 train CONFIG`."""
     from .config import ConfigError, load_config
+
+    if (config is None) == (recipe is None):
+        console.print("[red]error:[/red] give a CONFIG file or --recipe (not both)")
+        raise typer.Exit(2)
+    if recipe is not None:
+        _run_recipe(recipe, out, resume, set_, progress)
+        return
 
     overrides = list(set_) + ([f"run.out={out}"] if out else [])
     try:
@@ -510,18 +524,37 @@ def train(
         console.print(f"done: {len(history)} steps this run; last step {shown}; run folder {cfg.run.out}")
 
 
-@app.command("demo")
-def demo() -> None:
-    """The main job on the embedded default (for now: the sandbox benchmark's quick mode)."""
-    from .sandbox.bench import main as bench_main
+def _run_recipe(name: str, out: str | None, resume: bool, overrides: list[str], progress: bool) -> None:
+    from .config import ConfigError
+    from .recipe.report import table
+    from .recipe.run import run_recipe
+    from .recipe.spec import find_recipe, load_recipe
 
-    bench_main(
-        quick=True,
-        modes=["baseline", "pool", "http"],
-        workloads=["trivial", "sympy"],
-        concurrency=[1, 64],
-        out=None,
-    )
+    try:
+        recipe = load_recipe(find_recipe(name), overrides)
+    except ConfigError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    out = out or f"runs/{recipe.name}"
+    try:
+        report = run_recipe(
+            recipe, out, resume=resume, progress=progress, log=lambda s: console.print(s, markup=False)
+        )
+    except (ValueError, OSError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    state = json.loads((Path(out) / "recipe_state.json").read_text())
+    console.print(table(state.get("evals", {})), markup=False)
+    console.print(f"report: {report}")
+
+
+@app.command("demo")
+def demo(
+    out: str = typer.Option("runs/tiny", "--out", help="Run folder."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted demo."),
+) -> None:
+    """The main job on the embedded default: the tiny recipe (SFT -> RL stages) on a CPU."""
+    _run_recipe("tiny", out, resume, [], True)
 
 
 def main() -> None:  # pragma: no cover

@@ -44,9 +44,11 @@ class RolloutSection(_Section):
     top_k: int = 0
     tool_timeout_s: float | None = None
     stateful: bool = False
-    system_prompt: str | None = None  # None: rstar2's default prompt
+    system_prompt: str | None = None  # None: rstar2's default prompt; "": no system message
+    user_prefix: str | None = None  # None: rstar2's default words before the problem
     tools_in_prompt: bool = True  # False: no tool schemas in the prompt (small SFT'd models)
     tool_limit_chars: int = 2048
+    tool_traceback_lines: int = 12  # the end of a traceback shown to the model
     banned_tokens: list[str] = Field(default_factory=list)  # never sampled (e.g. pad)
     servers: list[str] = Field(default_factory=list)  # OpenAI-compatible servers; empty: in-process
     reload_path: str = "/update_weights_from_disk"  # server endpoint to load new weights
@@ -128,6 +130,10 @@ class RLConfig(_Section):
 class SFTSection(_Section):
     max_length: int = 4096  # longer examples are dropped (and counted)
     epochs: float | None = None  # overrides run.steps when set
+    # Stop early once the mean loss of the last ``stop_window`` steps is below this (a tiny model
+    # learns to copy numbers suddenly, at a step that depends on the seed).
+    stop_loss: float | None = None
+    stop_window: int = 20
 
 
 class SFTConfig(_Section):
@@ -138,6 +144,7 @@ class SFTConfig(_Section):
     optim: OptimSection = Field(default_factory=lambda: OptimSection(lr=5e-6, schedule="cosine"))
     run: RunSection = Field(default_factory=lambda: RunSection(out="runs/sft"))
     system_prompt: str | None = None
+    user_prefix: str | None = None
     tools_in_prompt: bool = True
     stateful: bool = False
 

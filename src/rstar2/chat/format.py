@@ -14,8 +14,8 @@ from functools import cached_property
 from typing import Any
 
 from ..sandbox.result import ExecResult
-from .prompt import CHATML_TEMPLATE, SYSTEM_PROMPT, problem_messages
-from .tool_response import DEFAULT_LIMIT_CHARS, render_result
+from .prompt import CHATML_TEMPLATE, SYSTEM_PROMPT, USER_PREFIX, problem_messages
+from .tool_response import DEFAULT_LIMIT_CHARS, TRACEBACK_LINES, render_result
 from .tools import PYTHON_TOOL, SESSION_TOOL, ToolCallError, tool_schemas
 
 _MARK = "RSTAR2ASSISTANTTURN"
@@ -49,8 +49,10 @@ class ChatFormat:
     tokenizer: Any
     stateful: bool = False  # offer python_session as well as the stateless tool
     system_prompt: str | None = SYSTEM_PROMPT
+    user_prefix: str = USER_PREFIX  # written before each problem in the user turn
     tool_limit_chars: int = DEFAULT_LIMIT_CHARS
     tool_limit_tokens: int | None = None
+    tool_traceback_lines: int = TRACEBACK_LINES
     # False leaves the tool schemas out of the prompt (a small model taught the format by SFT
     # does not need ~1K tokens of JSON schema in every prompt); calls are parsed all the same.
     tools_in_prompt: bool = True
@@ -59,7 +61,7 @@ class ChatFormat:
         ensure_chat_template(self.tokenizer)
         self.tools = tool_schemas(self.stateful) if self.tools_in_prompt else None
         self.tool_names = (PYTHON_TOOL, SESSION_TOOL) if self.stateful else (PYTHON_TOOL,)
-        stub = [*problem_messages("1+1", self.system_prompt), {"role": "assistant", "content": _MARK}]
+        stub = [*self.problem_messages("1+1"), {"role": "assistant", "content": _MARK}]
         self._stub = stub
         self._stub_text = self.render(stub)
         at = self._stub_text.rfind(_MARK)
@@ -80,12 +82,15 @@ class ChatFormat:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def prompt_ids(self, problem: str) -> list[int]:
-        return self.encode(self.render(problem_messages(problem, self.system_prompt), True))
+        return self.encode(self.render(self.problem_messages(problem), True))
+
+    def problem_messages(self, problem: str) -> list[dict]:
+        return problem_messages(problem, self.system_prompt, self.user_prefix)
 
     # -- tool turns -------------------------------------------------------------------------
     def tool_text(self, result: ExecResult | ToolCallError) -> str:
         """One tool response, cut in the middle to the character and (optional) token limits."""
-        text = render_result(result, self.tool_limit_chars)
+        text = render_result(result, self.tool_limit_chars, self.tool_traceback_lines)
         if self.tool_limit_tokens is not None:
             ids = self.encode(text)
             if len(ids) > self.tool_limit_tokens:

@@ -60,8 +60,10 @@ CHATML_TEMPLATE = (
 CHATML_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
 
 
-def problem_messages(problem: str, system_prompt: str | None = SYSTEM_PROMPT) -> list[dict]:
+def problem_messages(
+    problem: str, system_prompt: str | None = SYSTEM_PROMPT, user_prefix: str = USER_PREFIX
+) -> list[dict]:
     """The opening of a conversation about one problem."""
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    messages.append({"role": "user", "content": USER_PREFIX + problem.strip()})
+    messages.append({"role": "user", "content": user_prefix + problem.strip()})
     return messages

@@ -12,7 +12,7 @@ from ..sandbox.result import ExecResult
 from .tools import ToolCallError
 
 DEFAULT_LIMIT_CHARS = 2048
-_TRACEBACK_LINES = 12
+TRACEBACK_LINES = 12  # the end of a traceback the model reads (1: just `NameError: ...`)
 
 _HEADERS = {
     "error": "Tool call failed: the code raised an error.",
@@ -29,7 +29,11 @@ def is_tool_error(result: ExecResult | ToolCallError) -> bool:
     return isinstance(result, ToolCallError) or not result.ok
 
 
-def render_result(result: ExecResult | ToolCallError, limit_chars: int = DEFAULT_LIMIT_CHARS) -> str:
+def render_result(
+    result: ExecResult | ToolCallError,
+    limit_chars: int = DEFAULT_LIMIT_CHARS,
+    traceback_lines: int = TRACEBACK_LINES,
+) -> str:
     if isinstance(result, ToolCallError):
         text = f"Tool call failed: {result.message}."
     elif result.ok:
@@ -37,7 +41,7 @@ def render_result(result: ExecResult | ToolCallError, limit_chars: int = DEFAULT
     else:
         header = _HEADERS.get(result.status, f"Tool call failed: {result.status}.")
         details = result.reason or ""
-        tail = "\n".join(result.stderr.rstrip("\n").splitlines()[-_TRACEBACK_LINES:])
+        tail = "\n".join(result.stderr.rstrip("\n").splitlines()[-traceback_lines:])
         printed = result.stdout.rstrip("\n")
         parts = [header]
         if details and details not in tail:

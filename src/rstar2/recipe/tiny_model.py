@@ -37,15 +37,22 @@ def build_tokenizer(
     chat_template: str | None = CHATML_TEMPLATE,
     eos_token: str = "<|im_end|>",
     pad_token: str = "<|endoftext|>",
+    word_split: bool = True,
 ) -> Any:
     """Byte-level BPE (every byte encodable), one token per digit, the role and format tags as
-    single tokens; wrapped as a ``PreTrainedTokenizerFast`` with a chat template."""
+    single tokens; wrapped as a ``PreTrainedTokenizerFast`` with a chat template.
+
+    ``word_split=False`` lets merges cross spaces and punctuation (only digits stay apart), so the
+    boilerplate of a narrow corpus (the tool-call JSON, fixed phrases) becomes a few tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=word_split),
+        ]
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(

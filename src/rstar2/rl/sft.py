@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,7 @@ class SFTTrainer:
         cfg = self.cfg
         start = begin(cfg, self.resume)
         self.world, self.tokenizer = start.world, start.tokenizer
-        extra = {} if cfg.system_prompt is None else {"system_prompt": cfg.system_prompt}
+        extra = {k: v for k in ("system_prompt", "user_prefix") if (v := getattr(cfg, k)) is not None}
         fmt = ChatFormat(self.tokenizer, stateful=cfg.stateful, tools_in_prompt=cfg.tools_in_prompt, **extra)
         examples, self.dropped = [], 0
         for msgs in read_conversations(cfg.data.train)[: cfg.data.limit]:
@@ -116,6 +117,8 @@ class SFTTrainer:
 
             bar = tqdm(total=self.total, initial=self.step_no, desc="sft steps", unit="step")
         history = []
+        recent: deque[float] = deque(maxlen=cfg.sft.stop_window)
+        self.stopped_early = False
         try:
             while self.step_no < self.total:
                 t0 = time.perf_counter()
@@ -147,7 +150,15 @@ class SFTTrainer:
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(loss=f"{m['loss']:.4f}")
-                if self.step_no == self.total or self.step_no % max(1, cfg.run.save_every) == 0:
+                recent.append(m["loss"])
+                stop = (
+                    cfg.sft.stop_loss is not None
+                    and len(recent) == recent.maxlen
+                    and sum(recent) / len(recent) < cfg.sft.stop_loss
+                )
+                if stop:
+                    self.stopped_early = True
+                if stop or self.step_no == self.total or self.step_no % max(1, cfg.run.save_every) == 0:
                     save_checkpoint(
                         self.run_dir,
                         self.step_no,
@@ -159,6 +170,8 @@ class SFTTrainer:
                         world,
                         keep=cfg.run.keep_checkpoints,
                     )
+                if stop:
+                    break
         finally:
             if bar is not None:
                 bar.close()

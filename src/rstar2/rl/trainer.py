@@ -112,8 +112,19 @@ def step_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
 class RLTrainer:
     """Build with a config; ``await trainer.train()`` runs ``run.steps`` steps (resuming if asked)."""
 
-    def __init__(self, cfg: RLConfig, *, resume: bool = False, reward_fn: RewardFn | None = None):
+    def __init__(
+        self,
+        cfg: RLConfig,
+        *,
+        resume: bool = False,
+        reward_fn: RewardFn | None = None,
+        executor: Any = None,
+        verifier: Any = None,
+    ):
+        """``executor``/``verifier``: a running code environment and verifier pool to use (and leave
+        open) instead of starting them from ``cfg.rollout``."""
         self.cfg = cfg
+        self.services = {"executor": executor, "verifier": verifier}
         self.reward_fn = reward_fn or (load_reward(cfg.reward) if cfg.reward else None)
         self.resume = resume
         self.run_dir = Path(cfg.run.out)
@@ -192,7 +203,7 @@ class RLTrainer:
             bar = tqdm(total=self.cfg.run.steps, initial=self.step_no, desc="rl steps", unit="step")
         try:
             async with open_rollout(
-                self._rollout_setup(), engines=engines, tokenizer=self.tokenizer
+                self._rollout_setup(), engines=engines, tokenizer=self.tokenizer, **self.services
             ) as rollout:
                 self.rollout = rollout
                 while self.step_no < self.cfg.run.steps:

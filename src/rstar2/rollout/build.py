@@ -24,8 +24,10 @@ class RolloutSetup:
     max_batch_size: int = 64
     stateful: bool = False
     tool_limit_chars: int = 2048
+    tool_traceback_lines: int = 12
     tool_limit_tokens: int | None = None
     system_prompt: str | None = None  # None: rstar2's default system prompt
+    user_prefix: str | None = None  # None: rstar2's default words before the problem
     tools_in_prompt: bool = True
     config: RolloutConfig = field(default_factory=RolloutConfig)
 
@@ -38,10 +40,15 @@ def load_tokenizer(path: str) -> Any:
 
 @asynccontextmanager
 async def open_rollout(
-    setup: RolloutSetup, engines: Sequence[Any] | None = None, tokenizer: Any = None
+    setup: RolloutSetup,
+    engines: Sequence[Any] | None = None,
+    tokenizer: Any = None,
+    executor: Any = None,
+    verifier: Any = None,
 ) -> AsyncIterator[Rollout]:
     """A ready ``Rollout``; ``engines`` and ``tokenizer`` given by the caller (the trainer, whose
-    engine shares its model) replace those the setup would load."""
+    engine shares its model) replace those the setup would load; so do a running ``executor``
+    (code environment) and ``verifier`` pool, which stay open (a recipe shares them by stage)."""
     from ..engines.hf import HFEngine
     from ..engines.openai import OpenAIEngine
     from ..reward import VerifierPool
@@ -53,13 +60,14 @@ async def open_rollout(
     tok_path = setup.tokenizer or setup.model
     if tok_path is None and tokenizer is None:
         raise ValueError("with --server, give --tokenizer PATH (the served model's tokenizer directory)")
-    extra = {} if setup.system_prompt is None else {"system_prompt": setup.system_prompt}
+    extra = {k: v for k in ("system_prompt", "user_prefix") if (v := getattr(setup, k)) is not None}
     fmt = ChatFormat(
         tokenizer if tokenizer is not None else load_tokenizer(tok_path),
         **extra,
         stateful=setup.stateful,
         tools_in_prompt=setup.tools_in_prompt,
         tool_limit_chars=setup.tool_limit_chars,
+        tool_traceback_lines=setup.tool_traceback_lines,
         tool_limit_tokens=setup.tool_limit_tokens,
     )
     own = engines is None
@@ -73,13 +81,18 @@ async def open_rollout(
         ]
     else:
         engines = [OpenAIEngine(url) for url in setup.servers]
-    executor: Any = Client(setup.sandbox) if setup.sandbox else LocalPool(workers=setup.sandbox_workers)
-    await executor.start()
-    verifier = VerifierPool(setup.verifier_workers).start()
+    own_executor, own_verifier = executor is None, verifier is None
+    if own_executor:
+        executor = Client(setup.sandbox) if setup.sandbox else LocalPool(workers=setup.sandbox_workers)
+        await executor.start()
+    if own_verifier:
+        verifier = VerifierPool(setup.verifier_workers).start()
     try:
         yield Rollout(engines, fmt, executor, verifier, setup.config)
     finally:
-        verifier.close()
-        await executor.close()
+        if own_verifier:
+            verifier.close()
+        if own_executor:
+            await executor.close()
         for e in engines if own else []:
             await e.close()

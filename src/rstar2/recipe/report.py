@@ -1,0 +1,162 @@
+"""The report of a recipe run: a Markdown table per evaluation and PNG curves per step and stage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..rl.metrics_log import read_metrics
+
+# (metrics.jsonl key, title) of the per-step curves; SFT stages contribute their loss.
+STEP_KEYS = (
+    ("accuracy", "training accuracy (sampled)"),
+    ("tools/error_ratio_correct_all", "tool-error ratio in correct"),
+    ("response/length_mean", "response tokens (mean)"),
+    ("response/truncated_share", "share truncated"),
+    ("loss", "loss"),
+)
+# (eval summary key, title) of the per-stage plot.
+EVAL_KEYS = (
+    ("pass@1", "held-out accuracy (pass@1)"),
+    ("tool_error_ratio_correct", "tool-error ratio in correct"),
+    ("mean_response_tokens", "response tokens (mean)"),
+    ("truncated_share", "share truncated"),
+)
+
+
+def _pct(x: Any) -> str:
+    return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "–"
+
+
+def eval_row(summary: dict[str, Any]) -> dict[str, Any]:
+    n = max(1, summary.get("trajectories", 0))
+    finishes = summary.get("finish_reasons", {})
+    return {
+        "pass@1": summary.get("pass@1"),
+        "ci95": summary.get("pass@1_ci95"),
+        "tool_error_ratio_correct": summary.get("tool_error_ratio_correct"),
+        "mean_response_tokens": summary.get("mean_response_tokens"),
+        "truncated_share": finishes.get("max_length", 0) / n,
+        "finish_reasons": finishes,
+    }
+
+
+def table(evals: dict[str, dict[str, Any]]) -> str:
+    lines = [
+        "| after | held-out accuracy | tool-error ratio in correct | mean response tokens | truncated | finish reasons |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, summary in evals.items():
+        r = eval_row(summary)
+        ci = f" ± {100 * r['ci95']:.1f}" if isinstance(r["ci95"], (int, float)) else ""
+        finishes = ", ".join(f"{k} {v}" for k, v in sorted(r["finish_reasons"].items()))
+        tokens = r["mean_response_tokens"]
+        lines.append(
+            f"| {name} | {_pct(r['pass@1'])}{ci} | {_pct(r['tool_error_ratio_correct'])} | "
+            f"{tokens:.1f} | {_pct(r['truncated_share'])} | {finishes} |"
+            if isinstance(tokens, (int, float))
+            else f"| {name} | – | – | – | – | – |"
+        )
+    return "\n".join(lines)
+
+
+def _plot_steps(out: Path, stages: list[tuple[str, list[dict[str, Any]]]]) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [(k, t) for k, t in STEP_KEYS if any(k in r for _, rows in stages for r in rows)]
+    if not keys:
+        return None
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.0 * len(keys), 3.2), squeeze=False)
+    offset = 0
+    for name, rows in stages:
+        for ax, (k, _) in zip(axes.flat, keys, strict=True):
+            pts = [(offset + r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float))]
+            if pts:
+                ax.plot(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    label=name,
+                    marker="." if len(pts) < 50 else None,
+                )
+        offset += max((r["step"] for r in rows), default=0)
+        for ax in axes.flat:
+            ax.axvline(offset, color="grey", lw=0.5, ls=":")
+    for ax, (_, title) in zip(axes.flat, keys, strict=True):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step (all stages)")
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "report_steps.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_evals(out: Path, evals: dict[str, dict[str, Any]]) -> Path | None:
+    if not evals:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(evals)
+    rows = [eval_row(evals[n]) for n in names]
+    fig, axes = plt.subplots(1, len(EVAL_KEYS), figsize=(4.0 * len(EVAL_KEYS), 3.2), squeeze=False)
+    for ax, (k, title) in zip(axes.flat, EVAL_KEYS, strict=True):
+        vals = [r[k] if isinstance(r[k], (int, float)) else 0.0 for r in rows]
+        ax.bar(range(len(names)), vals, color="tab:blue")
+        if k == "pass@1":
+            ax.errorbar(range(len(names)), vals, yerr=[r["ci95"] or 0.0 for r in rows], fmt="none", color="k")
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    path = out / "report_stages.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(out: Path, recipe: Any, state: dict[str, Any]) -> Path:
+    """``report.md`` (+ ``report.json``, ``report_steps.png``, ``report_stages.png``) in ``out``."""
+    stages = []
+    for n, stage in enumerate(recipe.stages, 1):
+        p = out / f"{n:02d}-{stage.name}" / "metrics.jsonl"
+        stages.append((stage.name, read_metrics(p) if p.exists() else []))
+    evals = state.get("evals", {})
+    steps_png = _plot_steps(out, stages)
+    evals_png = _plot_evals(out, evals)
+    lines = [
+        f"# {recipe.name}: recipe report",
+        "",
+        f"Held-out problems: {out / 'heldout.jsonl'} ({recipe.eval.samples} samples each at temperature "
+        f"{recipe.eval.temperature}); ± is a 95% interval over problems.",
+        "",
+        table(evals),
+        "",
+        "| stage | kind | steps | stopped early | checkpoint |",
+        "|---|---|---|---|---|",
+    ]
+    for stage in recipe.stages:
+        s = state.get("stages", {}).get(stage.name, {})
+        lines.append(
+            f"| {stage.name} | {stage.kind} | {s.get('steps', '–')} | {s.get('stopped_early', '–')} | "
+            f"{s.get('checkpoint', 'not run')} |"
+        )
+    for png in (evals_png, steps_png):
+        if png is not None:
+            lines += ["", f"![{png.stem}]({png.name})"]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (out / "report.json").write_text(
+        json.dumps(
+            {"evals": {k: eval_row(v) for k, v in evals.items()}, "stages": state.get("stages", {})}, indent=2
+        )
+    )
+    return path

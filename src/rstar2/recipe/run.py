@@ -1,0 +1,404 @@
+"""Running a recipe: the model, then each stage in order, an evaluation after each, a report.
+
+A stage's data is written into the run folder before it trains (generated problems, SFT
+conversations with real tool outputs, or the problems a difficulty filter kept), its checkpoint
+starts the next stage, and ``recipe_state.json`` records finished stages, so ``--resume`` skips
+them and continues the interrupted one from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from ..config import parse_config
+from .spec import DataSpec, EvalSpec, FilterSpec, Recipe, StageSpec, stage_tree
+from .tasks import generate
+
+STATE_FILE = "recipe_state.json"
+
+
+# -- model --------------------------------------------------------------------------------------
+def tiny_corpus(recipe: Recipe, count: int = 1500) -> list[str]:
+    """Text in the recipe's chat format (problems, tool calls, outputs, errors, answers) to train
+    the tiny tokenizer on, so its merges fit what the model will read and write."""
+    from ..chat.prompt import CHATML_TEMPLATE, USER_PREFIX, problem_messages
+    from ..chat.tool_response import render_result
+    from ..chat.tools import PYTHON_TOOL
+    from ..sandbox.result import ExecResult
+    from .sft_data import answer_text, break_code, call_message
+    from .tiny_model import build_tokenizer
+
+    render = build_tokenizer(["x"], 260, chat_template=CHATML_TEMPLATE)  # a template renderer only
+    chat = recipe.chat
+    rng = random.Random(recipe.seed)
+    texts = []
+    for t in generate(count, digits=(1, 4), seed=recipe.seed):
+        msgs = problem_messages(
+            t.problem,
+            chat.system_prompt if chat.system_prompt is not None else None,
+            chat.user_prefix if chat.user_prefix is not None else USER_PREFIX,
+        )
+        if rng.random() < 0.3:
+            broken = break_code(t.code, rng)
+            err = ExecResult(status="error", stderr="NameError: name 'x' is not defined")
+            msgs += [
+                call_message(broken),
+                {
+                    "role": "tool",
+                    "name": PYTHON_TOOL,
+                    "content": render_result(err, chat.tool_limit_chars, chat.tool_traceback_lines),
+                },
+            ]
+        msgs += [call_message(t.code), {"role": "tool", "name": PYTHON_TOOL, "content": str(t.answer)}]
+        msgs.append({"role": "assistant", "content": answer_text(t.answer)})
+        texts.append(render.apply_chat_template(msgs, tokenize=False))
+    return texts
+
+
+def prepare_model(recipe: Recipe, out: Path) -> Path:
+    """The starting model directory: ``model.path``, or a tiny tokenizer + model built here."""
+    m = recipe.model
+    if m.path:
+        return Path(m.path)
+    target = out / "model-init"
+    if (target / "config.json").exists():
+        return target
+    from .tiny_model import build_model, build_tokenizer, save_pretrained
+
+    tok = build_tokenizer(tiny_corpus(recipe), m.vocab, word_split=False)
+    model = build_model(
+        tok,
+        hidden=m.hidden,
+        layers=m.layers,
+        heads=m.heads,
+        mlp=m.mlp,
+        max_positions=m.max_positions,
+        seed=recipe.seed,
+    )
+    tmp = out / "model-init.tmp"
+    save_pretrained(model, tok, tmp)
+    tmp.replace(target)
+    return target
+
+
+# -- data ---------------------------------------------------------------------------------------
+def _write(rows: list[dict[str, Any]], path: Path) -> Path:
+    from .sft_data import write_jsonl
+
+    return write_jsonl(rows, path)
+
+
+def _read(path: str | Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in Path(path).read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
+def problem_rows(data: DataSpec, seed: int, split: str = "train") -> list[dict[str, Any]]:
+    from ..eval.datasets import load_benchmark
+
+    rows: list[dict[str, Any]] = []
+    for f in data.files:
+        rows += load_benchmark(f)  # a JSONL path or a shipped benchmark's name
+    g = data.generator
+    if g is not None:
+        rows += [
+            t.row()
+            for t in generate(
+                g.count,
+                families=g.families,
+                digits=g.digits,
+                seed=seed if g.seed is None else g.seed,
+                split=split,
+            )
+        ]
+    return rows[: data.limit]
+
+
+async def sft_rows(recipe: Recipe, data: DataSpec, executor: Any) -> list[dict[str, Any]]:
+    from ..chat.prompt import USER_PREFIX
+    from .sft_data import build_conversations
+
+    rows: list[dict[str, Any]] = []
+    for f in data.files:
+        rows += _read(f)
+    g = data.generator
+    if g is not None:
+        seed = recipe.seed if g.seed is None else g.seed
+        tasks = generate(g.count, families=g.families, digits=g.digits, seed=seed)
+        rows += await build_conversations(
+            tasks,
+            executor,
+            system_prompt=recipe.chat.system_prompt,
+            user_prefix=recipe.chat.user_prefix if recipe.chat.user_prefix is not None else USER_PREFIX,
+            error_rate=g.error_rate,
+            tool_limit_chars=recipe.chat.tool_limit_chars,
+            traceback_lines=recipe.chat.tool_traceback_lines,
+            seed=seed,
+        )
+    return rows[: data.limit]
+
+
+def _rollout_setup(
+    recipe: Recipe, model_dir: Path, *, max_turns: int, max_response_tokens: int, temperature: float
+):
+    from ..rollout.build import RolloutSetup
+    from ..rollout.runner import RolloutConfig
+
+    chat = recipe.chat
+    return RolloutSetup(
+        model=None if recipe.servers else str(model_dir),
+        servers=recipe.servers,
+        tokenizer=str(model_dir),
+        sandbox=recipe.sandbox,
+        sandbox_workers=recipe.sandbox_workers,
+        device=recipe.model.device,
+        dtype=recipe.model.dtype,
+        max_batch_size=256,
+        system_prompt=chat.system_prompt,
+        user_prefix=chat.user_prefix,
+        tools_in_prompt=chat.tools_in_prompt,
+        tool_limit_chars=chat.tool_limit_chars,
+        tool_traceback_lines=chat.tool_traceback_lines,
+        config=RolloutConfig(
+            max_turns=max_turns, max_response_tokens=max_response_tokens, temperature=temperature
+        ),
+    )
+
+
+async def _sample(
+    setup, services: dict, rows: list[dict[str, Any]], samples: int, seed: int, out_dir: Path, progress: bool
+) -> dict:
+    """Eval-style sampling through ``rstar2 eval``'s harness: ``samples`` rollouts per problem."""
+    from ..eval.harness import evaluate
+    from ..rollout.build import open_rollout
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    problems = _write(rows, out_dir / "problems.jsonl")
+    async with open_rollout(setup, **services) as rollout:
+        summaries = await evaluate(
+            rollout, [str(problems)], out_dir, samples=samples, seed=seed, progress=progress
+        )
+    return summaries["problems"]
+
+
+async def filter_problems(
+    recipe: Recipe,
+    stage: StageSpec,
+    flt: FilterSpec,
+    model_dir: Path,
+    rows: list[dict],
+    out_dir: Path,
+    services: dict,
+    progress: bool,
+) -> list[dict[str, Any]]:
+    """The problems the current policy solves between ``min_solved`` and ``max_solved`` times of
+    ``samples`` (the paper's last stage keeps those not solved every time)."""
+    from ..eval.harness import read_trajectories
+
+    cfg = parse_config(stage_tree(recipe, stage, model_path=str(model_dir), train="-", out="-"))
+    setup = _rollout_setup(
+        recipe,
+        model_dir,
+        max_turns=cfg.rollout.max_turns,
+        max_response_tokens=cfg.rollout.max_response_tokens,
+        temperature=flt.temperature,
+    )
+    await _sample(setup, services, rows, flt.samples, recipe.seed + 17, out_dir, progress)
+    trajs, _ = read_trajectories(out_dir / "problems" / "trajectories.jsonl")
+    solved = [0] * len(rows)
+    for t in trajs:
+        solved[t.meta["problem_index"]] += int(t.correct)
+    top = flt.samples - 1 if flt.max_solved is None else flt.max_solved
+    kept = [r for r, s in zip(rows, solved, strict=True) if flt.min_solved <= s <= top]
+    summary = {
+        "candidates": len(rows),
+        "kept": len(kept),
+        "solved_histogram": [solved.count(k) for k in range(flt.samples + 1)],
+    }
+    (out_dir / "filter.json").write_text(json.dumps(summary, indent=2))
+    if not kept:
+        raise ValueError(
+            f"stage {stage.name}: the difficulty filter kept none of {len(rows)} problems "
+            f"(solved counts {summary['solved_histogram']}); widen min_solved/max_solved or change the data"
+        )
+    return kept
+
+
+async def stage_data(
+    recipe: Recipe, stage: StageSpec, model_dir: Path, stage_dir: Path, services: dict, progress: bool
+) -> Path:
+    """The stage's training file, written once (a resumed run reuses it)."""
+    path = stage_dir / "train.jsonl"
+    if path.exists():
+        return path
+    if stage.kind == "sft":
+        rows = await sft_rows(recipe, stage.data, services["executor"])
+    else:
+        rows = problem_rows(stage.data, recipe.seed)
+        if stage.filter is not None:
+            rows = await filter_problems(
+                recipe, stage, stage.filter, model_dir, rows, stage_dir / "filter", services, progress
+            )
+    if not rows:
+        raise ValueError(f"stage {stage.name}: no training data")
+    return _write(rows, path)
+
+
+# -- evaluation ---------------------------------------------------------------------------------
+def eval_rows(recipe: Recipe) -> list[dict[str, Any]]:
+    spec = recipe.eval
+    if spec.data is not None:
+        return problem_rows(spec.data, recipe.seed, split="heldout")
+    gens = [s.data.generator for s in recipe.stages if s.kind == "rl" and s.data.generator is not None]
+    if not gens:
+        return []
+    g = gens[0]
+    return [
+        t.row()
+        for t in generate(spec.count, families=g.families, digits=g.digits, seed=recipe.seed, split="heldout")
+    ]
+
+
+async def evaluate_model(
+    recipe: Recipe, model_dir: Path, rows: list[dict], out_dir: Path, services: dict, progress: bool
+) -> dict:
+    spec: EvalSpec = recipe.eval
+    last_rl = next((s for s in reversed(recipe.stages) if s.kind == "rl"), None)
+    cfg = (
+        parse_config(stage_tree(recipe, last_rl, model_path=str(model_dir), train="-", out="-"))
+        if last_rl
+        else None
+    )
+    setup = _rollout_setup(
+        recipe,
+        model_dir,
+        max_turns=spec.max_turns or (cfg.rollout.max_turns if cfg else 4),
+        max_response_tokens=spec.max_response_tokens or (cfg.rollout.max_response_tokens if cfg else 1024),
+        temperature=spec.temperature,
+    )
+    return await _sample(setup, services, rows, spec.samples, recipe.seed + 1, out_dir, progress)
+
+
+# -- the run ------------------------------------------------------------------------------------
+def _state(out: Path) -> dict[str, Any]:
+    p = out / STATE_FILE
+    return json.loads(p.read_text()) if p.exists() else {"stages": {}, "evals": {}}
+
+
+def _save_state(out: Path, state: dict[str, Any]) -> None:
+    tmp = out / (STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(out / STATE_FILE)
+
+
+async def train_stage(cfg, resume: bool, services: dict) -> tuple[list[dict], bool]:
+    """Run one stage's trainer; returns its history and whether SFT stopped early."""
+    if cfg.kind == "sft":
+        from ..rl.sft import SFTTrainer
+
+        trainer = SFTTrainer(cfg, resume=resume)
+        return await asyncio.to_thread(trainer.train), trainer.stopped_early
+    from ..rl.trainer import RLTrainer
+
+    return await RLTrainer(cfg, resume=resume, **services).train(), False
+
+
+def run_recipe(
+    recipe: Recipe,
+    out: str | Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Run every stage; returns the report's path."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one bar per weight load would drown the stage bars
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError(
+            "a recipe runs in one process; under torchrun, run a stage's config.yaml with `rstar2 train`"
+        )
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not resume:
+        raise ValueError(f"{out} is not empty: pass --resume to continue that run, or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    return asyncio.run(_run(recipe, out, resume, progress, log))
+
+
+@asynccontextmanager
+async def open_services(recipe: Recipe) -> AsyncIterator[dict[str, Any]]:
+    """One code environment and one verifier pool for the whole run (starting them per stage and
+    per evaluation costs more than a tiny stage)."""
+    from ..reward import VerifierPool
+    from ..sandbox import LocalPool
+    from ..sandbox.client import Client
+
+    executor: Any = Client(recipe.sandbox) if recipe.sandbox else LocalPool(workers=recipe.sandbox_workers)
+    await executor.start()
+    verifier = VerifierPool(recipe.verifier_workers).start()
+    try:
+        yield {"executor": executor, "verifier": verifier}
+    finally:
+        verifier.close()
+        await executor.close()
+
+
+async def _run(recipe: Recipe, out: Path, resume: bool, progress: bool, log: Callable[[str], None]) -> Path:
+    from ..rl.checkpoint import latest_checkpoint
+    from .report import write_report
+
+    (out / "recipe.yaml").write_text(_dump(recipe))
+    state = _state(out)
+    current = prepare_model(recipe, out)
+    held_out = eval_rows(recipe)
+    if held_out:
+        _write(held_out, out / "heldout.jsonl")
+    async with open_services(recipe) as services:
+        if held_out and recipe.eval.before and "start" not in state["evals"]:
+            log("[rstar2] evaluating the starting model on held-out problems")
+            state["evals"]["start"] = await evaluate_model(
+                recipe, current, held_out, out / "eval" / "00-start", services, progress
+            )
+            _save_state(out, state)
+        for n, stage in enumerate(recipe.stages, 1):
+            stage_dir = out / f"{n:02d}-{stage.name}"
+            done = state["stages"].get(stage.name)
+            if done:
+                current = Path(done["checkpoint"])
+                continue
+            log(f"[rstar2] stage {n}/{len(recipe.stages)}: {stage.name} ({stage.kind})")
+            stage_dir.mkdir(parents=True, exist_ok=True)
+            train = await stage_data(recipe, stage, current, stage_dir, services, progress)
+            tree = stage_tree(recipe, stage, model_path=str(current), train=str(train), out=str(stage_dir))
+            tree["run"]["progress"] = progress
+            _, stopped = await train_stage(parse_config(tree), resume, services)
+            ckpt = latest_checkpoint(stage_dir)
+            if ckpt is None:
+                raise RuntimeError(f"stage {stage.name} ended without a checkpoint in {stage_dir}")
+            current = ckpt
+            state["stages"][stage.name] = {
+                "checkpoint": str(ckpt),
+                "kind": stage.kind,
+                "steps": int(ckpt.name.split("-")[-1]),  # the stage's steps, a resumed part included
+                "stopped_early": stopped,
+            }
+            _save_state(out, state)
+            if held_out:
+                state["evals"][stage.name] = await evaluate_model(
+                    recipe, current, held_out, out / "eval" / f"{n:02d}-{stage.name}", services, progress
+                )
+                _save_state(out, state)
+    return write_report(out, recipe, state)
+
+
+def _dump(recipe: Recipe) -> str:
+    import yaml
+
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)

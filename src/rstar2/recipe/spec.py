@@ -1,0 +1,305 @@
+"""The recipe file: one YAML that describes a whole run, model to last stage.
+
+A recipe names the model (a directory, or "build the tiny model"), the chat format, the code
+environment and engines, the held-out evaluation, and a list of stages (``sft`` or ``rl``). A
+stage's settings are those of a ``kind: sft``/``kind: rl`` config file (the same sections, the same
+defaults), merged over the recipe's ``defaults``; a few common ones have short names (``steps``,
+``batch_size``, ``lr``, ...). Everything is validated before anything runs: an unknown key, a
+missing data file or a stage keeping more rollouts than it samples is an error naming the key.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..config import ConfigError, parse_config
+from .tasks import FAMILIES
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSpec(_Spec):
+    path: str | None = None  # a Hugging Face model directory
+    build: Literal["tiny"] | None = None  # or: build a tokenizer and a small model from nothing
+    vocab: int = 512
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 4
+    mlp: int = 512
+    max_positions: int = 512
+    device: str = "auto"
+    dtype: str = "auto"
+    threads: int | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> ModelSpec:
+        if bool(self.path) == bool(self.build):
+            raise ValueError("give either model.path (a model directory) or model.build: tiny")
+        return self
+
+
+class ChatSpec(_Spec):
+    system_prompt: str | None = None  # None: rstar2's default; "": none
+    user_prefix: str | None = None
+    tools_in_prompt: bool = True
+    tool_limit_chars: int = 2048
+    tool_traceback_lines: int = 12
+
+
+class GeneratorSpec(_Spec):
+    """Synthetic problems (``rstar2.recipe.tasks``); for an SFT stage, conversations built on them."""
+
+    families: list[str] | None = None
+    digits: tuple[int, int] = (1, 3)
+    count: int = 1000
+    error_rate: float = 0.25  # SFT: share of demonstrations whose first program is broken
+    seed: int | None = None  # default: the recipe's seed
+
+    @model_validator(mode="after")
+    def _known(self) -> GeneratorSpec:
+        unknown = [f for f in self.families or [] if f not in FAMILIES]
+        if unknown:
+            raise ValueError(f"unknown task families {unknown}; known: {', '.join(FAMILIES)}")
+        if not 1 <= self.digits[0] <= self.digits[1]:
+            raise ValueError(f"digits must be [lo, hi] with 1 <= lo <= hi, got {list(self.digits)}")
+        return self
+
+
+class DataSpec(_Spec):
+    files: list[str] = Field(default_factory=list)  # JSONL: problems (rl, eval) or conversations (sft)
+    generator: GeneratorSpec | None = None
+    limit: int | None = None
+
+    @model_validator(mode="after")
+    def _some(self) -> DataSpec:
+        if not self.files and self.generator is None:
+            raise ValueError("give data.files or data.generator")
+        return self
+
+
+class FilterSpec(_Spec):
+    """Keep the problems the current policy does not yet always (or never) solve: ``samples``
+    rollouts each, kept when ``min_solved`` <= solved <= ``max_solved`` (default samples - 1)."""
+
+    samples: int = 8
+    min_solved: int = 0
+    max_solved: int | None = None
+    temperature: float = 1.0
+
+    @model_validator(mode="after")
+    def _range(self) -> FilterSpec:
+        top = self.samples - 1 if self.max_solved is None else self.max_solved
+        if not 0 <= self.min_solved <= top <= self.samples:
+            raise ValueError(f"need 0 <= min_solved <= max_solved <= samples, got {self.min_solved}, {top}")
+        return self
+
+
+class EvalSpec(_Spec):
+    data: DataSpec | None = None  # default: held-out problems of the first RL stage's generator
+    count: int = 128  # held-out problems drawn from that generator
+    samples: int = 4
+    temperature: float = 1.0
+    max_turns: int | None = None  # default: the last stage's
+    max_response_tokens: int | None = None
+    before: bool = True  # also evaluate the starting model
+
+
+# Short stage keys and the config key each stands for.
+SHORT_KEYS = {
+    "steps": "run.steps",
+    "batch_size": "run.batch_size",
+    "lr": "optim.lr",
+    "warmup_steps": "optim.warmup_steps",
+    "reset_optimizer": "optim.reset_optimizer",
+    "max_response_tokens": "rollout.max_response_tokens",
+    "max_turns": "rollout.max_turns",
+    "samples": "rollout.samples",
+    "keep": "roc.keep",
+    "temperature": "rollout.temperature",
+    "stop_loss": "sft.stop_loss",
+}
+SECTIONS = ("rollout", "roc", "loss", "optim", "run", "sft")
+
+
+class StageSpec(_Spec):
+    name: str
+    kind: Literal["sft", "rl"]
+    data: DataSpec
+    filter: FilterSpec | None = None
+    stop_loss: float | None = None  # sft: stop once the mean loss of recent steps is below
+    steps: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    warmup_steps: int | None = None
+    reset_optimizer: bool | None = None
+    max_response_tokens: int | None = None
+    max_turns: int | None = None
+    samples: int | None = None
+    keep: int | None = None
+    temperature: float | None = None
+    rollout: dict[str, Any] = Field(default_factory=dict)
+    roc: dict[str, Any] = Field(default_factory=dict)
+    loss: dict[str, Any] = Field(default_factory=dict)
+    optim: dict[str, Any] = Field(default_factory=dict)
+    run: dict[str, Any] = Field(default_factory=dict)
+    sft: dict[str, Any] = Field(default_factory=dict)
+
+
+class Recipe(_Spec):
+    name: str = "recipe"
+    seed: int = 0
+    model: ModelSpec
+    chat: ChatSpec = Field(default_factory=ChatSpec)
+    sandbox: str | None = None  # URL of `rstar2 sandbox serve`; None: a local pool
+    sandbox_workers: int | None = None
+    verifier_workers: int = 1
+    servers: list[str] = Field(default_factory=list)  # OpenAI-compatible engines; empty: in-process
+    defaults: dict[Literal["sft", "rl"], dict[str, Any]] = Field(default_factory=dict)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    stages: list[StageSpec]
+
+    @model_validator(mode="after")
+    def _stages(self) -> Recipe:
+        if not self.stages:
+            raise ValueError("a recipe needs at least one stage")
+        names = [s.name for s in self.stages]
+        if len(set(names)) != len(names):
+            raise ValueError(f"stage names must be distinct, got {names}")
+        return self
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = (
+            _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+        )
+    return out
+
+
+def stage_tree(recipe: Recipe, stage: StageSpec, *, model_path: str, train: str, out: str) -> dict[str, Any]:
+    """The ``kind: sft``/``kind: rl`` config of one stage, as a tree for ``parse_config``."""
+    m, c = recipe.model, recipe.chat
+    tree: dict[str, Any] = {
+        "kind": stage.kind,
+        "model": {"path": model_path, "device": m.device, "dtype": m.dtype, "threads": m.threads},
+        "data": {"train": train, "limit": stage.data.limit},
+        "run": {"out": out, "seed": recipe.seed},
+    }
+    chat = {k: v for k, v in c.model_dump().items() if v is not None}
+    if stage.kind == "rl":
+        tree["rollout"] = {**chat, "servers": recipe.servers, "sandbox": recipe.sandbox}
+        if recipe.sandbox_workers is not None:
+            tree["rollout"]["sandbox_workers"] = recipe.sandbox_workers
+    else:
+        chat.pop("tool_limit_chars", None)
+        chat.pop("tool_traceback_lines", None)
+        tree.update(chat)
+    tree = _merge(tree, recipe.defaults.get(stage.kind, {}))
+    tree = _merge(tree, {s: getattr(stage, s) for s in SECTIONS if getattr(stage, s)})
+    for short, dotted in SHORT_KEYS.items():
+        value = getattr(stage, short)
+        if value is not None:
+            section, key = dotted.split(".")
+            if (stage.kind == "sft") != (section == "sft") and section in ("rollout", "roc", "sft"):
+                raise ConfigError(f"stages.{stage.name}.{short}: not a setting of {stage.kind} stages")
+            tree.setdefault(section, {})[key] = value
+    return tree
+
+
+def _exists(f: str) -> bool:
+    from ..eval.datasets import ALIASES, BENCHMARKS
+
+    return Path(f).exists() or f in BENCHMARKS or f in ALIASES
+
+
+def check_stage(recipe: Recipe, stage: StageSpec, check_paths: bool = True) -> None:
+    """Validate a stage's config now, with stand-in paths, so a typo fails before anything runs."""
+    try:
+        parse_config(stage_tree(recipe, stage, model_path="model", train="data.jsonl", out="out"))
+    except ConfigError as exc:
+        raise ConfigError(f"stages.{stage.name}: {exc}") from None
+    for f in stage.data.files if check_paths else []:
+        if not _exists(f):
+            raise ConfigError(f"stages.{stage.name}.data.files: {f} does not exist")
+
+
+def parse_recipe(tree: dict[str, Any], base: Path | None = None, check_paths: bool = True) -> Recipe:
+    """A validated recipe; relative data paths are taken from ``base`` (the recipe's folder).
+    ``check_paths=False`` checks only the settings (a recipe written for another machine)."""
+    try:
+        recipe = Recipe.model_validate(tree)
+    except ValidationError as exc:
+        lines = [f"  {'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError("invalid recipe:\n" + "\n".join(lines)) from None
+    if base is not None:
+        for data in [s.data for s in recipe.stages] + ([recipe.eval.data] if recipe.eval.data else []):
+            data.files = [f if Path(f).is_absolute() or _exists(f) else str(base / f) for f in data.files]
+    for stage in recipe.stages:
+        check_stage(recipe, stage, check_paths)
+    if recipe.eval.data is not None and check_paths:
+        for f in recipe.eval.data.files:
+            if not _exists(f):
+                raise ConfigError(f"eval.data.files: {f} does not exist")
+    if check_paths and recipe.model.path and not Path(recipe.model.path).exists():
+        raise ConfigError(f"model.path: {recipe.model.path} does not exist")
+    return recipe
+
+
+def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    path = Path(path)
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"recipe file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path} must hold a mapping (model:, stages:, ...)")
+    for o in overrides:
+        _set_dotted(tree, o)
+    return parse_recipe(tree, path.parent)
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str) -> None:
+    """``--set key.sub=value``; a stage is addressed by name: ``stages.rl-1.steps=5``."""
+    if "=" not in dotted:
+        raise ConfigError(f"--set expects key=value, got {dotted!r}")
+    key, raw = dotted.split("=", 1)
+    value = yaml.safe_load(raw) if raw else None
+    parts = key.strip().split(".")
+    node: Any = tree
+    i = 0
+    while i < len(parts) - 1:
+        p = parts[i]
+        if p == "stages" and isinstance(node.get("stages"), list):
+            name = parts[i + 1]
+            match = [s for s in node["stages"] if isinstance(s, dict) and s.get("name") == name]
+            if not match:
+                raise ConfigError(f"--set {key}: no stage named {name!r}")
+            node = match[0]
+            i += 2
+            continue
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {key}: {p!r} is not a section")
+        i += 1
+    node[parts[-1]] = value
+
+
+def find_recipe(name: str) -> Path:
+    """A recipe file: a path, or the name of one in the project's ``recipes/`` folder."""
+    path = Path(name)
+    if path.exists() or path.suffix in (".yaml", ".yml"):
+        return path
+    shipped = Path(__file__).resolve().parents[3] / "recipes" / f"{name}.yaml"
+    if shipped.exists():
+        return shipped
+    raise ConfigError(f"no recipe {name!r}: give a YAML path, or a name in {shipped.parent}")

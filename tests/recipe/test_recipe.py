@@ -1,0 +1,140 @@
+"""A miniature recipe end to end (every stage kind, a difficulty filter, evaluations, report), and
+broken recipe files rejected before anything runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from rstar2.cli import app
+from rstar2.config import ConfigError
+from rstar2.recipe.run import run_recipe
+from rstar2.recipe.spec import find_recipe, load_recipe, parse_recipe
+
+
+def miniature() -> dict:
+    """The tiny recipe's shape at a size that runs in seconds: 2 SFT steps, 1-2 RL steps a stage."""
+    tree = yaml.safe_load(find_recipe("tiny").read_text())
+    tree["model"].update(vocab=320, hidden=32, layers=1, heads=2, mlp=64)
+    tree["eval"].update(count=3, samples=1)
+    tree["defaults"]["sft"]["run"].update(batch_size=8)
+    tree["defaults"]["rl"]["rollout"].update(samples=4, max_turns=2)
+    tree["defaults"]["rl"]["roc"].update(keep=2)
+    tree["defaults"]["rl"]["run"].update(batch_size=2, save_every=1)
+    sft, rl1, rl2, rl3 = tree["stages"]
+    sft.update(steps=2, stop_loss=None)
+    sft["data"]["generator"].update(count=16)
+    for st in (rl1, rl2, rl3):
+        st.update(steps=1, max_response_tokens=40)
+        st["data"]["generator"].update(count=3)
+        st["filter"] = {"samples": 2, "min_solved": 0, "max_solved": 2}  # an untrained model solves nothing
+    rl2["steps"] = 2
+    return tree
+
+
+def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    recipe = parse_recipe(miniature())
+    out = tmp_path / "run"
+    report = run_recipe(recipe, out, progress=False, log=lambda s: None)
+
+    state = json.loads((out / "recipe_state.json").read_text())
+    assert list(state["stages"]) == ["sft", "rl-64", "rl-128", "rl-hard"]
+    assert list(state["evals"]) == ["start", "sft", "rl-64", "rl-128", "rl-hard"]
+    for n, (name, steps) in enumerate([("sft", 2), ("rl-64", 1), ("rl-128", 2), ("rl-hard", 1)], 1):
+        stage_dir = out / f"{n:02d}-{name}"
+        assert yaml.safe_load((stage_dir / "config.yaml").read_text())["run"]["steps"] == steps
+        rows = [json.loads(x) for x in (stage_dir / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == list(range(1, steps + 1))
+        ckpt = state["stages"][name]["checkpoint"]
+        assert ckpt.endswith(f"step-{steps:06d}")
+        AutoModelForCausalLM.from_pretrained(ckpt)  # safetensors in a Hugging Face layout
+    # stage 2 starts from stage 1's checkpoint, and so on
+    assert (
+        yaml.safe_load((out / "02-rl-64" / "config.yaml").read_text())["model"]["path"]
+        == state["stages"]["sft"]["checkpoint"]
+    )
+    # the SFT data holds real tool outputs, the RL data passed the filter
+    sft_rows = [json.loads(x) for x in (out / "01-sft" / "train.jsonl").read_text().splitlines()]
+    assert len(sft_rows) == 16 and all(r["messages"][-1]["role"] == "assistant" for r in sft_rows)
+    flt = json.loads((out / "02-rl-64" / "filter" / "filter.json").read_text())
+    assert flt["candidates"] == 3 and flt["kept"] == 3 and sum(flt["solved_histogram"]) == 3
+    held = {json.loads(x)["problem"] for x in (out / "heldout.jsonl").read_text().splitlines()}
+    trained = {
+        json.loads(x)["problem"]
+        for n in ("02-rl-64", "03-rl-128", "04-rl-hard")
+        for x in (out / n / "train.jsonl").read_text().splitlines()
+    }
+    assert len(held) == 3 and not held & trained
+    text = report.read_text()
+    for name in ("start", "sft", "rl-64", "rl-128", "rl-hard"):
+        assert f"| {name} |" in text
+    assert (out / "report_steps.png").stat().st_size > 0 and (out / "report_stages.png").stat().st_size > 0
+
+    # a second run into the same folder must say --resume; with it, finished stages are skipped
+    with pytest.raises(ValueError, match="--resume"):
+        run_recipe(recipe, out, progress=False, log=lambda s: None)
+    logged: list[str] = []
+    run_recipe(recipe, out, resume=True, progress=False, log=logged.append)
+    assert not [s for s in logged if "stage" in s]
+    assert json.loads((out / "recipe_state.json").read_text())["stages"] == state["stages"]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda t: t["stages"][1].update(lrr=1e-5), "stages.1.lrr"),
+        (
+            lambda t: (
+                t["stages"][1]["roc"].update(kep=4)
+                if "roc" in t["stages"][1]
+                else t["stages"][1].update(roc={"kep": 4})
+            ),
+            "roc.kep",
+        ),
+        (lambda t: t["stages"][1].update(keep=32), "roc.keep (32) cannot exceed rollout.samples"),
+        (
+            lambda t: t["stages"][0].update(data={"files": ["no/such/file.jsonl"]}),
+            "no/such/file.jsonl does not exist",
+        ),
+        (lambda t: t["stages"][0].update(keep=4), "keep: not a setting of sft stages"),
+        (
+            lambda t: t["stages"][1]["data"]["generator"].update(families=["integrals"]),
+            "unknown task families",
+        ),
+        (lambda t: t.update(model={"path": "/nowhere/model"}), "model.path: /nowhere/model does not exist"),
+        (lambda t: t["stages"].append(dict(t["stages"][1])), "distinct"),
+    ],
+)
+def test_a_broken_recipe_is_rejected_naming_the_key(tmp_path, change, message):
+    tree = miniature()
+    change(tree)
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_recipe(path)
+    result = CliRunner().invoke(app, ["train", "--recipe", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "error" in result.output
+    assert not (tmp_path / "out").exists()  # nothing ran
+
+
+def test_set_overrides_address_stages_by_name(tmp_path):
+    recipe = load_recipe(find_recipe("tiny"), ["stages.rl-64.steps=3", "eval.samples=1"])
+    assert next(s for s in recipe.stages if s.name == "rl-64").steps == 3 and recipe.eval.samples == 1
+    with pytest.raises(ConfigError, match="no stage named 'rl-9'"):
+        load_recipe(find_recipe("tiny"), ["stages.rl-9.steps=3"])
+
+
+def test_the_paper_recipe_is_valid_apart_from_its_placeholder_paths():
+    tree = yaml.safe_load(find_recipe("qwen3-14b").read_text())
+    recipe = parse_recipe(tree, check_paths=False)
+    assert [s.name for s in recipe.stages] == ["sft", "rl-8k", "rl-12k", "rl-hard"]
+    rl = recipe.defaults["rl"]
+    assert rl["rollout"]["samples"] == 32 and rl["roc"]["keep"] == 16 and rl["optim"]["lr"] == 1e-6
+    assert recipe.stages[-1].filter.samples == 8 and recipe.stages[-1].reset_optimizer
+    with pytest.raises(ConfigError, match="does not exist"):
+        parse_recipe(tree)  # on this machine the model and data are not there

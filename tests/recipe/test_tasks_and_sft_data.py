@@ -1,0 +1,75 @@
+"""Synthetic tasks (answers, held-out split) and SFT conversations built with the real sandbox."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+
+from rstar2.chat.format import ChatFormat
+from rstar2.recipe.sft_data import build_conversations
+from rstar2.recipe.tasks import FAMILIES, generate, is_heldout
+from rstar2.recipe.tiny_model import build_tokenizer
+
+
+def run_code(code: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(code, {})  # our own generated one-liners, not model code
+    return out.getvalue().strip()
+
+
+def test_every_family_prints_its_answer_and_splits_are_disjoint():
+    train = generate(400, digits=(2, 4), seed=3)
+    held = generate(100, digits=(2, 4), seed=3, split="heldout")
+    assert {t.family for t in train} == set(FAMILIES)
+    for t in train[:80] + held[:40]:
+        assert run_code(t.code) == str(t.answer), t
+    assert not {t.problem for t in train} & {t.problem for t in held}
+    assert all(is_heldout(t.problem) for t in held) and not any(is_heldout(t.problem) for t in train)
+    assert len({t.problem for t in train}) == 400
+    # same arguments, same problems; another seed, other problems
+    assert [t.problem for t in generate(20, digits=(2, 4), seed=3)] == [t.problem for t in train[:20]]
+    assert [t.problem for t in generate(20, digits=(2, 4), seed=4)] != [t.problem for t in train[:20]]
+
+
+def test_bad_generator_arguments_are_clear():
+    with pytest.raises(ValueError, match="unknown task families"):
+        generate(3, families=["sum", "integrals"])
+    with pytest.raises(ValueError, match="digits"):
+        generate(3, digits=(3, 2))
+    with pytest.raises(ValueError, match="distinct"):
+        generate(500, families=["choose"], digits=(1, 1))
+
+
+async def test_sft_conversations_carry_real_tool_outputs_and_errors():
+    from rstar2.sandbox import LocalPool
+
+    tasks = generate(6, digits=(2, 3), seed=0)
+    pool = await LocalPool(workers=1).start()
+    try:
+        clean = await build_conversations(tasks, pool, system_prompt="", user_prefix="", error_rate=0.0)
+        noisy = await build_conversations(
+            tasks, pool, system_prompt="", user_prefix="", error_rate=1.0, traceback_lines=1
+        )
+    finally:
+        await pool.close()
+    assert len(clean) == len(noisy) == 6
+    for row, task in zip(clean, tasks, strict=True):
+        roles = [m["role"] for m in row["messages"]]
+        assert roles == ["user", "assistant", "tool", "assistant"]
+        assert row["messages"][2]["content"] == str(task.answer)  # printed by the sandbox
+        assert f"\\boxed{{{task.answer}}}" in row["messages"][3]["content"]
+    for row in noisy:
+        msgs = row["messages"]
+        assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+        first = msgs[2]["content"]
+        assert first.startswith("Tool call failed") and "Error" in first
+        assert "Traceback" not in first  # one line of traceback: the exception itself
+    # the conversations tokenize turn by turn, learning only what the assistant writes
+    tok = build_tokenizer([str(r) for r in noisy], 400)
+    fmt = ChatFormat(tok, system_prompt="", user_prefix="", tools_in_prompt=False)
+    ids, mask = fmt.conversation_ids(noisy[0]["messages"])
+    learned = fmt.decode([i for i, m in zip(ids, mask, strict=True) if m])
+    assert "<tool_call>" in learned and "Tool call failed" not in learned and "\\boxed" in learned
