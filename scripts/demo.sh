@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job on the embedded default. Until the training recipe lands this is the
-# sandbox benchmark's quick mode: isolated Python execution vs. a fresh interpreter per call.
+# The main job on the embedded default: the tiny recipe (recipes/tiny.yaml) on CPU -- a tokenizer
+# and a small Qwen2 model built here, non-reasoning SFT, three RL stages, held-out evals, a report.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
