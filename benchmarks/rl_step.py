@@ -2,12 +2,16 @@
 
 One step = sample G completions for each of P prompts, reward them, one optimizer update (GRPO,
 no KL, clip 0.2/0.28, token-mean loss). Both sides start from the same saved tiny model and
-tokenizer, get the same prompt ids, sample at temperature 1 with the end-of-turn tokens banned (so
-every completion is exactly L tokens), and use the same reward (first completion token even).
+tokenizer, get the same prompt ids, sample at temperature 1, and use the same reward (first
+completion token even). By default the end-of-turn tokens are banned, so every completion is
+exactly L tokens (equal work on both sides). With ``--mean-length N`` the model is set to end a
+completion with probability 1/N at every token (lengths as uneven as RL responses, cut at L):
+then what each framework does with rows that finished early, and with padding, shows.
 rstar2 runs plain GRPO here (RoC off) so both train on the same P·G completions. The first step of
 each is a warm-up and is not counted. TRL comes from the `bench` extra (`pip install -e .[bench]`).
 
     python benchmarks/rl_step.py [--prompts 8] [--group 8] [--length 64] [--steps 4] [--out results.json]
+    python benchmarks/rl_step.py --length 256 --mean-length 48
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import statistics
 import tempfile
 import time
@@ -35,9 +40,28 @@ def first_token_even(traj) -> float:
     return float(bool(traj.response_ids) and traj.response_ids[0] % 2 == 0)
 
 
-def build(root: Path, hidden: int, layers: int, problems: int) -> tuple[Path, Path, list[str]]:
+def stop_at_rate(model, eos_id: int, p: float) -> None:
+    """Make the model end a completion with probability ~p at every token, whatever it read, so that
+    lengths vary as RL responses do (geometric, mean ~1/p, cut at the length limit): every input
+    embedding gets a constant feature in hidden dimension 0, which survives the final norm as
+    ~sqrt(hidden); an untied output layer reads it only in the end token's row."""
+    emb = model.get_input_embeddings().weight
+    vocab, hidden = emb.shape
+    with torch.no_grad():
+        emb[:, 0] = 1.0
+        head = emb.detach().clone()
+        head[:, 0] = 0.0
+        bias = math.log((vocab - 1) * p / (1 - p))  # e^b / (e^b + vocab - 1) = p with other logits ~0
+        head[eos_id, 0] = bias / math.sqrt(hidden)
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(head)
+
+
+def build(root: Path, hidden: int, layers: int, problems: int, mean_length: int) -> tuple[Path, Path, list[str]]:
     tok = build_tokenizer([SYSTEM_PROMPT, "print(sum(range(10)))", "<reason> 1 + 2 = 3 </reason>"] * 50, 512)
     model = build_model(tok, hidden=hidden, layers=layers, heads=4, mlp=4 * hidden, max_positions=2048)
+    if mean_length:
+        stop_at_rate(model, tok.eos_token_id, 1.0 / mean_length)
     model_dir = save_pretrained(model, tok, root / "model")
     rows = [{"problem": f"What is {i} + {2 * i}?", "answer": str(3 * i)} for i in range(problems)]
     data = root / "train.jsonl"
@@ -59,7 +83,7 @@ def run_rstar2(model_dir: Path, data: Path, out: Path, a) -> dict:
                 "max_response_tokens": a.length,
                 "system_prompt": "Answer.",
                 "tools_in_prompt": False,
-                "banned_tokens": BANNED,
+                "banned_tokens": [] if a.mean_length else BANNED,
                 "sandbox_workers": 1,
                 "verifier_workers": 1,
             },
@@ -134,7 +158,7 @@ def run_trl(model_dir: Path, texts: list[str], out: Path, a) -> dict:
         save_strategy="no",
         report_to="none",
         shuffle_dataset=False,
-        generation_kwargs={"suppress_tokens": banned},
+        generation_kwargs={} if a.mean_length else {"suppress_tokens": banned},
         disable_tqdm=True,
     )
     trainer = GRPOTrainer(
@@ -162,11 +186,18 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument(
+        "--mean-length",
+        type=int,
+        default=0,
+        help="0: every completion exactly --length tokens; N: completions end with probability 1/N per "
+        "token (uneven lengths, cut at --length), as RL responses are",
+    )
     ap.add_argument("--trl-first", action="store_true", help="run TRL first (check for drift of the machine)")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rl-step-"))
-    model_dir, data, texts = build(root, a.hidden, a.layers, a.prompts * (a.steps + 1))
+    model_dir, data, texts = build(root, a.hidden, a.layers, a.prompts * (a.steps + 1), a.mean_length)
     if a.trl_first:
         theirs = run_trl(model_dir, texts, root / "trl", a)
         ours = run_rstar2(model_dir, data, root / "rstar2", a)

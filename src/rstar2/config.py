@@ -74,7 +74,7 @@ class LossSection(_Section):
     aggregation: Literal["token-mean", "group-token-mean"] = "token-mean"
     adv_eps: float = 1e-6
     scale_by_std: bool = True
-    kl_coef: float = 0.0
+    kl_coef: float = 0.0  # >0: k3 KL to a frozen reference, the policy this run (stage) started from
     entropy_coef: float = 0.0
     tis_cap: float | None = None
 

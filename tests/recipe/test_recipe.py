@@ -19,7 +19,7 @@ def miniature() -> dict:
     """The tiny recipe's shape at a size that runs in seconds: 2 SFT steps, 1-2 RL steps a stage."""
     tree = yaml.safe_load(find_recipe("tiny").read_text())
     tree["model"].update(vocab=320, hidden=32, layers=1, heads=2, mlp=64)
-    tree["eval"].update(count=3, samples=1)
+    tree["eval"].update(count=3, samples=1, before=True)
     tree["defaults"]["sft"]["run"].update(batch_size=8)
     tree["defaults"]["rl"]["rollout"].update(samples=4, max_turns=2)
     tree["defaults"]["rl"]["roc"].update(keep=2)
@@ -35,6 +35,8 @@ def miniature() -> dict:
     return tree
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # ~200 s on a loaded 2-core VM: model building, 4 stages, 5 evaluations
 def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     from transformers import AutoModelForCausalLM
 

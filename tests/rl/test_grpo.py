@@ -175,3 +175,36 @@ def test_gradient_of_the_loss_on_a_tiny_model_matches_finite_differences(tiny):
             down = float(loss_fn())
             param[idx] += h
         assert grad[idx].item() == pytest.approx((up - down) / (2 * h), rel=2e-3, abs=1e-6)
+
+
+def test_kl_to_a_reference_model_enters_the_update(tiny):
+    """With kl_coef > 0 the update reads the reference's logprobs: a reference equal to the policy
+    adds nothing; a different one adds kl_coef times its (positive) k3 estimate to the loss."""
+    import copy
+    from dataclasses import replace
+
+    from rstar2.config import OptimSection
+    from rstar2.rl.optim import build_optimizer
+    from rstar2.rl.update import logprobs_of, policy_update
+
+    model, _ = tiny
+    seqs = [([5, 6, 7], [8 + i, 9 + i, 10 + i], [1, 1, 1], [0.0] * 3) for i in range(4)]
+    batch = with_weights(collate(seqs, [1.0, -1.0, 0.5, -0.5], [0, 0, 1, 1]), "token-mean")
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    cfg = LossConfig(kl_coef=0.3)
+
+    def loss_with(ref):
+        m = copy.deepcopy(model)
+        opt, sched = build_optimizer(m, OptimSection(lr=0.0, warmup_steps=0), total_steps=1)
+        b = batch if ref is None else replace(batch, ref_logp=logprobs_of(ref, batch, 4096))
+        return policy_update(m, opt, sched, b, cfg)
+
+    plain, same, moved = loss_with(None), loss_with(model), loss_with(other)
+    assert "update/ref_kl" not in plain
+    assert same["update/ref_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert same["loss"] == pytest.approx(plain["loss"], abs=1e-6)
+    assert moved["update/ref_kl"] > 1e-4
+    assert moved["loss"] == pytest.approx(plain["loss"] + 0.3 * moved["update/ref_kl"], rel=1e-4)

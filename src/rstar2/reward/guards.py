@@ -13,6 +13,10 @@ from dataclasses import dataclass
 
 from .normalize import MAX_DIGITS
 
+# A worker that hit its memory cap answers with this reason and is replaced (worker.py, pool.py);
+# defined here so the pool need not import the worker module it runs with ``python -m``.
+MEMORY_CAP_REASON = "memory cap reached"
+
 
 @dataclass(frozen=True)
 class GuardLimits:

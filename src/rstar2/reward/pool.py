@@ -31,8 +31,7 @@ from typing import Any
 
 from .equivalence import Verdict, triage
 from .extract import Mode
-from .guards import DEFAULT_LIMITS, GuardLimits
-from .worker import MEMORY_CAP_REASON
+from .guards import DEFAULT_LIMITS, MEMORY_CAP_REASON, GuardLimits
 
 _log = logging.getLogger("rstar2.reward")
 DEFAULT_TIMEOUT_S = 2.0

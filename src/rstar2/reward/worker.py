@@ -17,7 +17,7 @@ import socket
 import sys
 from multiprocessing.connection import Connection
 
-MEMORY_CAP_REASON = "memory cap reached"
+from .guards import MEMORY_CAP_REASON
 
 
 def _die_with_parent() -> None:

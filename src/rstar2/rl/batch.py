@@ -27,6 +27,7 @@ class Batch:
     group_index: torch.Tensor  # (rows,) long
     weights: torch.Tensor | None = None  # (rows, T-1) float, see grpo.token_weights
     old_logp: torch.Tensor | None = None  # (rows, T-1) float, set by the trainer
+    ref_logp: torch.Tensor | None = None  # (rows, T-1) float, the reference policy's (KL only)
 
     @property
     def rows(self) -> int:

@@ -119,9 +119,11 @@ def policy_loss(
     per_token = torch.maximum(-advantages * ratio, -advantages * clipped)
     if cfg.tis_cap is not None and engine_logp is not None:
         per_token = per_token * (old_logp - engine_logp).exp().clamp(max=cfg.tis_cap).detach()
+    kl_ref = None
     if cfg.kl_coef and ref_logp is not None:
         d = (ref_logp - logp).clamp(-20.0, 20.0)
-        per_token = per_token + cfg.kl_coef * (d.exp() - d - 1.0)
+        kl_ref = d.exp() - d - 1.0  # k3 estimate of KL(new || reference)
+        per_token = per_token + cfg.kl_coef * kl_ref
     if cfg.entropy_coef and entropy is not None:
         per_token = per_token - cfg.entropy_coef * entropy
     loss = (per_token * weights).sum()
@@ -138,4 +140,6 @@ def policy_loss(
             stats["entropy"] = (entropy * w).sum()
         if engine_logp is not None:
             stats["engine_gap"] = ((old_logp - engine_logp).abs() * w).sum()
+        if kl_ref is not None:
+            stats["ref_kl"] = (kl_ref.detach() * w).sum()
     return loss, stats

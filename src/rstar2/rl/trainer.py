@@ -160,8 +160,21 @@ class RLTrainer:
             run.log,
         )
         self.step_no = run.step
+        self.ref_model = self._reference() if cfg.loss.kl_coef else None
         rows = load_benchmark(cfg.data.train)[: cfg.data.limit]
         self.problems = DataStream(rows, cfg.run.seed, cfg.data.shuffle, run.data_position)
+
+    def _reference(self) -> torch.nn.Module:
+        """The frozen reference of the KL term: the policy this run (stage) started from, also when
+        resuming; a new stage starting from the last checkpoint updates the reference to it (the
+        paper's stage 3). Each process holds a full, unsharded copy."""
+        from transformers import AutoModelForCausalLM
+
+        path = self.cfg.run.init_from or self.cfg.model.path
+        dtype = torch.bfloat16 if self.world.device.type == "cuda" else torch.float32
+        ref = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.world.device).eval()
+        ref.requires_grad_(False)
+        return ref
 
     def _engines(self) -> list[Any]:
         from ..engines.hf import HFEngine
@@ -333,6 +346,7 @@ class RLTrainer:
             optim=self.cfg.optim,
             loss=self.cfg.loss,
             world=self.world,
+            ref_model=self.ref_model,
         )
         self.model.eval()
         return out

@@ -20,7 +20,7 @@ from .batch import Batch, collate, plan_micro_batches, take_rows, with_weights
 from .distributed import LOCAL, World, all_max, all_sum
 from .grpo import LossConfig, policy_loss, token_logprobs, weight_units
 
-_MEANS = ("clip_low", "clip_high", "approx_kl", "entropy", "engine_gap")
+_MEANS = ("clip_low", "clip_high", "approx_kl", "entropy", "engine_gap", "ref_kl")
 
 
 def _autocast(device: torch.device):
@@ -60,14 +60,19 @@ def plan(batch: Batch, max_tokens: int, world: World) -> list[list[int]]:
 
 
 @torch.no_grad()
-def old_logprobs(model: torch.nn.Module, batch: Batch, max_tokens: int, world: World = LOCAL) -> Batch:
-    """The batch with ``old_logp`` from the current weights (micro-batched, no grad)."""
+def logprobs_of(model: torch.nn.Module, batch: Batch, max_tokens: int, world: World = LOCAL) -> torch.Tensor:
+    """(rows, T-1) log-probs of the batch's labels under ``model`` (micro-batched, no grad)."""
     out = torch.zeros_like(batch.mask)
     for rows in plan(batch, max_tokens, world):
         logp, _ = forward_logprobs(model, take_rows(batch, rows))
         if rows:
             out[torch.tensor(rows), : logp.shape[1]] = logp.float()
-    return replace(batch, old_logp=out)
+    return out
+
+
+def old_logprobs(model: torch.nn.Module, batch: Batch, max_tokens: int, world: World = LOCAL) -> Batch:
+    """The batch with ``old_logp`` from the current weights."""
+    return replace(batch, old_logp=logprobs_of(model, batch, max_tokens, world))
 
 
 def optimizer_step(
@@ -118,7 +123,14 @@ def policy_update(
         logp, entropy = forward_logprobs(model, mb, with_entropy=True)
         old = mb.old_logp if mb.old_logp is not None else logp.detach()
         return policy_loss(
-            logp, old, mb.advantages, mb.weights, loss_cfg, engine_logp=mb.engine_logp, entropy=entropy
+            logp,
+            old,
+            mb.advantages,
+            mb.weights,
+            loss_cfg,
+            engine_logp=mb.engine_logp,
+            ref_logp=mb.ref_logp,
+            entropy=entropy,
         )
 
     out = optimizer_step(
@@ -147,6 +159,7 @@ def update_on_rollouts(
     optim: Any,
     loss: Any,
     world: World = LOCAL,
+    ref_model: torch.nn.Module | None = None,
 ) -> dict[str, float]:
     """The RL update on kept rollouts: ``rows`` are (trajectory, advantage, group) of this process.
 
@@ -171,6 +184,8 @@ def update_on_rollouts(
         batches.append(with_weights(b, loss.aggregation, units).to(world.device))
     if optim.mini_batches > 1 or optim.epochs > 1:
         batches = [old_logprobs(model, b, optim.micro_batch_tokens, world) for b in batches]
+    if loss.kl_coef and ref_model is not None:
+        batches = [replace(b, ref_logp=logprobs_of(ref_model, b, optim.micro_batch_tokens)) for b in batches]
     loss_cfg = as_dataclass(LossConfig, loss)
     out = [
         policy_update(
