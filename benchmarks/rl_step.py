@@ -57,7 +57,9 @@ def stop_at_rate(model, eos_id: int, p: float) -> None:
     model.lm_head.weight = torch.nn.Parameter(head)
 
 
-def build(root: Path, hidden: int, layers: int, problems: int, mean_length: int) -> tuple[Path, Path, list[str]]:
+def build(
+    root: Path, hidden: int, layers: int, problems: int, mean_length: int
+) -> tuple[Path, Path, list[str]]:
     tok = build_tokenizer([SYSTEM_PROMPT, "print(sum(range(10)))", "<reason> 1 + 2 = 3 </reason>"] * 50, 512)
     model = build_model(tok, hidden=hidden, layers=layers, heads=4, mlp=4 * hidden, max_positions=2048)
     if mean_length:
