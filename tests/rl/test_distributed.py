@@ -21,6 +21,7 @@ def _run(cmd: list[str]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # two torchrun processes, each importing torch on a loaded VM
 def test_two_processes_end_the_step_with_the_parameters_of_one(tiny_dir, tmp_path):
     from .two_process_step import main
 

@@ -99,6 +99,7 @@ def test_reward_rises_and_the_run_folder_is_complete(uninterrupted):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a training subprocess killed and restarted
 def test_a_killed_run_resumes_exactly(setup, tiny_dir, uninterrupted):
     run_a, history = uninterrupted
     run_b = setup / "b"

@@ -68,6 +68,8 @@ def mini_bench(tmp_path, n=3):
     return bench
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a whole CLI process: importing torch alone can take ~50 s on a loaded VM
 def test_eval_command_writes_trajectories_summary_and_plots(tiny_dir, tmp_path):
     out = tmp_path / "eval"
     args = ["eval", "--model", str(tiny_dir), "--bench", str(mini_bench(tmp_path)), "--samples", "2",
