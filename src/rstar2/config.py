@@ -90,7 +90,9 @@ class OptimSection(_Section):
     micro_batch_tokens: int = 16384  # padded tokens per forward/backward
     mini_batches: int = 1  # optimizer steps per RL step (1 = on-policy)
     epochs: int = 1  # passes over the kept rollouts per RL step
-    reset_optimizer: bool = False  # start this stage with fresh optimizer state
+    # A run starting from run.init_from (a checkpoint of the previous stage) carries its AdamW
+    # moments unless this is set (the paper resets them for its last stage); resuming never resets.
+    reset_optimizer: bool = False
 
 
 class RunSection(_Section):
@@ -164,47 +166,70 @@ def as_dataclass(cls: type, section: BaseModel, **overrides: Any) -> Any:
     return cls(**{**values, **overrides})
 
 
-def _set(tree: dict[str, Any], dotted: str) -> None:
+def set_value(tree: dict[str, Any], dotted: str) -> None:
+    """Apply one ``--set key.sub=value`` (the value is read as YAML). In a list of named items
+    (a recipe's ``stages``), the next key picks the item by name: ``stages.rl-1.steps=5``."""
     if "=" not in dotted:
         raise ConfigError(f"--set expects key=value (e.g. optim.lr=1e-5), got {dotted!r}")
     key, raw = dotted.split("=", 1)
     value = yaml.safe_load(raw) if raw else None
-    node = tree
+    node: Any = tree
     parts = key.strip().split(".")
-    for p in parts[:-1]:
+    for i, p in enumerate(parts[:-1]):
+        if isinstance(node, list):
+            match = [x for x in node if isinstance(x, dict) and x.get("name") == p]
+            if not match:
+                raise ConfigError(f"--set {key}: no {parts[i - 1].removesuffix('s')} named {p!r}")
+            node = match[0]
+            continue
         node = node.setdefault(p, {})
-        if not isinstance(node, dict):
+        if not isinstance(node, (dict, list)):
             raise ConfigError(f"--set {key}: {p!r} is not a section")
+    if isinstance(node, list):
+        raise ConfigError(f"--set {key}: name an item of {parts[-2]!r} before its key")
     node[parts[-1]] = value
+
+
+def validate(cls: type[BaseModel], tree: dict[str, Any], what: str) -> Any:
+    """``cls`` from ``tree``, or a ``ConfigError`` listing every bad key with its dotted path."""
+    try:
+        return cls.model_validate(tree)
+    except ValidationError as exc:
+        lines = [f"  {'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError(f"invalid {what}:\n" + "\n".join(lines)) from None
+
+
+def read_yaml(path: str | Path, what: str, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """The mapping in a YAML file, with ``--set`` overrides applied; clear errors otherwise."""
+    path = Path(path)
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{what} file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections (model:, ...)")
+    for o in overrides:
+        set_value(tree, o)
+    return tree
 
 
 def parse_config(tree: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
     tree = dict(tree)
     for o in overrides:
-        _set(tree, o)
+        set_value(tree, o)
     kind = tree.get("kind", "rl")
     cls = {"rl": RLConfig, "sft": SFTConfig}.get(kind)
     if cls is None:
         raise ConfigError(f"kind must be 'rl' or 'sft', got {kind!r}")
-    try:
-        return cls.model_validate(tree)
-    except ValidationError as exc:
-        lines = [f"  {'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
-        raise ConfigError(f"invalid {kind} config:\n" + "\n".join(lines)) from None
+    return validate(cls, tree, f"{kind} config")
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
-    path = Path(path)
-    try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
-    if not isinstance(tree, dict):
-        raise ConfigError(f"{path} must hold a mapping of sections (model:, data:, ...)")
-    return parse_config(tree, overrides)
+    return parse_config(read_yaml(path, "config", overrides))
 
 
-def dump_config(cfg: TrainConfig) -> str:
+def dump_config(cfg: BaseModel) -> str:
+    """A config (or a recipe) as YAML, every default written out."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

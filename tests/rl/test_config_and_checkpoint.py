@@ -126,3 +126,29 @@ def test_metrics_log_drops_steps_after_the_resumed_checkpoint(tmp_path):
         (2, 2.0),
         (3, 30.0),
     ]
+
+
+def test_a_new_stage_carries_the_optimizer_moments_but_keeps_its_own_settings(tiny, tmp_path):
+    """run.init_from = the last stage's checkpoint carries its AdamW moments (not its lr) unless
+    optim.reset_optimizer; a plain model folder has none to carry."""
+    import copy
+
+    from rstar2.config import OptimSection
+    from rstar2.rl.checkpoint import carry_optimizer_state
+
+    model = copy.deepcopy(tiny[0])
+    opt, sched = build_optimizer(model, OptimSection(lr=1e-2, warmup_steps=0), 10)
+    model(input_ids=torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    opt.step()
+    path = save_checkpoint(tmp_path, 1, model, opt, sched, tiny[1], {"data_position": 0})
+
+    nxt = copy.deepcopy(model)
+    opt2, _ = build_optimizer(nxt, OptimSection(lr=3e-5, warmup_steps=5, betas=(0.9, 0.99)), 10)
+    assert carry_optimizer_state(path, nxt, opt2)
+    m1, m2 = opt.state_dict()["state"], opt2.state_dict()["state"]
+    assert m2 and all(torch.equal(m1[i]["exp_avg_sq"], m2[i]["exp_avg_sq"]) for i in m1)
+    assert all(g["initial_lr"] == 3e-5 and g["betas"] == (0.9, 0.99) for g in opt2.param_groups)
+    opt3, _ = build_optimizer(nxt, OptimSection(), 10)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert not carry_optimizer_state(plain, nxt, opt3) and not opt3.state_dict()["state"]

@@ -48,8 +48,8 @@ class ChatFormat:
 
     tokenizer: Any
     stateful: bool = False  # offer python_session as well as the stateless tool
-    system_prompt: str | None = SYSTEM_PROMPT
-    user_prefix: str = USER_PREFIX  # written before each problem in the user turn
+    system_prompt: str | None = None  # None: rstar2's SYSTEM_PROMPT; "": no system message
+    user_prefix: str | None = None  # before each problem in the user turn; None: USER_PREFIX
     tool_limit_chars: int = DEFAULT_LIMIT_CHARS
     tool_limit_tokens: int | None = None
     tool_traceback_lines: int = TRACEBACK_LINES
@@ -58,6 +58,8 @@ class ChatFormat:
     tools_in_prompt: bool = True
 
     def __post_init__(self) -> None:
+        self.system_prompt = SYSTEM_PROMPT if self.system_prompt is None else self.system_prompt
+        self.user_prefix = USER_PREFIX if self.user_prefix is None else self.user_prefix
         ensure_chat_template(self.tokenizer)
         self.tools = tool_schemas(self.stateful) if self.tools_in_prompt else None
         self.tool_names = (PYTHON_TOOL, SESSION_TOOL) if self.stateful else (PYTHON_TOOL,)

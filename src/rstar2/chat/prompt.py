@@ -61,9 +61,12 @@ CHATML_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
 
 
 def problem_messages(
-    problem: str, system_prompt: str | None = SYSTEM_PROMPT, user_prefix: str = USER_PREFIX
+    problem: str, system_prompt: str | None = None, user_prefix: str | None = None
 ) -> list[dict]:
-    """The opening of a conversation about one problem."""
+    """The opening of a conversation about one problem. ``None`` takes rstar2's default words
+    (``SYSTEM_PROMPT``, ``USER_PREFIX``); an empty string leaves them out, as in the configs."""
+    system_prompt = SYSTEM_PROMPT if system_prompt is None else system_prompt
+    user_prefix = USER_PREFIX if user_prefix is None else user_prefix
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages.append({"role": "user", "content": user_prefix + problem.strip()})
     return messages

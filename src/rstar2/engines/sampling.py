@@ -50,11 +50,12 @@ def next_tokens(
         top_k = torch.tensor([params[i].top_k for i in sample_rows], device=logits.device)
         top_p = torch.tensor([params[i].top_p for i in sample_rows], device=logits.device)
         probs = filter_logits(scaled[rows], top_k, top_p).softmax(dim=-1)
-        u = torch.rand(len(sample_rows), dtype=torch.float64)
-        for j, i in enumerate(sample_rows):
-            if generators[i] is not None:
-                u[j] = generators[i].random()
-        tokens[rows] = inverse_cdf(probs, u.to(logits.device))
+        fresh = torch.rand(len(sample_rows), dtype=torch.float64).tolist()
+        u = [
+            g.random() if (g := generators[i]) is not None else r
+            for i, r in zip(sample_rows, fresh, strict=True)
+        ]
+        tokens[rows] = inverse_cdf(probs, torch.tensor(u, dtype=torch.float64, device=logits.device))
     return tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
 
 

@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from ..config import parse_config
+from ..config import dump_config, parse_config
 from .spec import DataSpec, EvalSpec, FilterSpec, Recipe, StageSpec, stage_tree
 from .tasks import generate
 
@@ -27,37 +27,29 @@ STATE_FILE = "recipe_state.json"
 # -- model --------------------------------------------------------------------------------------
 def tiny_corpus(recipe: Recipe, count: int = 1500) -> list[str]:
     """Text in the recipe's chat format (problems, tool calls, outputs, errors, answers) to train
-    the tiny tokenizer on, so its merges fit what the model will read and write."""
-    from ..chat.prompt import CHATML_TEMPLATE, USER_PREFIX, problem_messages
+    the tiny tokenizer on, so its merges fit what the model will read and write. Tool outputs are
+    written here, not run: only their wording matters."""
+    from ..chat.prompt import CHATML_TEMPLATE, problem_messages
     from ..chat.tool_response import render_result
-    from ..chat.tools import PYTHON_TOOL
     from ..sandbox.result import ExecResult
-    from .sft_data import answer_text, break_code, call_message
+    from .sft_data import break_code, conversation
     from .tiny_model import build_tokenizer
 
     render = build_tokenizer(["x"], 260, chat_template=CHATML_TEMPLATE)  # a template renderer only
     chat = recipe.chat
+    error = render_result(
+        ExecResult(status="error", stderr="NameError: name 'x' is not defined"),
+        chat.tool_limit_chars,
+        chat.tool_traceback_lines,
+    )
     rng = random.Random(recipe.seed)
     texts = []
     for t in generate(count, digits=(1, 4), seed=recipe.seed):
-        msgs = problem_messages(
-            t.problem,
-            chat.system_prompt if chat.system_prompt is not None else None,
-            chat.user_prefix if chat.user_prefix is not None else USER_PREFIX,
+        calls = [(break_code(t.code, rng), error)] if rng.random() < 0.3 else []
+        calls.append((t.code, str(t.answer)))
+        msgs = conversation(
+            problem_messages(t.problem, chat.system_prompt, chat.user_prefix), calls, t.answer
         )
-        if rng.random() < 0.3:
-            broken = break_code(t.code, rng)
-            err = ExecResult(status="error", stderr="NameError: name 'x' is not defined")
-            msgs += [
-                call_message(broken),
-                {
-                    "role": "tool",
-                    "name": PYTHON_TOOL,
-                    "content": render_result(err, chat.tool_limit_chars, chat.tool_traceback_lines),
-                },
-            ]
-        msgs += [call_message(t.code), {"role": "tool", "name": PYTHON_TOOL, "content": str(t.answer)}]
-        msgs.append({"role": "assistant", "content": answer_text(t.answer)})
         texts.append(render.apply_chat_template(msgs, tokenize=False))
     return texts
 
@@ -121,7 +113,6 @@ def problem_rows(data: DataSpec, seed: int, split: str = "train") -> list[dict[s
 
 
 async def sft_rows(recipe: Recipe, data: DataSpec, executor: Any) -> list[dict[str, Any]]:
-    from ..chat.prompt import USER_PREFIX
     from .sft_data import build_conversations
 
     rows: list[dict[str, Any]] = []
@@ -135,7 +126,7 @@ async def sft_rows(recipe: Recipe, data: DataSpec, executor: Any) -> list[dict[s
             tasks,
             executor,
             system_prompt=recipe.chat.system_prompt,
-            user_prefix=recipe.chat.user_prefix if recipe.chat.user_prefix is not None else USER_PREFIX,
+            user_prefix=recipe.chat.user_prefix,
             error_rate=g.error_rate,
             tool_limit_chars=recipe.chat.tool_limit_chars,
             traceback_lines=recipe.chat.tool_traceback_lines,
@@ -297,16 +288,18 @@ def _save_state(out: Path, state: dict[str, Any]) -> None:
     tmp.replace(out / STATE_FILE)
 
 
-async def train_stage(cfg, resume: bool, services: dict) -> tuple[list[dict], bool]:
-    """Run one stage's trainer; returns its history and whether SFT stopped early."""
+async def train_stage(cfg, resume: bool, services: dict) -> bool:
+    """Run one stage's trainer; returns whether it stopped early (SFT's ``stop_loss``)."""
     if cfg.kind == "sft":
         from ..rl.sft import SFTTrainer
 
         trainer = SFTTrainer(cfg, resume=resume)
-        return await asyncio.to_thread(trainer.train), trainer.stopped_early
+        await asyncio.to_thread(trainer.train)
+        return trainer.stopped_early
     from ..rl.trainer import RLTrainer
 
-    return await RLTrainer(cfg, resume=resume, **services).train(), False
+    await RLTrainer(cfg, resume=resume, **services).train()
+    return False
 
 
 def run_recipe(
@@ -354,7 +347,7 @@ async def _run(recipe: Recipe, out: Path, resume: bool, progress: bool, log: Cal
     from ..rl.checkpoint import latest_checkpoint
     from .report import write_report
 
-    (out / "recipe.yaml").write_text(_dump(recipe))
+    (out / "recipe.yaml").write_text(dump_config(recipe))
     state = _state(out)
     current = prepare_model(recipe, out)
     held_out = eval_rows(recipe)
@@ -378,7 +371,10 @@ async def _run(recipe: Recipe, out: Path, resume: bool, progress: bool, log: Cal
             train = await stage_data(recipe, stage, current, stage_dir, services, progress)
             tree = stage_tree(recipe, stage, model_path=str(current), train=str(train), out=str(stage_dir))
             tree["run"]["progress"] = progress
-            _, stopped = await train_stage(parse_config(tree), resume, services)
+            if n > 1 and recipe.stages[n - 2].kind == stage.kind:
+                # RL after RL continues the optimizer (unless the stage resets it); RL after SFT starts fresh
+                tree["run"]["init_from"] = str(current)
+            stopped = await train_stage(parse_config(tree), resume, services)
             ckpt = latest_checkpoint(stage_dir)
             if ckpt is None:
                 raise RuntimeError(f"stage {stage.name} ended without a checkpoint in {stage_dir}")
@@ -396,9 +392,3 @@ async def _run(recipe: Recipe, out: Path, resume: bool, progress: bool, log: Cal
                 )
                 _save_state(out, state)
     return write_report(out, recipe, state)
-
-
-def _dump(recipe: Recipe) -> str:
-    import yaml
-
-    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..chat.prompt import USER_PREFIX, problem_messages
+from ..chat.prompt import problem_messages
 from ..chat.tool_response import render_result
 from ..chat.tools import PYTHON_TOOL
 from .tasks import Task
@@ -48,12 +48,22 @@ def call_message(code: str) -> dict[str, Any]:
     }
 
 
+def conversation(opening: list[dict], calls: Sequence[tuple[str, str]], answer: int | str) -> list[dict]:
+    """``opening`` (system and user messages), each (program, tool output) as a call and its
+    response, then the answer turn."""
+    msgs = list(opening)
+    for code, output in calls:
+        msgs += [call_message(code), {"role": "tool", "name": PYTHON_TOOL, "content": output}]
+    msgs.append({"role": "assistant", "content": answer_text(answer)})
+    return msgs
+
+
 async def build_conversations(
     tasks: Sequence[Task],
     executor: Any,
     *,
-    system_prompt: str | None,
-    user_prefix: str = USER_PREFIX,
+    system_prompt: str | None = None,
+    user_prefix: str | None = None,
     error_rate: float = 0.25,
     tool_limit_chars: int = 2048,
     traceback_lines: int = 12,
@@ -71,17 +81,12 @@ async def build_conversations(
             return render_result(await executor.run(code), tool_limit_chars, traceback_lines)
 
     async def one(task: Task, broken: str | None) -> dict[str, Any] | None:
-        msgs = problem_messages(task.problem, system_prompt, user_prefix)
-        if broken is not None:
-            msgs += [
-                call_message(broken),
-                {"role": "tool", "name": PYTHON_TOOL, "content": await run(broken)},
-            ]
+        calls = [(broken, await run(broken))] if broken is not None else []
         out = await run(task.code)
         if out.strip() != str(task.answer):
             return None
-        msgs += [call_message(task.code), {"role": "tool", "name": PYTHON_TOOL, "content": out}]
-        msgs.append({"role": "assistant", "content": answer_text(task.answer)})
+        calls.append((task.code, out))
+        msgs = conversation(problem_messages(task.problem, system_prompt, user_prefix), calls, task.answer)
         return {"messages": msgs, "family": task.family}
 
     rows = await asyncio.gather(*(one(t, b) for t, b in plans))

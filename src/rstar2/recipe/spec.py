@@ -14,10 +14,9 @@ import copy
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..config import ConfigError, parse_config
+from ..config import ConfigError, parse_config, read_yaml, validate
 from .tasks import FAMILIES
 
 
@@ -234,11 +233,7 @@ def check_stage(recipe: Recipe, stage: StageSpec, check_paths: bool = True) -> N
 def parse_recipe(tree: dict[str, Any], base: Path | None = None, check_paths: bool = True) -> Recipe:
     """A validated recipe; relative data paths are taken from ``base`` (the recipe's folder).
     ``check_paths=False`` checks only the settings (a recipe written for another machine)."""
-    try:
-        recipe = Recipe.model_validate(tree)
-    except ValidationError as exc:
-        lines = [f"  {'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
-        raise ConfigError("invalid recipe:\n" + "\n".join(lines)) from None
+    recipe = validate(Recipe, tree, "recipe")
     if base is not None:
         for data in [s.data for s in recipe.stages] + ([recipe.eval.data] if recipe.eval.data else []):
             data.files = [f if Path(f).is_absolute() or _exists(f) else str(base / f) for f in data.files]
@@ -254,44 +249,8 @@ def parse_recipe(tree: dict[str, Any], base: Path | None = None, check_paths: bo
 
 
 def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
-    path = Path(path)
-    try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"recipe file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
-    if not isinstance(tree, dict):
-        raise ConfigError(f"{path} must hold a mapping (model:, stages:, ...)")
-    for o in overrides:
-        _set_dotted(tree, o)
-    return parse_recipe(tree, path.parent)
-
-
-def _set_dotted(tree: dict[str, Any], dotted: str) -> None:
-    """``--set key.sub=value``; a stage is addressed by name: ``stages.rl-1.steps=5``."""
-    if "=" not in dotted:
-        raise ConfigError(f"--set expects key=value, got {dotted!r}")
-    key, raw = dotted.split("=", 1)
-    value = yaml.safe_load(raw) if raw else None
-    parts = key.strip().split(".")
-    node: Any = tree
-    i = 0
-    while i < len(parts) - 1:
-        p = parts[i]
-        if p == "stages" and isinstance(node.get("stages"), list):
-            name = parts[i + 1]
-            match = [s for s in node["stages"] if isinstance(s, dict) and s.get("name") == name]
-            if not match:
-                raise ConfigError(f"--set {key}: no stage named {name!r}")
-            node = match[0]
-            i += 2
-            continue
-        node = node.setdefault(p, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"--set {key}: {p!r} is not a section")
-        i += 1
-    node[parts[-1]] = value
+    """A recipe file with ``--set`` overrides (``stages.NAME.key=value`` addresses a stage)."""
+    return parse_recipe(read_yaml(path, "recipe", overrides), Path(path).parent)
 
 
 def find_recipe(name: str) -> Path:

@@ -110,15 +110,38 @@ def load_trainer_state(
     """Restore optimizer, scheduler and RNG from ``path`` (the model was loaded from it already);
     returns ``state.json``."""
     path = Path(path)
-    blob = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
-    if world.distributed:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-        set_optimizer_state_dict(
-            model, optimizer, blob["optimizer"], options=StateDictOptions(full_state_dict=True)
-        )
-    else:
-        optimizer.load_state_dict(blob["optimizer"])
+    blob = _trainer_blob(path)
+    _set_optimizer_state(model, optimizer, blob["optimizer"], world)
     scheduler.load_state_dict(blob["scheduler"])
     set_rng_state(blob["rng"])
     return json.loads((path / "state.json").read_text())
+
+
+def carry_optimizer_state(
+    path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, world: World = LOCAL
+) -> bool:
+    """The previous stage's AdamW moments for a new stage starting from its checkpoint ``path``;
+    the new stage keeps its own learning rate, betas and weight decay. False if ``path`` is a
+    plain model folder (no optimizer state to carry)."""
+    if not (Path(path) / "trainer_state.pt").exists():
+        return False
+    mine = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    _set_optimizer_state(model, optimizer, _trainer_blob(Path(path))["optimizer"], world)
+    for group, settings in zip(optimizer.param_groups, mine, strict=True):
+        group.update(settings)
+    return True
+
+
+def _trainer_blob(path: Path) -> dict[str, Any]:
+    return torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+
+
+def _set_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict, world: World
+) -> None:
+    if world.distributed:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+    else:
+        optimizer.load_state_dict(state)

@@ -12,7 +12,7 @@ import torch
 
 from ..config import TrainConfig, dump_config
 from . import distributed as D
-from .checkpoint import latest_checkpoint, load_trainer_state
+from .checkpoint import carry_optimizer_state, latest_checkpoint, load_trainer_state
 from .metrics_log import MetricsLog
 from .optim import build_optimizer
 
@@ -49,6 +49,12 @@ def begin(cfg: TrainConfig, resume: bool) -> Start:
     return Start(world, AutoTokenizer.from_pretrained(cfg.model.tokenizer or path), path, ckpt)
 
 
+def param_dtype(cfg: TrainConfig) -> torch.dtype:
+    """The trained parameters' dtype: fp32 unless the config names one (bf16 compute comes from
+    autocast on CUDA)."""
+    return torch.float32 if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
+
+
 def load_training(
     cfg: TrainConfig,
     start: Start,
@@ -60,8 +66,7 @@ def load_training(
     from transformers import AutoModelForCausalLM
 
     world = start.world
-    dtype = torch.float32 if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
-    model = AutoModelForCausalLM.from_pretrained(start.path, dtype=dtype).to(world.device)
+    model = AutoModelForCausalLM.from_pretrained(start.path, dtype=param_dtype(cfg)).to(world.device)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if before_shard is not None:
@@ -69,11 +74,11 @@ def load_training(
     model = D.shard(model, world)
     optimizer, scheduler = build_optimizer(model, cfg.optim, updates)
     step = position = 0
-    if start.checkpoint is not None:
+    if start.checkpoint is not None:  # resuming this run: everything as it was
         state = load_trainer_state(start.checkpoint, model, optimizer, scheduler, world)
-        if cfg.optim.reset_optimizer:
-            optimizer, scheduler = build_optimizer(model, cfg.optim, updates)
         step, position = int(state["step"]), int(state.get("data_position", 0))
+    elif cfg.run.init_from and not cfg.optim.reset_optimizer:  # a new stage from the last one's checkpoint
+        carry_optimizer_state(cfg.run.init_from, model, optimizer, world)
     run_dir = Path(cfg.run.out)
     log = MetricsLog(run_dir, tensorboard=cfg.run.tensorboard, enabled=world.main, resume_step=step)
     if world.main:

@@ -80,8 +80,13 @@ class SFTTrainer:
         cfg = self.cfg
         start = begin(cfg, self.resume)
         self.world, self.tokenizer = start.world, start.tokenizer
-        extra = {k: v for k in ("system_prompt", "user_prefix") if (v := getattr(cfg, k)) is not None}
-        fmt = ChatFormat(self.tokenizer, stateful=cfg.stateful, tools_in_prompt=cfg.tools_in_prompt, **extra)
+        fmt = ChatFormat(
+            self.tokenizer,
+            stateful=cfg.stateful,
+            tools_in_prompt=cfg.tools_in_prompt,
+            system_prompt=cfg.system_prompt,
+            user_prefix=cfg.user_prefix,
+        )
         examples, self.dropped = [], 0
         for msgs in read_conversations(cfg.data.train)[: cfg.data.limit]:
             ids, mask = fmt.conversation_ids(msgs)
@@ -156,8 +161,7 @@ class SFTTrainer:
                     and len(recent) == recent.maxlen
                     and sum(recent) / len(recent) < cfg.sft.stop_loss
                 )
-                if stop:
-                    self.stopped_early = True
+                self.stopped_early = stop
                 if stop or self.step_no == self.total or self.step_no % max(1, cfg.run.save_every) == 0:
                     save_checkpoint(
                         self.run_dir,

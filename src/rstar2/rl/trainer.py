@@ -27,7 +27,7 @@ from . import distributed as D
 from .checkpoint import save_checkpoint
 from .data import DataStream
 from .grpo import group_advantages
-from .launch import begin, load_training
+from .launch import begin, load_training, param_dtype
 from .roc import RocConfig, roc_select, score
 from .update import update_on_rollouts
 
@@ -171,8 +171,8 @@ class RLTrainer:
         from transformers import AutoModelForCausalLM
 
         path = self.cfg.run.init_from or self.cfg.model.path
-        dtype = torch.bfloat16 if self.world.device.type == "cuda" else torch.float32
-        ref = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.world.device).eval()
+        ref = AutoModelForCausalLM.from_pretrained(path, dtype=param_dtype(self.cfg))
+        ref = ref.to(self.world.device).eval()
         ref.requires_grad_(False)
         return ref
 

@@ -60,10 +60,10 @@ async def open_rollout(
     tok_path = setup.tokenizer or setup.model
     if tok_path is None and tokenizer is None:
         raise ValueError("with --server, give --tokenizer PATH (the served model's tokenizer directory)")
-    extra = {k: v for k in ("system_prompt", "user_prefix") if (v := getattr(setup, k)) is not None}
     fmt = ChatFormat(
         tokenizer if tokenizer is not None else load_tokenizer(tok_path),
-        **extra,
+        system_prompt=setup.system_prompt,
+        user_prefix=setup.user_prefix,
         stateful=setup.stateful,
         tools_in_prompt=setup.tools_in_prompt,
         tool_limit_chars=setup.tool_limit_chars,
