@@ -92,6 +92,9 @@ class ScriptedEngine:
         problem = next(p for p in self.scripts if p in text)
         turn = text.count(self.turn_marker) - 1
         ids = self.fmt.encode(self.scripts[problem][turn]) + [self.end_id]
+        # a continued turn (the scheduler granted fewer tokens than the turn needed): go on from there
+        done = next((k for k in range(len(ids) - 1, 0, -1) if prompt_ids[-k:] == ids[:k]), 0)
+        ids = ids[done:]
         finish = "stop"
         if len(ids) > params.max_new_tokens:
             ids, finish = ids[: params.max_new_tokens], "length"

@@ -8,7 +8,7 @@ import torch
 
 from rstar2.chat.tools import PYTHON_TOOL
 from rstar2.engines.hf import HFEngine
-from rstar2.rollout import LeastLoaded, Request, Rollout, RolloutConfig, Trajectory
+from rstar2.rollout import Rollout, RolloutConfig, Trajectory
 
 from .conftest import ScriptedEngine
 
@@ -96,15 +96,25 @@ async def test_trajectory_round_trips_through_json(chatml, tiny, pool, verifier)
     assert back.to_dict() == traj.to_dict() and back.calls[0].result.ok
 
 
-async def test_least_loaded_spreads_and_keeps_a_trajectory_where_it_was():
-    a, b = Broken(), Broken()
-    policy = LeastLoaded([a, b])
-    first = await policy.acquire(Request("t1", 10, 10))
-    second = await policy.acquire(Request("t2", 10, 10))
-    assert {id(first), id(second)} == {id(a), id(b)}
-    policy.release(first, Request("t1", 10, 10))
-    policy.release(second, Request("t2", 10, 10))
-    assert await policy.acquire(Request("t2", 20, 10, previous=second)) is second
+async def test_a_failing_engine_is_taken_out_and_its_turns_finish_elsewhere(chatml, tiny, pool, verifier):
+    broken = Broken()
+    broken.capacity_tokens = 1 << 22  # the roomiest: the kv policy sends the first turns there
+    rollout = Rollout([broken, scripted(chatml, tiny)], chatml, pool, verifier, RolloutConfig(max_turns=3))
+    trajs = await rollout.run_many([{"problem": "answers", "answer": "4"}] * 6)
+    assert all(t.finish_reason == "answer" and t.reward == 1.0 for t in trajs)
+    assert {turn.engine for t in trajs for turn in t.turns} == {"scripted"}
+    assert rollout.scheduler.policy.alive == [False, True]
+
+
+async def test_a_turn_granted_in_pieces_is_the_same_turn(chatml, tiny, pool, verifier):
+    """With grants of 3 tokens the engine is asked several times per turn; the trajectory is the
+    one a whole-turn request gives."""
+    whole = await Rollout(scripted(chatml, tiny), chatml, pool, verifier).run("answers", "4")
+    engine = scripted(chatml, tiny)
+    pieces = Rollout(engine, chatml, pool, verifier, RolloutConfig(grant_tokens=3))
+    traj = await pieces.run("answers", "4")
+    assert traj.response_ids == whole.response_ids and traj.loss_mask == whole.loss_mask
+    assert traj.reward == 1.0 and len(engine.generated["answers"]) > 2 * len(traj.turns)
 
 
 async def test_a_real_model_rollout_batch(tiny, chatml, pool, verifier):

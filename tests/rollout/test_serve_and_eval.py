@@ -11,7 +11,7 @@ import pytest
 
 from rstar2.engines.base import SamplingParams
 from rstar2.engines.hf import HFEngine
-from rstar2.engines.openai import OpenAIEngine
+from rstar2.engines.openai import OpenAIEngine, capacity_from_vllm_metrics
 
 from ..conftest import ROOT, RSTAR2, free_port, start_cli, stop, wait_http
 
@@ -44,6 +44,10 @@ async def test_openai_engine_on_rstar2_serve_matches_the_local_engine(server, ti
         assert (await remote.generate(prompt, seeded)).token_ids == (
             await local.generate(prompt, seeded)
         ).token_ids
+        # the server states its KV capacity (SGLang's server-info key) for the kv scheduler
+        assert remote.capacity_source == "default"
+        assert await remote.probe_capacity() == HFEngine(model, max_batch_size=8).capacity_tokens
+        assert remote.capacity_source == "server info"
     finally:
         await remote.close()
         await local.close()
@@ -109,3 +113,13 @@ async def test_eval_resumes_after_a_crash_mid_file(tiny, chatml, pool, verifier,
         assert summary["mini"]["trajectories"] == 6
     finally:
         await engine.close()
+
+
+def test_vllm_kv_capacity_is_read_from_its_metrics():
+    metrics = (
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+        'vllm:cache_config_info{block_size="16",cache_dtype="auto",num_gpu_blocks="2048"} 1.0\n'
+        'vllm:kv_cache_usage_perc{engine="0"} 0.25\n'
+    )
+    assert capacity_from_vllm_metrics(metrics) == 32768
+    assert capacity_from_vllm_metrics("vllm:num_requests_running 3\n") is None

@@ -124,6 +124,7 @@ class HFEngine:
         self.name = name
         self.max_batch_size = max_batch_size
         self.capacity_tokens = capacity_tokens or max_batch_size * min(max_positions(model), 4096)
+        self.prefix_cache = False  # a request prefills its whole prompt (see Rollout's grants)
         self.pad_token_id = pad_token_id if pad_token_id is not None else (model.config.pad_token_id or 0)
         self.lock = threading.Lock()  # held while a batch runs; hold it to change the weights
         self._queue: queue.Queue[_Request | None] = queue.Queue()

@@ -8,6 +8,7 @@ so a rollout never re-tokenizes text the server produced.
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import httpx
@@ -17,6 +18,21 @@ from .base import Generation, SamplingParams
 
 class ServerError(RuntimeError):
     pass
+
+
+DEFAULT_CAPACITY_TOKENS = 1 << 20  # when neither the config nor the server says
+
+
+def capacity_from_vllm_metrics(text: str) -> int | None:
+    """vLLM's Prometheus ``cache_config_info`` gauge carries ``num_gpu_blocks`` and ``block_size``."""
+    for line in text.splitlines():
+        if line.startswith("vllm:cache_config_info{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+            try:
+                return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+            except (KeyError, ValueError):
+                return None
+    return None
 
 
 def _token_ids(choice: dict[str, Any]) -> list[int]:
@@ -38,7 +54,7 @@ class OpenAIEngine:
         *,
         model: str | None = None,
         name: str | None = None,
-        capacity_tokens: int = 1 << 20,
+        capacity_tokens: int | None = None,
         timeout_s: float = 600.0,
         retries: int = 3,
         api_key: str | None = None,
@@ -46,11 +62,35 @@ class OpenAIEngine:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.model = model
         self.name = name or self.base_url
-        self.capacity_tokens = capacity_tokens
+        self.capacity_tokens = capacity_tokens or DEFAULT_CAPACITY_TOKENS
+        self.capacity_source = "config" if capacity_tokens else "default"
+        self.prefix_cache = True  # vLLM and SGLang reuse a prompt's cached prefix
         self.retries = retries
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, headers=headers)
         self.in_flight = 0
+
+    async def probe_capacity(self) -> int:
+        """The server's KV capacity in tokens, unless the config set one: SGLang's (and ``rstar2
+        serve``'s) ``/get_server_info`` ``max_total_num_tokens``, else vLLM's ``/metrics``; if neither
+        answers, the default stays (and ``capacity_source`` says so)."""
+        if self.capacity_source != "default":
+            return self.capacity_tokens
+        try:
+            resp = await self._client.get("/get_server_info")
+            if resp.status_code == 200 and resp.json().get("max_total_num_tokens"):
+                self.capacity_tokens, self.capacity_source = (
+                    int(resp.json()["max_total_num_tokens"]),
+                    "server info",
+                )
+                return self.capacity_tokens
+            resp = await self._client.get("/metrics")
+            found = capacity_from_vllm_metrics(resp.text) if resp.status_code == 200 else None
+            if found:
+                self.capacity_tokens, self.capacity_source = found, "vllm metrics"
+        except (httpx.HTTPError, ValueError):
+            pass
+        return self.capacity_tokens
 
     async def _model(self) -> str:
         if self.model is None:

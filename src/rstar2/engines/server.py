@@ -99,6 +99,11 @@ def create_app(engine: HFEngine, tokenizer: Any, model_name: str) -> FastAPI:
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": model_name, "in_flight": engine.in_flight}
 
+    @app.get("/get_server_info")
+    async def server_info() -> dict[str, Any]:
+        """KV capacity in tokens, under SGLang's key, for the rollout scheduler's ``kv`` policy."""
+        return {"model": model_name, "max_total_num_tokens": engine.capacity_tokens}
+
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(body: _WeightsPath) -> dict[str, Any]:
         """Load new weights (a checkpoint folder) into the served model (the RL trainer's call)."""

@@ -181,12 +181,16 @@ class RLTrainer:
         from ..engines.openai import OpenAIEngine
 
         if self.cfg.rollout.servers:
-            return [OpenAIEngine(url) for url in self.cfg.rollout.servers]
+            return [
+                OpenAIEngine(url, capacity_tokens=self.cfg.rollout.capacity_tokens)
+                for url in self.cfg.rollout.servers
+            ]
         return [
             HFEngine(
                 self.engine_model,
                 name=f"rank{self.world.rank}",
                 max_batch_size=self.cfg.rollout.max_batch_size,
+                capacity_tokens=self.cfg.rollout.capacity_tokens,
             )
         ]
 

@@ -22,6 +22,7 @@ class RolloutSetup:
     device: str = "auto"
     dtype: str = "auto"
     max_batch_size: int = 64
+    capacity_tokens: int | None = None  # KV tokens per engine; None: what each engine reports
     stateful: bool = False
     tool_limit_chars: int = 2048
     tool_traceback_lines: int = 12
@@ -76,11 +77,18 @@ async def open_rollout(
     elif setup.model:
         engines = [
             HFEngine.from_pretrained(
-                setup.model, device=setup.device, dtype=setup.dtype, max_batch_size=setup.max_batch_size
+                setup.model,
+                device=setup.device,
+                dtype=setup.dtype,
+                max_batch_size=setup.max_batch_size,
+                capacity_tokens=setup.capacity_tokens,
             )
         ]
     else:
-        engines = [OpenAIEngine(url) for url in setup.servers]
+        engines = [OpenAIEngine(url, capacity_tokens=setup.capacity_tokens) for url in setup.servers]
+    for engine in engines:  # servers state their KV capacity (vLLM /metrics, SGLang server info)
+        if hasattr(engine, "probe_capacity"):
+            await engine.probe_capacity()
     own_executor, own_verifier = executor is None, verifier is None
     if own_executor:
         executor = Client(setup.sandbox) if setup.sandbox else LocalPool(workers=setup.sandbox_workers)

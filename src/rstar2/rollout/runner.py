@@ -17,9 +17,9 @@ from typing import Any, Protocol
 
 from ..chat.format import ChatFormat, end_of_turn_ids
 from ..chat.tools import SESSION_TOOL, ToolCall, parse_tool_calls
-from ..engines.base import Engine, SamplingParams
+from ..engines.base import Engine, Generation, SamplingParams
 from ..sandbox.result import ExecRequest, ExecResult
-from .dispatch import DispatchPolicy, LeastLoaded, Request
+from .scheduler import Request, Scheduler
 from .trajectory import ToolCallRecord, Trajectory, Turn
 
 Event = Callable[[str, dict[str, Any]], None]
@@ -48,6 +48,9 @@ class RolloutConfig:
     banned_token_ids: tuple[int, ...] = ()
     tool_timeout_s: float | None = None
     verify_mode: str = "strict"
+    scheduler: str = "kv"  # kv | least_requests | static (rollout/scheduler.py)
+    grant_tokens: int | None = None  # kv: new tokens per admitted request (None: 512 or capacity/16)
+    engine_retries: int = 2  # a request whose engine failed is retried on another this many times
 
 
 class Rollout:
@@ -58,14 +61,21 @@ class Rollout:
         executor: Executor,
         verifier: Verifier | None = None,
         config: RolloutConfig | None = None,
-        policy: DispatchPolicy | None = None,
+        scheduler: Scheduler | None = None,
     ) -> None:
         engines = [engines] if not isinstance(engines, Sequence) else list(engines)
         self.fmt = fmt
         self.executor = executor
         self.verifier = verifier
         self.config = config or RolloutConfig()
-        self.policy = policy or LeastLoaded(engines)
+        options = {}
+        if self.config.scheduler == "kv":
+            grant = self.config.grant_tokens
+            if grant is None and not any(getattr(e, "prefix_cache", True) for e in engines):
+                # without a prefix cache a continued turn prefills everything again: grant whole turns
+                grant = max(e.capacity_tokens for e in engines)
+            options["grant_tokens"] = grant
+        self.scheduler = scheduler or Scheduler(engines, self.config.scheduler, **options)
         self.stop_ids = self.config.stop_token_ids or end_of_turn_ids(fmt.tokenizer)
         self._prompts: dict[str, list[int]] = {}
 
@@ -96,6 +106,7 @@ class Rollout:
         )
         key = traj.meta.setdefault("id", uuid.uuid4().hex[:16])
         engine: Engine | None = None
+        self.scheduler.open(key)
         try:
             for turn_no in range(cfg.max_turns):
                 left = cfg.max_response_tokens - len(traj.response_ids)
@@ -103,23 +114,8 @@ class Rollout:
                     traj.finish_reason = "max_length"
                     break
                 budget = min(left, cfg.max_tokens_per_turn or left)
-                params = SamplingParams(
-                    max_new_tokens=budget,
-                    temperature=cfg.temperature,
-                    top_p=cfg.top_p,
-                    top_k=cfg.top_k,
-                    stop_token_ids=self.stop_ids,
-                    banned_token_ids=cfg.banned_token_ids,
-                    seed=None if seed is None else seed * 1000 + turn_no,
-                )
-                context = traj.prompt_ids + traj.response_ids
-                request = Request(key, len(context), budget, engine)
-                engine = await self.policy.acquire(request)
                 t0 = time.perf_counter()
-                try:
-                    gen = await engine.generate(context, params)
-                finally:
-                    self.policy.release(engine, request)
+                gen, engine = await self._generate_turn(traj, key, turn_no, budget, engine, seed)
                 ids = list(gen.token_ids)
                 text = self.fmt.decode([i for i in ids if i not in self.stop_ids])
                 turn = Turn(text, len(ids), gen_s=time.perf_counter() - t0, engine=engine.name)
@@ -164,12 +160,58 @@ class Rollout:
         except Exception as exc:  # an engine failure ends this trajectory, never the batch
             traj.finish_reason = "error"
             traj.verdict = f"rollout error: {type(exc).__name__}: {exc}"
+        finally:
+            self.scheduler.close(key)
         t_reward = time.perf_counter()
         await self._score(traj)
         traj.meta["reward_s"] = time.perf_counter() - t_reward
         traj.seconds = time.perf_counter() - started
         emit("done", {"trajectory": traj})
         return traj
+
+    async def _generate_turn(
+        self, traj: Trajectory, key: str, turn_no: int, budget: int, engine: Engine | None, seed: int | None
+    ) -> tuple[Generation, Engine]:
+        """One model turn of up to ``budget`` tokens, in as many requests as the scheduler's grants
+        need (each continues from the ids so far). An engine that fails is taken out of rotation
+        and the request retried on another; a bad request (``ValueError``) is not retried."""
+        cfg = self.config
+        ids: list[int] = []
+        logprobs: list[float] = []
+        failures = piece = 0
+        while True:
+            context = traj.prompt_ids + traj.response_ids + ids
+            request = Request(key, len(context), budget - len(ids), engine, turn_no)
+            used = await self.scheduler.acquire(request)
+            grant = request.granted or request.max_new_tokens
+            params = SamplingParams(
+                max_new_tokens=grant,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                top_k=cfg.top_k,
+                stop_token_ids=self.stop_ids,
+                banned_token_ids=cfg.banned_token_ids,
+                seed=None if seed is None else seed * 1000 + turn_no + 1_000_003 * piece,
+            )
+            try:
+                gen = await used.generate(context, params)
+            except ValueError:
+                raise
+            except Exception:
+                failures += 1
+                if failures > cfg.engine_retries or not self.scheduler.fail(used):
+                    raise
+                engine = None  # the turn starts over elsewhere
+                continue
+            finally:
+                self.scheduler.release(used, request)
+            engine = used
+            ids += gen.token_ids
+            logprobs += gen.logprobs
+            piece += 1
+            cut_short = gen.finish_reason == "length" and len(gen.token_ids) < grant  # model's positions
+            if gen.finish_reason == "stop" or len(ids) >= budget or cut_short:
+                return Generation(ids, logprobs, gen.finish_reason), engine
 
     async def _call(self, call: Any, key: str) -> ToolCallRecord:
         if not isinstance(call, ToolCall):

@@ -1,0 +1,371 @@
+"""Which engine serves a trajectory's next turn, and when: the rollout scheduler.
+
+Every turn of every trajectory is one generation request. A *policy* decides, from a global queue
+of requests, which may start now and on which engine. Policies are plain synchronous objects
+(``submit`` / ``admit`` / ``release``), so the same code runs the real rollouts (through the
+asyncio ``Scheduler`` below) and the discrete-event simulator (``rollout/sim.py``).
+
+- ``kv`` (the default): a request is admitted only if its reservation — current context plus the
+  tokens it is *granted* — fits the engine's free KV capacity; the reservation is released when the
+  request ends, so a trajectory waiting on its tool holds no KV. The grant is the turn's maximum new
+  tokens (capped by the trajectory's remaining budget) up to ``grant_tokens`` (default 512, or
+  1/16 of the smallest engine's capacity if less); a turn that used up
+  its grant goes on in a new request (the runner does this; engines with a prefix cache only
+  prefill the new tokens), so an 8K budget need not be reserved whole: more turns run at once. A next turn goes
+  back to the engine that holds its prefix unless that engine is short of room while another is
+  mostly free. Requests wait rather than oversubscribe; the oldest waiting request can be passed
+  over only ``max_bypass`` times, after which nothing behind it starts until it does (no starvation).
+- ``least_requests``: the engine with the fewest requests in flight, sticky on ties (what verl does).
+- ``static``: trajectories split equally over the engines up front, with a barrier at every turn
+  (what rStar2-Agent started from, and found to leave GPUs idle and overflow their KV caches).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..engines.base import Engine
+
+
+class NoEngineError(RuntimeError):
+    """No engine in rotation can ever serve the request (all failed, or it is too large for all)."""
+
+
+@dataclass
+class Request:
+    """One generation request (a turn, or the rest of one). ``previous``: the engine (an index inside
+    policies) of the trajectory's last request. ``granted``: new tokens it may generate, set on
+    admission (``max_new_tokens`` unless the kv policy grants less)."""
+
+    trajectory: str
+    context_tokens: int
+    max_new_tokens: int
+    previous: Any = None
+    turn: int = 0
+    seq: int = field(default=-1, compare=False)  # arrival order, set by ``submit``
+    bypassed: int = field(default=0, compare=False)
+    granted: int = field(default=0, compare=False)
+
+    @property
+    def reservation(self) -> int:
+        return self.context_tokens + (self.granted or self.max_new_tokens)
+
+
+class Policy:
+    """Book-keeping shared by every policy: capacities, reservations, requests in flight, the queue."""
+
+    name = "policy"
+
+    def __init__(self, capacities: Sequence[int]) -> None:
+        if not capacities:
+            raise ValueError("at least one engine is needed")
+        if any(c <= 0 for c in capacities):
+            raise ValueError(f"engine capacities must be positive, got {list(capacities)}")
+        self.capacity = [int(c) for c in capacities]
+        self.reserved = [0] * len(capacities)
+        self.running = [0] * len(capacities)
+        self.alive = [True] * len(capacities)
+        self.queue: list[Request] = []
+        self._seq = itertools.count()
+        self.rejected: list[tuple[Request, str]] = []  # requests no engine can ever take
+
+    # -- the trajectory's life (only ``static`` needs it) -----------------------------------------
+    def open(self, trajectory: str) -> None:
+        pass
+
+    def close(self, trajectory: str) -> None:
+        pass
+
+    # -- requests ---------------------------------------------------------------------------------
+    def submit(self, request: Request) -> Request:
+        if request.max_new_tokens < 1 or request.context_tokens < 0:
+            raise ValueError(
+                f"a request needs context >= 0 and max_new_tokens >= 1, got {request.context_tokens} "
+                f"and {request.max_new_tokens}"
+            )
+        request.seq = next(self._seq)
+        self.queue.append(request)
+        return request
+
+    def withdraw(self, request: Request) -> None:
+        """A waiting request that is no longer wanted (its caller was cancelled)."""
+        self.queue = [r for r in self.queue if r is not request]
+
+    def admit(self) -> list[tuple[Request, int]]:
+        """Requests that may start now, each with its engine; they leave the queue."""
+        raise NotImplementedError
+
+    def _start(self, request: Request, engine: int, granted: int | None = None) -> tuple[Request, int]:
+        request.granted = granted or request.max_new_tokens
+        self.reserved[engine] += request.reservation
+        self.running[engine] += 1
+        return request, engine
+
+    def release(self, engine: int, request: Request) -> None:
+        self.reserved[engine] -= request.reservation
+        self.running[engine] -= 1
+
+    def remove_engine(self, engine: int) -> None:
+        """Out of rotation (it stopped answering); turns in flight there are re-submitted by callers."""
+        self.alive[engine] = False
+
+    def live(self) -> list[int]:
+        return [e for e, ok in enumerate(self.alive) if ok]
+
+    def free(self, engine: int) -> int:
+        return self.capacity[engine] - self.reserved[engine]
+
+
+class LeastRequests(Policy):
+    """Fewest requests in flight; on a tie the engine of the previous turn (its prefix may be cached)."""
+
+    name = "least_requests"
+
+    def admit(self) -> list[tuple[Request, int]]:
+        live = self.live()
+        if not live:
+            return []
+        out = []
+        for req in self.queue:
+            best = min(self.running[e] for e in live)
+            if req.previous in live and self.running[req.previous] == best:
+                engine = req.previous
+            else:
+                engine = next(e for e in live if self.running[e] == best)
+            out.append(self._start(req, engine))
+        self.queue = []
+        return out
+
+
+class Static(Policy):
+    """Equal split up front (trajectory i → engine i mod E) and a barrier per turn: turn t starts only
+    when every open trajectory has finished turn t-1 and its tool call, or has ended."""
+
+    name = "static"
+
+    def __init__(self, capacities: Sequence[int]) -> None:
+        super().__init__(capacities)
+        self.home: dict[str, int] = {}
+        self.turn_of: dict[str, int] = {}  # open trajectories → the turn they last asked for
+        self._next_home = itertools.count()
+
+    def open(self, trajectory: str) -> None:
+        if trajectory not in self.home:
+            self.home[trajectory] = next(self._next_home) % len(self.capacity)
+        self.turn_of.setdefault(trajectory, 0)
+
+    def close(self, trajectory: str) -> None:
+        self.turn_of.pop(trajectory, None)
+
+    def submit(self, request: Request) -> Request:
+        self.open(request.trajectory)
+        self.turn_of[request.trajectory] = max(self.turn_of[request.trajectory], request.turn)
+        return super().submit(request)
+
+    def admit(self) -> list[tuple[Request, int]]:
+        live = self.live()
+        if not live or not self.queue:
+            return []
+        barrier = min(self.turn_of.values(), default=0)
+        out, waiting = [], []
+        for req in self.queue:
+            if req.turn > barrier:
+                waiting.append(req)
+                continue
+            engine = self.home[req.trajectory]
+            if not self.alive[engine]:  # its engine failed: the next live one in line takes it
+                engine = live[engine % len(live)]
+            out.append(self._start(req, engine))
+        self.queue = waiting
+        return out
+
+
+class KVCapacity(Policy):
+    """Admit by free KV capacity; see the module docstring."""
+
+    name = "kv"
+
+    def __init__(
+        self,
+        capacities: Sequence[int],
+        *,
+        grant_tokens: int | None = None,
+        spill_free_share: float = 0.5,
+        max_bypass: int = 64,
+    ) -> None:
+        super().__init__(capacities)
+        if not 0 <= spill_free_share <= 1:
+            raise ValueError(f"spill_free_share must be in [0, 1], got {spill_free_share}")
+        if grant_tokens is None:  # 512, or 1/16 of the smallest engine so that 16 requests fit
+            grant_tokens = max(1, min(512, min(self.capacity) // 16))
+        if grant_tokens < 1:
+            raise ValueError(f"grant_tokens must be at least 1, got {grant_tokens}")
+        self.grant_tokens = grant_tokens
+        self.spill_free_share = spill_free_share
+        self.max_bypass = max_bypass
+
+    def need(self, req: Request) -> int:
+        """The reservation: context + the turn's new tokens, at most ``grant_tokens`` of them."""
+        return req.context_tokens + min(req.max_new_tokens, self.grant_tokens)
+
+    def _choose(self, req: Request) -> int | None:
+        need = self.need(req)
+        fits = [e for e in self.live() if self.free(e) >= need]
+        if not fits:
+            return None
+        prev = req.previous
+        if prev is not None and self.alive[prev] and self.capacity[prev] >= need:
+            if prev in fits:
+                return prev
+            # the prefix's engine is short of room: move only to an engine that is mostly free
+            roomy = [e for e in fits if self.free(e) >= self.spill_free_share * self.capacity[e]]
+            if not roomy:
+                return None
+            fits = roomy
+        return max(fits, key=lambda e: (self.free(e), -self.running[e], -e))
+
+    def admit(self) -> list[tuple[Request, int]]:
+        live = self.live()
+        if not live or not self.queue:
+            return []
+        largest = max(self.capacity[e] for e in live)
+        out: list[tuple[Request, int]] = []
+        waiting: list[tuple[Request, int]] = []  # with the number admitted before it was passed over
+        for i, req in enumerate(self.queue):
+            if self.need(req) > largest:
+                self.rejected.append(
+                    (
+                        req,
+                        f"a request needs at least {self.need(req)} KV tokens ({req.context_tokens} of "
+                        f"context + {self.need(req) - req.context_tokens} new) but the largest engine "
+                        f"holds {largest}: raise the engines' capacity_tokens or lower max_response_tokens",
+                    )
+                )
+                continue
+            oldest, before = waiting[0] if waiting else (None, 0)
+            if oldest is not None and oldest.bypassed + len(out) - before >= self.max_bypass:
+                waiting.extend((r, len(out)) for r in self.queue[i:])  # hold the line for the oldest
+                break
+            engine = self._choose(req) if self.need(req) <= max(self.free(e) for e in live) else None
+            if engine is None:
+                waiting.append((req, len(out)))
+                continue
+            out.append(self._start(req, engine, self.need(req) - req.context_tokens))
+        for req, before in waiting:
+            req.bypassed += len(out) - before
+        self.queue = [req for req, _ in waiting]
+        return out
+
+
+POLICIES: dict[str, type[Policy]] = {"kv": KVCapacity, "least_requests": LeastRequests, "static": Static}
+
+
+def make_policy(name: str, capacities: Sequence[int], **options: Any) -> Policy:
+    if name not in POLICIES:
+        raise ValueError(f"unknown scheduler {name!r}; choose one of {sorted(POLICIES)}")
+    return POLICIES[name](capacities, **options)
+
+
+class Scheduler:
+    """A policy over real engines, for asyncio callers: ``acquire`` waits until the policy admits the
+    request and returns its engine; ``release`` ends the turn; ``fail`` takes an engine out."""
+
+    def __init__(
+        self,
+        engines: Sequence[Engine],
+        policy: str | Policy = "kv",
+        *,
+        revive_after_s: float | None = 60.0,
+        **options: Any,
+    ) -> None:
+        self.engines = list(engines)
+        self.revive_after_s = revive_after_s
+        if not self.engines:
+            raise ValueError("at least one engine is needed")
+        self.policy = (
+            policy
+            if isinstance(policy, Policy)
+            else make_policy(policy, [e.capacity_tokens for e in self.engines], **options)
+        )
+        self._index = {id(e): i for i, e in enumerate(self.engines)}
+        self._waiting: dict[int, asyncio.Future] = {}  # submitted, not yet admitted
+        self._held: dict[int, Request] = {}  # admitted, not yet released
+        self.admitted = 0
+        self.max_reserved = [0] * len(self.engines)  # high-water marks, for tests and reports
+
+    def index(self, engine: Engine | None) -> int | None:
+        return None if engine is None else self._index.get(id(engine))
+
+    def open(self, trajectory: str) -> None:
+        self.policy.open(trajectory)
+
+    def close(self, trajectory: str) -> None:
+        self.policy.close(trajectory)
+        self._pump()
+
+    async def acquire(self, request: Request) -> Engine:
+        req = self.policy.submit(replace(request, previous=self.index(request.previous)))
+        fut = asyncio.get_running_loop().create_future()
+        self._waiting[req.seq] = fut
+        self._pump()
+        try:
+            engine = await fut
+        except asyncio.CancelledError:
+            self._waiting.pop(req.seq, None)
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self.policy.release(fut.result(), req)  # admitted just as we were cancelled
+            else:
+                self.policy.withdraw(req)
+            self._pump()
+            raise
+        request.seq, request.granted = req.seq, req.granted  # ``release`` finds the policy's copy by seq
+        self._held[req.seq] = req
+        return self.engines[engine]
+
+    def release(self, engine: Engine, request: Request) -> None:
+        req = self._held.pop(request.seq, None)
+        if req is not None:
+            self.policy.release(self._index[id(engine)], req)
+        self._pump()
+
+    def fail(self, engine: Engine) -> bool:
+        """``engine`` stopped answering: out of rotation (back after ``revive_after_s``, in case it
+        was restarted), unless it is the last one left — then its turns fail one by one instead.
+        True when it was taken out, so the caller may retry the turn elsewhere."""
+        i = self._index[id(engine)]
+        if not self.policy.alive[i] or self.policy.live() == [i]:
+            return False
+        self.policy.remove_engine(i)
+        if self.revive_after_s is not None:
+            asyncio.get_running_loop().call_later(self.revive_after_s, self._revive, i)
+        self._pump()
+        return True
+
+    def _revive(self, i: int) -> None:
+        self.policy.alive[i] = True
+        self._pump()
+
+    def _pump(self) -> None:
+        for req, engine in self.policy.admit():
+            fut = self._waiting.pop(req.seq, None)
+            if fut is None or fut.done():
+                self.policy.release(engine, req)
+                continue
+            self.admitted += 1
+            self.max_reserved[engine] = max(self.max_reserved[engine], self.policy.reserved[engine])
+            fut.set_result(engine)
+        for req, why in self.policy.rejected:
+            fut = self._waiting.pop(req.seq, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(NoEngineError(why))
+        self.policy.rejected.clear()
+        if not self.policy.live():
+            for req in self.policy.queue:
+                fut = self._waiting.pop(req.seq, None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(NoEngineError("every engine has failed; none is left to serve"))
+            self.policy.queue = []
