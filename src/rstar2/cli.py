@@ -339,6 +339,9 @@ def serve(
     dtype: str = typer.Option("auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16."),
     max_batch_size: int = typer.Option(64, help="Requests generated together in one batch."),
     name: str | None = typer.Option(None, help="Model name clients use (default: the directory name)."),
+    capacity_tokens: int | None = typer.Option(
+        None, help="KV tokens this server reports to the kv scheduler (default: batch size × context)."
+    ),
 ) -> None:
     """Serve a model over an OpenAI-compatible API (/v1/completions, /v1/chat/completions)."""
     import uvicorn
@@ -349,7 +352,9 @@ def serve(
 
     if not model.is_dir():
         raise typer.BadParameter(f"--model {model}: no such directory")
-    engine = HFEngine.from_pretrained(model, device=device, dtype=dtype, max_batch_size=max_batch_size)
+    engine = HFEngine.from_pretrained(
+        model, device=device, dtype=dtype, max_batch_size=max_batch_size, capacity_tokens=capacity_tokens
+    )
     model_name = name or model.name
     console.print(f"serving {model_name} on http://{host}:{port}/v1 ({engine.model.device})")
     uvicorn.run(
@@ -438,6 +443,10 @@ def eval_cmd(
     stateful: bool = typer.Option(False, help="Also offer python_session."),
     device: str = typer.Option("auto", help="With --model: cpu, cuda, ..."),
     batch: int = typer.Option(64, help="With --model: requests generated together."),
+    scheduler: str = typer.Option("kv", help="Which engine serves each turn: kv, least_requests, static."),
+    capacity_tokens: int | None = typer.Option(
+        None, help="KV tokens per engine for the kv scheduler (default: what each server reports)."
+    ),
 ) -> None:
     """Average pass@1 over K samples (95% CI), pass@k, maj@k, lengths and tool statistics."""
     from .eval.datasets import load_benchmark
@@ -450,9 +459,15 @@ def eval_cmd(
             load_benchmark(b)
         except (FileNotFoundError, ValueError) as exc:
             raise typer.BadParameter(str(exc)) from None
+    from .rollout.scheduler import POLICIES
+
+    if scheduler not in POLICIES:
+        raise typer.BadParameter(f"--scheduler {scheduler}: choose one of {', '.join(sorted(POLICIES))}")
     setup = _setup(
         model, server, tokenizer, sandbox, device, temperature, top_p, max_tokens, max_turns, stateful, batch
     )
+    setup.config.scheduler = scheduler
+    setup.capacity_tokens = capacity_tokens
     settings = {
         "model": model or ",".join(server or []),
         "samples": samples,

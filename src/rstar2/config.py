@@ -55,7 +55,7 @@ class RolloutSection(_Section):
     max_batch_size: int = 256  # in-process engine
     scheduler: Literal["kv", "least_requests", "static"] = "kv"  # which engine serves each turn
     capacity_tokens: int | None = None  # KV tokens per engine; None: what each engine reports
-    grant_tokens: int | None = None  # kv: new tokens per admitted request (None: 512 or capacity/16)
+    grant_tokens: int | None = None  # kv: new tokens per admitted request (None: 512 or capacity/64)
     engine_retries: int = 2  # a turn whose engine failed is retried on another this many times
     sandbox: str | None = None  # URL of `rstar2 sandbox serve`; None: a local pool
     sandbox_workers: int | None = None

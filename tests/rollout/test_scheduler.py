@@ -124,6 +124,15 @@ def test_next_turn_goes_back_to_its_engine_unless_another_is_mostly_free():
     assert policy.admit() == [(d, 0)]
 
 
+def test_a_next_turn_leaves_a_crowded_engine_for_an_idle_one():
+    policy = KVCapacity([10_000, 10_000], rebalance_gap=4, grant_tokens=100)
+    for i in range(4):
+        policy.submit(Request(f"t{i}", 100, 100, previous=0))
+    assert {e for _, e in policy.admit()} == {0}  # sticky while the gap is small
+    nxt = policy.submit(Request("t9", 100, 100, previous=0, turn=1))
+    assert policy.admit() == [(nxt, 1)]  # four running on engine 0, none on engine 1
+
+
 def test_static_waits_at_every_turn_for_every_open_trajectory():
     policy = Static([10_000, 10_000])
     for t in ("a", "b"):

@@ -97,7 +97,13 @@ def create_app(engine: HFEngine, tokenizer: Any, model_name: str) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": model_name, "in_flight": engine.in_flight}
+        return {
+            "status": "ok",
+            "model": model_name,
+            "in_flight": engine.in_flight,
+            "busy_s": engine.stats["busy_s"],  # seconds spent generating (idle share = 1 - busy/wall)
+            "generated_tokens": engine.stats["generated_tokens"],
+        }
 
     @app.get("/get_server_info")
     async def server_info() -> dict[str, Any]:

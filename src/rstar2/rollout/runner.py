@@ -49,7 +49,7 @@ class RolloutConfig:
     tool_timeout_s: float | None = None
     verify_mode: str = "strict"
     scheduler: str = "kv"  # kv | least_requests | static (rollout/scheduler.py)
-    grant_tokens: int | None = None  # kv: new tokens per admitted request (None: 512 or capacity/16)
+    grant_tokens: int | None = None  # kv: new tokens per admitted request (None: 512 or capacity/64)
     engine_retries: int = 2  # a request whose engine failed is retried on another this many times
 
 

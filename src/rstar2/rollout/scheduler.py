@@ -9,12 +9,15 @@ asyncio ``Scheduler`` below) and the discrete-event simulator (``rollout/sim.py`
   tokens it is *granted* — fits the engine's free KV capacity; the reservation is released when the
   request ends, so a trajectory waiting on its tool holds no KV. The grant is the turn's maximum new
   tokens (capped by the trajectory's remaining budget) up to ``grant_tokens`` (default 512, or
-  1/16 of the smallest engine's capacity if less); a turn that used up
+  1/64 of the smallest engine's capacity if less); a turn that used up
   its grant goes on in a new request (the runner does this; engines with a prefix cache only
-  prefill the new tokens), so an 8K budget need not be reserved whole: more turns run at once. A next turn goes
-  back to the engine that holds its prefix unless that engine is short of room while another is
-  mostly free. Requests wait rather than oversubscribe; the oldest waiting request can be passed
-  over only ``max_bypass`` times, after which nothing behind it starts until it does (no starvation).
+  prefill the new tokens), so an 8K budget need not be reserved whole: more turns run at once. A
+  new trajectory goes to the emptiest engine by share of its capacity; a next request goes back to
+  the engine that holds its prefix, unless that engine is short of room while another is mostly
+  free, or runs ``rebalance_gap`` more requests than another that has room (at the tail of a batch
+  a long trajectory decodes faster alone than its cached prefix saves). Requests wait rather than
+  oversubscribe; the oldest waiting request can be passed over only ``max_bypass`` times, after
+  which nothing behind it starts until it does (no starvation).
 - ``least_requests``: the engine with the fewest requests in flight, sticky on ties (what verl does).
 - ``static``: trajectories split equally over the engines up front, with a barrier at every turn
   (what rStar2-Agent started from, and found to leave GPUs idle and overflow their KV caches).
@@ -195,17 +198,19 @@ class KVCapacity(Policy):
         *,
         grant_tokens: int | None = None,
         spill_free_share: float = 0.5,
+        rebalance_gap: int | None = 4,
         max_bypass: int = 64,
     ) -> None:
         super().__init__(capacities)
         if not 0 <= spill_free_share <= 1:
             raise ValueError(f"spill_free_share must be in [0, 1], got {spill_free_share}")
-        if grant_tokens is None:  # 512, or 1/16 of the smallest engine so that 16 requests fit
-            grant_tokens = max(1, min(512, min(self.capacity) // 16))
+        if grant_tokens is None:  # 512, or 1/64 of the smallest engine so that many requests fit
+            grant_tokens = max(1, min(512, min(self.capacity) // 64))
         if grant_tokens < 1:
             raise ValueError(f"grant_tokens must be at least 1, got {grant_tokens}")
         self.grant_tokens = grant_tokens
         self.spill_free_share = spill_free_share
+        self.rebalance_gap = rebalance_gap
         self.max_bypass = max_bypass
 
     def need(self, req: Request) -> int:
@@ -220,13 +225,18 @@ class KVCapacity(Policy):
         prev = req.previous
         if prev is not None and self.alive[prev] and self.capacity[prev] >= need:
             if prev in fits:
-                return prev
+                least = min(fits, key=lambda e: (self.running[e], -self.free(e) / self.capacity[e]))
+                gap = self.running[prev] - self.running[least]
+                if self.rebalance_gap is None or gap < self.rebalance_gap:
+                    return prev
+                return least  # a much less busy engine decodes this turn faster than the cached prefix saves
             # the prefix's engine is short of room: move only to an engine that is mostly free
             roomy = [e for e in fits if self.free(e) >= self.spill_free_share * self.capacity[e]]
             if not roomy:
                 return None
             fits = roomy
-        return max(fits, key=lambda e: (self.free(e), -self.running[e], -e))
+        # the emptiest engine by share, so that a small engine is not left idle beside a big one
+        return max(fits, key=lambda e: (self.free(e) / self.capacity[e], -self.running[e], -e))
 
     def admit(self) -> list[tuple[Request, int]]:
         live = self.live()
