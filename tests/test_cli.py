@@ -20,6 +20,9 @@ COMMANDS = [
     ["sandbox", "bench"],
     ["demo"],
     ["verify"],
+    ["analyze"],
+    ["analyze", "entropy"],
+    ["view"],
 ]
 
 

@@ -19,6 +19,8 @@ app = typer.Typer(
 )
 sandbox_app = typer.Typer(help="The code environment: isolated, fast Python execution.", no_args_is_help=True)
 app.add_typer(sandbox_app, name="sandbox")
+analyze_app = typer.Typer(help="Look inside runs: token entropy of trajectories.", no_args_is_help=True)
+app.add_typer(analyze_app, name="analyze")
 console = Console(stderr=True)
 
 
@@ -570,6 +572,67 @@ def demo(
 ) -> None:
     """The main job on the embedded default: the tiny recipe (SFT -> RL stages) on a CPU."""
     _run_recipe("tiny", out, resume, [], True)
+
+
+@analyze_app.command("entropy")
+def analyze_entropy(
+    model: Path = typer.Option(..., "--model", help=MODEL_HELP),
+    trajectories: Path = typer.Option(
+        ..., "--trajectories", help="A trajectories JSONL (rstar2 eval, RL samples)."
+    ),
+    top: float = typer.Option(0.2, help="Share of each trajectory's model tokens marked high-entropy."),
+    window: int = typer.Option(20, help="Model tokens after a tool response counted as reflection."),
+    limit: int | None = typer.Option(None, help="Only the first N trajectories."),
+    temperature: float = typer.Option(1.0, help="The sampling temperature the entropy is taken at."),
+    device: str = typer.Option("auto", help="cpu, cuda, ... (auto: CUDA when present)."),
+    out: Path = typer.Option(Path("runs/entropy"), "--out", "-o", help="Output folder."),
+) -> None:
+    """Entropy of every model token (teacher-forced): high-entropy shares of reasoning, reflection,
+    code and answer tokens, the most frequent high-entropy tokens, entropy over the response;
+    Markdown, JSON, PNG and an HTML page of tokens coloured by entropy."""
+    from .analysis.report import analyze
+
+    if not model.is_dir():
+        raise typer.BadParameter(f"--model {model}: no such directory")
+    if not trajectories.is_file():
+        raise typer.BadParameter(f"--trajectories {trajectories}: no such file")
+    if not 0 < top <= 1:
+        raise typer.BadParameter(f"--top must be in (0, 1], got {top}")
+    try:
+        summary = analyze(
+            model,
+            trajectories,
+            out,
+            top=top,
+            window=window,
+            limit=limit,
+            temperature=temperature,
+            device=device,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    for r in summary.rows():
+        console.print(
+            f"{r['class']:>10}: {r['tokens']:>7} tokens, {r['high_share_in_class']:6.1%} high-entropy, "
+            f"{r['share_of_high']:6.1%} of all high"
+        )
+    console.print(f"report: {out / 'entropy.md'}  tokens: {out / 'tokens.html'}")
+
+
+@app.command("view")
+def view_cmd(
+    target: Path = typer.Argument(..., help="A run folder or a trajectories JSONL file."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="HTML file (default: view.html beside it)."),
+    limit: int = typer.Option(2000, help="At most this many trajectories."),
+) -> None:
+    """A static HTML viewer of trajectories (offline): tool calls, outputs, statuses, rewards, RoC."""
+    from .analysis.view import view
+
+    try:
+        path = view(target, out, limit)
+    except FileNotFoundError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    console.print(f"viewer: {path}")
 
 
 def main() -> None:  # pragma: no cover

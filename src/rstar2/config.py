@@ -109,6 +109,9 @@ class RunSection(_Section):
     tensorboard: bool = True
     progress: bool = True
     init_from: str | None = None  # a checkpoint (model directory) to start from instead of model.path
+    samples_per_step: int = (
+        64  # RL: trajectories (whole groups) written to samples/ each step, for `rstar2 view`
+    )
 
 
 class RLConfig(_Section):

@@ -96,6 +96,12 @@ def test_reward_rises_and_the_run_folder_is_complete(uninterrupted):
     AutoModelForCausalLM.from_pretrained(ckpt)  # a plain Hugging Face folder
     AutoTokenizer.from_pretrained(ckpt)
     assert len(list((run / "checkpoints").iterdir())) == 2  # keep_checkpoints
+    # samples of every step, with RoC's penalties and choice, for `rstar2 view`
+    samples = sorted((run / "samples").glob("step_*.jsonl"))
+    assert len(samples) == STEPS
+    first = [json.loads(line) for line in samples[0].read_text().splitlines()]
+    assert first and all({"kept", "p_err", "p_format"} <= set(d["meta"]["roc"]) for d in first)
+    assert any(d["meta"]["roc"]["kept"] for d in first) and all(d["meta"]["step"] == 1 for d in first)
 
 
 @pytest.mark.slow

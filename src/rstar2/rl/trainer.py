@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import random
 import time
 from collections import Counter
@@ -300,6 +301,11 @@ class RLTrainer:
         records = []
         for g, idx, sc in zip(groups, choice.kept, scored, strict=True):
             records += [_record(t, i in idx, s.p_err) for i, (t, s) in enumerate(zip(g, sc, strict=True))]
+            for i, (t, s) in enumerate(zip(g, sc, strict=True)):
+                t.meta["roc"] = {"kept": i in idx, "p_err": s.p_err, "p_format": s.p_format}
+                t.meta["step"] = step
+        if world.main and cfg.run.samples_per_step > 0:
+            self._save_samples(step, groups)
         all_records = [r for part in D.all_gather_objects(records, world) for r in part]
         roc_counts = D.all_sum([choice.metrics[k] for k in _ROC_COUNTS], world)
 
@@ -324,6 +330,18 @@ class RLTrainer:
         }
         self.log.log(step, metrics)
         return metrics
+
+    def _save_samples(self, step: int, groups: list[list[Trajectory]]) -> None:
+        """The first groups of the step, whole, with RoC's penalties and choice (for ``rstar2 view``)."""
+        folder = self.run_dir / "samples"
+        folder.mkdir(parents=True, exist_ok=True)
+        n, lines = 0, []
+        for g in groups:
+            if n >= self.cfg.run.samples_per_step:
+                break
+            lines += [json.dumps(t.to_dict()) for t in g]
+            n += len(g)
+        (folder / f"step_{step:06d}.jsonl").write_text("\n".join(lines) + "\n")
 
     def _progress(self, total: int) -> Callable[[Trajectory], None] | None:
         if not (self.cfg.run.progress and self.world.main) or total < 2:

@@ -1,0 +1,1 @@
+"""Looking inside runs: token entropy of trajectories, and a static trajectory viewer."""

@@ -1,0 +1,172 @@
+"""Token entropy of trajectories, as the rStar2-Agent report reads it (its Fig. 10–11): which model
+tokens are high-entropy, and whether they sit in reasoning, in *reflection* right after a tool
+response, inside code, or in the answer.
+
+The pure parts (entropy of logits, the top-share mask, the token classes, the summary) take plain
+lists so they can be tested by hand; ``teacher_forced_entropy`` runs the model once over a trajectory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+CLASSES = ("reasoning", "reflection", "code", "answer")
+CODE_TAGS = ("<tool_call>", "</tool_call>")
+ANSWER_TAGS = ("<answer>", "</answer>")
+
+
+def entropy_of_logits(logits: Any, temperature: float = 1.0) -> Any:
+    """Shannon entropy (nats) of softmax(logits / T) over the last axis, computed stably."""
+    import torch
+
+    logp = torch.log_softmax(logits.float() / max(temperature, 1e-6), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def top_share_mask(values: Sequence[float], share: float) -> list[bool]:
+    """The ``share`` highest values (at least one when any), ties broken by position."""
+    if not 0 < share <= 1:
+        raise ValueError(f"--top must be in (0, 1], got {share}")
+    if not values:
+        return []
+    k = max(1, round(share * len(values)))
+    order = sorted(range(len(values)), key=lambda i: (-values[i], i))
+    chosen = set(order[:k])
+    return [i in chosen for i in range(len(values))]
+
+
+def block_regions(text: str) -> list[tuple[int, int, str]]:
+    """Character spans of ``<tool_call>…</tool_call>`` (code) and ``<answer>…</answer>`` blocks,
+    tags included; an unclosed block runs to the end of the text."""
+    regions, pos = [], 0
+    while True:
+        found = [(text.find(o, pos), o, c, k) for k, (o, c) in (("code", CODE_TAGS), ("answer", ANSWER_TAGS))]
+        found = [f for f in found if f[0] >= 0]
+        if not found:
+            return regions
+        start, open_tag, close_tag, kind = min(found)
+        close = text.find(close_tag, start + len(open_tag))
+        end = len(text) if close < 0 else close + len(close_tag)
+        regions.append((start, end, kind))
+        pos = end
+
+
+def classify(pieces: Sequence[str], mask: Sequence[int], window: int = 20) -> list[str | None]:
+    """A class for each response token: ``None`` for tool tokens (mask 0); ``code`` for tokens that
+    touch a ``<tool_call>`` block, ``answer`` for an ``<answer>`` block; ``reflection`` for the first
+    ``window`` model tokens of a turn that follows a tool response; else ``reasoning``."""
+    n = len(pieces)
+    if len(mask) != n:
+        raise ValueError(f"{n} token pieces but {len(mask)} mask values")
+    out: list[str | None] = [None] * n
+    i, after_tool = 0, False
+    while i < n:
+        if not mask[i]:
+            after_tool = True
+            i += 1
+            continue
+        j = i
+        while j < n and mask[j]:
+            j += 1
+        regions = block_regions("".join(pieces[i:j]))
+        pos = 0
+        for k in range(i, j):
+            start, end = pos, pos + len(pieces[k])
+            pos = end
+            kind = next(
+                (r for a, b, r in regions if (start < b and end > a) or (start == end and a <= start < b)),
+                None,
+            )
+            out[k] = kind or ("reflection" if after_tool and k - i < window else "reasoning")
+        i = j
+    return out
+
+
+@dataclass
+class TrajectoryEntropy:
+    """One trajectory's response tokens, entropies (None on tool tokens), classes and high marks."""
+
+    pieces: list[str]
+    entropy: list[float | None]
+    classes: list[str | None]
+    high: list[bool]
+    reward: float = 0.0
+    problem: str = ""
+
+
+def mark_high(entropy: Sequence[float | None], share: float) -> list[bool]:
+    """Top ``share`` of this trajectory's model tokens by entropy (tool tokens never)."""
+    idx = [i for i, e in enumerate(entropy) if e is not None]
+    top = top_share_mask([entropy[i] for i in idx], share) if idx else []
+    high = [False] * len(entropy)
+    for i, h in zip(idx, top, strict=True):
+        high[i] = h
+    return high
+
+
+@dataclass
+class Summary:
+    tokens: dict[str, int] = field(default_factory=dict)  # model tokens per class
+    high: dict[str, int] = field(default_factory=dict)  # high-entropy tokens per class
+    mean_entropy: dict[str, float] = field(default_factory=dict)
+    top_tokens: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    by_position: list[float] = field(default_factory=list)  # mean entropy in relative-position bins
+
+    @property
+    def high_total(self) -> int:
+        return sum(self.high.values())
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Per class: its tokens, the share of them that are high-entropy, its share of all high ones."""
+        total = max(1, self.high_total)
+        return [
+            {
+                "class": c,
+                "tokens": self.tokens.get(c, 0),
+                "high": self.high.get(c, 0),
+                "high_share_in_class": self.high.get(c, 0) / self.tokens[c] if self.tokens.get(c) else 0.0,
+                "share_of_high": self.high.get(c, 0) / total,
+                "mean_entropy": self.mean_entropy.get(c, 0.0),
+            }
+            for c in CLASSES
+        ]
+
+
+def summarize(items: Sequence[TrajectoryEntropy], bins: int = 20, top_k: int = 10) -> Summary:
+    s = Summary()
+    sums: Counter[str] = Counter()
+    counters: dict[str, Counter[str]] = {c: Counter() for c in CLASSES}
+    pos_sum, pos_n = [0.0] * bins, [0] * bins
+    for it in items:
+        model = [i for i, c in enumerate(it.classes) if c is not None]
+        for rank, i in enumerate(model):
+            c, e = it.classes[i], it.entropy[i]
+            assert c is not None and e is not None
+            s.tokens[c] = s.tokens.get(c, 0) + 1
+            sums[c] += e
+            if it.high[i]:
+                s.high[c] = s.high.get(c, 0) + 1
+                counters[c][it.pieces[i].strip() or repr(it.pieces[i])] += 1
+            b = min(bins - 1, int(bins * rank / max(1, len(model))))
+            pos_sum[b] += e
+            pos_n[b] += 1
+    s.mean_entropy = {c: sums[c] / s.tokens[c] for c in s.tokens}
+    s.top_tokens = {c: counters[c].most_common(top_k) for c in CLASSES}
+    s.by_position = [pos_sum[b] / pos_n[b] if pos_n[b] else math.nan for b in range(bins)]
+    return s
+
+
+def teacher_forced_entropy(
+    model: Any, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0
+) -> list[float]:
+    """Entropy of the distribution each response token was drawn from (one forward pass)."""
+    import torch
+
+    ids = torch.tensor([prompt_ids + response_ids], device=next(model.parameters()).device)
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1]
+    return entropy_of_logits(logits, temperature).tolist()

@@ -1,0 +1,185 @@
+"""``rstar2 analyze entropy``: run the entropy analysis over a trajectories file and write it out as
+Markdown, JSON, PNG plots and an HTML page of tokens coloured by entropy."""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .entropy import (
+    CLASSES,
+    Summary,
+    TrajectoryEntropy,
+    classify,
+    mark_high,
+    summarize,
+    teacher_forced_entropy,
+)
+
+
+def read_trajectories(path: Path, limit: int | None = None) -> Iterator[dict[str, Any]]:
+    """Trajectory dicts from a JSONL file (``rstar2 eval`` output, RL samples); bad lines are skipped."""
+    n = 0
+    with path.open() as f:
+        for line in f:
+            if limit is not None and n >= limit:
+                return
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(d, dict) and "response_ids" in d and "prompt_ids" in d:
+                n += 1
+                yield d
+
+
+def analyze(
+    model_path: str | Path,
+    trajectories: Path,
+    out: Path,
+    *,
+    top: float = 0.2,
+    window: int = 20,
+    limit: int | None = None,
+    temperature: float = 1.0,
+    device: str = "auto",
+    html_trajectories: int = 20,
+    progress: bool = True,
+) -> Summary:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..engines.hf import pick_device
+
+    dev = pick_device(device)
+    model = AutoModelForCausalLM.from_pretrained(str(model_path)).to(dev).eval()
+    tok = AutoTokenizer.from_pretrained(str(model_path))
+    rows = list(read_trajectories(trajectories, limit))
+    if not rows:
+        raise ValueError(f"{trajectories}: no trajectories with prompt_ids and response_ids")
+    items: list[TrajectoryEntropy] = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(rows), desc="entropy", unit="traj")
+    for d in rows:
+        resp, mask = d["response_ids"], d.get("loss_mask") or [1] * len(d["response_ids"])
+        ent = teacher_forced_entropy(model, d["prompt_ids"], resp, temperature) if resp else []
+        entropy = [e if m else None for e, m in zip(ent, mask, strict=True)]
+        pieces = [tok.decode([i], skip_special_tokens=False) for i in resp]
+        items.append(
+            TrajectoryEntropy(
+                pieces,
+                entropy,
+                classify(pieces, mask, window),
+                mark_high(entropy, top),
+                float(d.get("reward", 0.0)),
+                str(d.get("problem", "")),
+            )
+        )
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    summary = summarize(items)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {"model": str(model_path), "trajectories": str(trajectories), "top": top, "window": window}
+    (out / "entropy.json").write_text(
+        json.dumps(
+            {
+                **settings,
+                "count": len(items),
+                "classes": summary.rows(),
+                "top_tokens": summary.top_tokens,
+                "by_position": summary.by_position,
+            },
+            indent=1,
+        )
+    )
+    (out / "entropy.md").write_text(markdown(summary, settings, len(items)))
+    plot(summary, out / "entropy.png")
+    (out / "tokens.html").write_text(tokens_html(items[:html_trajectories], top))
+    return summary
+
+
+def markdown(s: Summary, settings: dict[str, Any], count: int) -> str:
+    lines = [
+        "# Token entropy",
+        "",
+        f"{count} trajectories of `{settings['trajectories']}` under `{settings['model']}`; high-entropy = "
+        f"the top {settings['top']:.0%} of each trajectory's model tokens; reflection = the first "
+        f"{settings['window']} model tokens after a tool response.",
+        "",
+        "| class | tokens | high-entropy | share of the class that is high | share of all high | mean entropy (nats) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in s.rows():
+        lines.append(
+            f"| {r['class']} | {r['tokens']} | {r['high']} | {r['high_share_in_class']:.1%} | "
+            f"{r['share_of_high']:.1%} | {r['mean_entropy']:.3f} |"
+        )
+    lines += ["", "Most frequent high-entropy tokens:", ""]
+    for c in CLASSES:
+        toks = ", ".join(f"`{t}` ({n})" for t, n in s.top_tokens.get(c, [])) or "—"
+        lines.append(f"- **{c}**: {toks}")
+    lines += ["", "![entropy](entropy.png)", "", "Tokens coloured by entropy: [tokens.html](tokens.html)", ""]
+    return "\n".join(lines)
+
+
+def plot(s: Summary, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+    rows = s.rows()
+    a.bar([r["class"] for r in rows], [100 * r["high_share_in_class"] for r in rows], color="#c0504d")
+    a.set_ylabel("% of the class's tokens that are high-entropy")
+    a.set_title("Where the high-entropy tokens are")
+    xs = [(i + 0.5) / len(s.by_position) for i in range(len(s.by_position))]
+    b.plot(xs, s.by_position, marker="o", ms=3)
+    b.set_xlabel("relative position in the response (model tokens)")
+    b.set_ylabel("mean entropy (nats)")
+    b.set_title("Entropy over the response")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _colour(e: float, hi: float) -> str:
+    t = max(0.0, min(1.0, e / hi)) if hi > 0 else 0.0
+    return f"rgba(220, 60, 40, {0.05 + 0.85 * t:.2f})"
+
+
+def tokens_html(items: list[TrajectoryEntropy], top: float) -> str:
+    """Each trajectory's tokens on a white-to-red scale of entropy; high-entropy tokens underlined,
+    tool tokens grey. Model text is escaped: it is untrusted."""
+    hi = max((e for it in items for e in it.entropy if e is not None), default=1.0)
+    parts = [
+        "<!doctype html><meta charset='utf-8'><title>rstar2 token entropy</title>",
+        "<style>body{font:14px/1.6 system-ui,sans-serif;margin:2em;max-width:70em}"
+        ".t{white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:13px}"
+        ".tool{color:#888}.high{text-decoration:underline 2px}"
+        "section{border-top:1px solid #ccc;margin-top:1.5em;padding-top:.5em}</style>",
+        f"<h1>Token entropy</h1><p>Red = higher entropy (max {hi:.2f} nats); underlined = the top "
+        f"{top:.0%} of the trajectory's model tokens; grey = tool output (not generated).</p>",
+    ]
+    for n, it in enumerate(items):
+        parts.append(
+            f"<section><h3>#{n} · reward {it.reward:g}</h3><p>{html.escape(it.problem[:400])}</p><div class='t'>"
+        )
+        for piece, e, c, h in zip(it.pieces, it.entropy, it.classes, it.high, strict=True):
+            text = html.escape(piece)
+            if e is None:
+                parts.append(f"<span class='tool'>{text}</span>")
+            else:
+                cls = " class='high'" if h else ""
+                parts.append(
+                    f"<span{cls} style='background:{_colour(e, hi)}' title='{c} · {e:.3f}'>{text}</span>"
+                )
+        parts.append("</div></section>")
+    return "".join(parts)

@@ -1,0 +1,161 @@
+"""``rstar2 view``: one static HTML page of trajectories — the conversation with its tool calls, their
+outputs and statuses, the answer, reward, finish reason and token counts, and for RL steps the RoC
+penalties and whether the trajectory was kept. Filters by reward and status run in the page (no
+server, works offline). Every piece of model or tool text is escaped: it is untrusted."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+STATUS_COLOURS = {
+    "ok": "#2e7d32",
+    "error": "#c62828",
+    "timeout": "#ef6c00",
+    "memory": "#6a1b9a",
+    "output_limit": "#8d6e63",
+    "rejected": "#37474f",
+    "internal": "#000000",
+    "malformed": "#ad1457",
+}
+
+
+def find_files(target: Path) -> list[Path]:
+    """A JSONL file as given; in a folder, every ``trajectories.jsonl`` and ``samples/*.jsonl``."""
+    if target.is_file():
+        return [target]
+    if not target.is_dir():
+        raise FileNotFoundError(f"{target}: no such file or folder")
+    files = sorted(target.rglob("trajectories.jsonl")) + sorted(target.rglob("samples/*.jsonl"))
+    if not files:
+        raise FileNotFoundError(f"{target}: no trajectories.jsonl or samples/*.jsonl inside")
+    return files
+
+
+def load(files: list[Path], limit: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for f in files:
+        for line in f.read_text(errors="replace").splitlines():
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a crash
+            if isinstance(d, dict) and "turns" in d:
+                out.append((str(f), d))
+                if limit is not None and len(out) >= limit:
+                    return out
+    return out
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _call_html(call: dict[str, Any]) -> str:
+    result = call.get("result")
+    status = "malformed" if result is None else str(result.get("status", "internal"))
+    colour = STATUS_COLOURS.get(status, "#000")
+    args = call.get("arguments") or {}
+    code = args.get("code", "") if isinstance(args, dict) else ""
+    extra = f" · {result.get('duration_s', 0):.2f} s" if result else ""
+    error = f"<div class='err'>{_e(call.get('error'))}</div>" if call.get("error") else ""
+    return (
+        f"<div class='call'><span class='status' style='background:{colour}'>{_e(status)}</span> "
+        f"<code>{_e(call.get('name') or '?')}</code>{_e(extra)}{error}"
+        f"<pre class='code'>{_e(code)}</pre><pre class='out'>{_e(call.get('response', ''))}</pre></div>"
+    )
+
+
+def trajectory_html(n: int, source: str, d: dict[str, Any]) -> str:
+    turns = d.get("turns") or []
+    calls = [c for t in turns for c in t.get("calls", [])]
+    statuses = sorted(
+        {"malformed" if c.get("result") is None else str(c["result"].get("status")) for c in calls}
+    )
+    reward = float(d.get("reward", 0.0))
+    meta = d.get("meta") or {}
+    roc = meta.get("roc") or {}
+    model_tokens = sum(d.get("loss_mask") or [])
+    facts = [
+        f"reward <b>{reward:g}</b>",
+        f"finish <b>{_e(d.get('finish_reason'))}</b>",
+        f"{len(d.get('response_ids') or [])} response tokens ({model_tokens} from the model)",
+        f"{len(calls)} calls",
+    ]
+    if d.get("answer") is not None:
+        facts.append(f"answer <code>{_e(d['answer'])}</code>")
+    if roc:
+        kept = "kept" if roc.get("kept") else "dropped"
+        facts.append(
+            f"RoC: <b>{kept}</b>, p_err {float(roc.get('p_err', 0)):.2f}, p_format {float(roc.get('p_format', 0)):.2f}"
+        )
+    if "step" in meta:
+        facts.append(f"step {_e(meta['step'])}")
+    body = []
+    for t in turns:
+        body.append(f"<pre class='model'>{_e(t.get('text', ''))}</pre>")
+        body += [_call_html(c) for c in t.get("calls", [])]
+    kept_attr = "" if not roc else ("kept" if roc.get("kept") else "dropped")
+    return (
+        f"<section class='traj' data-reward='{'correct' if reward > 0 else 'incorrect'}' "
+        f"data-statuses='{_e(' '.join(statuses))}' data-kept='{kept_attr}'>"
+        f"<details><summary>#{n} · {' · '.join(facts)}</summary>"
+        f"<p class='src'>{_e(source)}</p><p class='problem'>{_e(d.get('problem', ''))}</p>"
+        f"<p class='ref'>reference: <code>{_e(d.get('reference'))}</code> · {_e(d.get('verdict', ''))}</p>"
+        f"{''.join(body)}</details></section>"
+    )
+
+
+STYLE = """
+body{font:14px/1.5 system-ui,sans-serif;margin:1.5em;max-width:80em}
+.bar{position:sticky;top:0;background:#fff;padding:.5em 0;border-bottom:1px solid #ccc}
+.traj{border-bottom:1px solid #eee;padding:.3em 0} summary{cursor:pointer}
+pre{white-space:pre-wrap;margin:.3em 0;padding:.4em;border-radius:4px}
+.model{background:#f5f7ff}.code{background:#f4f4f4}.out{background:#fffbe6}
+.status{color:#fff;padding:0 .4em;border-radius:3px;font-size:12px}
+.call{margin-left:1.5em}.src{color:#888;font-size:12px}.err{color:#ad1457}
+"""
+
+SCRIPT = """
+function apply(){
+  const r=document.getElementById('reward').value, s=document.getElementById('status').value,
+        k=document.getElementById('kept').value;
+  let shown=0;
+  for(const el of document.querySelectorAll('.traj')){
+    const ok=(r==='all'||el.dataset.reward===r)&&(s==='all'||el.dataset.statuses.split(' ').includes(s))
+      &&(k==='all'||el.dataset.kept===k);
+    el.style.display=ok?'':'none'; if(ok) shown++;
+  }
+  document.getElementById('count').textContent=shown;
+}
+"""
+
+
+def render(items: list[tuple[str, dict[str, Any]]], title: str = "rstar2 trajectories") -> str:
+    statuses = sorted(STATUS_COLOURS)
+    options = "".join(f"<option value='{s}'>{s}</option>" for s in statuses)
+    correct = sum(float(d.get("reward", 0)) > 0 for _, d in items)
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
+        f"<style>{STYLE}</style><script>{SCRIPT}</script></head><body onload='apply()'>"
+        f"<h1>{_e(title)}</h1><p>{len(items)} trajectories, {correct} correct.</p>"
+        "<div class='bar'>reward <select id='reward' onchange='apply()'><option value='all'>all</option>"
+        "<option value='correct'>correct</option><option value='incorrect'>incorrect</option></select> "
+        f"tool status <select id='status' onchange='apply()'><option value='all'>any</option>{options}</select> "
+        "RoC <select id='kept' onchange='apply()'><option value='all'>all</option>"
+        "<option value='kept'>kept</option><option value='dropped'>dropped</option></select> "
+        "· showing <span id='count'></span></div>"
+        + "".join(trajectory_html(i, src, d) for i, (src, d) in enumerate(items))
+        + "</body></html>"
+    )
+
+
+def view(target: Path, out: Path | None = None, limit: int | None = 2000) -> Path:
+    files = find_files(target)
+    items = load(files, limit)
+    if out is None:
+        out = (target if target.is_dir() else target.parent) / "view.html"
+    out.write_text(render(items, f"rstar2 · {target.name}"))
+    return out
