@@ -60,7 +60,8 @@ async def test_every_stop_condition(chatml, tiny, pool, verifier):
 
 async def test_a_slow_tool_call_never_stalls_other_trajectories(chatml, tiny, pool, verifier):
     engine = scripted(chatml, tiny)
-    rollout = Rollout(engine, chatml, pool, verifier, RolloutConfig(max_turns=3))
+    # a roomy limit: this tests overlap, not limits (a 4 s sleep once hit the pool's 5 s on a loaded VM)
+    rollout = Rollout(engine, chatml, pool, verifier, RolloutConfig(max_turns=3, tool_timeout_s=60))
     order: list[str] = []
     items = [{"problem": "slow", "answer": "0"}] + [{"problem": "answers", "answer": "4"}] * 4
     done = await rollout.run_many(items, on_done=lambda t: order.append(t.problem))
