@@ -76,6 +76,7 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     for name in ("start", "sft", "rl-64", "rl-128", "rl-hard"):
         assert f"| {name} |" in text
     assert (out / "report_steps.png").stat().st_size > 0 and (out / "report_stages.png").stat().st_size > 0
+    assert "(view.html)" in text and "RoC: <b>" in (out / "view.html").read_text()  # RL samples are in
 
     # a second run into the same folder must say --resume; with it, finished stages are skipped
     with pytest.raises(ValueError, match="--resume"):

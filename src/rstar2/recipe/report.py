@@ -29,6 +29,16 @@ def _pct(x: Any) -> str:
     return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "–"
 
 
+def _viewer(out: Path) -> Path | None:
+    """The run's trajectories in one static HTML page (``rstar2 view``), when it has any."""
+    from ..analysis.view import view
+
+    try:
+        return view(out, out / "view.html")
+    except FileNotFoundError:
+        return None
+
+
 def eval_row(summary: dict[str, Any]) -> dict[str, Any]:
     n = max(1, summary.get("trajectories", 0))
     finishes = summary.get("finish_reasons", {})
@@ -152,6 +162,12 @@ def write_report(out: Path, recipe: Any, state: dict[str, Any]) -> Path:
     for png in (evals_png, steps_png):
         if png is not None:
             lines += ["", f"![{png.stem}]({png.name})"]
+    viewer = _viewer(out)
+    if viewer is not None:
+        lines += [
+            "",
+            f"Trajectories (held-out evaluations, RL samples with RoC's choices): [{viewer.name}]({viewer.name})",
+        ]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     (out / "report.json").write_text(
