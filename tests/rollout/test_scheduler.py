@@ -199,12 +199,18 @@ async def test_scheduler_never_holds_more_than_an_engine_can_take():
     assert sched.admitted == 60 and sched.policy.queue == [] and sum(sched.policy.reserved) == 0
 
 
-async def test_waiting_on_a_failed_last_engine_ends_with_a_clear_error():
+async def one_engine_and_a_waiter():
+    """One engine of 100 tokens holding a first turn (90), and a second turn waiting for room."""
     sched = Scheduler([Slow("a", 100)], "kv", grant_tokens=100)
     first = Request("t0", 50, 40)
     engine = await sched.acquire(first)
     waiter = asyncio.ensure_future(sched.acquire(Request("t1", 50, 40)))
     await asyncio.sleep(0.01)
+    return sched, engine, first, waiter
+
+
+async def test_the_last_engine_is_never_taken_out_of_rotation():
+    sched, engine, first, waiter = await one_engine_and_a_waiter()
     assert not waiter.done()  # no room until the first turn ends
     assert sched.fail(engine) is False  # the last engine stays: its turns end as errors instead
     sched.release(engine, first)
@@ -212,11 +218,7 @@ async def test_waiting_on_a_failed_last_engine_ends_with_a_clear_error():
 
 
 async def test_a_cancelled_waiter_gives_its_place_back():
-    sched = Scheduler([Slow("a", 100)], "kv", grant_tokens=100)
-    first = Request("t0", 50, 40)
-    engine = await sched.acquire(first)
-    waiter = asyncio.ensure_future(sched.acquire(Request("t1", 50, 40)))
-    await asyncio.sleep(0.01)
+    sched, engine, first, waiter = await one_engine_and_a_waiter()
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter

@@ -300,9 +300,13 @@ class RLTrainer:
 
         records = []
         for g, idx, sc in zip(groups, choice.kept, scored, strict=True):
-            records += [_record(t, i in idx, s.p_err) for i, (t, s) in enumerate(zip(g, sc, strict=True))]
             for i, (t, s) in enumerate(zip(g, sc, strict=True)):
-                t.meta["roc"] = {"kept": i in idx, "p_err": s.p_err, "p_format": s.p_format}
+                records.append(_record(t, i in idx, s.p_err))
+                t.meta["roc"] = {
+                    "kept": i in idx,
+                    "p_err": s.p_err,
+                    "p_format": s.p_format,
+                }  # for `rstar2 view`
                 t.meta["step"] = step
         if world.main and cfg.run.samples_per_step > 0:
             self._save_samples(step, groups)

@@ -68,14 +68,9 @@ class Rollout:
         self.executor = executor
         self.verifier = verifier
         self.config = config or RolloutConfig()
-        options = {}
-        if self.config.scheduler == "kv":
-            grant = self.config.grant_tokens
-            if grant is None and not any(getattr(e, "prefix_cache", True) for e in engines):
-                # without a prefix cache a continued turn prefills everything again: grant whole turns
-                grant = max(e.capacity_tokens for e in engines)
-            options["grant_tokens"] = grant
-        self.scheduler = scheduler or Scheduler(engines, self.config.scheduler, **options)
+        self.scheduler = scheduler or Scheduler(
+            engines, self.config.scheduler, grant_tokens=self.config.grant_tokens
+        )
         self.stop_ids = self.config.stop_token_ids or end_of_turn_ids(fmt.tokenizer)
         self._prompts: dict[str, list[int]] = {}
 

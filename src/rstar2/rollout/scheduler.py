@@ -35,7 +35,7 @@ from ..engines.base import Engine
 
 
 class NoEngineError(RuntimeError):
-    """No engine in rotation can ever serve the request (all failed, or it is too large for all)."""
+    """No engine can ever serve the request: it needs more KV tokens than the largest engine holds."""
 
 
 @dataclass
@@ -289,13 +289,21 @@ class Scheduler:
         engines: Sequence[Engine],
         policy: str | Policy = "kv",
         *,
+        grant_tokens: int | None = None,
         revive_after_s: float | None = 60.0,
         **options: Any,
     ) -> None:
+        """``grant_tokens`` is for ``kv`` (ignored by the others); when None and no engine has a
+        prefix cache (``HFEngine``), turns are granted whole, since a continued turn would prefill
+        its whole context again."""
         self.engines = list(engines)
         self.revive_after_s = revive_after_s
         if not self.engines:
             raise ValueError("at least one engine is needed")
+        if policy == "kv":
+            if grant_tokens is None and not any(getattr(e, "prefix_cache", True) for e in self.engines):
+                grant_tokens = max(e.capacity_tokens for e in self.engines)
+            options["grant_tokens"] = grant_tokens
         self.policy = (
             policy
             if isinstance(policy, Policy)
@@ -305,7 +313,6 @@ class Scheduler:
         self._waiting: dict[int, asyncio.Future] = {}  # submitted, not yet admitted
         self._held: dict[int, Request] = {}  # admitted, not yet released
         self.admitted = 0
-        self.max_reserved = [0] * len(self.engines)  # high-water marks, for tests and reports
 
     def index(self, engine: Engine | None) -> int | None:
         return None if engine is None else self._index.get(id(engine))
@@ -366,16 +373,9 @@ class Scheduler:
                 self.policy.release(engine, req)
                 continue
             self.admitted += 1
-            self.max_reserved[engine] = max(self.max_reserved[engine], self.policy.reserved[engine])
             fut.set_result(engine)
         for req, why in self.policy.rejected:
             fut = self._waiting.pop(req.seq, None)
             if fut is not None and not fut.done():
                 fut.set_exception(NoEngineError(why))
         self.policy.rejected.clear()
-        if not self.policy.live():
-            for req in self.policy.queue:
-                fut = self._waiting.pop(req.seq, None)
-                if fut is not None and not fut.done():
-                    fut.set_exception(NoEngineError("every engine has failed; none is left to serve"))
-            self.policy.queue = []
