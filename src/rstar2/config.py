@@ -112,6 +112,9 @@ class RunSection(_Section):
     samples_per_step: int = (
         64  # RL: trajectories (whole groups) written to samples/ each step, for `rstar2 view`
     )
+    # RL: log the mean entropy of reasoning / reflection / code / answer tokens each step; the
+    # first `reflection_window` model tokens after a tool response count as reflection; 0 = off.
+    reflection_window: int = Field(20, ge=0)
 
 
 class RLConfig(_Section):

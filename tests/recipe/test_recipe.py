@@ -77,6 +77,9 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
         assert f"| {name} |" in text
     assert (out / "report_steps.png").stat().st_size > 0 and (out / "report_stages.png").stat().st_size > 0
     assert "(view.html)" in text and "RoC: <b>" in (out / "view.html").read_text()  # RL samples are in
+    # the final model's token entropy on its held-out trajectories, linked from the report
+    assert "(entropy/entropy.md)" in text and "| reasoning |" in (out / "entropy" / "entropy.md").read_text()
+    assert (out / "entropy" / "tokens.html").stat().st_size > 0
 
     # a second run into the same folder must say --resume; with it, finished stages are skipped
     with pytest.raises(ValueError, match="--resume"):

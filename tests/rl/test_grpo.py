@@ -208,3 +208,63 @@ def test_kl_to_a_reference_model_enters_the_update(tiny):
     assert same["loss"] == pytest.approx(plain["loss"], abs=1e-6)
     assert moved["update/ref_kl"] > 1e-4
     assert moved["loss"] == pytest.approx(plain["loss"] + 0.3 * moved["update/ref_kl"], rel=1e-4)
+
+
+def test_entropy_by_class_is_the_mean_entropy_of_each_class_tokens(tiny):
+    """The step's ``entropy/<class>`` is the plain mean, over that class's tokens, of the policy's
+    next-token entropy at those positions (tool tokens, class -1, belong to none)."""
+    from rstar2.analysis.entropy import CLASSES
+    from rstar2.config import OptimSection
+    from rstar2.rl.optim import build_optimizer
+    from rstar2.rl.update import class_entropy_means, policy_update
+
+    model, _ = tiny
+    prompts = [[5, 6, 7], [5, 9]]
+    responses = [[8, 9, 10, 11, 12], [13, 14, 15]]
+    masks = [[1, 1, 0, 1, 1], [1, 1, 1]]
+    classes = [[2, 2, -1, 1, 3], [0, 0, 3]]  # code code tool reflection answer | reasoning×2 answer
+    seqs = [(p, r, m, [0.0] * len(r)) for p, r, m in zip(prompts, responses, masks, strict=True)]
+    batch = with_weights(collate(seqs, [1.0, -1.0], [0, 0], classes=classes), "token-mean")
+    opt, sched = build_optimizer(model, OptimSection(lr=0.0, warmup_steps=0), total_steps=1)
+    stats = class_entropy_means(policy_update(model, opt, sched, batch, LossConfig()))
+
+    expected: dict[str, list[float]] = {c: [] for c in CLASSES}
+    with torch.no_grad():
+        for p, r, cls in zip(prompts, responses, classes, strict=True):
+            logits = model(input_ids=torch.tensor([p + r])).logits[0].float()
+            for j, k in enumerate(cls):
+                if k >= 0:
+                    logp = torch.log_softmax(logits[len(p) - 1 + j], dim=-1)
+                    expected[CLASSES[k]].append(float(-(logp.exp() * logp).sum()))
+    for name, values in expected.items():
+        assert stats[f"entropy/{name}"] == pytest.approx(sum(values) / len(values), rel=1e-4), name
+    assert not any(k.startswith(("entropy_sum/", "entropy_tokens/")) for k in stats)
+
+
+def test_token_classes_decode_each_id_once_and_follow_classify():
+    from rstar2.analysis.entropy import CLASSES, NO_CLASS, TokenClasses, classify
+
+    table = {
+        1: "<tool_call>",
+        2: "print(1)",
+        3: "</tool_call>",
+        4: "7",
+        5: "so",
+        6: " <answer>",
+        7: "7",
+        8: "</answer>",
+    }
+    calls: list[int] = []
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens=False):
+            calls.append(ids[0])
+            return table[ids[0]]
+
+    ids, mask = [1, 2, 3, 4, 5, 6, 7, 8, 5], [1, 1, 1, 0, 1, 1, 1, 1, 1]
+    got = TokenClasses(Tok(), window=1)(ids, mask)
+    names = classify([table[i] for i in ids], mask, 1)
+    assert got == [NO_CLASS if n is None else CLASSES.index(n) for n in names]
+    assert got[:4] == [CLASSES.index("code")] * 3 + [NO_CLASS]
+    assert got[4] == CLASSES.index("reflection") and got[-1] == CLASSES.index("reasoning")
+    assert sorted(calls) == sorted(set(ids))  # each id decoded once

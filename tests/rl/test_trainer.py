@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import signal
 import subprocess
@@ -94,7 +95,9 @@ def test_reward_rises_and_the_run_folder_is_complete(uninterrupted):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     AutoModelForCausalLM.from_pretrained(ckpt)  # a plain Hugging Face folder
-    AutoTokenizer.from_pretrained(ckpt)
+    vocab = len(AutoTokenizer.from_pretrained(ckpt))
+    by_class = {k: v for k, v in rows[0].items() if k.startswith("entropy/")}  # entropy per token class
+    assert by_class and all(0 <= v <= math.log(vocab) + 1e-4 for v in by_class.values()), by_class
     assert len(list((run / "checkpoints").iterdir())) == 2  # keep_checkpoints
     # samples of every step, with RoC's penalties and choice, for `rstar2 view`
     samples = sorted((run / "samples").glob("step_*.jsonl"))

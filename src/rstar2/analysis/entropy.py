@@ -86,6 +86,29 @@ def classify(pieces: Sequence[str], mask: Sequence[int], window: int = 20) -> li
     return out
 
 
+NO_CLASS = -1  # a tool-response token: not the model's, no class
+
+
+class TokenClasses:
+    """Class indices (into ``CLASSES``; ``NO_CLASS`` for tool tokens) of a response's tokens, for
+    the trainer's per-class entropy. Pieces are decoded once per token id and cached, so a step
+    costs a table lookup per token, not a ``decode`` call."""
+
+    def __init__(self, tokenizer: Any, window: int = 20) -> None:
+        self.tokenizer, self.window = tokenizer, window
+        self._pieces: dict[int, str] = {}
+
+    def piece(self, token_id: int) -> str:
+        p = self._pieces.get(token_id)
+        if p is None:
+            p = self._pieces[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return p
+
+    def __call__(self, response_ids: Sequence[int], mask: Sequence[int]) -> list[int]:
+        names = classify([self.piece(i) for i in response_ids], mask, self.window)
+        return [NO_CLASS if c is None else CLASSES.index(c) for c in names]
+
+
 @dataclass
 class TrajectoryEntropy:
     """One trajectory's response tokens, entropies (None on tool tokens), classes and high marks."""

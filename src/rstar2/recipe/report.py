@@ -168,6 +168,13 @@ def write_report(out: Path, recipe: Any, state: dict[str, Any]) -> Path:
             "",
             f"Trajectories (held-out evaluations, RL samples with RoC's choices): [{viewer.name}]({viewer.name})",
         ]
+    if (out / "entropy" / "entropy.md").exists():
+        lines += [
+            "",
+            "Token entropy of the final model (reasoning, reflection after tool responses, code, answer): "
+            "[entropy/entropy.md](entropy/entropy.md), tokens coloured by entropy: "
+            "[entropy/tokens.html](entropy/tokens.html)",
+        ]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     (out / "report.json").write_text(

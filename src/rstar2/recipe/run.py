@@ -112,7 +112,11 @@ def problem_rows(data: DataSpec, seed: int, split: str = "train") -> list[dict[s
     return rows[: data.limit]
 
 
-async def sft_rows(recipe: Recipe, data: DataSpec, executor: Any) -> list[dict[str, Any]]:
+async def sft_rows(
+    recipe: Recipe, data: DataSpec, executor: Any, progress: bool = False
+) -> list[dict[str, Any]]:
+    from tqdm.auto import tqdm
+
     from .sft_data import build_conversations
 
     rows: list[dict[str, Any]] = []
@@ -122,6 +126,7 @@ async def sft_rows(recipe: Recipe, data: DataSpec, executor: Any) -> list[dict[s
     if g is not None:
         seed = recipe.seed if g.seed is None else g.seed
         tasks = generate(g.count, families=g.families, digits=g.digits, seed=seed)
+        bar = tqdm(total=len(tasks), desc="SFT data (real tool runs)", unit="conv", disable=not progress)
         rows += await build_conversations(
             tasks,
             executor,
@@ -131,7 +136,9 @@ async def sft_rows(recipe: Recipe, data: DataSpec, executor: Any) -> list[dict[s
             tool_limit_chars=recipe.chat.tool_limit_chars,
             traceback_lines=recipe.chat.tool_traceback_lines,
             seed=seed,
+            on_done=lambda: bar.update(1),
         )
+        bar.close()
     return rows[: data.limit]
 
 
@@ -229,7 +236,7 @@ async def stage_data(
     if path.exists():
         return path
     if stage.kind == "sft":
-        rows = await sft_rows(recipe, stage.data, services["executor"])
+        rows = await sft_rows(recipe, stage.data, services["executor"], progress)
     else:
         rows = problem_rows(stage.data, recipe.seed)
         if stage.filter is not None:
@@ -391,4 +398,22 @@ async def _run(recipe: Recipe, out: Path, resume: bool, progress: bool, log: Cal
                     recipe, current, held_out, out / "eval" / f"{n:02d}-{stage.name}", services, progress
                 )
                 _save_state(out, state)
+    entropy_of_last_eval(recipe, current, out, progress, log)
     return write_report(out, recipe, state)
+
+
+def entropy_of_last_eval(
+    recipe: Recipe, model_dir: Path, out: Path, progress: bool, log: Callable[[str], None]
+) -> Path | None:
+    """``rstar2 analyze entropy`` of the final model on its own held-out trajectories, into
+    ``out/entropy`` (the report links it)."""
+    from ..analysis.report import analyze
+
+    count = recipe.eval.entropy_trajectories
+    last = sorted((out / "eval").glob("*/*/trajectories.jsonl"))
+    if not count or not last:
+        return None
+    target = out / "entropy"
+    log(f"[rstar2] token entropy of the final model on {last[-1].parent.parent.name}'s held-out trajectories")
+    analyze(model_dir, last[-1], target, limit=count, progress=progress)
+    return target / "entropy.md"

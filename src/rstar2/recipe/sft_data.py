@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +69,11 @@ async def build_conversations(
     traceback_lines: int = 12,
     seed: int = 0,
     concurrency: int = 32,
+    on_done: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
     """One ``{"messages": [...]}`` row per task, every tool output produced by ``executor`` (the
-    code environment). A task whose clean program does not print its answer is dropped."""
+    code environment). A task whose clean program does not print its answer is dropped.
+    ``on_done`` is called after each task (a progress bar)."""
     rng = random.Random(seed)
     plans = [(t, break_code(t.code, rng) if rng.random() < error_rate else None) for t in tasks]
     limit = asyncio.Semaphore(concurrency)
@@ -83,6 +85,8 @@ async def build_conversations(
     async def one(task: Task, broken: str | None) -> dict[str, Any] | None:
         calls = [(broken, await run(broken))] if broken is not None else []
         out = await run(task.code)
+        if on_done is not None:
+            on_done()
         if out.strip() != str(task.answer):
             return None
         calls.append((task.code, out))

@@ -108,6 +108,8 @@ class EvalSpec(_Spec):
     max_turns: int | None = None  # default: the last stage's
     max_response_tokens: int | None = None
     before: bool = True  # also evaluate the starting model
+    # `rstar2 analyze entropy` of the final model on this many of its held-out trajectories (0 = off)
+    entropy_trajectories: int = Field(128, ge=0)
 
 
 # Short stage keys and the config key each stands for.

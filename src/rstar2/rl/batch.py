@@ -28,6 +28,7 @@ class Batch:
     weights: torch.Tensor | None = None  # (rows, T-1) float, see grpo.token_weights
     old_logp: torch.Tensor | None = None  # (rows, T-1) float, set by the trainer
     ref_logp: torch.Tensor | None = None  # (rows, T-1) float, the reference policy's (KL only)
+    token_class: torch.Tensor | None = None  # (rows, T-1) long, analysis.entropy class, -1 = none
 
     @property
     def rows(self) -> int:
@@ -56,8 +57,10 @@ def collate(
     advantages: Sequence[float],
     group_index: Sequence[int],
     pad_id: int = 0,
+    classes: Sequence[Sequence[int]] | None = None,
 ) -> Batch:
-    """``sequences`` are (prompt_ids, response_ids, loss_mask, engine_logprobs) per row."""
+    """``sequences`` are (prompt_ids, response_ids, loss_mask, engine_logprobs) per row;
+    ``classes``, when given, a class index per response token (for entropy by class)."""
     if not sequences:
         raise ValueError("cannot build a training batch from zero trajectories")
     width = max(len(p) + len(r) for p, r, _, _ in sequences)
@@ -66,6 +69,7 @@ def collate(
     attention = torch.zeros((rows, width), dtype=torch.long)
     mask = torch.zeros((rows, width - 1))
     engine = torch.zeros((rows, width - 1))
+    token_class = torch.full((rows, width - 1), -1, dtype=torch.long) if classes is not None else None
     for i, (prompt, response, loss_mask, logprobs) in enumerate(sequences):
         if not (len(response) == len(loss_mask) == len(logprobs)):
             raise ValueError(
@@ -78,6 +82,8 @@ def collate(
         if response:
             mask[i, start : start + len(response)] = torch.tensor(loss_mask, dtype=torch.float32)
             engine[i, start : start + len(response)] = torch.tensor(logprobs, dtype=torch.float32)
+            if token_class is not None:
+                token_class[i, start : start + len(response)] = torch.tensor(classes[i], dtype=torch.long)
     adv = torch.tensor(list(advantages), dtype=torch.float32)[:, None].expand(rows, width - 1).clone()
     return Batch(
         input_ids=input_ids,
@@ -87,6 +93,7 @@ def collate(
         advantages=adv,
         engine_logp=engine,
         group_index=torch.tensor(list(group_index), dtype=torch.long),
+        token_class=token_class,
     )
 
 

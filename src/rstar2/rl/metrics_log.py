@@ -18,6 +18,10 @@ PLOT_KEYS = (
     ("tools/error_ratio_correct_kept", "tool-error ratio, correct (kept)"),
     ("response/length_mean", "response tokens (mean)"),
     ("response/truncated_share", "share truncated"),
+    (
+        ("entropy/reasoning", "entropy/reflection", "entropy/code", "entropy/answer"),
+        "entropy by token class (nats)",
+    ),
 )
 
 
@@ -70,9 +74,11 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 def plot_metrics(path: str | Path, keys=PLOT_KEYS) -> Path | None:
-    """A grid of the main curves over steps, next to the JSONL (``metrics.png``)."""
+    """A grid of the main curves over steps, next to the JSONL (``metrics.png``); a panel whose key
+    is a tuple draws one line per key."""
     rows = read_metrics(path)
-    present = [(k, title) for k, title in keys if any(k in r for r in rows)]
+    keys = [((k,) if isinstance(k, str) else tuple(k), title) for k, title in keys]
+    present = [(ks, title) for ks, title in keys if any(k in r for r in rows for k in ks)]
     if not rows or not present:
         return None
     import matplotlib
@@ -83,9 +89,15 @@ def plot_metrics(path: str | Path, keys=PLOT_KEYS) -> Path | None:
     cols = min(3, len(present))
     nrows = (len(present) + cols - 1) // cols
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
-    for ax, (k, title) in zip(axes.flat, present, strict=False):
-        pts = [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float))]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 50 else None)
+    for ax, (ks, title) in zip(axes.flat, present, strict=False):
+        for k in ks:
+            pts = [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float))]
+            label = k.split("/")[-1] if len(ks) > 1 else None
+            ax.plot(
+                [p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 50 else None, label=label
+            )
+        if len(ks) > 1:
+            ax.legend(fontsize=8)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

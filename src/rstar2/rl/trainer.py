@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..analysis.entropy import TokenClasses
 from ..config import RLConfig, as_dataclass
 from ..rollout.trajectory import Trajectory
 from . import distributed as D
@@ -140,6 +141,8 @@ class RLTrainer:
         start = begin(cfg, self.resume)
         self.world, self.tokenizer = start.world, start.tokenizer
         self.engine_model = None
+        window = cfg.run.reflection_window
+        self.token_classes = TokenClasses(self.tokenizer, window) if window else None
 
         def engine_copy(model: torch.nn.Module) -> None:
             # The in-process engine shares the model in one process; with several it needs its own copy.
@@ -373,6 +376,7 @@ class RLTrainer:
             loss=self.cfg.loss,
             world=self.world,
             ref_model=self.ref_model,
+            token_classes=self.token_classes,
         )
         self.model.eval()
         return out

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..analysis.entropy import CLASSES
 from ..config import as_dataclass
 from .batch import Batch, collate, plan_micro_batches, take_rows, with_weights
 from .distributed import LOCAL, World, all_max, all_sum
@@ -106,6 +107,28 @@ def optimizer_step(
     return {**totals, "grad_norm": grad_norm, "lr": scheduler.get_last_lr()[0]}
 
 
+def class_entropy_sums(entropy: torch.Tensor, token_class: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Summed entropy and token count per class (reasoning, reflection, code, answer): the
+    per-class means the trainer logs each step come from these, summed over micro-batches."""
+    out = {}
+    for k, name in enumerate(CLASSES):
+        hit = token_class == k
+        out[f"entropy_sum/{name}"] = (entropy.float() * hit).sum()
+        out[f"entropy_tokens/{name}"] = hit.sum()
+    return out
+
+
+def class_entropy_means(stats: dict[str, float]) -> dict[str, float]:
+    """``stats`` with each class's sum and count replaced by ``entropy/<class>`` (classes with no
+    token in this step are left out)."""
+    out = {k: v for k, v in stats.items() if not k.startswith(("entropy_sum/", "entropy_tokens/"))}
+    for name in CLASSES:
+        n = stats.get(f"entropy_tokens/{name}", 0)
+        if n:
+            out[f"entropy/{name}"] = stats[f"entropy_sum/{name}"] / n
+    return out
+
+
 def policy_update(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -122,7 +145,7 @@ def policy_update(
     def micro_loss(mb: Batch):
         logp, entropy = forward_logprobs(model, mb, with_entropy=True)
         old = mb.old_logp if mb.old_logp is not None else logp.detach()
-        return policy_loss(
+        loss, stats = policy_loss(
             logp,
             old,
             mb.advantages,
@@ -132,6 +155,9 @@ def policy_update(
             ref_logp=mb.ref_logp,
             entropy=entropy,
         )
+        if mb.token_class is not None and entropy is not None:
+            stats.update(class_entropy_sums(entropy.detach(), mb.token_class))
+        return loss, stats
 
     out = optimizer_step(
         model,
@@ -160,8 +186,11 @@ def update_on_rollouts(
     loss: Any,
     world: World = LOCAL,
     ref_model: torch.nn.Module | None = None,
+    token_classes: Callable[[Sequence[int], Sequence[int]], list[int]] | None = None,
 ) -> dict[str, float]:
     """The RL update on kept rollouts: ``rows`` are (trajectory, advantage, group) of this process.
+    With ``token_classes`` (response ids, loss mask → a class per token, see
+    ``analysis.entropy.TokenClasses``) the step also reports the mean entropy of each class.
 
     ``optim.mini_batches`` optimizer steps per call, each on a share of the rows and normalised
     over all processes, ``optim.epochs`` passes. A process with no rows (all its groups dropped)
@@ -174,12 +203,13 @@ def update_on_rollouts(
     for part in parts:
         if part:
             seqs = [(t.prompt_ids, t.response_ids, t.loss_mask, t.logprobs) for t, _, _ in part]
-            b = collate(seqs, [a for _, a, _ in part], [g for _, _, g in part], pad_id)
+            classes = [token_classes(s[1], s[2]) for s in seqs] if token_classes else None
+            b = collate(seqs, [a for _, a, _ in part], [g for _, _, g in part], pad_id, classes)
         else:
             t = stand_in
-            b = collate(
-                [(t.prompt_ids, t.response_ids, [0] * len(t.loss_mask), t.logprobs)], [0.0], [0], pad_id
-            )
+            seqs = [(t.prompt_ids, t.response_ids, [0] * len(t.loss_mask), t.logprobs)]
+            classes = [[-1] * len(t.response_ids)] if token_classes else None
+            b = collate(seqs, [0.0], [0], pad_id, classes)
         units = all_sum([weight_units(b.mask, b.group_index, loss.aggregation)], world)[0]
         batches.append(with_weights(b, loss.aggregation, units).to(world.device))
     if optim.mini_batches > 1 or optim.epochs > 1:
@@ -201,4 +231,6 @@ def update_on_rollouts(
         for _ in range(optim.epochs)
         for b in batches
     ]
-    return {k: sum(o[k] for o in out) / len(out) for k in out[0]}
+    summed = {k for k in out[0] if k.startswith(("entropy_sum/", "entropy_tokens/"))}
+    stats = {k: sum(o[k] for o in out) / (1 if k in summed else len(out)) for k in out[0]}
+    return class_entropy_means(stats)

@@ -1,0 +1,145 @@
+"""Is this machine fast enough for the demo? The unit costs of the tiny recipe, measured here.
+
+The demo's time is the SFT data build (real tool runs), the SFT steps and the RL steps. This times
+the first two on the demo's own model and code environment, next to a fixed 1-thread matmul as the
+machine's baseline, and prints wall time next to CPU time: where wall ≫ CPU, the process was waiting
+for a CPU the machine did not give (a shared or overloaded host), not computing. The feasibility
+prototype (../shared/reference/tiny-recipe-notes.md) measured an SFT step of this model at 0.67–0.69
+CPU-seconds.
+
+    python benchmarks/tiny_machine.py [--steps 8] [--calls 200] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from rstar2.recipe.run import tiny_corpus
+from rstar2.recipe.spec import find_recipe, load_recipe
+from rstar2.recipe.tiny_model import build_model, build_tokenizer
+
+PROTOTYPE_SFT_STEP_S = 0.68
+
+
+def timed(fn, repeats: int) -> list[tuple[float, float]]:
+    """(wall s, CPU s of this process) per call."""
+    out = []
+    for _ in range(repeats):
+        w, c = time.perf_counter(), time.process_time()
+        fn()
+        out.append((time.perf_counter() - w, time.process_time() - c))
+    return out
+
+
+def row(name: str, samples: list[tuple[float, float]], unit: float = 1.0) -> dict:
+    walls, cpus = [s[0] for s in samples], [s[1] for s in samples]
+    return {
+        "item": name,
+        "n": len(samples),
+        "wall_median": statistics.median(walls) * unit,
+        "wall_min": min(walls) * unit,
+        "wall_max": max(walls) * unit,
+        "cpu_median": statistics.median(cpus) * unit,
+    }
+
+
+def matmul_bench(repeats: int) -> list[tuple[float, float]]:
+    a, b = torch.randn(6400, 128), torch.randn(128, 512)
+    out = torch.empty(6400, 512)
+    return timed(lambda: torch.mm(a, b, out=out), repeats)
+
+
+def sft_step_bench(steps: int, batch: int, length: int) -> list[tuple[float, float]]:
+    recipe = load_recipe(find_recipe("tiny"))
+    m = recipe.model
+    tok = build_tokenizer(tiny_corpus(recipe, 300), m.vocab, word_split=False)
+    model = build_model(
+        tok, hidden=m.hidden, layers=m.layers, heads=m.heads, mlp=m.mlp, max_positions=m.max_positions
+    )
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, len(tok), (batch, length))
+
+    def step() -> None:
+        logits = model(input_ids=x, attention_mask=torch.ones_like(x), use_cache=False).logits
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1)
+        )
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()  # warm-up
+    return timed(step, steps)
+
+
+async def sandbox_bench(calls: int, workers: int) -> tuple[float, float]:
+    """Trivial calls/s through the demo's local pool (full isolation), and the share that was ok."""
+    from rstar2.sandbox import LocalPool
+
+    pool = await LocalPool(workers=workers).start()
+    try:
+        await pool.run("print(1)")
+        t = time.perf_counter()
+        results = await asyncio.gather(*(pool.run(f"print({i} * 7)") for i in range(calls)))
+        dt = time.perf_counter() - t
+    finally:
+        await pool.close()
+    ok = sum(r.status == "ok" and r.stdout.strip() == str(i * 7) for i, r in enumerate(results))
+    return calls / dt, ok / calls
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=8, help="SFT steps timed (after one warm-up)")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--length", type=int, default=100, help="tokens per sequence (demo SFT: ~50-100)")
+    ap.add_argument("--calls", type=int, default=200, help="trivial sandbox calls")
+    ap.add_argument("--workers", type=int, default=2, help="sandbox workers (the demo's sandbox_workers)")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(1)  # as the demo (model.threads: 1)
+    rows = [
+        row("matmul 6400x128x512 (ms)", matmul_bench(50), 1e3),
+        row(
+            f"SFT step, batch {args.batch} x {args.length} tokens (s)",
+            sft_step_bench(args.steps, args.batch, args.length),
+        ),
+    ]
+    calls_per_s, ok = asyncio.run(sandbox_bench(args.calls, args.workers))
+    step = rows[1]["wall_median"]
+    recipe = load_recipe(find_recipe("tiny"))
+    sft = recipe.stages[0]
+    conversations = sft.data.generator.count if sft.data.generator else 0
+    tool_runs = conversations * (1 + sft.data.generator.error_rate) if sft.data.generator else 0
+    print(f"{'item':44s} {'n':>4s} {'wall med':>9s} {'min':>8s} {'max':>8s} {'CPU med':>8s} {'CPU/wall':>8s}")
+    for r in rows:
+        print(
+            f"{r['item']:44s} {r['n']:4d} {r['wall_median']:9.3f} {r['wall_min']:8.3f} {r['wall_max']:8.3f} "
+            f"{r['cpu_median']:8.3f} {r['cpu_median'] / r['wall_median']:8.2f}"
+        )
+    print(f"sandbox: {calls_per_s:.1f} trivial calls/s with {args.workers} workers ({ok:.0%} correct)")
+    print(f"SFT step vs the prototype's {PROTOTYPE_SFT_STEP_S} s: {step / PROTOTYPE_SFT_STEP_S:.1f}x")
+    est = tool_runs / calls_per_s + sft.steps * step
+    print(
+        f"demo SFT stage on this machine: ~{tool_runs:.0f} tool runs + {sft.steps} steps "
+        f"= ~{est / 60:.1f} min (RL stages and evaluations come on top)"
+    )
+    if args.out:
+        args.out.write_text(
+            json.dumps(
+                {"rows": rows, "sandbox_calls_per_s": calls_per_s, "sandbox_ok": ok, "sft_stage_est_s": est},
+                indent=2,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
