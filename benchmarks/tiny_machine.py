@@ -59,7 +59,7 @@ def matmul_bench(repeats: int) -> list[tuple[float, float]]:
 def sft_step_bench(steps: int, batch: int, length: int) -> list[tuple[float, float]]:
     recipe = load_recipe(find_recipe("tiny"))
     m = recipe.model
-    tok = build_tokenizer(tiny_corpus(recipe, 300), m.vocab, word_split=False)
+    tok = build_tokenizer(tiny_corpus(recipe, 300), m.vocab)
     model = build_model(
         tok, hidden=m.hidden, layers=m.layers, heads=m.heads, mlp=m.mlp, max_positions=m.max_positions
     )

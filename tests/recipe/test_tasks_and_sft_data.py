@@ -73,3 +73,34 @@ async def test_sft_conversations_carry_real_tool_outputs_and_errors():
     ids, mask = fmt.conversation_ids(noisy[0]["messages"])
     learned = fmt.decode([i for i, m in zip(ids, mask, strict=True) if m])
     assert "<tool_call>" in learned and "Tool call failed" not in learned and "\\boxed" in learned
+
+
+def test_the_tiny_tokenizer_reloads_from_the_model_folder_as_it_was_trained(tmp_path):
+    """transformers loads a Qwen2 folder's tokenizer as Qwen2Tokenizer, with its own pre-tokenizer:
+    the tiny tokenizer must give the same ids before and after ``from_pretrained`` (it once gave
+    1.8x longer sequences of pieces its merges were never learned on), the tool-call JSON around the
+    code is two tokens, and every digit is its own token."""
+    from transformers import AutoTokenizer
+
+    from rstar2.chat.prompt import problem_messages
+    from rstar2.recipe.sft_data import conversation
+    from rstar2.recipe.tiny_model import TOOL_CALL_OPEN, build_model, save_pretrained
+
+    texts = []
+    render = build_tokenizer(["x"], 260)
+    for t in generate(60, digits=(1, 4), seed=3):
+        msgs = conversation(problem_messages(t.problem, "", ""), [(t.code, str(t.answer))], t.answer)
+        texts.append(render.apply_chat_template(msgs, tokenize=False))
+    tok = build_tokenizer(texts, 400)
+    save_pretrained(build_model(tok, hidden=16, layers=1, heads=2, mlp=32), tok, tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    for text in texts:
+        assert (
+            loaded(text, add_special_tokens=False)["input_ids"]
+            == tok(text, add_special_tokens=False)["input_ids"]
+        )
+    ids = loaded(texts[0], add_special_tokens=False)["input_ids"]
+    pieces = [loaded.decode([i]) for i in ids]
+    assert TOOL_CALL_OPEN in pieces and '"}}' in pieces
+    assert all(len(p.strip()) == 1 for p in pieces if any(c.isdigit() for c in p))
+    assert loaded.decode(ids) == texts[0]

@@ -64,7 +64,7 @@ def prepare_model(recipe: Recipe, out: Path) -> Path:
         return target
     from .tiny_model import build_model, build_tokenizer, save_pretrained
 
-    tok = build_tokenizer(tiny_corpus(recipe), m.vocab, word_split=False)
+    tok = build_tokenizer(tiny_corpus(recipe), m.vocab)
     model = build_model(
         tok,
         hidden=m.hidden,

@@ -13,6 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from ..chat.prompt import CHATML_SPECIAL_TOKENS, CHATML_TEMPLATE
+from ..chat.tools import PYTHON_TOOL
+
+# The JSON around a tool call's code, as the chat template writes it: two tokens instead of ~20.
+TOOL_CALL_OPEN = '{"name": "' + PYTHON_TOOL + '", "arguments": {"code": "'
+TOOL_CALL_CLOSE = '"}}'
 
 # Tags of the paper's format: single tokens keep the tiny model's sequences short.
 FORMAT_TOKENS = (
@@ -25,6 +30,8 @@ FORMAT_TOKENS = (
     "<tool_response>",
     "</tool_response>",
     "\\boxed",
+    TOOL_CALL_OPEN,
+    TOOL_CALL_CLOSE,
 )
 
 
@@ -37,21 +44,24 @@ def build_tokenizer(
     chat_template: str | None = CHATML_TEMPLATE,
     eos_token: str = "<|im_end|>",
     pad_token: str = "<|endoftext|>",
-    word_split: bool = True,
 ) -> Any:
     """Byte-level BPE (every byte encodable), one token per digit, the role and format tags as
     single tokens; wrapped as a ``PreTrainedTokenizerFast`` with a chat template.
 
-    ``word_split=False`` lets merges cross spaces and punctuation (only digits stay apart), so the
-    boilerplate of a narrow corpus (the tool-call JSON, fixed phrases) becomes a few tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    The pre-tokenization (NFC, then Qwen2's split: words, single digits, punctuation runs) is the
+    one ``Qwen2Tokenizer`` imposes: transformers loads the tokenizer of any Qwen2 model folder as
+    that class, whatever ``tokenizer.json`` says, so merges learned under another split would be
+    applied to different pieces after ``from_pretrained`` (longer, unseen token sequences)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
     tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=word_split),
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
     tok.decoder = decoders.ByteLevel()
