@@ -341,6 +341,8 @@ class CgroupPair:
         self._oom_fd = os.open(os.path.join(mem_dir, "memory.oom_control"), os.O_RDONLY)
         self._pids_fd = os.open(os.path.join(pids_dir, "pids.max"), os.O_WRONLY)
         self._pids_current_fd = os.open(os.path.join(pids_dir, "pids.current"), os.O_RDONLY)
+        # Opened now: the filesystem layer later hides /sys from the worker's own view.
+        self._procs_fd = os.open(os.path.join(pids_dir, "cgroup.procs"), os.O_RDONLY)
 
     @classmethod
     def create(cls, name: str) -> CgroupPair:
@@ -359,12 +361,18 @@ class CgroupPair:
     def _read(self, fd: int) -> str:
         return os.pread(fd, 4096, 0).decode()
 
+    @staticmethod
+    def _read_all(fd: int) -> str:
+        chunks, offset = [], 0
+        while chunk := os.pread(fd, 65536, offset):
+            chunks.append(chunk)
+            offset += len(chunk)
+        return b"".join(chunks).decode()
+
     def kill_all_but(self, keep: int) -> None:
         """Without a PID namespace: kill every process of the call that is still in our cgroup."""
-        path = os.path.join(self.pids_dir, "cgroup.procs")
         for _ in range(100):
-            with open(path) as fh:
-                pids = [int(x) for x in fh.read().split() if int(x) != keep]
+            pids = [int(x) for x in self._read_all(self._procs_fd).split() if int(x) != keep]
             if not pids:
                 return
             for pid in pids:
