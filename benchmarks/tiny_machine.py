@@ -80,6 +80,58 @@ def sft_step_bench(steps: int, batch: int, length: int) -> list[tuple[float, flo
     return timed(step, steps)
 
 
+def demo_sft_batch(tok, recipe, n: int):
+    """A batch of the demo's own SFT conversations (a quarter with a broken first call), as ids."""
+    import random
+
+    from rstar2.chat.format import ChatFormat
+    from rstar2.chat.prompt import problem_messages
+    from rstar2.recipe.sft_data import break_code, conversation
+    from rstar2.recipe.tasks import generate
+    from rstar2.rl.sft import sft_batch
+
+    chat = recipe.chat
+    fmt = ChatFormat(
+        tok, system_prompt=chat.system_prompt, user_prefix=chat.user_prefix, tools_in_prompt=False
+    )
+    rng, examples = random.Random(5), []
+    for t in generate(n, digits=(1, 3), seed=5):
+        calls = [(break_code(t.code, rng), "Tool call failed: NameError")] if rng.random() < 0.25 else []
+        calls.append((t.code, str(t.answer)))
+        msgs = conversation(
+            problem_messages(t.problem, chat.system_prompt, chat.user_prefix), calls, t.answer
+        )
+        examples.append(fmt.conversation_ids(msgs))
+    return sft_batch(examples, tok.pad_token_id or 0)
+
+
+def micro_batch_bench(steps: int, batch: int) -> tuple[list[dict], list[int]]:
+    """The real SFT step on demo conversations: the whole batch padded to its longest row, vs
+    micro-batches of rows of similar length (``optim.micro_batch_tokens``), alternated."""
+    from rstar2.config import OptimSection
+    from rstar2.rl.distributed import LOCAL
+    from rstar2.rl.optim import build_optimizer
+    from rstar2.rl.sft import sft_step
+
+    recipe = load_recipe(find_recipe("tiny"))
+    m = recipe.model
+    tok = build_tokenizer(tiny_corpus(recipe, 600), m.vocab)
+    model = build_model(
+        tok, hidden=m.hidden, layers=m.layers, heads=m.heads, mlp=m.mlp, max_positions=m.max_positions
+    )
+    opt, sched = build_optimizer(model, OptimSection(lr=1e-4, warmup_steps=0), total_steps=10 * steps + 10)
+    b = demo_sft_batch(tok, recipe, batch)
+    lengths = b.attention_mask.sum(dim=1).tolist()
+    settings = {"one padded batch": 1 << 20, "micro-batches of <= 2048 tokens": 2048}
+    samples: dict[str, list] = {k: [] for k in settings}
+    for tokens in settings.values():  # warm-up
+        sft_step(model, opt, sched, b, tokens, 1.0, LOCAL)
+    for _ in range(steps):
+        for name, tokens in settings.items():
+            samples[name] += timed(lambda t=tokens: sft_step(model, opt, sched, b, t, 1.0, LOCAL), 1)
+    return [row(f"SFT step, demo data: {k} (s)", v) for k, v in samples.items()], lengths
+
+
 async def sandbox_bench(calls: int, workers: int) -> tuple[float, float]:
     """Trivial calls/s through the demo's local pool (full isolation), and the share that was ok."""
     from rstar2.sandbox import LocalPool
@@ -113,8 +165,11 @@ def main() -> None:
             sft_step_bench(args.steps, args.batch, args.length),
         ),
     ]
+    mb_rows, lengths = micro_batch_bench(args.steps, args.batch)
+    rows += mb_rows
     calls_per_s, ok = asyncio.run(sandbox_bench(args.calls, args.workers))
     step = rows[1]["wall_median"]
+    demo_step = rows[3]["wall_median"]  # the demo's SFT runs micro-batched (recipes/tiny.yaml)
     recipe = load_recipe(find_recipe("tiny"))
     sft = recipe.stages[0]
     conversations = sft.data.generator.count if sft.data.generator else 0
@@ -125,9 +180,13 @@ def main() -> None:
             f"{r['item']:44s} {r['n']:4d} {r['wall_median']:9.3f} {r['wall_min']:8.3f} {r['wall_max']:8.3f} "
             f"{r['cpu_median']:8.3f} {r['cpu_median'] / r['wall_median']:8.2f}"
         )
+    print(
+        f"demo SFT batch: {len(lengths)} conversations, mean {sum(lengths) / len(lengths):.0f} tokens, "
+        f"max {max(lengths)}; micro-batched / padded: {rows[3]['wall_median'] / rows[2]['wall_median']:.2f}x"
+    )
     print(f"sandbox: {calls_per_s:.1f} trivial calls/s with {args.workers} workers ({ok:.0%} correct)")
     print(f"SFT step vs the prototype's {PROTOTYPE_SFT_STEP_S} s: {step / PROTOTYPE_SFT_STEP_S:.1f}x")
-    est = tool_runs / calls_per_s + sft.steps * step
+    est = tool_runs / calls_per_s + sft.steps * demo_step
     print(
         f"demo SFT stage on this machine: ~{tool_runs:.0f} tool runs + {sft.steps} steps "
         f"= ~{est / 60:.1f} min (RL stages and evaluations come on top)"
