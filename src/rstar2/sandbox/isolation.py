@@ -160,6 +160,13 @@ class WorkerIsolation:
                 )
         else:
             self.note("pid", False, "disabled" if not cfg.pid else "needs a mount namespace")
+        if self.pid_ns_fd is None:
+            # Orphans of a call (a double-forked daemon) become the worker's children, so the cgroup
+            # sweep after the call can reap them instead of leaving zombies to the host's init.
+            try:
+                linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
+            except OSError:
+                pass
         if cfg.seccomp:
             try:
                 from .seccomp import build_program
@@ -329,6 +336,16 @@ def _build_root(new: str) -> None:
         linux.mount(None, "/", None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY)
 
 
+def reap_ready() -> None:
+    """Reap children that have ended: without a PID namespace the worker is the subreaper of its
+    calls' orphans, which would otherwise stay zombies (they are no longer in any cgroup list)."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
 class CgroupPair:
     """A cgroup v1 memory + pids pair for one worker; the worker and its calls live in it."""
 
@@ -341,8 +358,10 @@ class CgroupPair:
         self._oom_fd = os.open(os.path.join(mem_dir, "memory.oom_control"), os.O_RDONLY)
         self._pids_fd = os.open(os.path.join(pids_dir, "pids.max"), os.O_WRONLY)
         self._pids_current_fd = os.open(os.path.join(pids_dir, "pids.current"), os.O_RDONLY)
-        # Opened now: the filesystem layer later hides /sys from the worker's own view.
-        self._procs_fd = os.open(os.path.join(pids_dir, "cgroup.procs"), os.O_RDONLY)
+        # The directory is opened now (the filesystem layer later hides /sys from the worker's own
+        # view); cgroup.procs is opened afresh under it for each read: cgroup v1 keeps the pid list
+        # of an open file for a second, so re-reading one open file can miss a new process.
+        self._pids_dir_fd = os.open(pids_dir, os.O_RDONLY | os.O_DIRECTORY)
 
     @classmethod
     def create(cls, name: str) -> CgroupPair:
@@ -361,18 +380,21 @@ class CgroupPair:
     def _read(self, fd: int) -> str:
         return os.pread(fd, 4096, 0).decode()
 
-    @staticmethod
-    def _read_all(fd: int) -> str:
-        chunks, offset = [], 0
-        while chunk := os.pread(fd, 65536, offset):
-            chunks.append(chunk)
-            offset += len(chunk)
-        return b"".join(chunks).decode()
+    def _procs(self) -> str:
+        fd = os.open("cgroup.procs", os.O_RDONLY, dir_fd=self._pids_dir_fd)
+        try:
+            chunks = []
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+            return b"".join(chunks).decode()
+        finally:
+            os.close(fd)
 
     def kill_all_but(self, keep: int) -> None:
         """Without a PID namespace: kill every process of the call that is still in our cgroup."""
         for _ in range(100):
-            pids = [int(x) for x in self._read_all(self._procs_fd).split() if int(x) != keep]
+            reap_ready()
+            pids = [int(x) for x in self._procs().split() if int(x) != keep]
             if not pids:
                 return
             for pid in pids:
@@ -380,11 +402,11 @@ class CgroupPair:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
-            try:
-                while os.waitpid(-1, os.WNOHANG)[0]:
+            for pid in pids:  # the worker is their subreaper: reap each (a non-child raises)
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
                     pass
-            except ChildProcessError:
-                pass
 
     def oom_kills(self) -> int:
         for line in self._read(self._oom_fd).splitlines():

@@ -22,7 +22,7 @@ import time
 
 from . import linux
 from .capture import Capture, cut_middle
-from .isolation import IsolationConfig, WorkerIsolation
+from .isolation import IsolationConfig, WorkerIsolation, reap_ready
 from .result import ExecResult, Limits
 from .runner import run_code
 from .session import SessionHandle, SessionTable, session_init
@@ -216,6 +216,7 @@ class Zygote:
                 pass
             if self.iso.cgroup is not None:  # setsid daemons left the process group, not the cgroup
                 self.iso.cgroup.kill_all_but(os.getpid())
+            reap_ready()
         for fd in (*streams, pidfd):
             os.close(fd)
         oom = self.iso.cgroup is not None and self.iso.cgroup.oom_kills() > oom_before
