@@ -21,11 +21,18 @@ from pathlib import Path
 
 import torch
 
+from rstar2.config import OptimSection
 from rstar2.recipe.run import tiny_corpus
 from rstar2.recipe.spec import find_recipe, load_recipe
 from rstar2.recipe.tiny_model import build_model, build_tokenizer
+from rstar2.rl.distributed import LOCAL
+from rstar2.rl.optim import build_optimizer
+from rstar2.rl.sft import sft_batch, sft_step
 
 PROTOTYPE_SFT_STEP_S = 0.68
+SYNTHETIC = "SFT step, batch {batch} x {length} tokens (s)"
+PADDED = "SFT step, demo data: one padded batch (s)"
+MICRO = "SFT step, demo data: micro-batches of <= 2048 tokens (s)"
 
 
 def timed(fn, repeats: int) -> list[tuple[float, float]]:
@@ -56,30 +63,6 @@ def matmul_bench(repeats: int) -> list[tuple[float, float]]:
     return timed(lambda: torch.mm(a, b, out=out), repeats)
 
 
-def sft_step_bench(steps: int, batch: int, length: int) -> list[tuple[float, float]]:
-    recipe = load_recipe(find_recipe("tiny"))
-    m = recipe.model
-    tok = build_tokenizer(tiny_corpus(recipe, 300), m.vocab)
-    model = build_model(
-        tok, hidden=m.hidden, layers=m.layers, heads=m.heads, mlp=m.mlp, max_positions=m.max_positions
-    )
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x = torch.randint(0, len(tok), (batch, length))
-
-    def step() -> None:
-        logits = model(input_ids=x, attention_mask=torch.ones_like(x), use_cache=False).logits
-        loss = torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1)
-        )
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    step()  # warm-up
-    return timed(step, steps)
-
-
 def demo_sft_batch(tok, recipe, n: int):
     """A batch of the demo's own SFT conversations (a quarter with a broken first call), as ids."""
     import random
@@ -88,7 +71,6 @@ def demo_sft_batch(tok, recipe, n: int):
     from rstar2.chat.prompt import problem_messages
     from rstar2.recipe.sft_data import break_code, conversation
     from rstar2.recipe.tasks import generate
-    from rstar2.rl.sft import sft_batch
 
     chat = recipe.chat
     fmt = ChatFormat(
@@ -105,31 +87,32 @@ def demo_sft_batch(tok, recipe, n: int):
     return sft_batch(examples, tok.pad_token_id or 0)
 
 
-def micro_batch_bench(steps: int, batch: int) -> tuple[list[dict], list[int]]:
-    """The real SFT step on demo conversations: the whole batch padded to its longest row, vs
-    micro-batches of rows of similar length (``optim.micro_batch_tokens``), alternated."""
-    from rstar2.config import OptimSection
-    from rstar2.rl.distributed import LOCAL
-    from rstar2.rl.optim import build_optimizer
-    from rstar2.rl.sft import sft_step
-
-    recipe = load_recipe(find_recipe("tiny"))
+def sft_step_bench(recipe, steps: int, batch: int, length: int) -> tuple[dict[str, list], list[int]]:
+    """The real SFT step (``rl.sft.sft_step``: forward, backward, clip, AdamW) of the demo's model,
+    alternated step by step over three batches: ``batch`` × ``length`` random tokens (the
+    prototype's measurement), and the demo's own conversations padded to their longest row or
+    cut into micro-batches of rows of similar length (``optim.micro_batch_tokens``)."""
     m = recipe.model
     tok = build_tokenizer(tiny_corpus(recipe, 600), m.vocab)
     model = build_model(
         tok, hidden=m.hidden, layers=m.layers, heads=m.heads, mlp=m.mlp, max_positions=m.max_positions
     )
-    opt, sched = build_optimizer(model, OptimSection(lr=1e-4, warmup_steps=0), total_steps=10 * steps + 10)
-    b = demo_sft_batch(tok, recipe, batch)
-    lengths = b.attention_mask.sum(dim=1).tolist()
-    settings = {"one padded batch": 1 << 20, "micro-batches of <= 2048 tokens": 2048}
+    opt, sched = build_optimizer(model, OptimSection(lr=1e-4, warmup_steps=0), total_steps=3 * steps + 3)
+    ids = torch.randint(0, len(tok), (batch, length)).tolist()
+    synthetic = sft_batch([(row, [1] * length) for row in ids], tok.pad_token_id or 0)
+    demo = demo_sft_batch(tok, recipe, batch)
+    settings = {
+        SYNTHETIC.format(batch=batch, length=length): (synthetic, 1 << 20),
+        PADDED: (demo, 1 << 20),
+        MICRO: (demo, 2048),
+    }
     samples: dict[str, list] = {k: [] for k in settings}
-    for tokens in settings.values():  # warm-up
+    for b, tokens in settings.values():  # warm-up
         sft_step(model, opt, sched, b, tokens, 1.0, LOCAL)
     for _ in range(steps):
-        for name, tokens in settings.items():
-            samples[name] += timed(lambda t=tokens: sft_step(model, opt, sched, b, t, 1.0, LOCAL), 1)
-    return [row(f"SFT step, demo data: {k} (s)", v) for k, v in samples.items()], lengths
+        for name, (b, tokens) in settings.items():
+            samples[name] += timed(lambda b=b, t=tokens: sft_step(model, opt, sched, b, t, 1.0, LOCAL), 1)
+    return samples, demo.attention_mask.sum(dim=1).tolist()
 
 
 async def sandbox_bench(calls: int, workers: int) -> tuple[float, float]:
@@ -158,22 +141,17 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)  # as the demo (model.threads: 1)
-    rows = [
-        row("matmul 6400x128x512 (ms)", matmul_bench(50), 1e3),
-        row(
-            f"SFT step, batch {args.batch} x {args.length} tokens (s)",
-            sft_step_bench(args.steps, args.batch, args.length),
-        ),
-    ]
-    mb_rows, lengths = micro_batch_bench(args.steps, args.batch)
-    rows += mb_rows
-    calls_per_s, ok = asyncio.run(sandbox_bench(args.calls, args.workers))
-    step = rows[1]["wall_median"]
-    demo_step = rows[3]["wall_median"]  # the demo's SFT runs micro-batched (recipes/tiny.yaml)
     recipe = load_recipe(find_recipe("tiny"))
+    steps, lengths = sft_step_bench(recipe, args.steps, args.batch, args.length)
+    rows = [row("matmul 6400x128x512 (ms)", matmul_bench(50), 1e3)]
+    rows += [row(name, v) for name, v in steps.items()]
+    by_name = {r["item"]: r for r in rows}
+    calls_per_s, ok = asyncio.run(sandbox_bench(args.calls, args.workers))
+    step = by_name[SYNTHETIC.format(batch=args.batch, length=args.length)]["wall_median"]
+    demo_step = by_name[MICRO]["wall_median"]  # the demo's SFT runs micro-batched (recipes/tiny.yaml)
     sft = recipe.stages[0]
-    conversations = sft.data.generator.count if sft.data.generator else 0
-    tool_runs = conversations * (1 + sft.data.generator.error_rate) if sft.data.generator else 0
+    g = sft.data.generator
+    tool_runs = g.count * (1 + g.error_rate) if g else 0
     print(f"{'item':44s} {'n':>4s} {'wall med':>9s} {'min':>8s} {'max':>8s} {'CPU med':>8s} {'CPU/wall':>8s}")
     for r in rows:
         print(
@@ -182,7 +160,7 @@ def main() -> None:
         )
     print(
         f"demo SFT batch: {len(lengths)} conversations, mean {sum(lengths) / len(lengths):.0f} tokens, "
-        f"max {max(lengths)}; micro-batched / padded: {rows[3]['wall_median'] / rows[2]['wall_median']:.2f}x"
+        f"max {max(lengths)}; micro-batched / padded: {demo_step / by_name[PADDED]['wall_median']:.2f}x"
     )
     print(f"sandbox: {calls_per_s:.1f} trivial calls/s with {args.workers} workers ({ok:.0%} correct)")
     print(f"SFT step vs the prototype's {PROTOTYPE_SFT_STEP_S} s: {step / PROTOTYPE_SFT_STEP_S:.1f}x")

@@ -12,6 +12,7 @@ from typing import Any
 from .entropy import (
     CLASSES,
     Summary,
+    TokenClasses,
     TrajectoryEntropy,
     classify,
     mark_high,
@@ -60,6 +61,7 @@ def analyze(
     if not rows:
         raise ValueError(f"{trajectories}: no trajectories with prompt_ids and response_ids")
     items: list[TrajectoryEntropy] = []
+    decoded = TokenClasses(tok, window)  # each token id decoded once
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -69,7 +71,7 @@ def analyze(
         resp, mask = d["response_ids"], d.get("loss_mask") or [1] * len(d["response_ids"])
         ent = teacher_forced_entropy(model, d["prompt_ids"], resp, temperature) if resp else []
         entropy = [e if m else None for e, m in zip(ent, mask, strict=True)]
-        pieces = [tok.decode([i], skip_special_tokens=False) for i in resp]
+        pieces = [decoded.piece(i) for i in resp]
         items.append(
             TrajectoryEntropy(
                 pieces,

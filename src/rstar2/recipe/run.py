@@ -169,6 +169,12 @@ def _rollout_setup(
     )
 
 
+def sampled_trajectories(out_dir: Path) -> Path:
+    """Where ``_sample`` into ``out_dir`` leaves its trajectories (the harness names the folder
+    after the problem file, ``problems.jsonl``)."""
+    return out_dir / "problems" / "trajectories.jsonl"
+
+
 async def _sample(
     setup, services: dict, rows: list[dict[str, Any]], samples: int, seed: int, out_dir: Path, progress: bool
 ) -> dict:
@@ -208,7 +214,7 @@ async def filter_problems(
         temperature=flt.temperature,
     )
     await _sample(setup, services, rows, flt.samples, recipe.seed + 17, out_dir, progress)
-    trajs, _ = read_trajectories(out_dir / "problems" / "trajectories.jsonl")
+    trajs, _ = read_trajectories(sampled_trajectories(out_dir))
     solved = [0] * len(rows)
     for t in trajs:
         solved[t.meta["problem_index"]] += int(t.correct)
@@ -398,22 +404,20 @@ async def _run(recipe: Recipe, out: Path, resume: bool, progress: bool, log: Cal
                     recipe, current, held_out, out / "eval" / f"{n:02d}-{stage.name}", services, progress
                 )
                 _save_state(out, state)
-    entropy_of_last_eval(recipe, current, out, progress, log)
+    last = recipe.stages[-1]
+    held_out_trajs = sampled_trajectories(out / "eval" / f"{len(recipe.stages):02d}-{last.name}")
+    if recipe.eval.entropy_trajectories and held_out_trajs.exists() and state.get("entropy") != str(current):
+        # `rstar2 analyze entropy` of the final model on its own held-out trajectories (once per model)
+        from ..analysis.report import analyze
+
+        log(f"[rstar2] token entropy of the final model on its held-out trajectories ({last.name})")
+        analyze(
+            current,
+            held_out_trajs,
+            out / "entropy",
+            limit=recipe.eval.entropy_trajectories,
+            progress=progress,
+        )
+        state["entropy"] = str(current)
+        _save_state(out, state)
     return write_report(out, recipe, state)
-
-
-def entropy_of_last_eval(
-    recipe: Recipe, model_dir: Path, out: Path, progress: bool, log: Callable[[str], None]
-) -> Path | None:
-    """``rstar2 analyze entropy`` of the final model on its own held-out trajectories, into
-    ``out/entropy`` (the report links it)."""
-    from ..analysis.report import analyze
-
-    count = recipe.eval.entropy_trajectories
-    last = sorted((out / "eval").glob("*/*/trajectories.jsonl"))
-    if not count or not last:
-        return None
-    target = out / "entropy"
-    log(f"[rstar2] token entropy of the final model on {last[-1].parent.parent.name}'s held-out trajectories")
-    analyze(model_dir, last[-1], target, limit=count, progress=progress)
-    return target / "entropy.md"

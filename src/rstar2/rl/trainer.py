@@ -305,11 +305,8 @@ class RLTrainer:
         for g, idx, sc in zip(groups, choice.kept, scored, strict=True):
             for i, (t, s) in enumerate(zip(g, sc, strict=True)):
                 records.append(_record(t, i in idx, s.p_err))
-                t.meta["roc"] = {
-                    "kept": i in idx,
-                    "p_err": s.p_err,
-                    "p_format": s.p_format,
-                }  # for `rstar2 view`
+                # RoC's penalties and choice, written with the samples for `rstar2 view`
+                t.meta["roc"] = {"kept": i in idx, "p_err": s.p_err, "p_format": s.p_format}
                 t.meta["step"] = step
         if world.main and cfg.run.samples_per_step > 0:
             self._save_samples(step, groups)

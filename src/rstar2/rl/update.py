@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..analysis.entropy import CLASSES
+from ..analysis.entropy import CLASSES, NO_CLASS
 from ..config import as_dataclass
 from .batch import Batch, collate, plan_micro_batches, take_rows, with_weights
 from .distributed import LOCAL, World, all_max, all_sum
@@ -208,7 +208,7 @@ def update_on_rollouts(
         else:
             t = stand_in
             seqs = [(t.prompt_ids, t.response_ids, [0] * len(t.loss_mask), t.logprobs)]
-            classes = [[-1] * len(t.response_ids)] if token_classes else None
+            classes = [[NO_CLASS] * len(t.response_ids)] if token_classes else None
             b = collate(seqs, [0.0], [0], pad_id, classes)
         units = all_sum([weight_units(b.mask, b.group_index, loss.aggregation)], world)[0]
         batches.append(with_weights(b, loss.aggregation, units).to(world.device))

@@ -381,14 +381,10 @@ class CgroupPair:
         return os.pread(fd, 4096, 0).decode()
 
     def _procs(self) -> str:
-        fd = os.open("cgroup.procs", os.O_RDONLY, dir_fd=self._pids_dir_fd)
-        try:
-            chunks = []
-            while chunk := os.read(fd, 65536):
-                chunks.append(chunk)
-            return b"".join(chunks).decode()
-        finally:
-            os.close(fd)
+        with open(
+            "cgroup.procs", opener=lambda path, flags: os.open(path, flags, dir_fd=self._pids_dir_fd)
+        ) as fh:
+            return fh.read()
 
     def kill_all_but(self, keep: int) -> None:
         """Without a PID namespace: kill every process of the call that is still in our cgroup."""
