@@ -10,6 +10,10 @@ over the last steps, mean response length; mean ± spread over seeds) and writes
 over the steps, with the spread over seeds, and a JSON of every number.
 
     python benchmarks/roc_vs_grpo.py [--recipe tiny] [--seeds 3] [--out runs/roc-vs-grpo]
+        [--sft runs/tiny/01-sft/checkpoints/step-000450] [--variants roc,grpo-kept] [--set KEY=VALUE]
+
+Runs that finished are read back, not run again: processes with different ``--variants`` can share
+one ``--out`` and a last call with all of them prints the whole table.
 """
 
 from __future__ import annotations
@@ -55,11 +59,30 @@ def held_out(run: Path) -> dict[str, float]:
     return {stage: float(e.get("pass@1", float("nan"))) for stage, e in evals.items()}
 
 
-def spread(xs: list[float]) -> str:
+def spread(xs: list[float], digits: int = 3) -> str:
     xs = [x for x in xs if x == x]
     if not xs:
         return "—"
-    return f"{statistics.fmean(xs):.3f} ({min(xs):.3f}–{max(xs):.3f})"
+    return f"{statistics.fmean(xs):.{digits}f} ({min(xs):.{digits}f} – {max(xs):.{digits}f})"
+
+
+def _sft_model(
+    args, tree: dict[str, Any], path: Path, sft_stages: list[dict]
+) -> tuple[str | None, float | None]:
+    """The SFT checkpoint every variant starts from, and its held-out accuracy when known."""
+    if args.sft:
+        if not (args.sft / "config.json").exists():
+            raise SystemExit(f"--sft {args.sft}: not a model folder (no config.json)")
+        return str(args.sft)
+    if not sft_stages:
+        return None
+    sft_out = args.out / "sft"
+    state_file = sft_out / "recipe_state.json"
+    if not state_file.exists() or not json.loads(state_file.read_text()).get("stages"):
+        run_recipe(
+            parse_recipe({**tree, "stages": sft_stages}, path.parent), sft_out, resume=sft_out.exists()
+        )
+    return json.loads(state_file.read_text())["stages"][sft_stages[-1]["name"]]["checkpoint"]
 
 
 def plot(results: dict[str, list[list[dict[str, Any]]]], path: Path) -> None:
@@ -91,10 +114,17 @@ def main() -> None:
     ap.add_argument("--recipe", default="tiny")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("runs/roc-vs-grpo"))
+    ap.add_argument("--sft", type=Path, help="start every variant from this SFT checkpoint (skips SFT)")
+    ap.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS)
+    )
     ap.add_argument(
         "--set", dest="overrides", action="append", default=[], help="recipe overrides (as --set)"
     )
     args = ap.parse_args()
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if unknown := [v for v in variants if v not in VARIANTS]:
+        raise SystemExit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
 
     path = find_recipe(args.recipe)
     tree = yaml.safe_load(path.read_text())
@@ -105,20 +135,12 @@ def main() -> None:
     if not rl_stages:
         raise SystemExit(f"{path}: no RL stage to compare on")
 
-    sft_out = args.out / "sft"
-    if not (sft_out / "recipe_state.json").exists() or not json.loads(
-        (sft_out / "recipe_state.json").read_text()
-    ).get("stages"):
-        run_recipe(
-            parse_recipe({**tree, "stages": sft_stages}, path.parent), sft_out, resume=sft_out.exists()
-        )
-    state = json.loads((sft_out / "recipe_state.json").read_text())
-    sft_ckpt = state["stages"][sft_stages[-1]["name"]]["checkpoint"] if sft_stages else None
-
-    results: dict[str, list[list[dict[str, Any]]]] = {v: [] for v in VARIANTS}
-    finals: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
+    sft_ckpt = _sft_model(args, tree, path, sft_stages)
+    results: dict[str, list[list[dict[str, Any]]]] = {v: [] for v in variants}
+    finals: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     for seed in range(args.seeds):
-        for variant, change in VARIANTS.items():
+        for variant in variants:
+            change = VARIANTS[variant]
             run = args.out / f"{variant}-seed{seed}"
             model = dict(tree["model"])
             if sft_ckpt:
@@ -136,7 +158,11 @@ def main() -> None:
                 }
                 for s in rl_stages
             ]
-            recipe = parse_recipe({**tree, "seed": seed, "model": model, "stages": stages}, path.parent)
+            # each seed draws its own held-out problems: evaluate the starting model on them too
+            evals = {**tree.get("eval", {}), "before": True}
+            recipe = parse_recipe(
+                {**tree, "seed": seed, "model": model, "stages": stages, "eval": evals}, path.parent
+            )
             print(f"== {variant}, seed {seed} -> {run}", flush=True)
             run_recipe(recipe, run, resume=run.exists())
             rows = read_metrics(run)
@@ -144,6 +170,7 @@ def main() -> None:
             tail = rows[-5:]
             finals[variant].append(
                 {
+                    "held_out_start": held_out(run).get("start", float("nan")),
                     "held_out": list(held_out(run).values())[-1] if held_out(run) else float("nan"),
                     "error_ratio_correct": statistics.fmean(
                         r.get("tools/error_ratio_correct_all", 0.0) for r in tail
@@ -156,15 +183,16 @@ def main() -> None:
                 }
             )
     print(
-        "\n| variant | held-out accuracy after the last stage | tool-error ratio in correct (last 5 steps) "
-        "| response length (last 5 steps) |\n|---|---|---|---|"
+        "\n| variant | held-out accuracy after the last stage | rise over the SFT model (points) "
+        "| tool-error ratio in correct (last 5 steps) | response length (last 5 steps) |\n|---|---|---|---|---|"
     )
     for variant, fs in finals.items():
+        rise = [100 * (f["held_out"] - f["held_out_start"]) for f in fs]
         print(
-            f"| {variant} | {spread([f['held_out'] for f in fs])} | {spread([f['error_ratio_correct'] for f in fs])} "
-            f"| {spread([f['length'] for f in fs])} |"
+            f"| {variant} | {spread([f['held_out'] for f in fs])} | {spread(rise, 1)} "
+            f"| {spread([f['error_ratio_correct'] for f in fs])} | {spread([f['length'] for f in fs])} |"
         )
-    print(f"\nmean (min–max) over {args.seeds} seeds; SFT model shared: {sft_ckpt}")
+    print(f"\nmean (min – max) over {args.seeds} seeds; SFT model shared: {sft_ckpt}")
     plot(results, args.out / "roc_vs_grpo.png")
     (args.out / "roc_vs_grpo.json").write_text(json.dumps({"finals": finals, "metrics": results}, indent=1))
     print(f"plots: {args.out / 'roc_vs_grpo.png'}")

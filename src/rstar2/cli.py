@@ -562,6 +562,9 @@ def _run_recipe(name: str, out: str | None, resume: bool, overrides: list[str], 
         raise typer.Exit(2) from None
     state = json.loads((Path(out) / "recipe_state.json").read_text())
     console.print(table(state.get("evals", {})), markup=False)
+    gain = json.loads((Path(out) / "report.json").read_text()).get("rl_gain")
+    if gain:
+        console.print(gain, markup=False)
     console.print(f"report: {report}")
 
 

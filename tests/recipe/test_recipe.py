@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from rstar2.cli import app
 from rstar2.config import ConfigError
+from rstar2.recipe.report import paired_change, per_problem_accuracy
 from rstar2.recipe.run import run_recipe
 from rstar2.recipe.spec import find_recipe, load_recipe, parse_recipe
 
@@ -75,6 +76,8 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     text = report.read_text()
     for name in ("start", "sft", "rl-64", "rl-128", "rl-hard"):
         assert f"| {name} |" in text
+    assert "RL (rl-64, rl-128, rl-hard) took held-out accuracy from" in text
+    assert "(after sft) to" in text and "(paired over 3 problems)" in text
     assert (out / "report_steps.png").stat().st_size > 0 and (out / "report_stages.png").stat().st_size > 0
     assert "(view.html)" in text and "RoC: <b>" in (out / "view.html").read_text()  # RL samples are in
     # the final model's token entropy on its held-out trajectories, linked from the report
@@ -144,3 +147,22 @@ def test_the_paper_recipe_is_valid_apart_from_its_placeholder_paths():
     assert recipe.stages[-1].filter.samples == 8 and recipe.stages[-1].reset_optimizer
     with pytest.raises(ConfigError, match="does not exist"):
         parse_recipe(tree)  # on this machine the model and data are not there
+
+
+def test_paired_change_is_the_mean_per_problem_change_with_its_interval():
+    before = {"a": 0.0, "b": 0.5, "c": 1.0}
+    after = {"a": 1.0, "b": 0.5, "c": 1.0, "d": 0.0}  # d was not evaluated before: left out
+    change, half, n = paired_change(before, after)
+    # differences 1, 0, 0: mean 1/3, sample variance 1/3, half-width 1.96 * sqrt(1/3 / 3)
+    assert n == 3
+    assert change == pytest.approx(1 / 3)
+    assert half == pytest.approx(1.96 / 3)
+    with pytest.raises(ValueError, match="both"):
+        paired_change({"a": 1.0}, {"b": 1.0})
+
+
+def test_per_problem_accuracy_averages_the_samples_of_each_problem(tmp_path):
+    f = tmp_path / "trajectories.jsonl"
+    rows = [("p", 1.0), ("p", 0.0), ("q", 1.0), ("q", None)]
+    f.write_text("".join(json.dumps({"problem": p, "reward": r}) + "\n" for p, r in rows))
+    assert per_problem_accuracy(f) == {"p": 0.5, "q": 0.5}

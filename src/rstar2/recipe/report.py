@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,53 @@ def table(evals: dict[str, dict[str, Any]]) -> str:
             else f"| {name} | – | – | – | – | – |"
         )
     return "\n".join(lines)
+
+
+def paired_change(before: dict[str, float], after: dict[str, float]) -> tuple[float, float, int]:
+    """Mean change of per-problem accuracy from ``before`` to ``after`` over the problems both hold,
+    with the half-width of its 95% interval (normal approximation over problems): pairing each
+    problem with itself removes the spread in problem difficulty from the interval."""
+    common = sorted(before.keys() & after.keys())
+    n = len(common)
+    if not n:
+        raise ValueError("no problem was evaluated both times")
+    diffs = [after[p] - before[p] for p in common]
+    mean = sum(diffs) / n
+    var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
+    return mean, 1.96 * math.sqrt(var / n), n
+
+
+def per_problem_accuracy(trajectories: Path) -> dict[str, float]:
+    """Mean reward per problem in an evaluation's ``trajectories.jsonl``."""
+    rewards: dict[str, list[float]] = defaultdict(list)
+    for line in trajectories.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            t = json.loads(line)
+            rewards[t["problem"]].append(float(t.get("reward") or 0.0))
+    return {p: sum(r) / len(r) for p, r in rewards.items()}
+
+
+def rl_gain(out: Path, recipe: Any, evals: dict[str, Any]) -> str | None:
+    """One sentence: held-out accuracy before the first RL stage and after the last, and the change."""
+    names = [s.name for s in recipe.stages]
+    rl = [i for i, s in enumerate(recipe.stages) if s.kind == "rl"]
+    if not rl:
+        return None
+    first, last = rl[0], rl[-1]
+    before = (names[first - 1], first) if first else ("start", 0)
+    after = (names[last], last + 1)
+    folders = [
+        out / "eval" / f"{n:02d}-{name}" / "problems" / "trajectories.jsonl" for name, n in (before, after)
+    ]
+    if before[0] not in evals or after[0] not in evals or not all(f.exists() for f in folders):
+        return None
+    change, half, n = paired_change(*(per_problem_accuracy(f) for f in folders))
+    a, b = evals[before[0]]["pass@1"], evals[after[0]]["pass@1"]
+    return (
+        f"RL ({', '.join(names[i] for i in rl)}) took held-out accuracy from {_pct(a)} (after {before[0]}) "
+        f"to {_pct(b)} (after {after[0]}): {100 * change:+.1f} points, 95% interval ± {100 * half:.1f} "
+        f"(paired over {n} problems)."
+    )
 
 
 def _plot_steps(out: Path, stages: list[tuple[str, list[dict[str, Any]]]]) -> Path | None:
@@ -150,6 +199,11 @@ def write_report(out: Path, recipe: Any, state: dict[str, Any]) -> Path:
         "",
         table(evals),
         "",
+    ]
+    gain = rl_gain(out, recipe, evals)
+    if gain:
+        lines += [gain, ""]
+    lines += [
         "| stage | kind | steps | stopped early | checkpoint |",
         "|---|---|---|---|---|",
     ]
@@ -179,7 +233,12 @@ def write_report(out: Path, recipe: Any, state: dict[str, Any]) -> Path:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     (out / "report.json").write_text(
         json.dumps(
-            {"evals": {k: eval_row(v) for k, v in evals.items()}, "stages": state.get("stages", {})}, indent=2
+            {
+                "evals": {k: eval_row(v) for k, v in evals.items()},
+                "rl_gain": gain,
+                "stages": state.get("stages", {}),
+            },
+            indent=2,
         )
     )
     return path
