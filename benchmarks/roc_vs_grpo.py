@@ -66,10 +66,8 @@ def spread(xs: list[float], digits: int = 3) -> str:
     return f"{statistics.fmean(xs):.{digits}f} ({min(xs):.{digits}f} – {max(xs):.{digits}f})"
 
 
-def _sft_model(
-    args, tree: dict[str, Any], path: Path, sft_stages: list[dict]
-) -> tuple[str | None, float | None]:
-    """The SFT checkpoint every variant starts from, and its held-out accuracy when known."""
+def _sft_model(args, tree: dict[str, Any], path: Path, sft_stages: list[dict]) -> str | None:
+    """The SFT checkpoint every variant starts from (``--sft``, or trained once into ``OUT/sft``)."""
     if args.sft:
         if not (args.sft / "config.json").exists():
             raise SystemExit(f"--sft {args.sft}: not a model folder (no config.json)")
@@ -167,11 +165,12 @@ def main() -> None:
             run_recipe(recipe, run, resume=run.exists())
             rows = read_metrics(run)
             results[variant].append(rows)
+            accuracy = held_out(run)
             tail = rows[-5:]
             finals[variant].append(
                 {
-                    "held_out_start": held_out(run).get("start", float("nan")),
-                    "held_out": list(held_out(run).values())[-1] if held_out(run) else float("nan"),
+                    "held_out_start": accuracy.get("start", float("nan")),
+                    "held_out": list(accuracy.values())[-1] if accuracy else float("nan"),
                     "error_ratio_correct": statistics.fmean(
                         r.get("tools/error_ratio_correct_all", 0.0) for r in tail
                     )

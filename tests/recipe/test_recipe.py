@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from rstar2.cli import app
 from rstar2.config import ConfigError
-from rstar2.recipe.report import paired_change, per_problem_accuracy
+from rstar2.recipe.report import paired_change
 from rstar2.recipe.run import run_recipe
 from rstar2.recipe.spec import find_recipe, load_recipe, parse_recipe
 
@@ -159,10 +159,3 @@ def test_paired_change_is_the_mean_per_problem_change_with_its_interval():
     assert half == pytest.approx(1.96 / 3)
     with pytest.raises(ValueError, match="both"):
         paired_change({"a": 1.0}, {"b": 1.0})
-
-
-def test_per_problem_accuracy_averages_the_samples_of_each_problem(tmp_path):
-    f = tmp_path / "trajectories.jsonl"
-    rows = [("p", 1.0), ("p", 0.0), ("q", 1.0), ("q", None)]
-    f.write_text("".join(json.dumps({"problem": p, "reward": r}) + "\n" for p, r in rows))
-    assert per_problem_accuracy(f) == {"p": 0.5, "q": 0.5}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rstar2.eval.metrics import majority_correct, mean_ci95, pass_at_k, summarize
+from rstar2.eval.metrics import majority_correct, mean_ci95, pass_at_k, per_problem_accuracy, summarize
 from rstar2.rollout.trajectory import ToolCallRecord, Trajectory, Turn
 from rstar2.sandbox.result import ExecResult
 
@@ -21,6 +21,12 @@ def test_mean_and_interval():
     m, h = mean_ci95([0.0, 1.0])
     assert m == 0.5 and h == pytest.approx(1.96 * (0.5 / 2) ** 0.5)
     assert mean_ci95([1.0]) == (1.0, 0.0)
+
+
+def test_per_problem_accuracy_averages_the_samples_of_each_problem():
+    rows = [("p", 1.0), ("p", 0.0), ("q", 1.0), ("q", 0.0)]
+    trajs = [Trajectory(problem=p, reference="1", prompt_ids=[1], reward=r) for p, r in rows]
+    assert per_problem_accuracy(trajs) == {"p": 0.5, "q": 0.5}
 
 
 def test_majority_vote_normalizes_and_breaks_ties_by_first_seen():

@@ -60,6 +60,11 @@ def group_by_problem(trajs: Iterable[Trajectory]) -> dict[Any, list[Trajectory]]
     return dict(groups)
 
 
+def per_problem_accuracy(trajs: Iterable[Trajectory]) -> dict[Any, float]:
+    """Share of correct samples per problem (keyed as ``group_by_problem`` keys them)."""
+    return {key: sum(t.correct for t in g) / len(g) for key, g in group_by_problem(trajs).items()}
+
+
 def mean_pass_at_k(groups: dict[Any, list[Trajectory]], k: int) -> float:
     """pass@k averaged over problems."""
     return sum(pass_at_k(len(g), sum(t.correct for t in g), k) for g in groups.values()) / len(groups)
@@ -71,8 +76,7 @@ def summarize(trajs: Sequence[Trajectory], ks: Sequence[int] = (1, 4, 8, 16)) ->
     if not groups:
         return {"problems": 0, "samples": 0}
     n_min = min(len(g) for g in groups.values())
-    per_problem = [sum(t.correct for t in g) / len(g) for g in groups.values()]
-    avg, ci = mean_ci95(per_problem)
+    avg, ci = mean_ci95(list(per_problem_accuracy(trajs).values()))
     out: dict[str, Any] = {
         "problems": len(groups),
         "samples": n_min,

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import math
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from ..eval.harness import read_trajectories
+from ..eval.metrics import mean_ci95, per_problem_accuracy
 from ..rl.metrics_log import read_metrics
 
 # (metrics.jsonl key, title) of the per-step curves; SFT stages contribute their loss.
@@ -73,28 +73,26 @@ def table(evals: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def paired_change(before: dict[str, float], after: dict[str, float]) -> tuple[float, float, int]:
+def eval_dir(out: Path, index: int, name: str) -> Path:
+    """Where a recipe run keeps the held-out evaluation after its ``index``-th stage (0: before any)."""
+    return out / "eval" / f"{index:02d}-{name}"
+
+
+def sampled_trajectories(out_dir: Path) -> Path:
+    """Where sampling problems into ``out_dir`` leaves its trajectories (the eval harness names the
+    folder after the problem file, ``problems.jsonl``)."""
+    return out_dir / "problems" / "trajectories.jsonl"
+
+
+def paired_change(before: dict[Any, float], after: dict[Any, float]) -> tuple[float, float, int]:
     """Mean change of per-problem accuracy from ``before`` to ``after`` over the problems both hold,
-    with the half-width of its 95% interval (normal approximation over problems): pairing each
-    problem with itself removes the spread in problem difficulty from the interval."""
-    common = sorted(before.keys() & after.keys())
-    n = len(common)
-    if not n:
+    with the half-width of its 95% interval: pairing each problem with itself removes the spread in
+    problem difficulty from the interval."""
+    common = before.keys() & after.keys()
+    if not common:
         raise ValueError("no problem was evaluated both times")
-    diffs = [after[p] - before[p] for p in common]
-    mean = sum(diffs) / n
-    var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
-    return mean, 1.96 * math.sqrt(var / n), n
-
-
-def per_problem_accuracy(trajectories: Path) -> dict[str, float]:
-    """Mean reward per problem in an evaluation's ``trajectories.jsonl``."""
-    rewards: dict[str, list[float]] = defaultdict(list)
-    for line in trajectories.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            t = json.loads(line)
-            rewards[t["problem"]].append(float(t.get("reward") or 0.0))
-    return {p: sum(r) / len(r) for p, r in rewards.items()}
+    mean, half = mean_ci95([after[p] - before[p] for p in common])
+    return mean, half, len(common)
 
 
 def rl_gain(out: Path, recipe: Any, evals: dict[str, Any]) -> str | None:
@@ -106,12 +104,10 @@ def rl_gain(out: Path, recipe: Any, evals: dict[str, Any]) -> str | None:
     first, last = rl[0], rl[-1]
     before = (names[first - 1], first) if first else ("start", 0)
     after = (names[last], last + 1)
-    folders = [
-        out / "eval" / f"{n:02d}-{name}" / "problems" / "trajectories.jsonl" for name, n in (before, after)
-    ]
-    if before[0] not in evals or after[0] not in evals or not all(f.exists() for f in folders):
+    files = [sampled_trajectories(eval_dir(out, n, name)) for name, n in (before, after)]
+    if before[0] not in evals or after[0] not in evals or not all(f.exists() for f in files):
         return None
-    change, half, n = paired_change(*(per_problem_accuracy(f) for f in folders))
+    change, half, n = paired_change(*(per_problem_accuracy(read_trajectories(f)[0]) for f in files))
     a, b = evals[before[0]]["pass@1"], evals[after[0]]["pass@1"]
     return (
         f"RL ({', '.join(names[i] for i in rl)}) took held-out accuracy from {_pct(a)} (after {before[0]}) "

@@ -169,12 +169,6 @@ def _rollout_setup(
     )
 
 
-def sampled_trajectories(out_dir: Path) -> Path:
-    """Where ``_sample`` into ``out_dir`` leaves its trajectories (the harness names the folder
-    after the problem file, ``problems.jsonl``)."""
-    return out_dir / "problems" / "trajectories.jsonl"
-
-
 async def _sample(
     setup, services: dict, rows: list[dict[str, Any]], samples: int, seed: int, out_dir: Path, progress: bool
 ) -> dict:
@@ -204,6 +198,7 @@ async def filter_problems(
     """The problems the current policy solves between ``min_solved`` and ``max_solved`` times of
     ``samples`` (the paper's last stage keeps those not solved every time)."""
     from ..eval.harness import read_trajectories
+    from .report import sampled_trajectories
 
     cfg = parse_config(stage_tree(recipe, stage, model_path=str(model_dir), train="-", out="-"))
     setup = _rollout_setup(
@@ -358,7 +353,7 @@ async def open_services(recipe: Recipe) -> AsyncIterator[dict[str, Any]]:
 
 async def _run(recipe: Recipe, out: Path, resume: bool, progress: bool, log: Callable[[str], None]) -> Path:
     from ..rl.checkpoint import latest_checkpoint
-    from .report import write_report
+    from .report import eval_dir, sampled_trajectories, write_report
 
     (out / "recipe.yaml").write_text(dump_config(recipe))
     state = _state(out)
@@ -370,7 +365,7 @@ async def _run(recipe: Recipe, out: Path, resume: bool, progress: bool, log: Cal
         if held_out and recipe.eval.before and "start" not in state["evals"]:
             log("[rstar2] evaluating the starting model on held-out problems")
             state["evals"]["start"] = await evaluate_model(
-                recipe, current, held_out, out / "eval" / "00-start", services, progress
+                recipe, current, held_out, eval_dir(out, 0, "start"), services, progress
             )
             _save_state(out, state)
         for n, stage in enumerate(recipe.stages, 1):
@@ -401,11 +396,11 @@ async def _run(recipe: Recipe, out: Path, resume: bool, progress: bool, log: Cal
             _save_state(out, state)
             if held_out:
                 state["evals"][stage.name] = await evaluate_model(
-                    recipe, current, held_out, out / "eval" / f"{n:02d}-{stage.name}", services, progress
+                    recipe, current, held_out, eval_dir(out, n, stage.name), services, progress
                 )
                 _save_state(out, state)
     last = recipe.stages[-1]
-    held_out_trajs = sampled_trajectories(out / "eval" / f"{len(recipe.stages):02d}-{last.name}")
+    held_out_trajs = sampled_trajectories(eval_dir(out, len(recipe.stages), last.name))
     if recipe.eval.entropy_trajectories and held_out_trajs.exists() and state.get("entropy") != str(current):
         # `rstar2 analyze entropy` of the final model on its own held-out trajectories (once per model)
         from ..analysis.report import analyze
