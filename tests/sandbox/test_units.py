@@ -44,3 +44,31 @@ def test_limits_merge_and_roundtrip():
     assert Limits.from_dict(limits.to_dict()) == limits
     r = ExecResult("ok", stdout="1")
     assert ExecResult.from_dict(r.to_dict()) == r and r.output == "1"
+
+
+def test_imported_modules_scan():
+    from rstar2.sandbox.worker import imported_modules
+
+    code = (
+        "import math, os.path as p\nfrom fractions import Fraction\n"
+        "if x: import numpy as np\ny = 1; import sympy\n# import scipy\ns = 'import torch'\n"
+        "from . import sibling\n"
+    )
+    assert imported_modules(code) == {"math", "os", "fractions", "numpy", "sympy", ""}
+    assert imported_modules("print(1+1)") == set()
+    assert imported_modules("m = __import__('numpy')") is None
+    assert imported_modules("import importlib\nimportlib.import_module('x')") is None
+
+
+def test_a_call_goes_to_the_light_zygote_only_if_it_imports_nothing_new():
+    from rstar2.sandbox.worker import fits_light, split_preload
+
+    light, full = split_preload(["math", "fractions", "numpy", "sympy", "rstar2.reward.equivalence"])
+    assert light == ["math", "fractions"] and full[-1] == "rstar2.reward.equivalence"
+    assert split_preload(["math", "json"]) == (["math", "json"], ["math", "json"])  # one zygote suffices
+    have = frozenset({"math", "fractions", "sys", "os"})
+    assert fits_light("from math import gcd\nprint(gcd(4, 6))", have)
+    assert fits_light("x = 2 ** 10", have)
+    assert not fits_light("import sympy\nprint(sympy.pi)", have)
+    assert not fits_light("import math\nimport statistics", have)  # not imported there yet
+    assert not fits_light("__import__('os')", have)  # dynamic: the full zygote

@@ -26,3 +26,28 @@ async def test_killed_worker_takes_its_call_with_it():
         assert result.status == "internal" and "replaced" in result.reason
         assert wait_no_sandbox_processes_except(before) == []
         assert (await pool.run("print('still serving')")).stdout == "still serving\n"
+
+
+async def test_calls_are_routed_by_what_they_import(pool):
+    light = await pool.run("import sys\nprint('sympy' in sys.modules)")
+    full = await pool.run("import sys, sympy\nprint('sympy' in sys.modules)")
+    assert (light.stdout, full.stdout) == ("False\n", "True\n")  # only the full zygote pre-imports sympy
+
+
+async def test_a_killed_zygote_fails_its_call_and_is_restarted():
+    before = set(sandbox_processes())
+    async with LocalPool(workers=1, limits=Limits(timeout_s=30), isolation=IsolationConfig()) as pool:
+        zygotes = {z["name"]: z["pid"] for z in pool.executors[0].hello["zygotes"]}
+        assert set(zygotes) == {"light", "full"}
+        call = asyncio.create_task(pool.run("import time\nprint('started', flush=True)\ntime.sleep(60)"))
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            if len(set(sandbox_processes()) - before) >= 1:
+                break
+        os.kill(zygotes["light"], signal.SIGKILL)
+        result = await asyncio.wait_for(call, 30)
+        assert result.status == "internal" and "light zygote was lost" in result.reason
+        assert result.stdout == "started\n"  # what it printed before is kept
+        assert wait_no_sandbox_processes_except(before) == []
+        assert (await pool.run("print('still serving')")).stdout == "still serving\n"
+        assert pool.executors[0].restarts == 0  # the worker itself was not replaced

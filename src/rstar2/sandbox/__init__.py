@@ -1,7 +1,31 @@
-"""Isolated, fast execution of model-written Python: local pool, HTTP service, Redis workers, client."""
+"""Isolated, fast execution of model-written Python: local pool, HTTP service, Redis workers, client.
 
-from .isolation import IsolationConfig
-from .pool import LocalPool
-from .result import STATUSES, ExecRequest, ExecResult, Limits
+Names are imported on first use, so the sandbox worker (``python -m rstar2.sandbox.zygote``) does not
+load the pool's asyncio machinery: every module a worker holds makes each forked call dearer.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __all__ = ["STATUSES", "ExecRequest", "ExecResult", "IsolationConfig", "Limits", "LocalPool"]
+_WHERE = {
+    "IsolationConfig": ".isolation",
+    "LocalPool": ".pool",
+    "STATUSES": ".result",
+    "ExecRequest": ".result",
+    "ExecResult": ".result",
+    "Limits": ".result",
+}
+
+if TYPE_CHECKING:
+    from .isolation import IsolationConfig
+    from .pool import LocalPool
+    from .result import STATUSES, ExecRequest, ExecResult, Limits
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

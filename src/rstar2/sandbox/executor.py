@@ -61,7 +61,11 @@ class Executor:
         }
         if self.preload is not None:
             cfg["preload"] = list(self.preload)
-        env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "VIRTUAL_ENV")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k in ("PATH", "PYTHONPATH", "LANG", "VIRTUAL_ENV", "RSTAR2_HUGE_PAGES")
+        }
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
         env.update(
@@ -75,7 +79,7 @@ class Executor:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "rstar2.sandbox.zygote",
+            "rstar2.sandbox.worker",
             json.dumps(cfg),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,

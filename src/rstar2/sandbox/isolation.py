@@ -25,7 +25,6 @@ import resource
 import signal
 import socket
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -82,13 +81,14 @@ class IsolationConfig:
 
 @dataclass
 class WorkerIsolation:
-    """The state a worker keeps after its one-time set-up; `child_setup` applies it per call."""
+    """The state a worker keeps after its one-time set-up; its zygotes inherit it and apply the
+    per-call layers in each forked child (`enter_private_fs`, then `drop_privileges`)."""
 
     config: IsolationConfig
     worker_index: int
     layers: dict[str, Layer] = field(default_factory=dict)
     pid_ns_fd: int | None = None
-    seccomp_program: bytes | None = None
+    seccomp_program: linux.SeccompProgram | None = None
     uid: int | None = None
     cgroup: CgroupPair | None = None
     fs_ready: bool = False
@@ -169,16 +169,16 @@ class WorkerIsolation:
                 pass
         if cfg.seccomp:
             try:
-                from .seccomp import build_program
-
-                self.seccomp_program = build_program()
+                self.seccomp_program = linux.SeccompProgram(_seccomp_program())
                 self.note(
-                    "seccomp", True, f"deny-list filter, {len(self.seccomp_program) // 8} BPF instructions"
+                    "seccomp", True, f"deny-list filter, {self.seccomp_program.size // 8} BPF instructions"
                 )
             except Exception as exc:  # noqa: BLE001 - libseccomp missing or unsupported arch
                 self.note("seccomp", False, f"unavailable: {exc}")
         if cfg.filesystem and flags & linux.CLONE_NEWNS:
             try:
+                import tempfile
+
                 self.root_dir = tempfile.mkdtemp(prefix="rstar2-root-")
                 _build_root(self.root_dir)
                 self.fs_ready = True
@@ -195,7 +195,7 @@ class WorkerIsolation:
         self.note("rlimits", True, "address space, CPU, processes, file size, open files, no core dumps")
         self.note("env", True, "allow-listed environment")
 
-    # ---------------------------------------------------------------- per call, in the zygote
+    # ---------------------------------------------------------------- per call, in a zygote
     def before_fork(self) -> None:
         """Make the next forked child the init of a fresh PID namespace."""
         if self.pid_ns_fd is not None:
@@ -211,11 +211,6 @@ class WorkerIsolation:
             self.cgroup.set_limits(limits)
 
     # ---------------------------------------------------------------- per call, in the child
-    def child_setup(self, limits: Limits) -> None:
-        """Runs in the forked child before the user's code: every per-call layer. Raises on failure."""
-        self.enter_private_fs(limits)
-        self.drop_privileges(limits)
-
     def enter_private_fs(self, limits: Limits, tmp_dir: str | None = None) -> None:
         """New session, private mount namespace with a fresh /tmp and /proc (needs privileges)."""
         if self.config.enabled:
@@ -239,10 +234,9 @@ class WorkerIsolation:
             os.chdir(tmp_dir)
 
     def drop_privileges(self, limits: Limits, tmp_dir: str | None = None) -> None:
-        """Limits, environment, unprivileged uid, seccomp: after this the code may run."""
+        """Limits, unprivileged uid, seccomp: after this the code may run. The environment is already
+        the safe one (`safe_environment`, once per zygote); only a per-call temp dir changes it."""
         set_rlimits(limits)
-        os.environ.clear()
-        os.environ.update(SAFE_ENV)
         if tmp_dir is not None and not self.fs_ready:
             os.environ["HOME"] = os.environ["TMPDIR"] = tmp_dir
         if self.uid is not None:
@@ -255,10 +249,46 @@ class WorkerIsolation:
         os.nice(10)
         if self.seccomp_program is not None:
             linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)
-            linux.load_seccomp_bpf(self.seccomp_program)
+            self.seccomp_program.install()
 
     def report(self) -> list[dict]:
         return [layer.to_dict() for layer in self.layers.values()]
+
+
+def safe_environment() -> None:
+    """Replace this process's environment with the allow-listed one (nothing of the service's)."""
+    os.environ.clear()
+    os.environ.update(SAFE_ENV)
+
+
+def _seccomp_program() -> bytes:
+    """Compile the deny-list in a short-lived child: libseccomp's Python binding imports ctypes.util,
+    subprocess and threading, and every module a worker holds makes each of its forks dearer."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            from .seccomp import build_program
+
+            data = b"+" + build_program()
+        except BaseException as exc:  # noqa: BLE001
+            data = b"-" + repr(exc).encode()
+        try:
+            while data:
+                data = data[os.write(w, data) :]
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 1 << 16):
+        chunks.append(chunk)
+    os.close(r)
+    os.waitpid(pid, 0)
+    data = b"".join(chunks)
+    if not data.startswith(b"+"):
+        raise RuntimeError(data[1:].decode(errors="replace") or "the seccomp compiler died")
+    return data[1:]
 
 
 def set_rlimits(limits: Limits, strict: bool = True) -> None:
@@ -386,11 +416,11 @@ class CgroupPair:
         ) as fh:
             return fh.read()
 
-    def kill_all_but(self, keep: int) -> None:
+    def kill_all_but(self, keep: set[int]) -> None:
         """Without a PID namespace: kill every process of the call that is still in our cgroup."""
         for _ in range(100):
             reap_ready()
-            pids = [int(x) for x in self._procs().split() if int(x) != keep]
+            pids = [int(x) for x in self._procs().split() if int(x) not in keep]
             if not pids:
                 return
             for pid in pids:

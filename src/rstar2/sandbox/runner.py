@@ -37,7 +37,9 @@ def format_exception(exc: BaseException) -> str:
     return "".join(te.format())
 
 
-def _fresh_stdio() -> None:
+def fresh_stdio() -> None:
+    """New text streams over fds 0-2. A zygote makes them once, after its imports and before its
+    first fork, so a call's child starts with clean, unused streams without building any."""
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="replace")
     sys.stdout = io.TextIOWrapper(
         io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=False
@@ -56,12 +58,14 @@ def _flush() -> None:
             pass
 
 
-def run_code(code: str, result_fd: int, namespace: dict | None = None) -> int:
+def run_code(code: str, result_fd: int, namespace: dict | None = None, new_stdio: bool = True) -> int:
     """Execute `code` (in `namespace`, or a fresh `__main__`) and report on `result_fd`.
 
-    Returns the exit code the process should end with. Called in a forked child only.
+    Returns the exit code the process should end with. Called in a forked child only; `new_stdio=False`
+    when the streams the child inherited are unused (see `fresh_stdio`).
     """
-    _fresh_stdio()
+    if new_stdio:
+        fresh_stdio()
     report: dict = {}
     exit_code = 0
     if namespace is None:
@@ -96,8 +100,9 @@ def run_code(code: str, result_fd: int, namespace: dict | None = None) -> int:
     _flush()
     if "value" in report and len(report["value"]) > 1 << 20:
         report["value"] = report["value"][: 1 << 19] + "..." + report["value"][-(1 << 19) :]
-    try:
-        os.write(result_fd, json.dumps(report).encode())
-    except OSError:
-        pass
+    if report:  # nothing to say is the common case: an empty result pipe reads as {}
+        try:
+            os.write(result_fd, json.dumps(report).encode())
+        except OSError:
+            pass
     return exit_code

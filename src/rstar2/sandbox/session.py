@@ -8,7 +8,8 @@ Process tree of one session, inside its own PID namespace:
 If the cell finishes (even by raising), C_{k+1} becomes the holder: it tells H_k to exit and kills
 whatever else the cell left running. If it crashes or times out, H_k kills it and stays: the session
 is exactly as it was before that cell. A cell costs one fork whatever k is (the released rStar2 code
-replays every earlier cell instead). The worker talks to the current holder over a SEQPACKET socket.
+replays every earlier cell instead). The init is forked by the worker's full zygote; the worker talks to
+the current holder over a SEQPACKET socket.
 """
 
 from __future__ import annotations
@@ -163,13 +164,10 @@ class SessionHandle:
     cells: int = 0
 
     def close(self) -> None:
+        """Kill the session's init (the whole namespace goes with it); its zygote reaps it."""
         try:
-            os.kill(self.pid, signal.SIGKILL)  # the init: the whole session's namespace goes with it
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
         except ProcessLookupError:
-            pass
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
             pass
         self.sock.close()
         os.close(self.pidfd)
