@@ -79,6 +79,16 @@ class IsolationConfig:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
+@dataclass(frozen=True)
+class CallPlan:
+    """What a call's child applies, worked out once per distinct `Limits` in the zygote: the child,
+    every page of which it writes is a copy, then does little but the system calls themselves."""
+
+    limits: Limits
+    rlimits: tuple[tuple[int, int], ...]  # (resource, value) not already in force in the zygote
+    tmp_options: bytes  # mount options of the call's /tmp
+
+
 @dataclass
 class WorkerIsolation:
     """The state a worker keeps after its one-time set-up; its zygotes inherit it and apply the
@@ -93,6 +103,7 @@ class WorkerIsolation:
     cgroup: CgroupPair | None = None
     fs_ready: bool = False
     root_dir: str | None = None
+    in_force: dict[int, int] = field(default_factory=dict)  # rlimits a zygote set on itself
 
     def note(self, name: str, active: bool, detail: str) -> None:
         self.layers[name] = Layer(name, active, detail)
@@ -195,11 +206,35 @@ class WorkerIsolation:
         self.note("rlimits", True, "address space, CPU, processes, file size, open files, no core dumps")
         self.note("env", True, "allow-listed environment")
 
-    # ---------------------------------------------------------------- per call, in a zygote
+    # ---------------------------------------------------------------- in a zygote
+    def zygote_setup(self, defaults: Limits) -> None:
+        """Once per zygote: what every call inherits instead of setting it itself. The limits that
+        cannot hurt the zygote (file size, open files, core dumps) and the lower CPU priority that
+        keeps a call's processes from starving the worker that enforces its timeout."""
+        if not self.config.enabled:
+            return
+        os.nice(10)
+        mb = 1024 * 1024
+        for res, value in (
+            (resource.RLIMIT_FSIZE, defaults.file_size_mb * mb),
+            (resource.RLIMIT_NOFILE, defaults.open_files),
+            (resource.RLIMIT_CORE, 0),
+        ):
+            try:
+                resource.setrlimit(res, (value, value))
+                self.in_force[res] = value
+            except (ValueError, OSError):
+                pass
+
+    def plan(self, limits: Limits) -> CallPlan:
+        uid = self.uid if self.uid is not None else 0
+        rlimits = tuple((res, v) for res, v in rlimit_values(limits) if self.in_force.get(res) != v)
+        return CallPlan(limits, rlimits, f"size={limits.tmp_mb}m,mode=0700,uid={uid},gid={uid}".encode())
+
     def before_fork(self) -> None:
-        """Make the next forked child the init of a fresh PID namespace."""
+        """Make the next forked child the init of a fresh PID namespace (`after_fork` of the previous
+        call restored this process's own namespace for children, which unshare requires)."""
         if self.pid_ns_fd is not None:
-            linux.setns(self.pid_ns_fd, linux.CLONE_NEWPID)
             linux.unshare(linux.CLONE_NEWPID)
 
     def after_fork(self) -> None:
@@ -211,18 +246,20 @@ class WorkerIsolation:
             self.cgroup.set_limits(limits)
 
     # ---------------------------------------------------------------- per call, in the child
-    def enter_private_fs(self, limits: Limits, tmp_dir: str | None = None) -> None:
+    def enter_private_fs(self, plan: CallPlan, tmp_dir: str | None = None) -> None:
         """New session, private mount namespace with a fresh /tmp and /proc (needs privileges)."""
         if self.config.enabled:
             os.setsid()
             if self.fs_ready:
                 linux.unshare(linux.CLONE_NEWNS)
-                uid = self.uid if self.uid is not None else 0
-                opts = f"size={limits.tmp_mb}m,mode=0700,uid={uid},gid={uid}"
-                linux.mount("tmpfs", "/tmp", "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, opts)
-                linux.mount("/tmp", "/dev/shm", None, linux.MS_BIND)
+                linux.mount_raw(
+                    b"tmpfs", b"/tmp", b"tmpfs", linux.MS_NOSUID | linux.MS_NODEV, plan.tmp_options
+                )
+                linux.mount_raw(b"/tmp", b"/dev/shm", None, linux.MS_BIND, None)
                 if self.pid_ns_fd is not None:
-                    linux.mount("proc", "/proc", "proc", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC)
+                    linux.mount_raw(
+                        b"proc", b"/proc", b"proc", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC, None
+                    )
                 os.chdir("/tmp")
             elif tmp_dir is not None:
                 os.chdir(tmp_dir)
@@ -233,20 +270,23 @@ class WorkerIsolation:
         elif tmp_dir is not None:
             os.chdir(tmp_dir)
 
-    def drop_privileges(self, limits: Limits, tmp_dir: str | None = None) -> None:
+    def drop_privileges(self, plan: CallPlan, tmp_dir: str | None = None) -> None:
         """Limits, unprivileged uid, seccomp: after this the code may run. The environment is already
         the safe one (`safe_environment`, once per zygote); only a per-call temp dir changes it."""
-        set_rlimits(limits)
+        for res, value in plan.rlimits:
+            try:
+                resource.setrlimit(res, (value, value))
+            except (ValueError, OSError):
+                if res != resource.RLIMIT_NPROC:
+                    raise
         if tmp_dir is not None and not self.fs_ready:
             os.environ["HOME"] = os.environ["TMPDIR"] = tmp_dir
         if self.uid is not None:
             os.setgroups([])
             os.setresgid(self.uid, self.uid, self.uid)
             os.setresuid(self.uid, self.uid, self.uid)
-        # Die with the worker (set after the uid change, which clears it), and yield the CPU to it:
-        # a worker starved by its own call's processes could not enforce the call's timeout.
+        # Die with the zygote, hence with the worker (set after the uid change, which clears it).
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-        os.nice(10)
         if self.seccomp_program is not None:
             linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)
             self.seccomp_program.install()
@@ -291,17 +331,21 @@ def _seccomp_program() -> bytes:
     return data[1:]
 
 
-def set_rlimits(limits: Limits, strict: bool = True) -> None:
-    """Apply the per-process limits. `strict=False` (a session cell) skips what cannot be raised."""
+def rlimit_values(limits: Limits) -> list[tuple[int, int]]:
     mb = 1024 * 1024
-    for res, value in (
+    return [
         (resource.RLIMIT_AS, limits.memory_mb * mb),
         (resource.RLIMIT_CPU, limits.effective_cpu_s()),
         (resource.RLIMIT_FSIZE, limits.file_size_mb * mb),
         (resource.RLIMIT_NOFILE, limits.open_files),
         (resource.RLIMIT_CORE, 0),
         (resource.RLIMIT_NPROC, limits.max_processes),
-    ):
+    ]
+
+
+def set_rlimits(limits: Limits, strict: bool = True) -> None:
+    """Apply the per-process limits. `strict=False` (a session cell) skips what cannot be raised."""
+    for res, value in rlimit_values(limits):
         try:
             resource.setrlimit(res, (value, value))
         except (ValueError, OSError):

@@ -69,6 +69,15 @@ def mount(
     )
 
 
+def mount_raw(
+    source: bytes | None, target: bytes, fstype: bytes | None, flags: int, data: bytes | None
+) -> None:
+    """`mount` with its arguments already encoded: a call's child does as little Python as it can."""
+    if _libc.mount(source, target, fstype, flags, data) == -1:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {target.decode()}: {os.strerror(err)}")
+
+
 def umount2(target: str, flags: int = 0) -> None:
     _check(_libc.umount2(target.encode(), ctypes.c_int(flags)), f"umount {target}")
 

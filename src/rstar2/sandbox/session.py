@@ -136,10 +136,11 @@ def holder_loop(sock: socket.socket, namespace: dict) -> None:
 def session_init(iso: WorkerIsolation, limits: Limits, sock: socket.socket) -> None:
     """The session's PID-namespace init: private /tmp, then the first holder; reaps until it is alone."""
     try:
-        iso.enter_private_fs(limits)
+        plan = iso.plan(limits)
+        iso.enter_private_fs(plan)
         pid = os.fork()
         if pid == 0:
-            iso.drop_privileges(limits)
+            iso.drop_privileges(plan)
             holder_loop(sock, {"__name__": "__main__", "__builtins__": builtins})
             os._exit(0)
         sock.close()

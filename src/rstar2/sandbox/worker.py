@@ -132,7 +132,7 @@ class ZygoteHandle:
             return False
         return not select.select([self.pidfd], [], [], 0)[0]
 
-    def start(self, iso: WorkerIsolation, proc_fd: int | None) -> None:
+    def start(self, iso: WorkerIsolation, defaults: Limits, proc_fd: int | None) -> None:
         self.stop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
@@ -141,7 +141,7 @@ class ZygoteHandle:
                 ours.close()
                 keep = {theirs.fileno(), *(fd for fd in (proc_fd, iso.pid_ns_fd) if fd is not None)}
                 _close_fds_except(keep)
-                serve(theirs, iso, self.modules, proc_fd)
+                serve(theirs, iso, self.modules, defaults, proc_fd)
             finally:
                 os._exit(INTERNAL_EXIT)
         theirs.close()
@@ -211,11 +211,23 @@ class Worker:
         self.full = ZygoteHandle("full", full)
         self.light = ZygoteHandle("light", light) if light != full else None
         self.devnull = os.open(os.devnull, os.O_RDONLY)
+        self._limits: dict[tuple, tuple[Limits, bytes]] = {}  # request overrides -> limits, their JSON
+
+    def limits_for(self, overrides: dict | None) -> tuple[Limits, bytes]:
+        """The call's limits (the defaults with the request's overrides) and their JSON, memoised."""
+        key = tuple(sorted((overrides or {}).items()))
+        hit = self._limits.get(key)
+        if hit is None:
+            if len(self._limits) > 256:
+                self._limits.clear()
+            limits = Limits.from_dict({**self.defaults.to_dict(), **dict(key)})
+            hit = self._limits[key] = (limits, json.dumps(limits.to_dict(), sort_keys=True).encode())
+        return hit
 
     def start(self) -> None:
         for zyg in (self.light, self.full):
             if zyg is not None:
-                zyg.start(self.iso, self.proc_fd)
+                zyg.start(self.iso, self.defaults, self.proc_fd)
 
     def zygote_pids(self) -> set[int]:
         return {z.pid for z in (self.light, self.full) if z is not None and z.pid}
@@ -229,11 +241,11 @@ class Worker:
             else self.full
         )
         if not zyg.alive:
-            zyg.start(self.iso, self.proc_fd)
+            zyg.start(self.iso, self.defaults, self.proc_fd)
         return zyg
 
     def run(self, req: dict) -> ExecResult:
-        limits = Limits.from_dict({**self.defaults.to_dict(), **(req.get("limits") or {})})
+        limits, _ = self.limits_for(req.get("limits"))
         if req.get("session_id"):
             return self.run_session(req, limits)
         if self.iso.fs_ready or not self.iso.config.enabled:
@@ -255,8 +267,8 @@ class Worker:
             zyg = self._zygote_for(code)
         except ZygoteLost as exc:
             return ExecResult.failure("internal", str(exc))
-        request = json.dumps({"code": code, "limits": limits.to_dict(), "tmp_dir": tmp_dir})
-        req_fd = _memfd("request", request.encode("utf-8", "surrogateescape"))
+        header = b"c" + self.limits_for(req.get("limits"))[1] + b"\0" + (tmp_dir or "").encode()
+        code_fd = _memfd("code", code.encode("utf-8", "surrogateescape"))
         text = req.get("input") or ""
         stdin_fd = _memfd("stdin", text.encode("utf-8", "surrogateescape")) if text else self.devnull
         out_r, out_w = os.pipe()
@@ -266,12 +278,12 @@ class Worker:
         cg = self.iso.cgroup
         oom_before = cg.oom_kills() if cg is not None else 0
         try:
-            pid, pidfd = zyg.fork(b"c", [req_fd, stdin_fd, out_w, err_w, res_w])
+            pid, pidfd = zyg.fork(header, [code_fd, stdin_fd, out_w, err_w, res_w])
         except ZygoteLost as exc:
             pid, pidfd, lost = -1, None, str(exc)
         else:
             lost = "fork failed"
-        for fd in (req_fd, out_w, err_w, res_w):
+        for fd in (code_fd, out_w, err_w, res_w):
             os.close(fd)
         if stdin_fd != self.devnull:
             os.close(stdin_fd)

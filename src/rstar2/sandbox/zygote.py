@@ -6,13 +6,14 @@ every page a process writes after a fork must be copied (and the worker's bookke
 hundreds): it receives a call's file descriptors, forks, hands the child's pidfd back, waits for the
 child and reports how it ended. Everything else (limits, capture, timeouts, results) is the worker's.
 
-A call's child reads its request (code and limits) from a memfd, enters the per-call isolation
-layers and runs the code (`runner.run_code`).
+A call's child reads its code from a memfd, enters the per-call isolation layers (planned by the
+zygote once per distinct set of limits) and runs the code (`runner.run_code`).
 
 Protocol on the SEQPACKET socket to the worker (one call at a time):
 
-    worker -> zygote   b"c" with fds [request, stdin, stdout, stderr, result]   run a call
-                       b"s" + limits JSON with fds [session socket]              start a session
+    worker -> zygote   b"c" + limits JSON + NUL + temp dir, with fds            run a call
+                           [code, stdin, stdout, stderr, result]
+                       b"s" + limits JSON, with fds [session socket]             start a session
     zygote -> worker   b"p" + pid with fds [pidfd]                               the child exists
                        b"x" + pid, wait status, CPU seconds                      a call's child ended
 """
@@ -30,7 +31,7 @@ import struct
 import sys
 
 from . import linux
-from .isolation import WorkerIsolation, reap_ready, safe_environment
+from .isolation import CallPlan, WorkerIsolation, reap_ready, safe_environment
 from .result import Limits
 from .runner import fresh_stdio, run_code
 from .session import session_init
@@ -84,11 +85,16 @@ def preload(modules: list[str]) -> list[str]:
     return loaded
 
 
-def serve(sock: socket.socket, iso: WorkerIsolation, modules: list[str], proc_fd: int | None) -> None:
+def serve(
+    sock: socket.socket, iso: WorkerIsolation, modules: list[str], defaults: Limits, proc_fd: int | None
+) -> None:
     """The zygote's life (never returns): warm up, say hello, then fork one child per request."""
+    plans: dict[bytes, CallPlan] = {}
+    sessions = 0
     try:
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
         loaded = preload(modules)
+        iso.zygote_setup(defaults)
         huge_pages = os.environ.get("RSTAR2_HUGE_PAGES", "1") != "0"
         safe_environment()
         gc.collect()
@@ -116,10 +122,18 @@ def serve(sock: socket.socket, iso: WorkerIsolation, modules: list[str], proc_fd
             os._exit(0)
         if not msg:  # the worker is gone or closed us
             os._exit(0)
-        reap_ready()  # sessions that ended since the last request
+        if sessions:
+            reap_ready()  # sessions that ended since the last request
         if msg[:1] == b"c" and len(fds) == 5:
-            _fork_call(sock, iso, fds)
+            key, _, tmp_dir = msg[1:].partition(b"\0")
+            plan = plans.get(key)
+            if plan is None:
+                if len(plans) > 64:
+                    plans.clear()
+                plan = plans[key] = iso.plan(Limits.from_dict(json.loads(key)))
+            _fork_call(sock, iso, plan, fds, tmp_dir.decode() or None)
         elif msg[:1] == b"s" and len(fds) == 1:
+            sessions += 1
             _fork_session(sock, iso, Limits.from_dict(json.loads(msg[1:])), fds[0])
         else:
             for fd in fds:
@@ -127,14 +141,16 @@ def serve(sock: socket.socket, iso: WorkerIsolation, modules: list[str], proc_fd
             sock.send(PID.pack(-1))
 
 
-def _fork_call(sock: socket.socket, iso: WorkerIsolation, fds: list[int]) -> None:
+def _fork_call(
+    sock: socket.socket, iso: WorkerIsolation, plan: CallPlan, fds: list[int], tmp_dir: str | None
+) -> None:
     iso.before_fork()
     try:
         pid = os.fork()
     except OSError:
         pid = -1
     if pid == 0:
-        _child(iso, fds)
+        _child(iso, plan, fds, tmp_dir)
     iso.after_fork()
     for fd in fds:
         os.close(fd)
@@ -148,18 +164,16 @@ def _fork_call(sock: socket.socket, iso: WorkerIsolation, fds: list[int]) -> Non
     sock.send(b"x" + ENDED.pack(pid, status, usage.ru_utime + usage.ru_stime))
 
 
-def _child(iso: WorkerIsolation, fds: list[int]) -> None:
+def _child(iso: WorkerIsolation, plan: CallPlan, fds: list[int], tmp_dir: str | None) -> None:
     """A call's process: fds become 0-3, isolation layers on, then the code. Never returns."""
     try:
-        req_fd = fds[0]
-        req = json.loads(os.pread(req_fd, os.fstat(req_fd).st_size, 0))  # before fd 3 is replaced
+        code_fd = fds[0]  # read before fd 3 is replaced: it may be fd 3
+        code = os.pread(code_fd, os.fstat(code_fd).st_size, 0).decode("utf-8", "surrogateescape")
         for target, fd in enumerate(fds[1:]):
             os.dup2(fd, target)
         os.closerange(4, 1 << 16)
-        limits = Limits.from_dict(req["limits"])
-        iso.enter_private_fs(limits, req.get("tmp_dir"))
-        iso.drop_privileges(limits, req.get("tmp_dir"))
-        code = req["code"]
+        iso.enter_private_fs(plan, tmp_dir)
+        iso.drop_privileges(plan, tmp_dir)
     except BaseException as exc:  # noqa: BLE001 - never run code half-isolated
         try:
             os.write(3, json.dumps({"internal": f"isolation set-up failed: {exc!r}"}).encode())
