@@ -148,22 +148,33 @@ class Executor:
             "session_id": req.session_id,
             "limits": {"timeout_s": limits.timeout_s, "memory_mb": limits.memory_mb},
         }
+        # A timer rather than asyncio.wait_for (a task per call): a worker that overruns is killed,
+        # which ends the read below.
+        proc = self.proc
+        overdue = asyncio.get_running_loop().call_later(limits.timeout_s + _GRACE_S, self._overdue, proc)
         try:
             self._send(msg)
-            reply = await asyncio.wait_for(self._recv(), limits.timeout_s + _GRACE_S)
+            reply = await self._recv()
             return ExecResult.from_dict(reply["result"])
-        except (asyncio.TimeoutError, WorkerDied, ConnectionError, OSError) as exc:
+        except (WorkerDied, ConnectionError, OSError) as exc:
             self.restarts += 1
+            what = "did not answer in time" if getattr(proc, "overdue", False) else type(exc).__name__
             await self._kill()
             self.proc = None
-            return ExecResult.failure(
-                "internal", f"sandbox worker {self.index} lost ({type(exc).__name__}); replaced"
-            )
+            return ExecResult.failure("internal", f"sandbox worker {self.index} lost ({what}); replaced")
         except asyncio.CancelledError:
             # the caller gave up mid-call: the worker's state is unknown, replace it
             await self._kill()
             self.proc = None
             raise
+        finally:
+            overdue.cancel()
+
+    @staticmethod
+    def _overdue(proc: asyncio.subprocess.Process | None) -> None:
+        if proc is not None and proc.returncode is None:
+            proc.overdue = True  # type: ignore[attr-defined]
+            proc.kill()
 
     def _send(self, obj: dict) -> None:
         assert self.proc is not None and self.proc.stdin is not None

@@ -46,6 +46,7 @@ SAFE_ENV = {
 }
 
 CGROUP_ROOT = "/sys/fs/cgroup"
+MEMORY_SLACK = 4 << 20  # a call's memory cap may be this far off its budget (saves a write per call)
 UID_BASE = 61000  # worker k runs calls as uid UID_BASE + k (unused range on Debian)
 
 
@@ -214,6 +215,8 @@ class WorkerIsolation:
         if not self.config.enabled:
             return
         os.nice(10)
+        if self.seccomp_program is not None:  # calls install the filter unprivileged, which needs this
+            linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)
         mb = 1024 * 1024
         for res, value in (
             (resource.RLIMIT_FSIZE, defaults.file_size_mb * mb),
@@ -255,7 +258,6 @@ class WorkerIsolation:
                 linux.mount_raw(
                     b"tmpfs", b"/tmp", b"tmpfs", linux.MS_NOSUID | linux.MS_NODEV, plan.tmp_options
                 )
-                linux.mount_raw(b"/tmp", b"/dev/shm", None, linux.MS_BIND, None)
                 if self.pid_ns_fd is not None:
                     linux.mount_raw(
                         b"proc", b"/proc", b"proc", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC, None
@@ -287,8 +289,7 @@ class WorkerIsolation:
             os.setresuid(self.uid, self.uid, self.uid)
         # Die with the zygote, hence with the worker (set after the uid change, which clears it).
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-        if self.seccomp_program is not None:
-            linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)
+        if self.seccomp_program is not None:  # no_new_privs is the zygote's, inherited
             self.seccomp_program.install()
 
     def report(self) -> list[dict]:
@@ -393,8 +394,9 @@ def _build_root(new: str) -> None:
         os.makedirs(target, exist_ok=True)
         linux.mount(real, target, None, linux.MS_BIND | linux.MS_REC)
         done.append(real)
-    for d in ("tmp", "proc", "dev", "dev/shm", "old"):
+    for d in ("tmp", "proc", "dev", "old"):
         os.makedirs(os.path.join(new, d), exist_ok=True)
+    os.symlink("/tmp", os.path.join(new, "dev/shm"))  # POSIX shared memory lands in the call's /tmp
     for dev in ("null", "zero", "random", "urandom"):
         target = os.path.join(new, "dev", dev)
         open(target, "w").close()
@@ -436,6 +438,8 @@ class CgroupPair:
         # view); cgroup.procs is opened afresh under it for each read: cgroup v1 keeps the pid list
         # of an open file for a second, so re-reading one open file can miss a new process.
         self._pids_dir_fd = os.open(pids_dir, os.O_RDONLY | os.O_DIRECTORY)
+        self._mem_written = self._pids_written = -(1 << 62)
+        self._oom_seen = self.oom_kills()
 
     @classmethod
     def create(cls, name: str) -> CgroupPair:
@@ -486,15 +490,26 @@ class CgroupPair:
 
     def set_limits(self, limits: Limits) -> None:
         """Memory: what the worker and its live sessions hold now, plus this call's budget (its
-        address space and its /tmp); pids: the worker, its sessions and this call's processes."""
+        address space and its /tmp); pids: the worker, its sessions and this call's processes.
+        A limit is rewritten only when it moved (memory: by more than `MEMORY_SLACK`)."""
         base = int(self._read(self._usage_fd))
         mem = base + (limits.memory_mb + limits.tmp_mb) * 1024 * 1024
-        procs = int(self._read(self._pids_current_fd))
+        pids = int(self._read(self._pids_current_fd)) + limits.max_processes + 1
         try:
-            os.pwrite(self._limit_fd, str(mem).encode(), 0)
-            os.pwrite(self._pids_fd, str(procs + limits.max_processes + 1).encode(), 0)
+            if abs(mem - self._mem_written) > MEMORY_SLACK:
+                os.pwrite(self._limit_fd, str(mem).encode(), 0)
+                self._mem_written = mem
+            if pids != self._pids_written:
+                os.pwrite(self._pids_fd, str(pids).encode(), 0)
+                self._pids_written = pids
         except OSError:
-            pass
+            self._mem_written = self._pids_written = -(1 << 62)
+
+    def new_oom_kills(self) -> int:
+        """OOM kills in this cgroup since the previous look (the worker looks after every call)."""
+        count = self.oom_kills()
+        new, self._oom_seen = count - self._oom_seen, count
+        return new
 
 
 def remove_cgroups(name: str) -> None:

@@ -36,12 +36,11 @@ class Limits:
         return self.cpu_s if self.cpu_s > 0 else int(self.timeout_s) + 1
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {name: getattr(self, name) for name in _LIMIT_FIELDS}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Limits:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return cls(**{k: v for k, v in data.items() if k in _LIMIT_FIELDS})
 
 
 @dataclass
@@ -97,16 +96,22 @@ class ExecResult:
         return self.value or ""
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        if not data["extra"]:
-            data.pop("extra")
+        """A JSON-ready dict (shallow: one result per call, so this is on the hot path)."""
+        data = {name: getattr(self, name) for name in _RESULT_FIELDS}
+        if data["extra"]:
+            data["extra"] = dict(data["extra"])
+        else:
+            del data["extra"]
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ExecResult:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return cls(**{k: v for k, v in data.items() if k in _RESULT_FIELDS})
 
     @classmethod
     def failure(cls, status: Status, reason: str, duration_s: float = 0.0) -> ExecResult:
         return cls(status=status, reason=reason, duration_s=duration_s)
+
+
+_LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(Limits))
+_RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(ExecResult))

@@ -126,12 +126,6 @@ class ZygoteHandle:
         self.hello: dict = {}
         self.light_modules: frozenset[str] = frozenset()
 
-    @property
-    def alive(self) -> bool:
-        if self.sock is None or self.pidfd is None:
-            return False
-        return not select.select([self.pidfd], [], [], 0)[0]
-
     def start(self, iso: WorkerIsolation, defaults: Limits, proc_fd: int | None) -> None:
         self.stop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -176,10 +170,12 @@ class ZygoteHandle:
             socket.send_fds(self.sock, [header], fds)
             msg, got, _, _ = socket.recv_fds(self.sock, 64, 1)
         except OSError as exc:
+            self.stop()
             raise ZygoteLost(f"the {self.name} zygote is gone ({exc})") from exc
         if len(msg) < 1 + PID.size or msg[:1] != b"p":
             for fd in got:
                 os.close(fd)
+            self.stop()
             raise ZygoteLost(f"the {self.name} zygote is gone")
         (pid,) = PID.unpack(msg[1 : 1 + PID.size])
         return (pid, got[0]) if pid > 0 and got else (-1, None)
@@ -240,9 +236,18 @@ class Worker:
             if light is not None and code is not None and fits_light(code, light.light_modules)
             else self.full
         )
-        if not zyg.alive:
+        if zyg.sock is None:  # never started, or found dead
             zyg.start(self.iso, self.defaults, self.proc_fd)
         return zyg
+
+    def _fork(self, zyg: ZygoteHandle, header: bytes, fds: list[int]) -> tuple[int, int | None]:
+        """Ask `zyg` for a child; a zygote found dead (it died since its last call) is started afresh
+        and asked once more."""
+        try:
+            return zyg.fork(header, fds)
+        except ZygoteLost:
+            zyg.start(self.iso, self.defaults, self.proc_fd)
+            return zyg.fork(header, fds)
 
     def run(self, req: dict) -> ExecResult:
         limits, _ = self.limits_for(req.get("limits"))
@@ -275,10 +280,8 @@ class Worker:
         err_r, err_w = os.pipe()
         res_r, res_w = os.pipe()
         self.iso.prepare_call(limits)
-        cg = self.iso.cgroup
-        oom_before = cg.oom_kills() if cg is not None else 0
         try:
-            pid, pidfd = zyg.fork(header, [code_fd, stdin_fd, out_w, err_w, res_w])
+            pid, pidfd = self._fork(zyg, header, [code_fd, stdin_fd, out_w, err_w, res_w])
         except ZygoteLost as exc:
             pid, pidfd, lost = -1, None, str(exc)
         else:
@@ -291,7 +294,7 @@ class Worker:
             for fd in (out_r, err_r, res_r):
                 os.close(fd)
             return ExecResult.failure("internal", lost)
-        return self._collect(zyg, pid, pidfd, limits, t0, out_r, err_r, res_r, oom_before)
+        return self._collect(zyg, pid, pidfd, limits, t0, out_r, err_r, res_r)
 
     def _collect(
         self,
@@ -303,7 +306,6 @@ class Worker:
         out_r: int,
         err_r: int,
         res_r: int,
-        oom_before: int,
     ) -> ExecResult:
         out, err, res = Capture(limits.output_bytes), Capture(limits.output_bytes), Capture(4 << 20)
         streams = {out_r: out, err_r: err, res_r: res}
@@ -354,6 +356,8 @@ class Worker:
             ended = _ended(zyg, pid) if ready else None
             if not ready:
                 zyg.stop()  # it does not answer: start afresh on the next call
+        if ended is None:  # its zygote was lost: make sure the call is gone too
+            _kill(pidfd)
         if self.iso.pid_ns_fd is None:  # without a PID namespace: end what the call left behind
             try:
                 os.killpg(pid, signal.SIGKILL)
@@ -364,7 +368,7 @@ class Worker:
             reap_ready()
         for fd in (*streams, pidfd):
             os.close(fd)
-        oom = self.iso.cgroup is not None and self.iso.cgroup.oom_kills() > oom_before
+        oom = self.iso.cgroup is not None and self.iso.cgroup.new_oom_kills() > 0
         if ended is None:
             result = self._result(limits, duration, out, err, res, None, killed, oom, None)
             if killed is None:
@@ -461,7 +465,8 @@ class Worker:
         cmd = {"op": "cell", "seq": handle.seq, "code": req["code"], "limits": limits.to_dict()}
         self.iso.prepare_call(limits)
         cg = self.iso.cgroup
-        oom_before = cg.oom_kills() if cg is not None else 0
+        if cg is not None:
+            cg.new_oom_kills()  # forget kills from before this cell
         try:
             socket.send_fds(handle.sock, [json.dumps(cmd).encode()], [stdin_fd, out_w, err_w, res_w])
         except OSError as exc:
@@ -538,7 +543,7 @@ class Worker:
         for fd in streams:
             os.close(fd)
         duration = time.monotonic() - t0
-        oom = cg is not None and cg.oom_kills() > oom_before
+        oom = cg is not None and cg.new_oom_kills() > 0
         if outcome is None:
             lost = True
         wstatus: int | None = None
@@ -569,7 +574,7 @@ class Worker:
         try:
             zyg = self._zygote_for(None)
             header = b"s" + json.dumps(limits.to_dict()).encode()
-            pid, pidfd = zyg.fork(header, [theirs.fileno()])
+            pid, pidfd = self._fork(zyg, header, [theirs.fileno()])
         except ZygoteLost as exc:
             ours.close()
             raise OSError(str(exc)) from exc

@@ -151,16 +151,20 @@ def _fork_call(
         pid = -1
     if pid == 0:
         _child(iso, plan, fds, tmp_dir)
-    iso.after_fork()
-    for fd in fds:
-        os.close(fd)
     if pid < 0:
+        iso.after_fork()
+        for fd in fds:
+            os.close(fd)
         sock.send(b"p" + PID.pack(-1))
         return
+    # As little as possible while the child lives: each page written now is copied (the child still
+    # shares it); after the child's end the same writes only re-enable the page.
     pidfd = os.pidfd_open(pid)
     socket.send_fds(sock, [b"p" + PID.pack(pid)], [pidfd])
-    os.close(pidfd)
     _, status, usage = os.wait4(pid, 0)
+    iso.after_fork()
+    for fd in (*fds, pidfd):
+        os.close(fd)
     sock.send(b"x" + ENDED.pack(pid, status, usage.ru_utime + usage.ru_stime))
 
 
