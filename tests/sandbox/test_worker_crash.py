@@ -51,3 +51,18 @@ async def test_a_killed_zygote_fails_its_call_and_is_restarted():
         assert wait_no_sandbox_processes_except(before) == []
         assert (await pool.run("print('still serving')")).stdout == "still serving\n"
         assert pool.executors[0].restarts == 0  # the worker itself was not replaced
+
+
+async def test_calls_queued_behind_a_crashed_worker_run_on_its_replacement():
+    async with LocalPool(workers=1, limits=Limits(timeout_s=30), isolation=IsolationConfig()) as pool:
+        assert pool.executors[0].depth == 2  # one call runs, the next waits in the worker's pipe
+        running = asyncio.create_task(pool.run("import time\nprint('started', flush=True)\ntime.sleep(60)"))
+        await asyncio.sleep(0.5)
+        queued = asyncio.create_task(pool.run("print(6 * 7)"))
+        await asyncio.sleep(0.5)
+        assert not queued.done()
+        os.kill(pool.executors[0].proc.pid, signal.SIGKILL)
+        first, second = await asyncio.wait_for(asyncio.gather(running, queued), 60)
+        assert first.status == "internal" and "replaced" in first.reason
+        assert (second.status, second.stdout) == ("ok", "42\n")  # sent again, answered once
+        assert pool.executors[0].restarts == 1

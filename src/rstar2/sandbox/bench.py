@@ -274,7 +274,7 @@ def calls_for(workload: str, in_flight: int, mode: str, quick: bool) -> int:
         return 8 if quick else 16
     if workload == "sympy" and mode == "baseline":
         return max(8, min(in_flight, 16 if quick else 32))  # a fresh interpreter importing sympy is slow
-    base = 100 if quick else 300
+    base = 100 if quick else 1000 if workload == "trivial" else 300  # trivial cells last under 2 s
     return max(base, 2 * in_flight)
 
 

@@ -1,8 +1,13 @@
 """The parent side of one pre-warmed worker: starts it, sends it calls, restarts it when it dies.
 
+Calls are pipelined: the pool keeps up to `depth` calls outstanding per worker, so the next request
+already waits in the worker's pipe when a call ends and the worker never idles on this process's
+round trip. The worker answers in order; one reader task matches answers to calls.
+
 The wall-clock limit is enforced by the worker (outside the child); this side adds a backstop: a
-worker that does not answer within the call's timeout plus a grace period is killed and replaced,
-and the call gets status ``internal`` instead of waiting forever.
+worker that does not answer within the running call's timeout plus a grace period is killed and
+replaced. When a worker dies, the call it was running gets status ``internal``; the calls queued
+behind it never started and are sent again to its replacement.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import json
 import os
 import struct
 import sys
+from collections import deque
+from dataclasses import dataclass, field
 
 from .isolation import IsolationConfig, remove_cgroups
 from .result import ExecRequest, ExecResult, Limits
@@ -20,10 +27,30 @@ from .result import ExecRequest, ExecResult, Limits
 _HEADER = struct.Struct("!I")
 _GRACE_S = 60.0  # on top of a call's timeout: the kernel tearing down a big process tree can be slow
 _START_TIMEOUT_S = 120.0
+_RETRY = object()  # the answer for a queued call whose worker died before it started
 
 
 class WorkerDied(RuntimeError):
     pass
+
+
+@dataclass
+class _Call:
+    id: int
+    timeout_s: float
+    future: asyncio.Future
+    timer: asyncio.TimerHandle | None = field(default=None)
+
+
+@dataclass
+class _Process:
+    """One worker process with its own queue of calls sent to it (a replacement gets a new one)."""
+
+    proc: asyncio.subprocess.Process
+    hello: dict
+    pending: deque[_Call] = field(default_factory=deque)  # sent, not answered, in the order sent
+    reader: asyncio.Task | None = None
+    lost: bool = False
 
 
 class Executor:
@@ -35,6 +62,7 @@ class Executor:
         preload: list[str] | None = None,
         max_sessions: int = 64,
         session_idle_s: float = 600.0,
+        depth: int = 2,
     ) -> None:
         self.index = index
         self.max_sessions = max_sessions
@@ -42,16 +70,26 @@ class Executor:
         self.limits = limits
         self.isolation = isolation
         self.preload = preload
-        self.proc: asyncio.subprocess.Process | None = None
+        self.depth = depth
         self.hello: dict = {}
-        self.lock = asyncio.Lock()
         self.restarts = 0
         self._ids = itertools.count()
+        self._start_lock = asyncio.Lock()
+        self._current: _Process | None = None
+
+    @property
+    def proc(self) -> asyncio.subprocess.Process | None:
+        """The live worker process, if any."""
+        cur = self._current
+        return cur.proc if cur is not None and not cur.lost else None
 
     # ------------------------------------------------------------------ life cycle
     async def start(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            return
+        async with self._start_lock:
+            if self.proc is None:
+                await self._spawn()
+
+    async def _spawn(self) -> None:
         cfg = {
             "index": self.index,
             "isolation": self.isolation.to_dict(),
@@ -76,7 +114,7 @@ class Executor:
                 "PYTHONDONTWRITEBYTECODE": "1",
             }
         )
-        self.proc = await asyncio.create_subprocess_exec(
+        proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "rstar2.sandbox.worker",
@@ -87,41 +125,44 @@ class Executor:
             limit=1 << 26,
         )
         try:
-            hello = await asyncio.wait_for(self._recv(), _START_TIMEOUT_S)
+            hello = await asyncio.wait_for(self._recv(proc), _START_TIMEOUT_S)
         except (asyncio.TimeoutError, WorkerDied) as exc:
-            await self._kill()
+            await self._kill(proc, {})
             raise RuntimeError(f"sandbox worker {self.index} failed to start: {exc!r}") from exc
         self.hello = hello
+        cur = self._current = _Process(proc, hello)
+        cur.reader = asyncio.create_task(self._read_answers(cur))
 
     async def close(self) -> None:
-        proc = self.proc
-        if proc is None:
+        cur, self._current = self._current, None
+        if cur is None:
             return
+        proc = cur.proc
         if proc.returncode is None:
             try:
-                self._send({"op": "exit"})
+                self._send(proc, {"op": "exit"})
                 await asyncio.wait_for(proc.wait(), 5)
             except Exception:  # noqa: BLE001
-                await self._kill()
-        self._cleanup()
-        self.proc = None
+                pass
+        if cur.reader is not None:
+            cur.reader.cancel()
+            await asyncio.gather(cur.reader, return_exceptions=True)
+        await self._kill(proc, cur.hello)
 
-    async def _kill(self) -> None:
-        proc = self.proc
-        if proc is not None and proc.returncode is None:
+    @staticmethod
+    async def _kill(proc: asyncio.subprocess.Process, hello: dict) -> None:
+        """End a worker process and remove what it leaves on the host (its cgroup, its root dir)."""
+        if proc.returncode is None:
             try:
                 proc.kill()
             except ProcessLookupError:
                 pass
             await proc.wait()
-        self._cleanup()
-
-    def _cleanup(self) -> None:
-        if self.hello.get("cgroup"):
-            remove_cgroups(self.hello["cgroup"])
-        if self.hello.get("root_dir"):
+        if hello.get("cgroup"):
+            remove_cgroups(hello["cgroup"])
+        if hello.get("root_dir"):
             try:
-                os.rmdir(self.hello["root_dir"])
+                os.rmdir(hello["root_dir"])
             except OSError:
                 pass
 
@@ -131,61 +172,96 @@ class Executor:
 
     # ------------------------------------------------------------------ calls
     async def run(self, req: ExecRequest) -> ExecResult:
-        async with self.lock:
-            return await self._run_locked(req)
-
-    async def _run_locked(self, req: ExecRequest) -> ExecResult:
         limits = self.limits.merged(req.timeout_s, req.memory_mb)
-        try:
-            await self.start()
-        except RuntimeError as exc:
-            return ExecResult.failure("internal", str(exc))
         msg = {
             "op": "run",
-            "id": next(self._ids),
             "code": req.code,
             "input": req.input,
             "session_id": req.session_id,
             "limits": {"timeout_s": limits.timeout_s, "memory_mb": limits.memory_mb},
         }
-        # A timer rather than asyncio.wait_for (a task per call): a worker that overruns is killed,
-        # which ends the read below.
-        proc = self.proc
-        overdue = asyncio.get_running_loop().call_later(limits.timeout_s + _GRACE_S, self._overdue, proc)
-        try:
-            self._send(msg)
-            reply = await self._recv()
-            return ExecResult.from_dict(reply["result"])
-        except (WorkerDied, ConnectionError, OSError) as exc:
-            self.restarts += 1
-            what = "did not answer in time" if getattr(proc, "overdue", False) else type(exc).__name__
-            await self._kill()
-            self.proc = None
-            return ExecResult.failure("internal", f"sandbox worker {self.index} lost ({what}); replaced")
-        except asyncio.CancelledError:
-            # the caller gave up mid-call: the worker's state is unknown, replace it
-            await self._kill()
-            self.proc = None
-            raise
-        finally:
-            overdue.cancel()
+        while True:
+            try:
+                await self.start()
+            except RuntimeError as exc:
+                return ExecResult.failure("internal", str(exc))
+            cur = self._current
+            assert cur is not None
+            call = _Call(next(self._ids), limits.timeout_s, asyncio.get_running_loop().create_future())
+            msg["id"] = call.id
+            cur.pending.append(call)
+            if len(cur.pending) == 1:
+                self._arm(call, cur.proc)
+            try:
+                self._send(cur.proc, msg)
+            except (ConnectionError, OSError):
+                pass  # the reader finds the worker dead and answers this call
+            # A caller that gives up leaves the call to finish; its answer is then dropped.
+            answer = await asyncio.shield(call.future)
+            if answer is not _RETRY:
+                return answer
+
+    def _arm(self, call: _Call, proc: asyncio.subprocess.Process) -> None:
+        """The backstop for the call now running: kill the worker if it overruns."""
+        loop = asyncio.get_running_loop()
+        call.timer = loop.call_later(call.timeout_s + _GRACE_S, self._overdue, proc)
 
     @staticmethod
-    def _overdue(proc: asyncio.subprocess.Process | None) -> None:
-        if proc is not None and proc.returncode is None:
+    def _overdue(proc: asyncio.subprocess.Process) -> None:
+        if proc.returncode is None:
             proc.overdue = True  # type: ignore[attr-defined]
             proc.kill()
 
-    def _send(self, obj: dict) -> None:
-        assert self.proc is not None and self.proc.stdin is not None
-        data = json.dumps(obj).encode()
-        self.proc.stdin.write(_HEADER.pack(len(data)) + data)
-
-    async def _recv(self) -> dict:
-        assert self.proc is not None and self.proc.stdout is not None
+    async def _read_answers(self, cur: _Process) -> None:
+        """Match the worker's answers (in order) to the pending calls, until the worker is gone."""
+        proc, pending = cur.proc, cur.pending
         try:
-            header = await self.proc.stdout.readexactly(_HEADER.size)
+            while True:
+                reply = await self._recv(proc)
+                if not pending:
+                    raise WorkerDied("an answer nobody asked for")
+                call = pending.popleft()
+                if call.timer is not None:
+                    call.timer.cancel()
+                if reply.get("id") != call.id:
+                    raise WorkerDied(f"answer {reply.get('id')} for call {call.id}")
+                if not call.future.done():
+                    call.future.set_result(ExecResult.from_dict(reply["result"]))
+                if pending:
+                    self._arm(pending[0], proc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the worker died or broke the protocol
+            what = "did not answer in time" if getattr(proc, "overdue", False) else type(exc).__name__
+            await self._worker_lost(cur, what)
+
+    async def _worker_lost(self, cur: _Process, what: str) -> None:
+        cur.lost = True  # from now on calls go to a replacement
+        self.restarts += 1
+        for i, call in enumerate(cur.pending):
+            if call.timer is not None:
+                call.timer.cancel()
+            if call.future.done():
+                continue
+            if i == 0:  # the call it was running
+                reason = f"sandbox worker {self.index} lost ({what}); replaced"
+                call.future.set_result(ExecResult.failure("internal", reason))
+            else:  # never started: its caller sends it again
+                call.future.set_result(_RETRY)
+        cur.pending.clear()
+        await self._kill(cur.proc, cur.hello)
+
+    @staticmethod
+    def _send(proc: asyncio.subprocess.Process, obj: dict) -> None:
+        assert proc.stdin is not None
+        data = json.dumps(obj).encode()
+        proc.stdin.write(_HEADER.pack(len(data)) + data)
+
+    async def _recv(self, proc: asyncio.subprocess.Process) -> dict:
+        assert proc.stdout is not None
+        try:
+            header = await proc.stdout.readexactly(_HEADER.size)
             (size,) = _HEADER.unpack(header)
-            return json.loads(await self.proc.stdout.readexactly(size))
+            return json.loads(await proc.stdout.readexactly(size))
         except asyncio.IncompleteReadError as exc:
             raise WorkerDied(f"worker {self.index} exited") from exc

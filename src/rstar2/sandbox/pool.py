@@ -54,7 +54,8 @@ class LocalPool:
             return self
         self._queue = asyncio.Queue(self.queue_size)
         await asyncio.gather(*(ex.start() for ex in self.executors))
-        self._tasks = [asyncio.create_task(self._work(ex)) for ex in self.executors]
+        # `depth` takers per worker: the next call is already in the worker's pipe when one ends
+        self._tasks = [asyncio.create_task(self._work(ex)) for ex in self.executors for _ in range(ex.depth)]
         return self
 
     async def close(self) -> None:
