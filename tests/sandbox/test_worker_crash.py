@@ -66,3 +66,15 @@ async def test_calls_queued_behind_a_crashed_worker_run_on_its_replacement():
         assert first.status == "internal" and "replaced" in first.reason
         assert (second.status, second.stdout) == ("ok", "42\n")  # sent again, answered once
         assert pool.executors[0].restarts == 1
+
+
+async def test_a_call_queued_behind_a_slow_one_is_handed_to_another_worker():
+    async with LocalPool(workers=2, limits=Limits(timeout_s=30), isolation=IsolationConfig()) as pool:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        slow = asyncio.create_task(pool.run("import time\ntime.sleep(5)\nprint('slow')"))
+        quick = [asyncio.create_task(pool.run(f"print({i})")) for i in range(12)]
+        results = await asyncio.wait_for(asyncio.gather(*quick), 30)
+        assert [r.stdout for r in results] == [f"{i}\n" for i in range(12)]
+        assert loop.time() - t0 < 4.0 and not slow.done()  # none waited for the slow call
+        assert (await slow).stdout == "slow\n"

@@ -2,7 +2,8 @@
 
 Calls are pipelined: the pool keeps up to `depth` calls outstanding per worker, so the next request
 already waits in the worker's pipe when a call ends and the worker never idles on this process's
-round trip. The worker answers in order; one reader task matches answers to calls.
+round trip. A request queued behind a call that runs long is handed back unstarted by the worker
+(`worker.Inbox`) and the pool gives it to another worker. One reader task matches answers to calls.
 
 The wall-clock limit is enforced by the worker (outside the child); this side adds a backstop: a
 worker that does not answer within the running call's timeout plus a grace period is killed and
@@ -18,7 +19,6 @@ import json
 import os
 import struct
 import sys
-from collections import deque
 from dataclasses import dataclass, field
 
 from .isolation import IsolationConfig, remove_cgroups
@@ -28,6 +28,7 @@ _HEADER = struct.Struct("!I")
 _GRACE_S = 60.0  # on top of a call's timeout: the kernel tearing down a big process tree can be slow
 _START_TIMEOUT_S = 120.0
 _RETRY = object()  # the answer for a queued call whose worker died before it started
+_RETURNED = object()  # the answer for a queued call the worker handed back unstarted
 
 
 class WorkerDied(RuntimeError):
@@ -48,7 +49,7 @@ class _Process:
 
     proc: asyncio.subprocess.Process
     hello: dict
-    pending: deque[_Call] = field(default_factory=deque)  # sent, not answered, in the order sent
+    pending: dict[int, _Call] = field(default_factory=dict)  # sent, not answered, in the order sent
     reader: asyncio.Task | None = None
     lost: bool = False
 
@@ -137,6 +138,7 @@ class Executor:
         cur, self._current = self._current, None
         if cur is None:
             return
+        cur.lost = True  # closing: its end is no loss
         proc = cur.proc
         if proc.returncode is None:
             try:
@@ -171,7 +173,9 @@ class Executor:
         return list(self.hello.get("layers", []))
 
     # ------------------------------------------------------------------ calls
-    async def run(self, req: ExecRequest) -> ExecResult:
+    async def run(self, req: ExecRequest, may_return: bool = False) -> ExecResult | None:
+        """Run one call. With `may_return`, None means the worker handed the call back unstarted
+        (it was queued behind a slow one): the caller should give it to another worker."""
         limits = self.limits.merged(req.timeout_s, req.memory_mb)
         msg = {
             "op": "run",
@@ -189,7 +193,7 @@ class Executor:
             assert cur is not None
             call = _Call(next(self._ids), limits.timeout_s, asyncio.get_running_loop().create_future())
             msg["id"] = call.id
-            cur.pending.append(call)
+            cur.pending[call.id] = call
             if len(cur.pending) == 1:
                 self._arm(call, cur.proc)
             try:
@@ -198,8 +202,17 @@ class Executor:
                 pass  # the reader finds the worker dead and answers this call
             # A caller that gives up leaves the call to finish; its answer is then dropped.
             answer = await asyncio.shield(call.future)
-            if answer is not _RETRY:
+            if answer is _RETURNED and may_return:
+                return None
+            if answer is not _RETRY and answer is not _RETURNED:
                 return answer
+
+    async def running_call_ended(self) -> None:
+        """Wait until the call the worker is running now has ended (or the worker is gone)."""
+        cur = self._current
+        head = next(iter(cur.pending.values()), None) if cur is not None else None
+        if head is not None:
+            await asyncio.wait([head.future])
 
     def _arm(self, call: _Call, proc: asyncio.subprocess.Process) -> None:
         """The backstop for the call now running: kill the worker if it overruns."""
@@ -213,32 +226,35 @@ class Executor:
             proc.kill()
 
     async def _read_answers(self, cur: _Process) -> None:
-        """Match the worker's answers (in order) to the pending calls, until the worker is gone."""
+        """Match the worker's answers to the pending calls, until the worker is gone. The oldest
+        pending call is the one running; calls behind it are answered in order, or handed back."""
         proc, pending = cur.proc, cur.pending
         try:
             while True:
                 reply = await self._recv(proc)
-                if not pending:
-                    raise WorkerDied("an answer nobody asked for")
-                call = pending.popleft()
+                head = next(iter(pending), None)
+                call = pending.pop(reply.get("id"), None)
+                if call is None:
+                    raise WorkerDied(f"an answer nobody asked for ({reply.get('id')})")
                 if call.timer is not None:
                     call.timer.cancel()
-                if reply.get("id") != call.id:
-                    raise WorkerDied(f"answer {reply.get('id')} for call {call.id}")
                 if not call.future.done():
-                    call.future.set_result(ExecResult.from_dict(reply["result"]))
-                if pending:
-                    self._arm(pending[0], proc)
+                    returned = reply.get("op") == "returned"
+                    call.future.set_result(_RETURNED if returned else ExecResult.from_dict(reply["result"]))
+                if call.id == head and pending:
+                    self._arm(pending[next(iter(pending))], proc)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the worker died or broke the protocol
+            if cur.lost:  # closed on purpose
+                return
             what = "did not answer in time" if getattr(proc, "overdue", False) else type(exc).__name__
             await self._worker_lost(cur, what)
 
     async def _worker_lost(self, cur: _Process, what: str) -> None:
         cur.lost = True  # from now on calls go to a replacement
         self.restarts += 1
-        for i, call in enumerate(cur.pending):
+        for i, call in enumerate(cur.pending.values()):
             if call.timer is not None:
                 call.timer.cancel()
             if call.future.done():

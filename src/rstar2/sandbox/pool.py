@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 import zlib
@@ -41,7 +42,8 @@ class LocalPool:
             Executor(i, self.limits, self.isolation, preload, per_worker, session_idle_s)
             for i in range(self.size)
         ]
-        self._queue: asyncio.Queue | None = None
+        self._queue: asyncio.PriorityQueue | None = None  # (0 handed back / 1 new, seq, call)
+        self._seq = itertools.count()
         self._tasks: list[asyncio.Task] = []
         self._closed = False
         self.in_flight = 0
@@ -52,7 +54,7 @@ class LocalPool:
     async def start(self) -> LocalPool:
         if self._queue is not None:
             return self
-        self._queue = asyncio.Queue(self.queue_size)
+        self._queue = asyncio.PriorityQueue(self.queue_size)
         await asyncio.gather(*(ex.start() for ex in self.executors))
         # `depth` takers per worker: the next call is already in the worker's pipe when one ends
         self._tasks = [asyncio.create_task(self._work(ex)) for ex in self.executors for _ in range(ex.depth)]
@@ -96,17 +98,21 @@ class LocalPool:
             ex = self.executors[zlib.crc32(req.session_id.encode()) % self.size]
             return await self._execute(ex, req, time.monotonic())
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        await self._queue.put((req, fut, time.monotonic()))
+        await self._queue.put((1, next(self._seq), (req, fut, time.monotonic())))
         return await fut
 
-    async def _execute(self, ex: Executor, req: ExecRequest, enqueued: float) -> ExecResult:
+    async def _execute(
+        self, ex: Executor, req: ExecRequest, enqueued: float, may_return: bool = False
+    ) -> ExecResult | None:
         self.in_flight += 1
         try:
-            result = await ex.run(req)
+            result = await ex.run(req, may_return)
         except Exception as exc:  # noqa: BLE001 - never lose a call
             result = ExecResult.failure("internal", f"pool error: {exc!r}")
         finally:
             self.in_flight -= 1
+        if result is None:  # handed back unstarted: the caller re-queues it
+            return None
         self.counts[result.status] += 1
         for observe in self.latency_observers:
             observe(result, time.monotonic() - enqueued)
@@ -118,12 +124,16 @@ class LocalPool:
     async def _work(self, ex: Executor) -> None:
         assert self._queue is not None
         while True:
-            req, fut, enqueued = await self._queue.get()
+            _, _, item = await self._queue.get()
+            req, fut, enqueued = item
             try:
                 if fut.done():  # the caller was cancelled while waiting
                     continue
-                result = await self._execute(ex, req, enqueued)
-                if not fut.done():
+                result = await self._execute(ex, req, enqueued, may_return=True)
+                if result is None:  # queued behind a slow call and handed back: next in line for
+                    await self._queue.put((0, next(self._seq), item))  # another worker; this
+                    await ex.running_call_ended()  # one takes no more while the slow call runs
+                elif not fut.done():
                     fut.set_result(result)
             finally:
                 self._queue.task_done()

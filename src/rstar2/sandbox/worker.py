@@ -24,6 +24,7 @@ import socket
 import struct
 import sys
 import time
+from collections import deque
 
 from . import linux
 from .capture import Capture, cut_middle
@@ -65,6 +66,40 @@ def _read_exact(fd: int, size: int) -> bytes | None:
             return None
         chunks += chunk
     return bytes(chunks)
+
+
+class Inbox:
+    """Requests from the executor, which keeps up to two outstanding per worker. While a call runs,
+    the next request is read ahead; if the running call turns out slow (`HAND_BACK_S`), a queued
+    call (not a session's) is handed back unstarted so that another worker takes it."""
+
+    HAND_BACK_S = 0.05
+
+    def __init__(self, rfd: int, wfd: int) -> None:
+        self.rfd, self.wfd = rfd, wfd
+        self.backlog: deque[dict | None] = deque()  # None: the executor closed the pipe
+
+    def next(self) -> dict | None:
+        return self.backlog.popleft() if self.backlog else recv_msg(self.rfd)
+
+    @property
+    def open(self) -> bool:
+        return not self.backlog or self.backlog[-1] is not None
+
+    def read_one(self) -> None:
+        self.backlog.append(recv_msg(self.rfd))
+
+    def can_hand_back(self) -> bool:
+        return any(m is not None and m.get("op") == "run" and not m.get("session_id") for m in self.backlog)
+
+    def hand_back(self) -> None:
+        keep: deque[dict | None] = deque()
+        for msg in self.backlog:
+            if msg is not None and msg.get("op") == "run" and not msg.get("session_id"):
+                send_msg(self.wfd, {"op": "returned", "id": msg.get("id")})
+            else:
+                keep.append(msg)
+        self.backlog = keep
 
 
 # ----------------------------------------------------------------------------- routing
@@ -198,7 +233,9 @@ class Worker:
         sessions: SessionTable,
         modules: list[str],
         proc_fd: int | None,
+        inbox: Inbox | None = None,
     ) -> None:
+        self.inbox = inbox
         self.iso = iso
         self.defaults = defaults
         self.sessions = sessions
@@ -314,6 +351,11 @@ class Worker:
         poller = select.poll()
         for fd in (*streams, ctl):
             poller.register(fd, select.POLLIN)
+        inbox = self.inbox
+        reading = inbox is not None and inbox.open
+        if reading:
+            poller.register(inbox.rfd, select.POLLIN)
+        hand_back_at = t0 + Inbox.HAND_BACK_S
         deadline = t0 + limits.timeout_s
         hard_limit = int(limits.max_output_mb * 1024 * 1024)
         killed: str | None = None
@@ -328,6 +370,11 @@ class Worker:
                 wait = 2.0
             else:
                 wait = deadline - now
+            if inbox is not None and inbox.backlog and exited_at is None:
+                if now >= hand_back_at and inbox.can_hand_back():
+                    inbox.hand_back()
+                elif inbox.can_hand_back():
+                    wait = min(wait, max(hand_back_at - now, 0.001))
             if wait <= 0:
                 if exited_at is not None or killed is not None:
                     break
@@ -335,6 +382,11 @@ class Worker:
                 _kill(pidfd)
                 continue
             for fd, _ in poller.poll(wait * 1000):
+                if inbox is not None and fd == inbox.rfd:
+                    inbox.read_one()
+                    if not inbox.open or len(inbox.backlog) >= 8:
+                        poller.unregister(fd)  # closed, or enough read ahead
+                    continue
                 if fd == ctl:
                     exited_at = time.monotonic()
                     poller.unregister(ctl)
@@ -636,7 +688,8 @@ def main(argv: list[str]) -> int:
     iso.setup()
     sessions = SessionTable(int(cfg.get("max_sessions", 64)), float(cfg.get("session_idle_s", 600)))
     modules = list(cfg.get("preload", PRELOAD))
-    worker = Worker(iso, Limits.from_dict(cfg.get("limits", {})), sessions, modules, proc_fd)
+    inbox = Inbox(rfd, wfd)
+    worker = Worker(iso, Limits.from_dict(cfg.get("limits", {})), sessions, modules, proc_fd, inbox)
     worker.start()
     zygotes = [z for z in (worker.light, worker.full) if z is not None]
     send_msg(
@@ -655,7 +708,7 @@ def main(argv: list[str]) -> int:
         },
     )
     while True:
-        msg = recv_msg(rfd)
+        msg = inbox.next()
         sessions.expire(time.monotonic())
         if msg is None or msg.get("op") == "exit":
             return 0
