@@ -164,3 +164,12 @@ def collapse_anonymous_memory(maps: str) -> int:
         if hi > lo and _libc.madvise(lo, hi - lo, MADV_COLLAPSE) == 0:
             done += hi - lo
     return done
+
+
+def close_fds_except(keep: set[int]) -> None:
+    """Close every descriptor from 3 up except those in `keep` (a freshly forked helper's clean-up)."""
+    low = 3
+    for fd in sorted(k for k in keep if k >= 3):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 16)

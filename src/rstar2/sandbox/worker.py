@@ -141,14 +141,6 @@ class ZygoteLost(RuntimeError):
     pass
 
 
-def _close_fds_except(keep: set[int]) -> None:
-    low = 3
-    for fd in sorted(k for k in keep if k >= 3):
-        os.closerange(low, fd)
-        low = fd + 1
-    os.closerange(low, 1 << 16)
-
-
 class ZygoteHandle:
     """The worker's side of one zygote: starts it, asks it to fork, restarts it when it died."""
 
@@ -169,7 +161,7 @@ class ZygoteHandle:
             try:
                 ours.close()
                 keep = {theirs.fileno(), *(fd for fd in (proc_fd, iso.pid_ns_fd) if fd is not None)}
-                _close_fds_except(keep)
+                linux.close_fds_except(keep)
                 serve(theirs, iso, self.modules, defaults, proc_fd)
             finally:
                 os._exit(INTERNAL_EXIT)

@@ -202,7 +202,7 @@ def _fork_session(sock: socket.socket, iso: WorkerIsolation, limits: Limits, the
             for target in (0, 1, 2):
                 os.dup2(null, target)
             ctl = fcntl.fcntl(theirs, fcntl.F_DUPFD, 10)  # clear of fds 0-3, which every cell replaces
-            _close_all_but(ctl)
+            linux.close_fds_except({ctl})
             session_init(iso, limits, socket.socket(fileno=ctl))
         finally:
             os._exit(INTERNAL_EXIT)
@@ -214,11 +214,6 @@ def _fork_session(sock: socket.socket, iso: WorkerIsolation, limits: Limits, the
     pidfd = os.pidfd_open(pid)
     socket.send_fds(sock, [b"p" + PID.pack(pid)], [pidfd])
     os.close(pidfd)
-
-
-def _close_all_but(fd: int) -> None:
-    os.closerange(3, fd)
-    os.closerange(fd + 1, 1 << 16)
 
 
 def _collapse(proc_fd: int) -> int:
