@@ -8,7 +8,7 @@ round trip. A request queued behind a call that runs long is handed back unstart
 The wall-clock limit is enforced by the worker (outside the child); this side adds a backstop: a
 worker that does not answer within the running call's timeout plus a grace period is killed and
 replaced. When a worker dies, the call it was running gets status ``internal``; the calls queued
-behind it never started and are sent again to its replacement.
+behind it never started and go again (through the pool, to whichever worker is free).
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from .result import ExecRequest, ExecResult, Limits
 _HEADER = struct.Struct("!I")
 _GRACE_S = 60.0  # on top of a call's timeout: the kernel tearing down a big process tree can be slow
 _START_TIMEOUT_S = 120.0
-_RETRY = object()  # the answer for a queued call whose worker died before it started
-_RETURNED = object()  # the answer for a queued call the worker handed back unstarted
+_UNSTARTED = object()  # the answer for a queued call handed back, or whose worker died before it
 
 
 class WorkerDied(RuntimeError):
@@ -174,8 +173,9 @@ class Executor:
 
     # ------------------------------------------------------------------ calls
     async def run(self, req: ExecRequest, may_return: bool = False) -> ExecResult | None:
-        """Run one call. With `may_return`, None means the worker handed the call back unstarted
-        (it was queued behind a slow one): the caller should give it to another worker."""
+        """Run one call. With `may_return`, None means the call came back unstarted (queued behind a
+        slow one, or behind one whose worker died): the caller should give it to another worker.
+        Without, it is sent again here."""
         limits = self.limits.merged(req.timeout_s, req.memory_mb)
         msg = {
             "op": "run",
@@ -202,10 +202,10 @@ class Executor:
                 pass  # the reader finds the worker dead and answers this call
             # A caller that gives up leaves the call to finish; its answer is then dropped.
             answer = await asyncio.shield(call.future)
-            if answer is _RETURNED and may_return:
-                return None
-            if answer is not _RETRY and answer is not _RETURNED:
+            if answer is not _UNSTARTED:
                 return answer
+            if may_return:
+                return None
 
     async def running_call_ended(self) -> None:
         """Wait until the call the worker is running now has ended (or the worker is gone)."""
@@ -240,7 +240,7 @@ class Executor:
                     call.timer.cancel()
                 if not call.future.done():
                     returned = reply.get("op") == "returned"
-                    call.future.set_result(_RETURNED if returned else ExecResult.from_dict(reply["result"]))
+                    call.future.set_result(_UNSTARTED if returned else ExecResult.from_dict(reply["result"]))
                 if call.id == head and pending:
                     self._arm(pending[next(iter(pending))], proc)
         except asyncio.CancelledError:
@@ -262,8 +262,8 @@ class Executor:
             if i == 0:  # the call it was running
                 reason = f"sandbox worker {self.index} lost ({what}); replaced"
                 call.future.set_result(ExecResult.failure("internal", reason))
-            else:  # never started: its caller sends it again
-                call.future.set_result(_RETRY)
+            else:  # never started: it goes again, to the replacement or another worker
+                call.future.set_result(_UNSTARTED)
         cur.pending.clear()
         await self._kill(cur.proc, cur.hello)
 

@@ -26,6 +26,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from . import linux
@@ -47,6 +48,7 @@ SAFE_ENV = {
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 MEMORY_SLACK = 4 << 20  # a call's memory cap may be this far off its budget (saves a write per call)
+_ZYGOTE_RLIMITS = (resource.RLIMIT_FSIZE, resource.RLIMIT_NOFILE, resource.RLIMIT_CORE)  # cannot hurt it
 UID_BASE = 61000  # worker k runs calls as uid UID_BASE + k (unused range on Debian)
 
 
@@ -85,7 +87,6 @@ class CallPlan:
     """What a call's child applies, worked out once per distinct `Limits` in the zygote: the child,
     every page of which it writes is a copy, then does little but the system calls themselves."""
 
-    limits: Limits
     rlimits: tuple[tuple[int, int], ...]  # (resource, value) not already in force in the zygote
     tmp_options: bytes  # mount options of the call's /tmp
 
@@ -217,22 +218,18 @@ class WorkerIsolation:
         os.nice(10)
         if self.seccomp_program is not None:  # calls install the filter unprivileged, which needs this
             linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)
-        mb = 1024 * 1024
-        for res, value in (
-            (resource.RLIMIT_FSIZE, defaults.file_size_mb * mb),
-            (resource.RLIMIT_NOFILE, defaults.open_files),
-            (resource.RLIMIT_CORE, 0),
-        ):
-            try:
-                resource.setrlimit(res, (value, value))
-                self.in_force[res] = value
-            except (ValueError, OSError):
-                pass
+        for res, value in rlimit_values(defaults):
+            if res in _ZYGOTE_RLIMITS:
+                try:
+                    resource.setrlimit(res, (value, value))
+                    self.in_force[res] = value
+                except (ValueError, OSError):
+                    pass
 
     def plan(self, limits: Limits) -> CallPlan:
         uid = self.uid if self.uid is not None else 0
         rlimits = tuple((res, v) for res, v in rlimit_values(limits) if self.in_force.get(res) != v)
-        return CallPlan(limits, rlimits, f"size={limits.tmp_mb}m,mode=0700,uid={uid},gid={uid}".encode())
+        return CallPlan(rlimits, f"size={limits.tmp_mb}m,mode=0700,uid={uid},gid={uid}".encode())
 
     def before_fork(self) -> None:
         """Make the next forked child the init of a fresh PID namespace (`after_fork` of the previous
@@ -275,12 +272,7 @@ class WorkerIsolation:
     def drop_privileges(self, plan: CallPlan, tmp_dir: str | None = None) -> None:
         """Limits, unprivileged uid, seccomp: after this the code may run. The environment is already
         the safe one (`safe_environment`, once per zygote); only a per-call temp dir changes it."""
-        for res, value in plan.rlimits:
-            try:
-                resource.setrlimit(res, (value, value))
-            except (ValueError, OSError):
-                if res != resource.RLIMIT_NPROC:
-                    raise
+        apply_rlimits(plan.rlimits)
         if tmp_dir is not None and not self.fs_ready:
             os.environ["HOME"] = os.environ["TMPDIR"] = tmp_dir
         if self.uid is not None:
@@ -346,7 +338,13 @@ def rlimit_values(limits: Limits) -> list[tuple[int, int]]:
 
 def set_rlimits(limits: Limits, strict: bool = True) -> None:
     """Apply the per-process limits. `strict=False` (a session cell) skips what cannot be raised."""
-    for res, value in rlimit_values(limits):
+    apply_rlimits(rlimit_values(limits), strict)
+
+
+def apply_rlimits(values: Iterable[tuple[int, int]], strict: bool = True) -> None:
+    """Set each (resource, value) as soft and hard limit; the process-count limit may fail quietly
+    (it is per uid, and root is exempt anyway)."""
+    for res, value in values:
         try:
             resource.setrlimit(res, (value, value))
         except (ValueError, OSError):

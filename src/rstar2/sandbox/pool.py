@@ -130,9 +130,9 @@ class LocalPool:
                 if fut.done():  # the caller was cancelled while waiting
                     continue
                 result = await self._execute(ex, req, enqueued, may_return=True)
-                if result is None:  # queued behind a slow call and handed back: next in line for
-                    await self._queue.put((0, next(self._seq), item))  # another worker; this
-                    await ex.running_call_ended()  # one takes no more while the slow call runs
+                if result is None:  # came back unstarted (behind a slow call, or a dead worker):
+                    await self._queue.put((0, next(self._seq), item))  # first in line for any
+                    await ex.running_call_ended()  # worker; this one takes no more meanwhile
                 elif not fut.done():
                     fut.set_result(result)
             finally:

@@ -157,7 +157,6 @@ def session_init(iso: WorkerIsolation, limits: Limits, sock: socket.socket) -> N
 @dataclass
 class SessionHandle:
     session_id: str
-    pid: int
     pidfd: int
     sock: socket.socket
     last_used: float

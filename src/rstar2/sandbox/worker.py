@@ -89,17 +89,18 @@ class Inbox:
     def read_one(self) -> None:
         self.backlog.append(recv_msg(self.rfd))
 
+    @staticmethod
+    def _returnable(msg: dict | None) -> bool:
+        return msg is not None and msg.get("op") == "run" and not msg.get("session_id")
+
     def can_hand_back(self) -> bool:
-        return any(m is not None and m.get("op") == "run" and not m.get("session_id") for m in self.backlog)
+        return any(self._returnable(m) for m in self.backlog)
 
     def hand_back(self) -> None:
-        keep: deque[dict | None] = deque()
         for msg in self.backlog:
-            if msg is not None and msg.get("op") == "run" and not msg.get("session_id"):
-                send_msg(self.wfd, {"op": "returned", "id": msg.get("id")})
-            else:
-                keep.append(msg)
-        self.backlog = keep
+            if self._returnable(msg):
+                send_msg(self.wfd, {"op": "returned", "id": msg["id"]})
+        self.backlog = deque(m for m in self.backlog if not self._returnable(m))
 
 
 # ----------------------------------------------------------------------------- routing
@@ -151,7 +152,7 @@ class ZygoteHandle:
         self.pidfd: int | None = None
         self.sock: socket.socket | None = None
         self.hello: dict = {}
-        self.light_modules: frozenset[str] = frozenset()
+        self.loaded: frozenset[str] = frozenset()  # top-level names of every module it has imported
 
     def start(self, iso: WorkerIsolation, defaults: Limits, proc_fd: int | None) -> None:
         self.stop()
@@ -173,7 +174,7 @@ class ZygoteHandle:
             self.stop()
             raise ZygoteLost(f"the {self.name} zygote failed to start")
         self.hello = json.loads(msg)
-        self.light_modules = frozenset(self.hello.get("modules", []))
+        self.loaded = frozenset(self.hello.get("modules", []))
 
     def stop(self) -> None:
         if self.pidfd is not None:
@@ -225,7 +226,7 @@ class Worker:
         sessions: SessionTable,
         modules: list[str],
         proc_fd: int | None,
-        inbox: Inbox | None = None,
+        inbox: Inbox,
     ) -> None:
         self.inbox = inbox
         self.iso = iso
@@ -249,21 +250,19 @@ class Worker:
             hit = self._limits[key] = (limits, json.dumps(limits.to_dict(), sort_keys=True).encode())
         return hit
 
-    def start(self) -> None:
-        for zyg in (self.light, self.full):
-            if zyg is not None:
-                zyg.start(self.iso, self.defaults, self.proc_fd)
+    @property
+    def zygotes(self) -> list[ZygoteHandle]:
+        return [z for z in (self.light, self.full) if z is not None]
 
-    def zygote_pids(self) -> set[int]:
-        return {z.pid for z in (self.light, self.full) if z is not None and z.pid}
+    def start(self) -> None:
+        for zyg in self.zygotes:
+            zyg.start(self.iso, self.defaults, self.proc_fd)
 
     def _zygote_for(self, code: str | None) -> ZygoteHandle:
         """The light zygote when `code` fits it (None: a session, always the full one)."""
         light = self.light
         zyg = (
-            light
-            if light is not None and code is not None and fits_light(code, light.light_modules)
-            else self.full
+            light if light is not None and code is not None and fits_light(code, light.loaded) else self.full
         )
         if zyg.sock is None:  # never started, or found dead
             zyg.start(self.iso, self.defaults, self.proc_fd)
@@ -279,29 +278,29 @@ class Worker:
             return zyg.fork(header, fds)
 
     def run(self, req: dict) -> ExecResult:
-        limits, _ = self.limits_for(req.get("limits"))
+        limits, limits_json = self.limits_for(req.get("limits"))
         if req.get("session_id"):
             return self.run_session(req, limits)
         if self.iso.fs_ready or not self.iso.config.enabled:
-            return self._run_once(req, limits, None)
+            return self._run_once(req, limits, limits_json, None)
         import tempfile
 
         tmp = tempfile.mkdtemp(prefix="rstar2-call-")  # no private /tmp here: a temp dir per call
         try:
             if self.iso.uid is not None:
                 os.chown(tmp, self.iso.uid, self.iso.uid)
-            return self._run_once(req, limits, tmp)
+            return self._run_once(req, limits, limits_json, tmp)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def _run_once(self, req: dict, limits: Limits, tmp_dir: str | None) -> ExecResult:
+    def _run_once(self, req: dict, limits: Limits, limits_json: bytes, tmp_dir: str | None) -> ExecResult:
         t0 = time.monotonic()
         code = req["code"]
         try:
             zyg = self._zygote_for(code)
         except ZygoteLost as exc:
             return ExecResult.failure("internal", str(exc))
-        header = b"c" + self.limits_for(req.get("limits"))[1] + b"\0" + (tmp_dir or "").encode()
+        header = b"c" + limits_json + b"\0" + (tmp_dir or "").encode()
         code_fd = _memfd("code", code.encode("utf-8", "surrogateescape"))
         text = req.get("input") or ""
         stdin_fd = _memfd("stdin", text.encode("utf-8", "surrogateescape")) if text else self.devnull
@@ -344,8 +343,7 @@ class Worker:
         for fd in (*streams, ctl):
             poller.register(fd, select.POLLIN)
         inbox = self.inbox
-        reading = inbox is not None and inbox.open
-        if reading:
+        if inbox.open:
             poller.register(inbox.rfd, select.POLLIN)
         hand_back_at = t0 + Inbox.HAND_BACK_S
         deadline = t0 + limits.timeout_s
@@ -362,11 +360,11 @@ class Worker:
                 wait = 2.0
             else:
                 wait = deadline - now
-            if inbox is not None and inbox.backlog and exited_at is None:
-                if now >= hand_back_at and inbox.can_hand_back():
+            if exited_at is None and inbox.can_hand_back():
+                if now >= hand_back_at:
                     inbox.hand_back()
-                elif inbox.can_hand_back():
-                    wait = min(wait, max(hand_back_at - now, 0.001))
+                else:
+                    wait = min(wait, hand_back_at - now)
             if wait <= 0:
                 if exited_at is not None or killed is not None:
                     break
@@ -374,7 +372,7 @@ class Worker:
                 _kill(pidfd)
                 continue
             for fd, _ in poller.poll(wait * 1000):
-                if inbox is not None and fd == inbox.rfd:
+                if fd == inbox.rfd:
                     inbox.read_one()
                     if not inbox.open or len(inbox.backlog) >= 8:
                         poller.unregister(fd)  # closed, or enough read ahead
@@ -408,7 +406,7 @@ class Worker:
             except OSError:
                 pass
             if self.iso.cgroup is not None:  # setsid daemons left the process group, not the cgroup
-                self.iso.cgroup.kill_all_but({os.getpid(), *self.zygote_pids()})
+                self.iso.cgroup.kill_all_but({os.getpid(), *(z.pid for z in self.zygotes)})
             reap_ready()
         for fd in (*streams, pidfd):
             os.close(fd)
@@ -618,7 +616,7 @@ class Worker:
         try:
             zyg = self._zygote_for(None)
             header = b"s" + json.dumps(limits.to_dict()).encode()
-            pid, pidfd = self._fork(zyg, header, [theirs.fileno()])
+            _, pidfd = self._fork(zyg, header, [theirs.fileno()])
         except ZygoteLost as exc:
             ours.close()
             raise OSError(str(exc)) from exc
@@ -627,7 +625,7 @@ class Worker:
         if pidfd is None:
             ours.close()
             raise OSError("fork failed")
-        return SessionHandle(sid, pid, pidfd, ours, time.monotonic())
+        return SessionHandle(sid, pidfd, ours, time.monotonic())
 
 
 def _ended(zyg: ZygoteHandle, pid: int) -> tuple[int, float] | None:
@@ -683,7 +681,6 @@ def main(argv: list[str]) -> int:
     inbox = Inbox(rfd, wfd)
     worker = Worker(iso, Limits.from_dict(cfg.get("limits", {})), sessions, modules, proc_fd, inbox)
     worker.start()
-    zygotes = [z for z in (worker.light, worker.full) if z is not None]
     send_msg(
         wfd,
         {
@@ -693,7 +690,7 @@ def main(argv: list[str]) -> int:
             "preloaded": worker.full.hello.get("preloaded", []),
             "zygotes": [
                 {"name": z.name, "pid": z.pid, **{k: z.hello.get(k) for k in ("preloaded", "huge_mb")}}
-                for z in zygotes
+                for z in worker.zygotes
             ],
             "cgroup": iso.cgroup.name if iso.cgroup else None,
             "root_dir": iso.root_dir,

@@ -29,6 +29,7 @@ import signal
 import socket
 import struct
 import sys
+from collections.abc import Callable
 
 from . import linux
 from .isolation import CallPlan, WorkerIsolation, reap_ready, safe_environment
@@ -90,7 +91,7 @@ def serve(
 ) -> None:
     """The zygote's life (never returns): warm up, say hello, then fork one child per request."""
     plans: dict[bytes, CallPlan] = {}
-    sessions = 0
+    has_sessions = False
     try:
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
         loaded = preload(modules)
@@ -122,7 +123,7 @@ def serve(
             os._exit(0)
         if not msg:  # the worker is gone or closed us
             os._exit(0)
-        if sessions:
+        if has_sessions:
             reap_ready()  # sessions that ended since the last request
         if msg[:1] == b"c" and len(fds) == 5:
             key, _, tmp_dir = msg[1:].partition(b"\0")
@@ -133,34 +134,46 @@ def serve(
                 plan = plans[key] = iso.plan(Limits.from_dict(json.loads(key)))
             _fork_call(sock, iso, plan, fds, tmp_dir.decode() or None)
         elif msg[:1] == b"s" and len(fds) == 1:
-            sessions += 1
+            has_sessions = True
             _fork_session(sock, iso, Limits.from_dict(json.loads(msg[1:])), fds[0])
         else:
             for fd in fds:
                 os.close(fd)
-            sock.send(PID.pack(-1))
+            sock.send(b"p" + PID.pack(-1))
 
 
-def _fork_call(
-    sock: socket.socket, iso: WorkerIsolation, plan: CallPlan, fds: list[int], tmp_dir: str | None
-) -> None:
+def _fork(
+    sock: socket.socket, iso: WorkerIsolation, fds: list[int], child: Callable[..., None], *args: object
+) -> tuple[int, int] | None:
+    """Fork `child` (which never returns) as the init of a fresh PID namespace and hand its pidfd to
+    the worker. Returns (pid, pidfd), or None when fork failed (the worker was told; `fds` closed)."""
     iso.before_fork()
     try:
         pid = os.fork()
     except OSError:
         pid = -1
     if pid == 0:
-        _child(iso, plan, fds, tmp_dir)
+        child(*args)
     if pid < 0:
         iso.after_fork()
         for fd in fds:
             os.close(fd)
         sock.send(b"p" + PID.pack(-1))
-        return
-    # As little as possible while the child lives: each page written now is copied (the child still
-    # shares it); after the child's end the same writes only re-enable the page.
+        return None
     pidfd = os.pidfd_open(pid)
     socket.send_fds(sock, [b"p" + PID.pack(pid)], [pidfd])
+    return pid, pidfd
+
+
+def _fork_call(
+    sock: socket.socket, iso: WorkerIsolation, plan: CallPlan, fds: list[int], tmp_dir: str | None
+) -> None:
+    forked = _fork(sock, iso, fds, _child, iso, plan, fds, tmp_dir)
+    if forked is None:
+        return
+    pid, pidfd = forked
+    # As little as possible while the child lives: each page written now is copied (the child still
+    # shares it); after the child's end the same writes only re-enable the page.
     _, status, usage = os.wait4(pid, 0)
     iso.after_fork()
     for fd in (*fds, pidfd):
@@ -191,12 +204,7 @@ def _child(iso: WorkerIsolation, plan: CallPlan, fds: list[int], tmp_dir: str | 
 
 
 def _fork_session(sock: socket.socket, iso: WorkerIsolation, limits: Limits, theirs: int) -> None:
-    iso.before_fork()
-    try:
-        pid = os.fork()
-    except OSError:
-        pid = -1
-    if pid == 0:  # never returns into the zygote's loop
+    def init() -> None:
         try:
             null = os.open(os.devnull, os.O_RDWR)
             for target in (0, 1, 2):
@@ -206,14 +214,12 @@ def _fork_session(sock: socket.socket, iso: WorkerIsolation, limits: Limits, the
             session_init(iso, limits, socket.socket(fileno=ctl))
         finally:
             os._exit(INTERNAL_EXIT)
-    iso.after_fork()
-    os.close(theirs)
-    if pid < 0:
-        sock.send(b"p" + PID.pack(-1))
-        return
-    pidfd = os.pidfd_open(pid)
-    socket.send_fds(sock, [b"p" + PID.pack(pid)], [pidfd])
-    os.close(pidfd)
+
+    forked = _fork(sock, iso, [theirs], init)
+    if forked is not None:
+        iso.after_fork()
+        os.close(theirs)
+        os.close(forked[1])
 
 
 def _collapse(proc_fd: int) -> int:
