@@ -20,10 +20,11 @@ import torch
 
 from rstar2.chat.format import ChatFormat
 from rstar2.chat.tools import PYTHON_TOOL
+from rstar2.config import RolloutSection
 from rstar2.engines.base import Generation, SamplingParams
 from rstar2.engines.hf import HFEngine
 from rstar2.recipe.tiny_model import build_model, build_tokenizer
-from rstar2.rollout import Rollout, RolloutConfig
+from rstar2.rollout import Rollout
 from rstar2.sandbox import LocalPool
 
 
@@ -99,7 +100,7 @@ async def rollout_batch(model, tok, n: int, think: int, turns: int, code: str) -
     async with LocalPool() as pool:
         await pool.run("print(1)")
         rollout = Rollout(
-            policy, fmt, pool, None, RolloutConfig(max_turns=turns, max_response_tokens=100_000)
+            policy, fmt, pool, None, RolloutSection(max_turns=turns, max_response_tokens=100_000)
         )
         start = time.perf_counter()
         trajs = await rollout.run_many([{"problem": f"problem {i}", "seed": i} for i in range(n)])

@@ -25,9 +25,10 @@ from pathlib import Path
 import httpx
 
 from rstar2.chat.format import ChatFormat
+from rstar2.config import RolloutSection
 from rstar2.engines.openai import OpenAIEngine
 from rstar2.reward import VerifierPool
-from rstar2.rollout import Rollout, RolloutConfig
+from rstar2.rollout import Rollout
 from rstar2.sandbox import LocalPool
 
 POLICIES = ("static", "least_requests", "kv")
@@ -79,7 +80,7 @@ async def one_batch(policy: str, urls: list[str], fmt, pool, verifier, n: int, m
     engines = [OpenAIEngine(u, name=f"server{i}") for i, u in enumerate(urls)]
     for e in engines:
         await e.probe_capacity()
-    cfg = RolloutConfig(max_turns=4, max_response_tokens=max_tokens, temperature=1.0, scheduler=policy)
+    cfg = RolloutSection(max_turns=4, max_response_tokens=max_tokens, temperature=1.0, scheduler=policy)
     rollout = Rollout(engines, fmt, pool, verifier, cfg)
     items = [
         {"problem": f"Compute {17 * i + 3} * {29 + i}.", "answer": str((17 * i + 3) * (29 + i)), "seed": i}

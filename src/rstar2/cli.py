@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 app = typer.Typer(
@@ -305,31 +306,50 @@ TOKENIZER_HELP = "Tokenizer directory (default: the model directory; needed with
 SANDBOX_HELP = "URL of `rstar2 sandbox serve` (default: a local sandbox pool in this process)."
 
 
-def _setup(
-    model, server, tokenizer, sandbox, device, temperature, top_p, max_tokens, max_turns, stateful, batch
-):
-    from .rollout.build import RolloutSetup
-    from .rollout.runner import RolloutConfig
+EVAL_PRESET = {"temperature": 0.6, "max_response_tokens": 30000, "max_turns": 30}  # the paper's eval
+CONFIG_HELP = (
+    "Take the rollout settings from a file: an RL config (its rollout: section) or a recipe (those of "
+    "its last RL stage, which its held-out evaluations use). Options given here win over it."
+)
+SET_HELP = 'Override one rollout setting: --set top_k=20, --set banned_tokens=["<pad>"] (repeatable).'
 
-    if bool(model) == bool(server):
+
+def _file_rollout(path: Path) -> dict:
+    """The rollout settings a config or recipe file describes, as a tree."""
+    from .config import parse_config, read_yaml
+
+    tree = read_yaml(path, "config")
+    if "stages" in tree:
+        from .recipe.spec import parse_recipe, stage_rollout
+
+        return stage_rollout(parse_recipe(tree, path.parent, check_paths=False)).model_dump()
+    return parse_config(tree).rollout.model_dump() if tree.get("kind", "rl") == "rl" else {}
+
+
+def rollout_settings(config: Path | None, sets: list[str], preset: dict, no_tools: bool = False, **options):
+    """One ``RolloutSection`` from, in rising priority: its defaults, ``preset`` (when no file is
+    given), the file's settings, ``--set`` values and the options given on the command line."""
+    from .config import ConfigError, RolloutSection, set_value, validate
+
+    try:
+        tree = _file_rollout(config) if config else dict(preset)
+        if no_tools:  # a model without tool use: the bare problem, one turn, nothing run
+            tree.update(tools_in_prompt=False, system_prompt="", user_prefix="", max_turns=1)
+        for item in sets:
+            set_value(tree, item.removeprefix("rollout."))
+        tree.update({k: v for k, v in options.items() if v is not None and v != []})
+        return validate(RolloutSection, tree, "rollout settings")
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _check_engines(model: str | None, settings, tokenizer: str | None) -> None:
+    if bool(model) == bool(settings.servers):
         raise typer.BadParameter("give either --model PATH or --server URL")
     if model and not Path(model).is_dir():
         raise typer.BadParameter(f"--model {model}: no such directory (models are loaded from local files)")
-    if server and not (tokenizer or model):
+    if settings.servers and not (tokenizer or model):
         raise typer.BadParameter("with --server, give --tokenizer PATH (the served model's tokenizer)")
-    cfg = RolloutConfig(
-        max_turns=max_turns, max_response_tokens=max_tokens, temperature=temperature, top_p=top_p
-    )
-    return RolloutSetup(
-        model=model,
-        servers=server or (),
-        tokenizer=tokenizer,
-        sandbox=sandbox,
-        device=device,
-        max_batch_size=batch,
-        stateful=stateful,
-        config=cfg,
-    )
 
 
 @app.command("serve")
@@ -371,19 +391,38 @@ def chat(
     tokenizer: str | None = typer.Option(None, help=TOKENIZER_HELP),
     sandbox: str | None = typer.Option(None, help=SANDBOX_HELP),
     problem: str | None = typer.Option(None, "--problem", "-p", help="Solve this one problem and exit."),
-    temperature: float = typer.Option(0.6, help="Sampling temperature (0 = greedy)."),
-    top_p: float = typer.Option(1.0, help="Nucleus sampling."),
-    max_tokens: int = typer.Option(8192, help="Response budget: model and tool tokens together."),
-    max_turns: int = typer.Option(30, help="Most assistant turns."),
-    stateful: bool = typer.Option(False, help="Also offer python_session (variables persist between calls)."),
+    temperature: float | None = typer.Option(None, help="Sampling temperature (0 = greedy; default 0.6)."),
+    top_p: float | None = typer.Option(None, help="Nucleus sampling (default 1)."),
+    max_tokens: int | None = typer.Option(
+        None, help="Response budget, model and tool tokens (default 8192)."
+    ),
+    max_turns: int | None = typer.Option(None, help="Most assistant turns (default 30)."),
+    stateful: bool | None = typer.Option(None, "--stateful", help="Also offer python_session."),
+    system_prompt: str | None = typer.Option(None, help="System prompt ('' for none; default rstar2's)."),
+    no_tools: bool = typer.Option(False, "--no-tools", help="No tool: the bare problem, one turn."),
+    config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     device: str = typer.Option("auto", help="With --model: cpu, cuda, ..."),
 ) -> None:
     """Talk to a model that uses the Python tool: each tool call, its output and the answer as they happen."""
     from .rollout.build import open_rollout
 
-    setup = _setup(
-        model, server, tokenizer, sandbox, device, temperature, top_p, max_tokens, max_turns, stateful, 8
+    settings = rollout_settings(
+        config,
+        set_,
+        {**EVAL_PRESET, "max_response_tokens": 8192},
+        no_tools,
+        servers=server,
+        sandbox=sandbox,
+        temperature=temperature,
+        top_p=top_p,
+        max_response_tokens=max_tokens,
+        max_turns=max_turns,
+        stateful=stateful,
+        system_prompt=system_prompt,
+        max_batch_size=8 if model else None,
     )
+    _check_engines(model, settings, tokenizer)
     out = Console()
 
     def show(kind: str, data: dict) -> None:
@@ -406,7 +445,7 @@ def chat(
             )
 
     async def session() -> None:
-        async with open_rollout(setup) as rollout:
+        async with open_rollout(settings, model=model, tokenizer=tokenizer, device=device) as rollout:
             questions = [problem] if problem else None
             while True:
                 if questions is not None:
@@ -435,17 +474,35 @@ def eval_cmd(
         "aime24,aime25,hmmt25,math500,amc23", help="Comma-separated benchmark names or .jsonl paths."
     ),
     samples: int = typer.Option(16, "--samples", "-k", help="Samples per problem (pass@1 is their average)."),
-    temperature: float = typer.Option(0.6, help="Sampling temperature."),
-    top_p: float = typer.Option(1.0, help="Nucleus sampling."),
-    max_tokens: int = typer.Option(30000, help="Response budget: model and tool tokens together."),
-    max_turns: int = typer.Option(30, help="Most assistant turns."),
+    temperature: float | None = typer.Option(None, help="Sampling temperature (default 0.6)."),
+    top_p: float | None = typer.Option(None, help="Nucleus sampling (default 1)."),
+    top_k: int | None = typer.Option(None, help="Top-k sampling (default 0: off)."),
+    max_tokens: int | None = typer.Option(
+        None, help="Response budget, model and tool tokens together (default 30000)."
+    ),
+    max_turns: int | None = typer.Option(None, help="Most assistant turns (default 30)."),
+    verify_mode: str | None = typer.Option(
+        None,
+        "--verify-mode",
+        "--mode",
+        help="strict: \\boxed{} inside <answer> (default); lenient: any final answer.",
+    ),
+    system_prompt: str | None = typer.Option(None, help="System prompt ('' for none; default rstar2's)."),
+    banned_token: list[str] = typer.Option([], "--banned-token", help="A token never sampled (repeatable)."),
+    no_tools: bool = typer.Option(
+        False, "--no-tools", help="A model without tool use: the bare problem, no tool schemas, one turn."
+    ),
+    config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     limit: int | None = typer.Option(None, help="Only the first N problems of each benchmark."),
     out: Path = typer.Option(Path("runs/eval"), "--out", "-o", help="Output folder (rerun to resume)."),
     seed: int = typer.Option(0, help="Base seed of the samples."),
-    stateful: bool = typer.Option(False, help="Also offer python_session."),
+    stateful: bool | None = typer.Option(None, "--stateful", help="Also offer python_session."),
     device: str = typer.Option("auto", help="With --model: cpu, cuda, ..."),
-    batch: int = typer.Option(64, help="With --model: requests generated together."),
-    scheduler: str = typer.Option("kv", help="Which engine serves each turn: kv, least_requests, static."),
+    batch: int | None = typer.Option(None, help="With --model: requests generated together (default 64)."),
+    scheduler: str | None = typer.Option(
+        None, help="Which engine serves each turn: kv, least_requests, static."
+    ),
     capacity_tokens: int | None = typer.Option(
         None, help="KV tokens per engine for the kv scheduler (default: what each server reports)."
     ),
@@ -461,33 +518,46 @@ def eval_cmd(
             load_benchmark(b)
         except (FileNotFoundError, ValueError) as exc:
             raise typer.BadParameter(str(exc)) from None
-    from .rollout.scheduler import POLICIES
-
-    if scheduler not in POLICIES:
-        raise typer.BadParameter(f"--scheduler {scheduler}: choose one of {', '.join(sorted(POLICIES))}")
-    setup = _setup(
-        model, server, tokenizer, sandbox, device, temperature, top_p, max_tokens, max_turns, stateful, batch
+    settings = rollout_settings(
+        config,
+        set_,
+        EVAL_PRESET,
+        no_tools,
+        servers=server,
+        sandbox=sandbox,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        max_response_tokens=max_tokens,
+        max_turns=max_turns,
+        verify_mode=verify_mode,
+        system_prompt=system_prompt,
+        banned_tokens=banned_token,
+        stateful=stateful,
+        max_batch_size=batch,
+        scheduler=scheduler,
+        capacity_tokens=capacity_tokens,
     )
-    setup.config.scheduler = scheduler
-    setup.capacity_tokens = capacity_tokens
-    settings = {
-        "model": model or ",".join(server or []),
-        "samples": samples,
-        "temperature": temperature,
-        "top_p": top_p,
-        "max_tokens": max_tokens,
-        "max_turns": max_turns,
-    }
+    _check_engines(model, settings, tokenizer)
+    shown = ("temperature", "top_p", "top_k", "max_response_tokens", "max_turns", "verify_mode")
+    summary = {"model": model or ",".join(settings.servers), "samples": samples}
+    summary.update({k: getattr(settings, k) for k in shown})
+    if settings.banned_tokens:
+        summary["banned_tokens"] = settings.banned_tokens
 
     async def go():
-        async with open_rollout(setup) as rollout:
+        async with open_rollout(settings, model=model, tokenizer=tokenizer, device=device) as rollout:
             return await evaluate(
-                rollout, benches, out, samples=samples, limit=limit, seed=seed, settings=settings
+                rollout, benches, out, samples=samples, limit=limit, seed=seed, settings=summary
             )
 
-    asyncio.run(go())
+    try:
+        asyncio.run(go())
+    except ValueError as exc:  # settings the model cannot take (e.g. a banned token it does not know)
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
     Console().print((out / "summary.md").read_text())
-    console.print(f"trajectories, summary.json, summary.md and plots in {out}")
+    console.print(f"scored in {settings.verify_mode} mode; trajectories, summaries and plots in {out}")
 
 
 @app.command("train")
@@ -507,6 +577,7 @@ def train(
     --recipe. Under torchrun, every process runs this command:
     `torchrun --nproc-per-node N -m rstar2 train CONFIG`."""
     from .config import ConfigError, load_config
+    from .rl.launch import RunError
 
     if (config is None) == (recipe is None):
         console.print("[red]error:[/red] give a CONFIG file or --recipe (not both)")
@@ -530,6 +601,12 @@ def train(
             from .rl.trainer import RLTrainer
 
             history = asyncio.run(RLTrainer(cfg, resume=resume).train())
+    except (
+        RunError
+    ) as exc:  # a run that started and failed: the first error, where; the folder keeps the rest
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        console.print(f"traceback: {Path(cfg.run.out) / 'error.txt'}", markup=False)
+        raise typer.Exit(1) from None
     except (ValueError, OSError) as exc:  # bad data, paths or settings: say what, no traceback
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
@@ -546,6 +623,7 @@ def _run_recipe(name: str, out: str | None, resume: bool, overrides: list[str], 
     from .recipe.report import table
     from .recipe.run import run_recipe
     from .recipe.spec import find_recipe, load_recipe
+    from .rl.launch import RunError
 
     try:
         recipe = load_recipe(find_recipe(name), overrides)
@@ -557,6 +635,9 @@ def _run_recipe(name: str, out: str | None, resume: bool, overrides: list[str], 
         report = run_recipe(
             recipe, out, resume=resume, progress=progress, log=lambda s: console.print(s, markup=False)
         )
+    except RunError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(1) from None
     except (ValueError, OSError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

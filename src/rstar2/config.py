@@ -14,6 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .chat.tool_response import DEFAULT_LIMIT_CHARS, TRACEBACK_LINES
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -34,32 +36,52 @@ class DataSection(_Section):
     shuffle: bool = True
 
 
-class RolloutSection(_Section):
-    samples: int = 16  # 2G: rollouts sampled per problem
-    max_turns: int = 10
-    max_response_tokens: int = 8192  # model and tool tokens together
-    max_tokens_per_turn: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    tool_timeout_s: float | None = None
-    stateful: bool = False
+class ChatSection(_Section):
+    """How conversations are rendered: the same for SFT data, rollouts, filters and evaluations."""
+
     system_prompt: str | None = None  # None: rstar2's default prompt; "": no system message
     user_prefix: str | None = None  # None: rstar2's default words before the problem
     tools_in_prompt: bool = True  # False: no tool schemas in the prompt (small SFT'd models)
-    tool_limit_chars: int = 2048
-    tool_traceback_lines: int = 12  # the end of a traceback shown to the model
+    stateful: bool = False  # also offer python_session (variables persist between calls)
+    tool_limit_chars: int = DEFAULT_LIMIT_CHARS  # a longer tool output is cut in the middle
+    tool_limit_tokens: int | None = None  # the same cut, counted in tokens
+    tool_traceback_lines: int = TRACEBACK_LINES  # the end of a traceback shown to the model
+
+
+class RolloutSection(ChatSection):
+    """Every setting of a rollout: the one source for training, recipes (filters, evaluations) and
+    the ``eval``/``chat`` commands (``rstar2.rollout.build.open_rollout`` reads it)."""
+
+    # sampling
+    samples: int = Field(16, ge=1)  # 2G: rollouts sampled per problem (training)
+    max_turns: int = Field(10, ge=1)
+    max_response_tokens: int = Field(8192, ge=1)  # model and tool tokens together
+    max_tokens_per_turn: int | None = None
+    max_calls_per_turn: int = Field(1, ge=1)  # further calls in one turn are answered "not run"
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
     banned_tokens: list[str] = Field(default_factory=list)  # never sampled (e.g. pad)
+    stop_tokens: list[str] | None = None  # None: the tokenizer's end-of-turn tokens
+    # code environment and reward
+    tool_timeout_s: float | None = None  # None: the code environment's default
+    sandbox: str | None = None  # URL of `rstar2 sandbox serve`; None: a local pool in this process
+    sandbox_workers: int | None = None  # local pool size (None: one per core)
+    verifier_workers: int = Field(2, ge=1)
+    verify_mode: Literal["strict", "lenient"] = "strict"  # lenient: any final answer, not only <answer>
+    # engines
     servers: list[str] = Field(default_factory=list)  # OpenAI-compatible servers; empty: in-process
-    reload_path: str = "/update_weights_from_disk"  # server endpoint to load new weights
-    max_batch_size: int = 256  # in-process engine
+    max_batch_size: int = Field(64, ge=1)  # in-process engine: requests generated together
     scheduler: Literal["kv", "least_requests", "static"] = "kv"  # which engine serves each turn
     capacity_tokens: int | None = None  # KV tokens per engine; None: what each engine reports
     grant_tokens: int | None = None  # kv: new tokens per admitted request (None: 512 or capacity/64)
-    engine_retries: int = 2  # a turn whose engine failed is retried on another this many times
-    sandbox: str | None = None  # URL of `rstar2 sandbox serve`; None: a local pool
-    sandbox_workers: int | None = None
-    verifier_workers: int = 2
+    engine_retries: int = Field(2, ge=0)  # a turn whose engine failed is retried on another
+    # new weights to remote servers after each update (training)
+    reload_path: str = "/update_weights_from_disk"  # server endpoint that loads a checkpoint folder
+    reload_retries: int = Field(2, ge=0)  # a refused weight update is retried, then the run stops
+    # After a reload, the engine's logprobs of a short sampled sequence must match the trainer's
+    # (mean absolute difference, nats); None: only the server's own answer is checked.
+    weight_check_tol: float | None = Field(0.05, ge=0)
 
 
 class RocSection(_Section):
@@ -109,6 +131,8 @@ class RunSection(_Section):
     tensorboard: bool = True
     progress: bool = True
     init_from: str | None = None  # a checkpoint (model directory) to start from instead of model.path
+    # RL: a step where more than this share of rollouts ended because their engine failed stops
+    max_fault_share: float = Field(0.5, ge=0, le=1)
     samples_per_step: int = (
         64  # RL: trajectories (whole groups) written to samples/ each step, for `rstar2 view`
     )
@@ -155,10 +179,7 @@ class SFTConfig(_Section):
     sft: SFTSection = Field(default_factory=SFTSection)
     optim: OptimSection = Field(default_factory=lambda: OptimSection(lr=5e-6, schedule="cosine"))
     run: RunSection = Field(default_factory=lambda: RunSection(out="runs/sft"))
-    system_prompt: str | None = None
-    user_prefix: str | None = None
-    tools_in_prompt: bool = True
-    stateful: bool = False
+    chat: ChatSection = Field(default_factory=ChatSection)  # rendered as rollouts render it
 
 
 TrainConfig = RLConfig | SFTConfig

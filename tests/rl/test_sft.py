@@ -67,8 +67,7 @@ def test_sft_learns_the_format_and_saves_a_loadable_checkpoint(tiny_dir, tmp_pat
     cfg = parse_config(
         {
             "kind": "sft",
-            "system_prompt": "Answer.",
-            "tools_in_prompt": False,
+            "chat": {"system_prompt": "Answer.", "tools_in_prompt": False},
             "model": {"path": str(tiny_dir), "threads": 1},
             "data": {"train": str(data)},
             "sft": {"epochs": 4},

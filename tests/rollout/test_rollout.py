@@ -7,8 +7,9 @@ import json
 import torch
 
 from rstar2.chat.tools import PYTHON_TOOL
+from rstar2.config import RolloutSection
 from rstar2.engines.hf import HFEngine
-from rstar2.rollout import Rollout, RolloutConfig, Trajectory
+from rstar2.rollout import Rollout, Trajectory
 
 from .conftest import ScriptedEngine
 
@@ -36,7 +37,7 @@ def scripted(chatml, tiny):
 
 async def test_every_stop_condition(chatml, tiny, pool, verifier):
     engine = scripted(chatml, tiny)
-    rollout = Rollout(engine, chatml, pool, verifier, RolloutConfig(max_turns=3, max_response_tokens=300))
+    rollout = Rollout(engine, chatml, pool, verifier, RolloutSection(max_turns=3, max_response_tokens=300))
     items = [
         {"problem": p, "answer": "4"} for p in ("answers", "wrong", "silent", "loops", "rambles", "two calls")
     ]
@@ -61,7 +62,7 @@ async def test_every_stop_condition(chatml, tiny, pool, verifier):
 async def test_a_slow_tool_call_never_stalls_other_trajectories(chatml, tiny, pool, verifier):
     engine = scripted(chatml, tiny)
     # a roomy limit: this tests overlap, not limits (a 4 s sleep once hit the pool's 5 s on a loaded VM)
-    rollout = Rollout(engine, chatml, pool, verifier, RolloutConfig(max_turns=3, tool_timeout_s=60))
+    rollout = Rollout(engine, chatml, pool, verifier, RolloutSection(max_turns=3, tool_timeout_s=60))
     order: list[str] = []
     items = [{"problem": "slow", "answer": "0"}] + [{"problem": "answers", "answer": "4"}] * 4
     done = await rollout.run_many(items, on_done=lambda t: order.append(t.problem))
@@ -100,7 +101,7 @@ async def test_trajectory_round_trips_through_json(chatml, tiny, pool, verifier)
 async def test_a_failing_engine_is_taken_out_and_its_turns_finish_elsewhere(chatml, tiny, pool, verifier):
     broken = Broken()
     broken.capacity_tokens = 1 << 22  # the roomiest: the kv policy sends the first turns there
-    rollout = Rollout([broken, scripted(chatml, tiny)], chatml, pool, verifier, RolloutConfig(max_turns=3))
+    rollout = Rollout([broken, scripted(chatml, tiny)], chatml, pool, verifier, RolloutSection(max_turns=3))
     trajs = await rollout.run_many([{"problem": "answers", "answer": "4"}] * 6)
     assert all(t.finish_reason == "answer" and t.reward == 1.0 for t in trajs)
     assert {turn.engine for t in trajs for turn in t.turns} == {"scripted"}
@@ -112,7 +113,7 @@ async def test_a_turn_granted_in_pieces_is_the_same_turn(chatml, tiny, pool, ver
     one a whole-turn request gives."""
     whole = await Rollout(scripted(chatml, tiny), chatml, pool, verifier).run("answers", "4")
     engine = scripted(chatml, tiny)
-    pieces = Rollout(engine, chatml, pool, verifier, RolloutConfig(grant_tokens=3))
+    pieces = Rollout(engine, chatml, pool, verifier, RolloutSection(grant_tokens=3))
     traj = await pieces.run("answers", "4")
     assert traj.response_ids == whole.response_ids and traj.loss_mask == whole.loss_mask
     assert traj.reward == 1.0 and len(engine.generated["answers"]) > 2 * len(traj.turns)
@@ -123,7 +124,7 @@ async def test_a_real_model_rollout_batch(tiny, chatml, pool, verifier):
     pass of the trainer-side model over the whole sequence (tool tokens included)."""
     model, tok = tiny
     engines = [HFEngine(model, name=f"e{i}", max_batch_size=8) for i in range(2)]
-    cfg = RolloutConfig(max_turns=3, max_response_tokens=64, temperature=1.0)
+    cfg = RolloutSection(max_turns=3, max_response_tokens=64, temperature=1.0)
     rollout = Rollout(engines, chatml, pool, verifier, cfg)
     trajs = await rollout.run_many(
         [{"problem": f"What is {i} + {i}?", "answer": str(2 * i), "seed": i} for i in range(6)]

@@ -90,11 +90,12 @@ def test_eval_command_writes_trajectories_summary_and_plots(tiny_dir, tmp_path):
 
 
 async def test_eval_resumes_after_a_crash_mid_file(tiny, chatml, pool, verifier, tmp_path):
+    from rstar2.config import RolloutSection
     from rstar2.eval.harness import evaluate
-    from rstar2.rollout import Rollout, RolloutConfig
+    from rstar2.rollout import Rollout
 
     engine = HFEngine(tiny[0])
-    rollout = Rollout(engine, chatml, pool, verifier, RolloutConfig(max_turns=2, max_response_tokens=16))
+    rollout = Rollout(engine, chatml, pool, verifier, RolloutSection(max_turns=2, max_response_tokens=16))
     bench, out = str(mini_bench(tmp_path)), tmp_path / "eval"
     try:
         await evaluate(rollout, [bench], out, samples=2, progress=False)

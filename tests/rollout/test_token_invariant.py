@@ -10,7 +10,8 @@ import pytest
 from rstar2.chat.format import ChatFormat
 from rstar2.chat.prompt import problem_messages
 from rstar2.chat.tools import PYTHON_TOOL
-from rstar2.rollout import Rollout, RolloutConfig
+from rstar2.config import RolloutSection
+from rstar2.rollout import Rollout
 
 from .conftest import ScriptedEngine
 
@@ -45,7 +46,7 @@ def setup(request, tiny, llama_tokenizer):
 
 async def test_ids_decode_to_the_template_rendering_and_mask_is_the_model(setup, pool, verifier):
     fmt, engine = setup
-    rollout = Rollout(engine, fmt, pool, verifier, RolloutConfig(max_turns=10))
+    rollout = Rollout(engine, fmt, pool, verifier, RolloutSection(max_turns=10))
     traj = await rollout.run(PROBLEM, "55")
     assert traj.finish_reason == "answer" and traj.reward == 1.0
     assert [c.status for c in traj.calls] == ["ok", "ok", "malformed", "error"]

@@ -57,6 +57,20 @@ class ChatFormat:
     # does not need ~1K tokens of JSON schema in every prompt); calls are parsed all the same.
     tools_in_prompt: bool = True
 
+    @classmethod
+    def from_settings(cls, tokenizer: Any, chat: Any) -> ChatFormat:
+        """From a config's chat fields (``rstar2.config.ChatSection`` or ``RolloutSection``)."""
+        return cls(
+            tokenizer,
+            stateful=chat.stateful,
+            system_prompt=chat.system_prompt,
+            user_prefix=chat.user_prefix,
+            tool_limit_chars=chat.tool_limit_chars,
+            tool_limit_tokens=chat.tool_limit_tokens,
+            tool_traceback_lines=chat.tool_traceback_lines,
+            tools_in_prompt=chat.tools_in_prompt,
+        )
+
     def __post_init__(self) -> None:
         self.system_prompt = SYSTEM_PROMPT if self.system_prompt is None else self.system_prompt
         self.user_prefix = USER_PREFIX if self.user_prefix is None else self.user_prefix

@@ -52,3 +52,20 @@ class Engine(Protocol):
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
 
     async def close(self) -> None: ...
+
+
+def weights_fingerprint(tensors: dict, dtype: str | None = None) -> float:
+    """A number that changes with any parameter: per tensor (in key order) the float64 sum and sum
+    of squares, weighted by position. Both sides of a weight update compute it the same way, in
+    the engine's ``dtype`` (values rounded to it first), so equal weights give equal numbers."""
+    import torch
+
+    cast = getattr(torch, dtype) if dtype else None
+    total = 0.0
+    for i, key in enumerate(sorted(tensors)):
+        t = tensors[key].detach()
+        if cast is not None and t.is_floating_point():
+            t = t.to(cast)
+        t = t.to(device="cpu", dtype=torch.float64)
+        total += (i + 1) * (float(t.sum()) + 1e-3 * float(t.square().sum()))
+    return total

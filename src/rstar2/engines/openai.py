@@ -150,17 +150,31 @@ class OpenAIEngine:
         finally:
             self.in_flight -= 1
 
-    async def update_weights(self, model_dir: str, endpoint: str = "/update_weights_from_disk") -> None:
-        """Ask the server to load new weights from ``model_dir`` (a checkpoint folder it can read).
+    async def update_weights(
+        self, model_dir: str, endpoint: str = "/update_weights_from_disk"
+    ) -> dict[str, Any]:
+        """Ask the server to load new weights from ``model_dir`` (a checkpoint folder it can read);
+        returns the server's answer (``rstar2 serve`` adds ``weights_fingerprint`` and ``dtype``).
 
         The endpoint is SGLang's (``POST /update_weights_from_disk`` with ``{"model_path": …}``),
         which ``rstar2 serve`` also offers. A vLLM server has no such endpoint: restart it on the
-        checkpoint, or set ``rollout.reload_path`` to your own route."""
-        resp = await self._client.post(endpoint, json={"model_path": str(model_dir)})
+        checkpoint, or set ``rollout.reload_path`` to your own route. A refusal (an error status,
+        or ``"success": false`` as SGLang answers) raises ``ServerError``."""
+        what = f"{self.base_url}{endpoint} could not load {model_dir}"
+        try:
+            resp = await self._client.post(endpoint, json={"model_path": str(model_dir)})
+        except httpx.HTTPError as exc:
+            raise ServerError(f"{what}: {type(exc).__name__}: {exc}") from exc
         if resp.status_code != 200:
-            raise ServerError(
-                f"{self.base_url}{endpoint} could not load {model_dir}: {resp.status_code} {resp.text[:300]}"
-            )
+            raise ServerError(f"{what}: {resp.status_code} {resp.text[:300]}")
+        try:
+            answer = resp.json()
+        except ValueError:
+            answer = {}
+        answer = answer if isinstance(answer, dict) else {}
+        if answer.get("success") is False:
+            raise ServerError(f"{what}: {answer.get('message', answer)}")
+        return answer
 
     async def close(self) -> None:
         await self._client.aclose()

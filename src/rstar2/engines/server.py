@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from ..chat.format import end_of_turn_ids, ensure_chat_template
 from ..chat.tools import ToolCall, parse_tool_calls
-from .base import SamplingParams
+from .base import SamplingParams, weights_fingerprint
 from .hf import HFEngine
 
 
@@ -59,6 +59,23 @@ def create_app(engine: HFEngine, tokenizer: Any, model_name: str) -> FastAPI:
     ensure_chat_template(tokenizer)
     app = FastAPI(title="rstar2 serve", version="1")
     default_stops = end_of_turn_ids(tokenizer)
+    dtype = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
+    weights: dict[str, Any] = {"version": 0, "path": None, "fingerprint": None, "keys": None}
+
+    def held_weights() -> dict[str, Any]:
+        """What the served model holds: load count, folder, and a fingerprint of the tensors the last
+        load named, read back from the model (computed when first asked)."""
+        if weights["fingerprint"] is None:
+            with engine.lock:
+                held = engine.model.state_dict()
+                keys = weights["keys"] or list(held)
+                weights["fingerprint"] = weights_fingerprint({k: held[k] for k in keys})
+        return {
+            "weights_version": weights["version"],
+            "weights_path": weights["path"],
+            "weights_fingerprint": weights["fingerprint"],
+            "dtype": dtype,
+        }
 
     def params(req: _Sampling, i: int) -> SamplingParams:
         stops = () if req.ignore_eos else default_stops
@@ -108,11 +125,13 @@ def create_app(engine: HFEngine, tokenizer: Any, model_name: str) -> FastAPI:
     @app.get("/get_server_info")
     async def server_info() -> dict[str, Any]:
         """KV capacity in tokens, under SGLang's key, for the rollout scheduler's ``kv`` policy."""
-        return {"model": model_name, "max_total_num_tokens": engine.capacity_tokens}
+        info = {"model": model_name, "max_total_num_tokens": engine.capacity_tokens}
+        return {**info, **await asyncio.to_thread(held_weights)}
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(body: _WeightsPath) -> dict[str, Any]:
-        """Load new weights (a checkpoint folder) into the served model (the RL trainer's call)."""
+        """Load new weights (a checkpoint folder) into the served model (the RL trainer's call).
+        The answer states the fingerprint of what the model now holds, for the trainer to check."""
         from safetensors.torch import load_file
 
         files = sorted(Path(body.model_path).glob("*.safetensors"))
@@ -121,8 +140,18 @@ def create_app(engine: HFEngine, tokenizer: Any, model_name: str) -> FastAPI:
         state: dict[str, Any] = {}
         for f in files:
             state.update(load_file(str(f)))
+        own = engine.model.state_dict()
+        unknown = sorted(set(state) - set(own))
+        if unknown:
+            raise HTTPException(
+                400, f"{body.model_path} holds tensors this model does not have: {unknown[:5]}"
+            )
         await asyncio.to_thread(engine.update_weights, state)
-        return {"success": True, "message": f"loaded {len(state)} tensors from {body.model_path}"}
+        weights.update(
+            version=weights["version"] + 1, path=body.model_path, fingerprint=None, keys=list(state)
+        )
+        held = await asyncio.to_thread(held_weights)
+        return {"success": True, "message": f"loaded {len(state)} tensors from {body.model_path}", **held}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -17,8 +17,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from ..config import dump_config, parse_config
-from .spec import DataSpec, EvalSpec, FilterSpec, Recipe, StageSpec, stage_tree
+from ..config import RolloutSection, dump_config, parse_config
+from .spec import DataSpec, EvalSpec, FilterSpec, Recipe, StageSpec, stage_rollout, stage_tree
 from .tasks import generate
 
 STATE_FILE = "recipe_state.json"
@@ -142,46 +142,37 @@ async def sft_rows(
     return rows[: data.limit]
 
 
-def _rollout_setup(
-    recipe: Recipe, model_dir: Path, *, max_turns: int, max_response_tokens: int, temperature: float
-):
-    from ..rollout.build import RolloutSetup
-    from ..rollout.runner import RolloutConfig
-
-    chat = recipe.chat
-    return RolloutSetup(
-        model=None if recipe.servers else str(model_dir),
-        servers=recipe.servers,
-        tokenizer=str(model_dir),
-        sandbox=recipe.sandbox,
-        sandbox_workers=recipe.sandbox_workers,
-        device=recipe.model.device,
-        dtype=recipe.model.dtype,
-        max_batch_size=256,
-        system_prompt=chat.system_prompt,
-        user_prefix=chat.user_prefix,
-        tools_in_prompt=chat.tools_in_prompt,
-        tool_limit_chars=chat.tool_limit_chars,
-        tool_traceback_lines=chat.tool_traceback_lines,
-        config=RolloutConfig(
-            max_turns=max_turns, max_response_tokens=max_response_tokens, temperature=temperature
-        ),
-    )
-
-
 async def _sample(
-    setup, services: dict, rows: list[dict[str, Any]], samples: int, seed: int, out_dir: Path, progress: bool
+    settings: RolloutSection,
+    model_dir: Path,
+    services: dict,
+    rows: list[dict[str, Any]],
+    samples: int,
+    seed: int,
+    out_dir: Path,
+    progress: bool,
+    device: str = "auto",
+    dtype: str = "auto",
 ) -> dict:
-    """Eval-style sampling through ``rstar2 eval``'s harness: ``samples`` rollouts per problem."""
+    """Eval-style sampling through ``rstar2 eval``'s harness: ``samples`` rollouts per problem, on
+    the in-process engine over ``model_dir`` or on the recipe's servers once they have loaded it."""
     from ..eval.harness import evaluate
-    from ..rollout.build import open_rollout
+    from ..rl.sync import load_into_servers
+    from ..rollout.build import open_engines, open_rollout
 
     out_dir.mkdir(parents=True, exist_ok=True)
     problems = _write(rows, out_dir / "problems.jsonl")
-    async with open_rollout(setup, **services) as rollout:
-        summaries = await evaluate(
-            rollout, [str(problems)], out_dir, samples=samples, seed=seed, progress=progress
-        )
+    engines = open_engines(settings, str(model_dir), device, dtype)
+    try:
+        if settings.servers:
+            await load_into_servers(engines, model_dir, settings)
+        async with open_rollout(settings, tokenizer=str(model_dir), engines=engines, **services) as rollout:
+            summaries = await evaluate(
+                rollout, [str(problems)], out_dir, samples=samples, seed=seed, progress=progress
+            )
+    finally:
+        for e in engines:
+            await e.close()
     return summaries["problems"]
 
 
@@ -200,15 +191,20 @@ async def filter_problems(
     from ..eval.harness import read_trajectories
     from .report import sampled_trajectories
 
-    cfg = parse_config(stage_tree(recipe, stage, model_path=str(model_dir), train="-", out="-"))
-    setup = _rollout_setup(
-        recipe,
+    settings = stage_rollout(recipe, stage, temperature=flt.temperature)  # the stage's own sampling
+    m = recipe.model
+    await _sample(
+        settings,
         model_dir,
-        max_turns=cfg.rollout.max_turns,
-        max_response_tokens=cfg.rollout.max_response_tokens,
-        temperature=flt.temperature,
+        services,
+        rows,
+        flt.samples,
+        recipe.seed + 17,
+        out_dir,
+        progress,
+        m.device,
+        m.dtype,
     )
-    await _sample(setup, services, rows, flt.samples, recipe.seed + 17, out_dir, progress)
     trajs, _ = read_trajectories(sampled_trajectories(out_dir))
     solved = [0] * len(rows)
     for t in trajs:
@@ -268,20 +264,27 @@ async def evaluate_model(
     recipe: Recipe, model_dir: Path, rows: list[dict], out_dir: Path, services: dict, progress: bool
 ) -> dict:
     spec: EvalSpec = recipe.eval
-    last_rl = next((s for s in reversed(recipe.stages) if s.kind == "rl"), None)
-    cfg = (
-        parse_config(stage_tree(recipe, last_rl, model_path=str(model_dir), train="-", out="-"))
-        if last_rl
-        else None
-    )
-    setup = _rollout_setup(
+    has_rl = any(s.kind == "rl" for s in recipe.stages)
+    base = stage_rollout(recipe)  # the last RL stage's settings: held-out scores as training samples
+    settings = stage_rollout(
         recipe,
-        model_dir,
-        max_turns=spec.max_turns or (cfg.rollout.max_turns if cfg else 4),
-        max_response_tokens=spec.max_response_tokens or (cfg.rollout.max_response_tokens if cfg else 1024),
         temperature=spec.temperature,
+        max_turns=spec.max_turns or (base.max_turns if has_rl else 4),
+        max_response_tokens=spec.max_response_tokens or (base.max_response_tokens if has_rl else 1024),
     )
-    return await _sample(setup, services, rows, spec.samples, recipe.seed + 1, out_dir, progress)
+    m = recipe.model
+    return await _sample(
+        settings,
+        model_dir,
+        services,
+        rows,
+        spec.samples,
+        recipe.seed + 1,
+        out_dir,
+        progress,
+        m.device,
+        m.dtype,
+    )
 
 
 # -- the run ------------------------------------------------------------------------------------
@@ -337,21 +340,28 @@ def run_recipe(
 async def open_services(recipe: Recipe) -> AsyncIterator[dict[str, Any]]:
     """One code environment and one verifier pool for the whole run (starting them per stage and
     per evaluation costs more than a tiny stage)."""
-    from ..reward import VerifierPool
-    from ..sandbox import LocalPool
-    from ..sandbox.client import Client
+    from ..rollout.build import open_services as open_rollout_services
 
-    executor: Any = Client(recipe.sandbox) if recipe.sandbox else LocalPool(workers=recipe.sandbox_workers)
-    await executor.start()
-    verifier = VerifierPool(recipe.verifier_workers).start()
-    try:
-        yield {"executor": executor, "verifier": verifier}
-    finally:
-        verifier.close()
-        await executor.close()
+    async with open_rollout_services(stage_rollout(recipe)) as services:
+        yield services
 
 
 async def _run(recipe: Recipe, out: Path, resume: bool, progress: bool, log: Callable[[str], None]) -> Path:
+    """The run; a failure becomes a ``RunError`` naming the part of the recipe it happened in (the
+    traceback in ``error.txt``); the folder keeps every finished stage for ``--resume``."""
+    from ..rl.launch import RunError, write_error
+
+    where = ["set-up"]
+    try:
+        return await _stages(recipe, out, resume, progress, log, where)
+    except Exception as exc:
+        write_error(out, exc)
+        raise RunError.at(f"recipe {recipe.name}, {where[0]}", out, exc) from exc
+
+
+async def _stages(
+    recipe: Recipe, out: Path, resume: bool, progress: bool, log: Callable[[str], None], where: list[str]
+) -> Path:
     from ..rl.checkpoint import latest_checkpoint
     from .report import eval_dir, sampled_trajectories, write_report
 
@@ -364,6 +374,7 @@ async def _run(recipe: Recipe, out: Path, resume: bool, progress: bool, log: Cal
     async with open_services(recipe) as services:
         if held_out and recipe.eval.before and "start" not in state["evals"]:
             log("[rstar2] evaluating the starting model on held-out problems")
+            where[0] = "evaluation of the starting model"
             state["evals"]["start"] = await evaluate_model(
                 recipe, current, held_out, eval_dir(out, 0, "start"), services, progress
             )
@@ -376,12 +387,14 @@ async def _run(recipe: Recipe, out: Path, resume: bool, progress: bool, log: Cal
                 continue
             log(f"[rstar2] stage {n}/{len(recipe.stages)}: {stage.name} ({stage.kind})")
             stage_dir.mkdir(parents=True, exist_ok=True)
+            where[0] = f"stage {stage.name} ({n}/{len(recipe.stages)}): its data"
             train = await stage_data(recipe, stage, current, stage_dir, services, progress)
             tree = stage_tree(recipe, stage, model_path=str(current), train=str(train), out=str(stage_dir))
             tree["run"]["progress"] = progress
             if n > 1 and recipe.stages[n - 2].kind == stage.kind:
                 # RL after RL continues the optimizer (unless the stage resets it); RL after SFT starts fresh
                 tree["run"]["init_from"] = str(current)
+            where[0] = f"stage {stage.name} ({n}/{len(recipe.stages)})"
             stopped = await train_stage(parse_config(tree), resume, services)
             ckpt = latest_checkpoint(stage_dir)
             if ckpt is None:
@@ -395,6 +408,7 @@ async def _run(recipe: Recipe, out: Path, resume: bool, progress: bool, log: Cal
             }
             _save_state(out, state)
             if held_out:
+                where[0] = f"evaluation after stage {stage.name}"
                 state["evals"][stage.name] = await evaluate_model(
                     recipe, current, held_out, eval_dir(out, n, stage.name), services, progress
                 )
@@ -405,6 +419,7 @@ async def _run(recipe: Recipe, out: Path, resume: bool, progress: bool, log: Cal
         # `rstar2 analyze entropy` of the final model on its own held-out trajectories (once per model)
         from ..analysis.report import analyze
 
+        where[0] = "entropy analysis of the final model"
         log(f"[rstar2] token entropy of the final model on its held-out trajectories ({last.name})")
         analyze(
             current,

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..config import ConfigError, parse_config, read_yaml, validate
+from ..config import ChatSection, ConfigError, RolloutSection, parse_config, read_yaml, validate
 from .tasks import FAMILIES
 
 
@@ -42,14 +42,6 @@ class ModelSpec(_Spec):
         if bool(self.path) == bool(self.build):
             raise ValueError("give either model.path (a model directory) or model.build: tiny")
         return self
-
-
-class ChatSpec(_Spec):
-    system_prompt: str | None = None  # None: rstar2's default; "": none
-    user_prefix: str | None = None
-    tools_in_prompt: bool = True
-    tool_limit_chars: int = 2048
-    tool_traceback_lines: int = 12
 
 
 class GeneratorSpec(_Spec):
@@ -157,11 +149,14 @@ class Recipe(_Spec):
     name: str = "recipe"
     seed: int = 0
     model: ModelSpec
-    chat: ChatSpec = Field(default_factory=ChatSpec)
+    chat: ChatSection = Field(default_factory=ChatSection)  # every stage, filter and evaluation
+    # Where rollouts run, for every stage, filter and evaluation (None: rollout's default)
     sandbox: str | None = None  # URL of `rstar2 sandbox serve`; None: a local pool
     sandbox_workers: int | None = None
-    verifier_workers: int = 1
-    servers: list[str] = Field(default_factory=list)  # OpenAI-compatible engines; empty: in-process
+    verifier_workers: int | None = None
+    # OpenAI-compatible engines; empty: in-process. The recipe loads each stage's starting model
+    # into them before it samples (filters, evaluations) and the RL trainer after every update.
+    servers: list[str] = Field(default_factory=list)
     defaults: dict[Literal["sft", "rl"], dict[str, Any]] = Field(default_factory=dict)
     eval: EvalSpec = Field(default_factory=EvalSpec)
     stages: list[StageSpec]
@@ -194,15 +189,10 @@ def stage_tree(recipe: Recipe, stage: StageSpec, *, model_path: str, train: str,
         "data": {"train": train, "limit": stage.data.limit},
         "run": {"out": out, "seed": recipe.seed},
     }
-    chat = {k: v for k, v in c.model_dump().items() if v is not None}
     if stage.kind == "rl":
-        tree["rollout"] = {**chat, "servers": recipe.servers, "sandbox": recipe.sandbox}
-        if recipe.sandbox_workers is not None:
-            tree["rollout"]["sandbox_workers"] = recipe.sandbox_workers
+        tree["rollout"] = {**c.model_dump(), **recipe_services(recipe)}
     else:
-        chat.pop("tool_limit_chars", None)
-        chat.pop("tool_traceback_lines", None)
-        tree.update(chat)
+        tree["chat"] = c.model_dump()
     tree = _merge(tree, recipe.defaults.get(stage.kind, {}))
     tree = _merge(tree, {s: getattr(stage, s) for s in SECTIONS if getattr(stage, s)})
     for short, dotted in SHORT_KEYS.items():
@@ -213,6 +203,29 @@ def stage_tree(recipe: Recipe, stage: StageSpec, *, model_path: str, train: str,
                 raise ConfigError(f"stages.{stage.name}.{short}: not a setting of {stage.kind} stages")
             tree.setdefault(section, {})[key] = value
     return tree
+
+
+def recipe_services(recipe: Recipe) -> dict[str, Any]:
+    """The recipe's engines, code environment and verifier, as rollout settings."""
+    where = {"servers": recipe.servers, "sandbox": recipe.sandbox}
+    for key in ("sandbox_workers", "verifier_workers"):
+        if getattr(recipe, key) is not None:
+            where[key] = getattr(recipe, key)
+    return where
+
+
+def stage_rollout(recipe: Recipe, stage: StageSpec | None = None, **overrides: Any) -> RolloutSection:
+    """The rollout settings of an RL stage (default: the last one; with no RL stage, the recipe's
+    chat format and services), with ``overrides``: what its difficulty filter and the held-out
+    evaluations sample with, so they score the policy as training samples it."""
+    stage = stage or next((s for s in reversed(recipe.stages) if s.kind == "rl"), None)
+    if stage is None:
+        tree = {**recipe.chat.model_dump(), **recipe_services(recipe)}
+    else:
+        tree = parse_config(
+            stage_tree(recipe, stage, model_path="-", train="-", out="-")
+        ).rollout.model_dump()
+    return validate(RolloutSection, {**tree, **overrides}, "rollout settings")
 
 
 def _exists(f: str) -> bool:

@@ -1,9 +1,13 @@
-"""The start of a training run, shared by SFT and RL: process group, tokenizer, model (from the
-last checkpoint when resuming), sharding, optimizer and scheduler (restored too), metrics log."""
+"""The start and end of a training run, shared by SFT and RL: process group, tokenizer, model
+(from the last checkpoint when resuming), sharding, optimizer and scheduler (restored too), metrics
+log; and, when a run fails, one error that says what and where, with clean-up that never hides it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,3 +88,35 @@ def load_training(
     if world.main:
         (run_dir / "config.yaml").write_text(dump_config(cfg))
     return Training(model, optimizer, scheduler, step, position, log)
+
+
+class RunError(RuntimeError):
+    """A run stopped by an error: the first error, where it happened, and the run folder (which
+    keeps what was written so far, and the traceback in ``error.txt``)."""
+
+    @classmethod
+    def at(cls, where: str, run_dir: str | Path, exc: BaseException) -> RunError:
+        """``where`` (e.g. "RL step 3") failed with ``exc``; an inner ``RunError`` gains the prefix."""
+        if isinstance(exc, RunError):
+            return cls(f"{where}: {exc}")
+        return cls(f"{where} failed: {type(exc).__name__}: {exc} (run folder {run_dir})")
+
+
+def write_error(run_dir: str | Path, exc: BaseException) -> None:
+    """The whole traceback of what stopped the run, as ``error.txt`` in its folder."""
+    try:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        (Path(run_dir) / "error.txt").write_text(text)
+    except OSError:
+        pass
+
+
+@contextmanager
+def quietly(what: str = "clean-up") -> Iterator[None]:
+    """Clean-up that never raises: a failure is reported on stderr. While an error propagates, a
+    second one from clean-up would replace it; after a good run the work is already saved."""
+    try:
+        yield
+    except Exception as exc:
+        print(f"[rstar2] {what}: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -76,6 +76,8 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 def plot_metrics(path: str | Path, keys=PLOT_KEYS) -> Path | None:
     """A grid of the main curves over steps, next to the JSONL (``metrics.png``); a panel whose key
     is a tuple draws one line per key."""
+    if not Path(path).is_file():
+        return None
     rows = read_metrics(path)
     keys = [((k,) if isinstance(k, str) else tuple(k), title) for k, title in keys]
     present = [(ks, title) for ks, title in keys if any(k in r for r in rows for k in ks)]

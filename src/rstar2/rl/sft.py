@@ -20,7 +20,7 @@ from . import distributed as D
 from .batch import Batch, collate, with_weights
 from .checkpoint import save_checkpoint
 from .data import DataStream
-from .launch import begin, load_training
+from .launch import RunError, begin, load_training, quietly, write_error
 from .update import forward_logprobs, optimizer_step
 
 
@@ -80,13 +80,7 @@ class SFTTrainer:
         cfg = self.cfg
         start = begin(cfg, self.resume)
         self.world, self.tokenizer = start.world, start.tokenizer
-        fmt = ChatFormat(
-            self.tokenizer,
-            stateful=cfg.stateful,
-            tools_in_prompt=cfg.tools_in_prompt,
-            system_prompt=cfg.system_prompt,
-            user_prefix=cfg.user_prefix,
-        )
+        fmt = ChatFormat.from_settings(self.tokenizer, cfg.chat)
         examples, self.dropped = [], 0
         for msgs in read_conversations(cfg.data.train)[: cfg.data.limit]:
             ids, mask = fmt.conversation_ids(msgs)
@@ -176,9 +170,13 @@ class SFTTrainer:
                     )
                 if stop:
                     break
+        except Exception as exc:
+            error = RunError.at(f"SFT step {self.step_no + 1}", self.run_dir, exc)
+            if world.main:
+                write_error(self.run_dir, exc)
+            raise error from exc
         finally:
-            if bar is not None:
-                bar.close()
-            self.log.close()
-            D.close(world)
+            for close in ([bar.close] if bar is not None else []) + [self.log.close, lambda: D.close(world)]:
+                with quietly():
+                    close()
         return history

@@ -29,8 +29,9 @@ from . import distributed as D
 from .checkpoint import save_checkpoint
 from .data import DataStream
 from .grpo import group_advantages
-from .launch import begin, load_training, param_dtype
+from .launch import RunError, begin, load_training, param_dtype, quietly, write_error
 from .roc import RocConfig, roc_select, score
+from .sync import publish
 from .update import update_on_rollouts
 
 RewardFn = Callable[[Trajectory], float]
@@ -181,14 +182,12 @@ class RLTrainer:
         return ref
 
     def _engines(self) -> list[Any]:
+        """Remote servers, or one in-process engine over the trainer's model (or its copy)."""
         from ..engines.hf import HFEngine
-        from ..engines.openai import OpenAIEngine
+        from ..rollout.build import open_engines
 
         if self.cfg.rollout.servers:
-            return [
-                OpenAIEngine(url, capacity_tokens=self.cfg.rollout.capacity_tokens)
-                for url in self.cfg.rollout.servers
-            ]
+            return open_engines(self.cfg.rollout)
         return [
             HFEngine(
                 self.engine_model,
@@ -198,25 +197,16 @@ class RLTrainer:
             )
         ]
 
-    def _rollout_setup(self):
-        from ..rollout.build import RolloutSetup
-        from ..rollout.runner import RolloutConfig
-
-        r = self.cfg.rollout
-        vocab = self.tokenizer.get_vocab()
-        unknown = [t for t in r.banned_tokens if t not in vocab]
-        if unknown:
-            raise ValueError(f"rollout.banned_tokens not in the tokenizer's vocabulary: {unknown}")
-        banned = tuple(vocab[t] for t in r.banned_tokens)
-        return as_dataclass(RolloutSetup, r, config=as_dataclass(RolloutConfig, r, banned_token_ids=banned))
-
     # -- the loop ----------------------------------------------------------------------------
     async def train(self) -> list[dict[str, Any]]:
+        """Run the remaining steps. A failure stops the run with a ``RunError`` that names the
+        step and the first error (its traceback in ``error.txt`` of the run folder); clean-up that
+        fails after it is only reported, and the folder keeps everything written so far."""
         from ..rollout.build import open_rollout
 
         self._load()
         history: list[dict[str, Any]] = []
-        engines = self._engines()
+        self.engines = self._engines()
         bar = None
         if self.cfg.run.progress and self.world.main:
             from tqdm.auto import tqdm
@@ -224,11 +214,14 @@ class RLTrainer:
             bar = tqdm(total=self.cfg.run.steps, initial=self.step_no, desc="rl steps", unit="step")
         try:
             async with open_rollout(
-                self._rollout_setup(), engines=engines, tokenizer=self.tokenizer, **self.services
+                self.cfg.rollout, tokenizer=self.tokenizer, engines=self.engines, **self.services
             ) as rollout:
                 self.rollout = rollout
                 while self.step_no < self.cfg.run.steps:
-                    metrics = await self.step()
+                    try:
+                        metrics = await self.step()
+                    except Exception as exc:
+                        raise RunError.at(f"RL step {self.step_no + 1}", self.run_dir, exc) from exc
                     history.append(metrics)
                     if bar is not None:
                         bar.update(1)
@@ -238,13 +231,19 @@ class RLTrainer:
                     last = self.step_no == self.cfg.run.steps
                     if last or self.step_no % max(1, self.cfg.run.save_every) == 0:
                         self.save(metrics)
+        except BaseException as exc:
+            if self.world.main:
+                write_error(self.run_dir, exc)
+            raise
         finally:
-            if bar is not None:
-                bar.close()
-            for e in engines:
-                await e.close()
-            self.log.close()
-            D.close(self.world)
+            for e in self.engines:
+                with quietly(f"closing engine {e.name}"):
+                    await e.close()
+            for close in ([bar.close] if bar is not None else []) + [self.log.close]:
+                with quietly():
+                    close()
+            with quietly():
+                D.close(self.world)
         return history
 
     def save(self, metrics: dict[str, Any] | None = None) -> Path:
@@ -282,6 +281,7 @@ class RLTrainer:
         t0 = time.perf_counter()
         trajs = await self.rollout.run_many(items, on_done=self._progress(len(items)))
         rollout_s = time.perf_counter() - t0
+        self._check_faults(trajs)
         if self.reward_fn is not None:
             for t in trajs:
                 t.reward = float(self.reward_fn(t))  # a custom reward sees every rollout, truncated ones too
@@ -317,7 +317,7 @@ class RLTrainer:
         update = await asyncio.to_thread(self._update, rows, trajs)
         update_s = time.perf_counter() - t1
         t2 = time.perf_counter()
-        await self._publish()
+        sync = await self._publish(step)
         sync_s = time.perf_counter() - t2
 
         self.step_no = step
@@ -326,6 +326,7 @@ class RLTrainer:
             **step_metrics(all_records),
             **dict(zip(_ROC_COUNTS, roc_counts, strict=True)),
             **update,
+            **sync,
             "tokens_per_s": gen_tokens / rollout_s if rollout_s > 0 else 0.0,
             "time/rollout_s": rollout_s,
             "time/update_s": update_s,
@@ -361,14 +362,31 @@ class RLTrainer:
 
         return done
 
+    def _check_faults(self, trajs: list[Trajectory]) -> None:
+        """Stop when more than ``run.max_fault_share`` of the step's rollouts (all processes) ended
+        because their engine failed: a thin batch of survivors is no step to train on."""
+        failed = [t for t in trajs if t.finish_reason == "error"]
+        n_failed, n_all = D.all_sum([len(failed), len(trajs)], self.world)
+        if n_all and n_failed / n_all > self.cfg.run.max_fault_share:
+            first = next(
+                v for v in D.all_gather_objects(failed[0].verdict if failed else None, self.world) if v
+            )
+            raise RuntimeError(
+                f"{int(n_failed)} of {int(n_all)} rollouts failed (more than run.max_fault_share="
+                f"{self.cfg.run.max_fault_share}); the first: {first}"
+            )
+
     def _update(self, rows: list[tuple[Trajectory, float, int]], trajs: list[Trajectory]) -> dict[str, Any]:
+        pad = self.tokenizer.pad_token_id or 0
+        # a process without problems this step still joins every collective, with a zero-weight row
+        stand_in = trajs[0] if trajs else Trajectory("", None, [pad], [pad], [0], [0.0])
         out = update_on_rollouts(
             self.model,
             self.optimizer,
             self.scheduler,
             rows,
-            trajs[0],
-            pad_id=self.tokenizer.pad_token_id or 0,
+            stand_in,
+            pad_id=pad,
             optim=self.cfg.optim,
             loss=self.cfg.loss,
             world=self.world,
@@ -378,21 +396,20 @@ class RLTrainer:
         self.model.eval()
         return out
 
-    async def _publish(self) -> None:
-        """New weights to the engines that do not share the trainer's model."""
-        if self.cfg.rollout.servers:
-            path = self.run_dir / "weights-latest"
-            weights = D.full_state_dict(self.model, self.world)
-            if self.world.main:
-                cpu = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
-                self.model.save_pretrained(path, state_dict=cpu, safe_serialization=True)
-                for e in self.rollout.policy.engines:
-                    await e.update_weights(str(path.resolve()), self.cfg.rollout.reload_path)
-            D.barrier(self.world)
-        elif self.world.distributed:
-            weights = D.full_state_dict(self.model, self.world)
-            for e in self.rollout.policy.engines:
-                e.update_weights({k: v.to(self.engine_model.dtype) for k, v in weights.items()})
+    async def _publish(self, step: int) -> dict[str, float]:
+        """New weights to the engines that do not share the trainer's model, checked (rl/sync.py)."""
+        return await publish(
+            self.model,
+            self.engines,
+            self.cfg.rollout,
+            self.world,
+            self.run_dir / "weights-latest",
+            shared=not self.cfg.rollout.servers and not self.world.distributed,
+            probe_prompt=self.rollout.fmt.prompt_ids(PROBE_PROBLEM),
+            pad_id=self.tokenizer.pad_token_id or 0,
+            step=step,
+        )
 
 
+PROBE_PROBLEM = "What is 12 + 30?"  # the prompt each engine samples from after a weight sync
 _ROC_COUNTS = ("roc/groups", "roc/groups_kept", "roc/groups_all_correct", "roc/groups_all_incorrect")

@@ -1,36 +1,20 @@
-"""Wiring for the commands: engines + chat format + code environment + verifier → a ``Rollout``."""
+"""The one place where rollout settings become a running ``Rollout``.
+
+``rstar2.config.RolloutSection`` holds every rollout setting; this module turns it into engines
+(an in-process ``HFEngine`` or OpenAI-compatible servers), the chat format, the code environment
+and the verifier. The RL trainer, the recipe's difficulty filters and held-out evaluations, and the
+``eval``/``chat`` commands all come through here, so they sample the same way.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..chat.format import ChatFormat
-from .runner import Rollout, RolloutConfig
-
-
-@dataclass
-class RolloutSetup:
-    model: str | None = None  # a local Hugging Face model directory (in-process HFEngine)
-    servers: Sequence[str] = ()  # OpenAI-compatible servers (vLLM, SGLang, rstar2 serve)
-    tokenizer: str | None = None  # defaults to the model directory
-    sandbox: str | None = None  # URL of `rstar2 sandbox serve`; default: a local pool
-    sandbox_workers: int | None = None
-    verifier_workers: int = 2
-    device: str = "auto"
-    dtype: str = "auto"
-    max_batch_size: int = 64
-    capacity_tokens: int | None = None  # KV tokens per engine; None: what each engine reports
-    stateful: bool = False
-    tool_limit_chars: int = 2048
-    tool_traceback_lines: int = 12
-    tool_limit_tokens: int | None = None
-    system_prompt: str | None = None  # None: rstar2's default system prompt
-    user_prefix: str | None = None  # None: rstar2's default words before the problem
-    tools_in_prompt: bool = True
-    config: RolloutConfig = field(default_factory=RolloutConfig)
+from ..config import RolloutSection
+from .runner import Rollout
 
 
 def load_tokenizer(path: str) -> Any:
@@ -39,68 +23,86 @@ def load_tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
-@asynccontextmanager
-async def open_rollout(
-    setup: RolloutSetup,
-    engines: Sequence[Any] | None = None,
-    tokenizer: Any = None,
-    executor: Any = None,
-    verifier: Any = None,
-) -> AsyncIterator[Rollout]:
-    """A ready ``Rollout``; ``engines`` and ``tokenizer`` given by the caller (the trainer, whose
-    engine shares its model) replace those the setup would load; so do a running ``executor``
-    (code environment) and ``verifier`` pool, which stay open (a recipe shares them by stage)."""
-    from ..engines.hf import HFEngine
+def open_engines(
+    settings: RolloutSection, model: str | None = None, device: str = "auto", dtype: str = "auto"
+) -> list[Any]:
+    """``settings.servers`` as ``OpenAIEngine``s, or one in-process ``HFEngine`` over ``model``."""
     from ..engines.openai import OpenAIEngine
+
+    if settings.servers:
+        return [OpenAIEngine(url, capacity_tokens=settings.capacity_tokens) for url in settings.servers]
+    if not model:
+        raise ValueError("give either a model directory (--model) or one or more servers (--server)")
+    from ..engines.hf import HFEngine
+
+    return [
+        HFEngine.from_pretrained(
+            model,
+            device=device,
+            dtype=dtype,
+            max_batch_size=settings.max_batch_size,
+            capacity_tokens=settings.capacity_tokens,
+        )
+    ]
+
+
+@asynccontextmanager
+async def open_services(
+    settings: RolloutSection, executor: Any = None, verifier: Any = None
+) -> AsyncIterator[dict[str, Any]]:
+    """The code environment (``settings.sandbox``: the HTTP service, else a local pool) and the
+    verifier pool, as the ``executor``/``verifier`` keywords of ``open_rollout``; one given by the
+    caller is passed through and left open."""
     from ..reward import VerifierPool
     from ..sandbox import LocalPool
     from ..sandbox.client import Client
 
-    if engines is None and bool(setup.model) == bool(setup.servers):
-        raise ValueError("give either a model directory (--model) or one or more servers (--server)")
-    tok_path = setup.tokenizer or setup.model
-    if tok_path is None and tokenizer is None:
-        raise ValueError("with --server, give --tokenizer PATH (the served model's tokenizer directory)")
-    fmt = ChatFormat(
-        tokenizer if tokenizer is not None else load_tokenizer(tok_path),
-        system_prompt=setup.system_prompt,
-        user_prefix=setup.user_prefix,
-        stateful=setup.stateful,
-        tools_in_prompt=setup.tools_in_prompt,
-        tool_limit_chars=setup.tool_limit_chars,
-        tool_traceback_lines=setup.tool_traceback_lines,
-        tool_limit_tokens=setup.tool_limit_tokens,
-    )
-    own = engines is None
-    if not own:
-        engines = list(engines)
-    elif setup.model:
-        engines = [
-            HFEngine.from_pretrained(
-                setup.model,
-                device=setup.device,
-                dtype=setup.dtype,
-                max_batch_size=setup.max_batch_size,
-                capacity_tokens=setup.capacity_tokens,
-            )
-        ]
-    else:
-        engines = [OpenAIEngine(url, capacity_tokens=setup.capacity_tokens) for url in setup.servers]
-    for engine in engines:  # servers state their KV capacity (vLLM /metrics, SGLang server info)
-        if hasattr(engine, "probe_capacity"):
-            await engine.probe_capacity()
     own_executor, own_verifier = executor is None, verifier is None
-    if own_executor:
-        executor = Client(setup.sandbox) if setup.sandbox else LocalPool(workers=setup.sandbox_workers)
-        await executor.start()
-    if own_verifier:
-        verifier = VerifierPool(setup.verifier_workers).start()
     try:
-        yield Rollout(engines, fmt, executor, verifier, setup.config)
-    finally:
-        if own_verifier:
-            verifier.close()
         if own_executor:
+            executor = (
+                Client(settings.sandbox) if settings.sandbox else LocalPool(workers=settings.sandbox_workers)
+            )
+            await executor.start()
+        if own_verifier:
+            verifier = VerifierPool(settings.verifier_workers).start()
+        yield {"executor": executor, "verifier": verifier}
+    finally:
+        if own_verifier and verifier is not None:
+            verifier.close()
+        if own_executor and executor is not None:
             await executor.close()
+
+
+@asynccontextmanager
+async def open_rollout(
+    settings: RolloutSection,
+    *,
+    model: str | None = None,
+    tokenizer: Any = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    engines: Sequence[Any] | None = None,
+    executor: Any = None,
+    verifier: Any = None,
+) -> AsyncIterator[Rollout]:
+    """A ready ``Rollout``. ``model``: a local model directory for the in-process engine (and the
+    tokenizer's default); ``tokenizer``: a directory or a loaded tokenizer. ``engines`` given by
+    the caller (the trainer, whose engine shares its model) replace those of the settings; so do a
+    running ``executor`` and ``verifier`` (a recipe shares them by stage), which stay open."""
+    if tokenizer is None and model is None:
+        raise ValueError("with --server, give --tokenizer PATH (the served model's tokenizer directory)")
+    if tokenizer is None or isinstance(tokenizer, str):
+        tokenizer = load_tokenizer(str(tokenizer or model))
+    fmt = ChatFormat.from_settings(tokenizer, settings)
+    own = engines is None
+    engines = open_engines(settings, model, device, dtype) if own else list(engines)
+    try:
+        for engine in engines:  # servers state their KV capacity (vLLM /metrics, SGLang server info)
+            if hasattr(engine, "probe_capacity"):
+                await engine.probe_capacity()
+        async with open_services(settings, executor, verifier) as services:
+            yield Rollout(engines, fmt, services["executor"], services["verifier"], settings)
+    finally:
         for e in engines if own else []:
             await e.close()

@@ -12,11 +12,11 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..chat.format import ChatFormat, end_of_turn_ids
 from ..chat.tools import SESSION_TOOL, ToolCall, parse_tool_calls
+from ..config import RolloutSection
 from ..engines.base import Engine, Generation, SamplingParams
 from ..sandbox.result import ExecRequest, ExecResult
 from .scheduler import Request, Scheduler
@@ -35,22 +35,14 @@ class Verifier(Protocol):
     async def acheck(self, reference: str, response: str, **options: Any) -> Any: ...
 
 
-@dataclass
-class RolloutConfig:
-    max_turns: int = 10
-    max_response_tokens: int = 8192  # model and tool tokens together
-    max_tokens_per_turn: int | None = None
-    max_calls_per_turn: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    stop_token_ids: tuple[int, ...] | None = None  # None: the tokenizer's end-of-turn tokens
-    banned_token_ids: tuple[int, ...] = ()
-    tool_timeout_s: float | None = None
-    verify_mode: str = "strict"
-    scheduler: str = "kv"  # kv | least_requests | static (rollout/scheduler.py)
-    grant_tokens: int | None = None  # kv: new tokens per admitted request (None: 512 or capacity/64)
-    engine_retries: int = 2  # a request whose engine failed is retried on another this many times
+def token_ids(tokenizer: Any, tokens: Sequence[str] | None, key: str) -> tuple[int, ...]:
+    """Token strings of a setting (``banned_tokens``, ``stop_tokens``) as ids; unknown ones are an
+    error naming the setting."""
+    vocab = tokenizer.get_vocab()
+    unknown = [t for t in tokens or () if t not in vocab]
+    if unknown:
+        raise ValueError(f"{key}: not in the tokenizer's vocabulary: {unknown}")
+    return tuple(vocab[t] for t in tokens or ())
 
 
 class Rollout:
@@ -60,18 +52,23 @@ class Rollout:
         fmt: ChatFormat,
         executor: Executor,
         verifier: Verifier | None = None,
-        config: RolloutConfig | None = None,
+        config: RolloutSection | None = None,
         scheduler: Scheduler | None = None,
     ) -> None:
+        """``config``: the rollout settings (``rstar2.config.RolloutSection``); its chat fields are
+        ``fmt``'s business, the engine and sandbox fields ``open_rollout``'s."""
         engines = [engines] if not isinstance(engines, Sequence) else list(engines)
         self.fmt = fmt
         self.executor = executor
         self.verifier = verifier
-        self.config = config or RolloutConfig()
+        self.config = config or RolloutSection()
         self.scheduler = scheduler or Scheduler(
             engines, self.config.scheduler, grant_tokens=self.config.grant_tokens
         )
-        self.stop_ids = self.config.stop_token_ids or end_of_turn_ids(fmt.tokenizer)
+        self.stop_ids = token_ids(fmt.tokenizer, self.config.stop_tokens, "rollout.stop_tokens") or (
+            end_of_turn_ids(fmt.tokenizer)
+        )
+        self.banned_ids = token_ids(fmt.tokenizer, self.config.banned_tokens, "rollout.banned_tokens")
         self._prompts: dict[str, list[int]] = {}
 
     def _prompt_ids(self, problem: str) -> list[int]:
@@ -185,7 +182,7 @@ class Rollout:
                 top_p=cfg.top_p,
                 top_k=cfg.top_k,
                 stop_token_ids=self.stop_ids,
-                banned_token_ids=cfg.banned_token_ids,
+                banned_token_ids=self.banned_ids,
                 seed=None if seed is None else seed * 1000 + turn_no + 1_000_003 * piece,
             )
             try:

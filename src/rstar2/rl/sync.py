@@ -1,0 +1,173 @@
+"""New weights to the engines after each update, and the proof that they serve them.
+
+- One process: the in-process engine shares the trainer's model object; nothing to send.
+- Under torchrun without servers: each process's engine holds its own copy and loads the full
+  state dict.
+- Remote servers (``rollout.servers``): rank 0 writes the weights as a model folder and asks each
+  server to load it (``rollout.reload_path``, SGLang's ``/update_weights_from_disk``, which
+  ``rstar2 serve`` offers too). A refused request is retried ``rollout.reload_retries`` times, then
+  the run stops: it never trains on against stale weights.
+
+Two checks follow every sync. A server that states a fingerprint of the weights it now holds
+(``rstar2 serve``) must state the trainer's. And every engine samples a few tokens from a fixed
+prompt while the trainer computes the same tokens' logprobs: their mean absolute difference must
+stay under ``rollout.weight_check_tol`` (any server; catches a reload that was answered but not
+applied, or a different model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import RolloutSection
+from ..engines.base import SamplingParams, weights_fingerprint
+from . import distributed as D
+from .batch import collate
+from .update import logprobs_of
+
+PROBE_TOKENS = 16
+
+
+class WeightSyncError(RuntimeError):
+    """An engine did not take, or does not serve, the trainer's new weights."""
+
+
+async def reload_server(engine: Any, path: Path, settings: RolloutSection) -> dict[str, Any]:
+    """One server loads ``path``; retried with back-off, then a ``WeightSyncError`` naming it."""
+    delay = 1.0
+    for attempt in range(settings.reload_retries + 1):
+        try:
+            return await engine.update_weights(str(path.resolve()), settings.reload_path)
+        except Exception as exc:
+            if attempt == settings.reload_retries:
+                raise WeightSyncError(
+                    f"engine {engine.name} refused the new weights "
+                    f"({settings.reload_retries + 1} tries): {exc}"
+                ) from exc
+            await asyncio.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
+
+
+def saved_tensors(folder: Path, weights: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors a model folder holds (``save_pretrained`` leaves out tied copies): taken from
+    ``weights`` when given (only the file headers are read), else loaded from the files."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if weights is None:
+        return {k: v for f in files for k, v in load_file(str(f)).items()}
+    keys = set()
+    for f in files:
+        with safe_open(str(f), framework="pt") as fh:
+            keys.update(fh.keys())
+    return {k: weights[k] for k in keys}
+
+
+def check_fingerprint(engine_name: str, answer: dict[str, Any], sent: dict[str, torch.Tensor]) -> None:
+    """When the server states what it holds (``rstar2 serve``), it must be what was ``sent``."""
+    stated = answer.get("weights_fingerprint")
+    if stated is None:
+        return
+    mine = weights_fingerprint(sent, answer.get("dtype"))
+    if abs(float(stated) - mine) > 1e-9 * max(1.0, abs(mine)):
+        raise WeightSyncError(
+            f"engine {engine_name} holds other weights than the trainer sent "
+            f"(fingerprint {stated!r}, trainer's {mine!r})"
+        )
+
+
+async def load_into_servers(
+    engines: list[Any], folder: Path, settings: RolloutSection, weights: dict[str, torch.Tensor] | None = None
+) -> None:
+    """Every server loads the model folder and, where it says what it holds, is checked against it."""
+    sent = None
+    for e in engines:
+        answer = await reload_server(e, folder, settings)
+        if answer.get("weights_fingerprint") is not None:
+            sent = sent if sent is not None else saved_tensors(folder, weights)
+            check_fingerprint(e.name, answer, sent)
+
+
+async def probe_engines(
+    engines: list[Any],
+    model: torch.nn.Module,
+    prompt_ids: list[int],
+    world: D.World,
+    *,
+    pad_id: int,
+    seed: int,
+) -> list[float]:
+    """Mean |engine logprob - trainer logprob| over ``PROBE_TOKENS`` sampled tokens, per engine.
+    Every process calls this with its own engines (a forward under FSDP is a collective)."""
+    params = SamplingParams(max_new_tokens=PROBE_TOKENS, temperature=1.0, seed=seed)
+    gens = [await e.generate(list(prompt_ids), params) for e in engines]
+    seqs = [(list(prompt_ids), g.token_ids, [1] * len(g.token_ids), g.logprobs) for g in gens]
+    if not seqs:  # this process has no engine: join the collective forward with a stand-in row
+        seqs = [(list(prompt_ids), [pad_id], [0], [0.0])]
+    batch = collate(seqs, [0.0] * len(seqs), [0] * len(seqs), pad_id).to(world.device)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        mine = logprobs_of(model, batch, max_tokens=1 << 20, world=world).cpu()
+    model.train(was_training)
+    diffs = []
+    for row in range(len(gens)):
+        mask = batch.mask[row].cpu().bool()
+        theirs = batch.engine_logp[row].cpu()[mask]
+        diffs.append(float((theirs - mine[row][mask]).abs().mean()) if mask.any() else 0.0)
+    return diffs
+
+
+async def publish(
+    model: torch.nn.Module,
+    engines: list[Any],
+    settings: RolloutSection,
+    world: D.World,
+    folder: Path,
+    *,
+    shared: bool,
+    probe_prompt: list[int],
+    pad_id: int,
+    step: int,
+) -> dict[str, float]:
+    """Send the trainer's weights to ``engines`` and check them; returns ``sync/*`` metrics.
+    ``shared``: the engine is the trainer's own model object (one process, nothing to do)."""
+    if shared:
+        return {}
+    weights = D.full_state_dict(model, world)
+    if settings.servers:
+        error: BaseException | None = None
+        if world.main:
+            try:
+                cpu = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
+                model.save_pretrained(folder, state_dict=cpu, safe_serialization=True)
+                await load_into_servers(engines, folder, settings, cpu)
+            except BaseException as exc:  # told to every process below, so none waits forever
+                error = exc
+        failed = D.all_gather_objects(None if error is None else f"{type(error).__name__}: {error}", world)
+        if error is not None:
+            raise error
+        if any(failed):
+            raise WeightSyncError(f"rank 0 could not publish the weights of step {step}: {failed[0]}")
+    else:
+        for e in engines:
+            e.update_weights({k: v.to(e.model.dtype) for k, v in weights.items()})
+    diffs = await probe_engines(engines, model, probe_prompt, world, pad_id=pad_id, seed=step)
+    named = [(e.name, d) for e, d in zip(engines, diffs, strict=True)]
+    every = [x for part in D.all_gather_objects(named, world) for x in part]  # the same on every rank
+    worst = max((d for _, d in every), default=0.0)
+    tol = settings.weight_check_tol
+    if tol is not None:
+        bad = [(name, d) for name, d in every if d > tol]
+        if bad:
+            raise WeightSyncError(
+                f"after the update of step {step}, engine {bad[0][0]} samples with other weights than "
+                f"the trainer's: mean |logprob difference| {bad[0][1]:.4f} > rollout.weight_check_tol {tol}"
+            )
+    return {"sync/logprob_diff": worst}
