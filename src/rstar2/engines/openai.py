@@ -94,8 +94,11 @@ class OpenAIEngine:
 
     async def _model(self) -> str:
         if self.model is None:
-            data = (await self._client.get("/v1/models")).raise_for_status().json()
-            self.model = data["data"][0]["id"]
+            try:
+                data = (await self._client.get("/v1/models")).raise_for_status().json()
+                self.model = data["data"][0]["id"]
+            except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+                raise ServerError(f"{self.base_url}/v1/models: {type(exc).__name__}: {exc}") from exc
         return self.model
 
     def body(self, prompt_ids: list[int], params: SamplingParams, model: str) -> dict[str, Any]:

@@ -269,11 +269,12 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 
 
 def find_recipe(name: str) -> Path:
-    """A recipe file: a path, or the name of one in the project's ``recipes/`` folder."""
+    """A recipe file: a path, or the name of one shipped with the package (``rstar2/recipes/``,
+    also reachable as ``recipes/`` in a checkout)."""
     path = Path(name)
     if path.exists() or path.suffix in (".yaml", ".yml"):
         return path
-    shipped = Path(__file__).resolve().parents[3] / "recipes" / f"{name}.yaml"
+    shipped = Path(__file__).resolve().parents[1] / "recipes" / f"{name}.yaml"
     if shipped.exists():
         return shipped
     raise ConfigError(f"no recipe {name!r}: give a YAML path, or a name in {shipped.parent}")

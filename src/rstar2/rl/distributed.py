@@ -65,14 +65,19 @@ def shard(model: torch.nn.Module, world: World) -> torch.nn.Module:
 
 
 def full_state_dict(model: torch.nn.Module, world: World) -> dict[str, torch.Tensor]:
-    """Unsharded parameters on the CPU, on every process (for the engines and checkpoints)."""
+    """Unsharded parameters, on every process (for the engines and checkpoints); a tied parameter
+    (input and output embeddings) once, under its first name, whether or not the model is sharded
+    (the sharded state dict would otherwise hold two copies and save both)."""
     if not world.distributed:
-        return {k: v.detach() for k, v in model.state_dict().items()}
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        state = {k: v.detach() for k, v in model.state_dict().items()}
+    else:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(
-        model, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
-    )
+        state = get_model_state_dict(
+            model, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
+        )
+    names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    return {k: v for k, v in state.items() if k in names}
 
 
 def all_sum(values: Sequence[float], world: World) -> list[float]:

@@ -153,9 +153,14 @@ def _mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
-def roc_select(groups: Sequence[Sequence[Scored]], cfg: RocConfig, rng: random.Random) -> RocResult:
-    """Select per group; metrics compare the penalties of all correct rollouts with the kept ones."""
-    choices = [select_group(g, cfg, rng) for g in groups]
+def roc_select(
+    groups: Sequence[Sequence[Scored]], cfg: RocConfig, rng: random.Random | Sequence[random.Random]
+) -> RocResult:
+    """Select per group; metrics compare the penalties of all correct rollouts with the kept ones.
+    ``rng``: one generator for all groups, or one per group (the trainer seeds each group's from
+    its global index, so the choices do not depend on how groups are spread over processes)."""
+    rngs = [rng] * len(groups) if isinstance(rng, random.Random) else list(rng)
+    choices = [select_group(g, cfg, r) for g, r in zip(groups, rngs, strict=True)]
     all_pos = [s for g in groups for s in g if s.correct]
     kept_pos = [g[i] for g, c in zip(groups, choices, strict=True) for i in c.kept if g[i].correct]
     kept = [g[i] for g, c in zip(groups, choices, strict=True) for i in c.kept]

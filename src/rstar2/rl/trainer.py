@@ -290,7 +290,8 @@ class RLTrainer:
         groups = [trajs[i * S : (i + 1) * S] for i in range(len(mine))]
         roc_cfg = as_dataclass(RocConfig, cfg.roc, keep=cfg.roc.keep if cfg.roc.enabled else S)
         scored = [[score(t, cfg.roc.error_penalty, cfg.roc.format_penalty) for t in g] for g in groups]
-        choice = roc_select(scored, roc_cfg, random.Random(_seed(cfg.run.seed, step, world.rank, 1)))
+        rngs = [random.Random(_seed(cfg.run.seed, step, g, 1)) for g in mine]  # by group, not by process
+        choice = roc_select(scored, roc_cfg, rngs)
         kept_groups = [[g[i] for i in idx] for g, idx in zip(groups, choice.kept, strict=True)]
         advs = group_advantages(
             [[t.reward for t in g] for g in kept_groups], cfg.loss.adv_eps, cfg.loss.scale_by_std

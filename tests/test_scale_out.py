@@ -1,0 +1,268 @@
+"""Every road past the laptop, end to end through the real CLI: RL and SFT under torchrun, RL on a
+remote engine (`rstar2 serve`) whose weights must follow the trainer's, RL on the remote code
+environment (the HTTP service, alone and with a Redis worker node), a recipe on a remote engine,
+and failures that must stop a run with the first error and where it happened."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from rstar2.engines.base import weights_fingerprint
+from rstar2.rl.checkpoint import latest_checkpoint
+from rstar2.rl.metrics_log import read_metrics
+
+from .conftest import ROOT, free_port, start_cli, stop, wait_http
+from .rl.test_trainer import rl_config
+from .rollout.conftest import CORPUS, tiny, tiny_dir  # noqa: F401
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+
+
+def cli(args: list[str], timeout: float = 600, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rstar2", *args],
+        cwd=cwd,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def torchrun(n: int, args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
+    return subprocess.run(
+        [*cmd, "-m", "rstar2", *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+def write_config(tree: dict, path: Path) -> Path:
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def final_weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(latest_checkpoint(run) / "model.safetensors"))
+
+
+def assert_same_weights(a: dict, b: dict, atol: float) -> None:
+    assert a.keys() == b.keys()
+    worst = max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert worst <= atol, worst
+
+
+@pytest.fixture(scope="module")
+def problems(tmp_path_factory):
+    root = tmp_path_factory.mktemp("scale")
+    rows = [{"problem": f"What is {i} * {i + 1}?", "answer": str(i * (i + 1))} for i in range(12)]
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root / "train.jsonl"
+
+
+def small_rl(model: Path, data: Path, out: Path, steps: int = 2, **rollout) -> dict:
+    tree = rl_config(model, data, out)
+    tree["run"].update(steps=steps, save_every=1, samples_per_step=8)
+    tree["rollout"].update(rollout)
+    return tree
+
+
+# -- a remote engine --------------------------------------------------------------------------
+@pytest.fixture
+def served(tiny_dir):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_cli(["serve", "--model", str(tiny_dir), "--port", str(port), "--device", "cpu"], env=ENV)
+    try:
+        wait_http(url, proc)
+        yield url
+    finally:
+        stop(proc)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_rl_on_a_served_engine_keeps_the_server_on_the_trainers_weights(served, tiny_dir, problems, tmp_path):
+    start = httpx.get(served + "/get_server_info").json()
+    out = tmp_path / "run"
+    ok(
+        cli(
+            [
+                "train",
+                str(write_config(small_rl(tiny_dir, problems, out, servers=[served]), tmp_path / "rl.yaml")),
+            ]
+        )
+    )
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    # after each update the server sampled with the trainer's weights: its logprobs are the trainer's
+    assert all(r["sync/logprob_diff"] < 1e-4 for r in rows), [r["sync/logprob_diff"] for r in rows]
+    info = httpx.get(served + "/get_server_info").json()
+    assert info["weights_version"] == 2  # one load per step
+    final = final_weights(out)
+    assert info["weights_fingerprint"] == pytest.approx(weights_fingerprint(final), rel=1e-12)
+    assert start["weights_fingerprint"] != pytest.approx(info["weights_fingerprint"], rel=1e-9)  # they moved
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_refused_weight_update_stops_the_run_saying_where(served, tiny_dir, problems, tmp_path):
+    out = tmp_path / "run"
+    tree = small_rl(tiny_dir, problems, out, servers=[served], reload_path="/no_such_route", reload_retries=1)
+    run = cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))])
+    assert run.returncode == 1, run.stderr[-3000:]
+    said = " ".join(run.stderr.split())
+    assert "RL step 1 failed: WeightSyncError" in said and f"engine {served} refused the new weights" in said
+    assert "Traceback" not in run.stderr and "metrics.jsonl" not in said  # the first error, nothing after it
+    assert "WeightSyncError" in (out / "error.txt").read_text()
+    assert (out / "config.yaml").is_file() and (out / "samples" / "step_000001.jsonl").is_file()  # kept
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_dead_engine_stops_the_run_naming_it(tiny_dir, problems, tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"
+    out = tmp_path / "run"
+    tree = small_rl(tiny_dir, problems, out, servers=[dead], engine_retries=0)
+    run = cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))])
+    assert run.returncode == 1, run.stderr[-3000:]
+    said = " ".join(run.stderr.split())
+    assert "RL step 1 failed" in said and "32 of 32 rollouts failed" in said and dead in said, said
+    assert not latest_checkpoint(out)  # nothing was trained on
+
+
+# -- several training processes ---------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("batch_size", [4, 1], ids=["4-problems", "fewer-problems-than-processes"])
+def test_rl_under_torchrun_ends_with_the_parameters_of_one_process(tiny_dir, problems, tmp_path, batch_size):
+    runs = {}
+    for n in (1, 2):
+        out = tmp_path / f"n{n}"
+        tree = small_rl(tiny_dir, problems, out)
+        tree["run"]["batch_size"] = batch_size
+        tree["optim"]["lr"] = 1e-3
+        path = write_config(tree, tmp_path / f"n{n}.yaml")
+        ok(cli(["train", str(path)]) if n == 1 else torchrun(2, ["train", str(path)]))
+        runs[n] = out
+    one, two = read_metrics(runs[1] / "metrics.jsonl"), read_metrics(runs[2] / "metrics.jsonl")
+    for a, b in zip(one, two, strict=True):  # the same rollouts, rewards and RoC choices
+        for key in ("reward/mean", "rollouts_kept", "response/length_mean"):
+            assert a[key] == pytest.approx(b[key], abs=1e-9), (a["step"], key)
+    start = load_file(str(tiny_dir / "model.safetensors"))
+    moved = max(float((final_weights(runs[1])[k] - start[k]).abs().max()) for k in start)
+    assert moved > 1e-4
+    assert_same_weights(final_weights(runs[1]), final_weights(runs[2]), atol=moved / 100)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_sft_under_torchrun_ends_with_the_parameters_of_one_process(tiny_dir, tmp_path):
+    from .rl.test_sft import conversation
+
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps({"messages": conversation(a, 7)}) + "\n" for a in range(2, 9)))
+    runs = {}
+    for n in (1, 2):
+        out = tmp_path / f"n{n}"
+        tree = {
+            "kind": "sft",
+            "chat": {"system_prompt": "Answer.", "tools_in_prompt": False},
+            "model": {"path": str(tiny_dir), "threads": 1},
+            "data": {"train": str(data)},
+            "optim": {"lr": 1e-3, "warmup_steps": 0},
+            "run": {"out": str(out), "steps": 3, "batch_size": 3, "progress": False},
+        }
+        path = write_config(tree, tmp_path / f"sft{n}.yaml")
+        ok(cli(["train", str(path)]) if n == 1 else torchrun(2, ["train", str(path)]))
+        runs[n] = out
+    one, two = read_metrics(runs[1] / "metrics.jsonl"), read_metrics(runs[2] / "metrics.jsonl")
+    assert [r["loss"] for r in one] == pytest.approx([r["loss"] for r in two], rel=1e-4)
+    start = load_file(str(tiny_dir / "model.safetensors"))
+    moved = max(float((final_weights(runs[1])[k] - start[k]).abs().max()) for k in start)
+    assert_same_weights(final_weights(runs[1]), final_weights(runs[2]), atol=moved / 100)
+
+
+# -- the remote code environment --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tool_caller(tiny_dir, tmp_path_factory):
+    """The tiny model after a short SFT on one tool-call conversation: it calls the tool."""
+    from rstar2.config import parse_config
+    from rstar2.rl.sft import SFTTrainer
+
+    from .rl.test_sft import conversation
+
+    root = tmp_path_factory.mktemp("caller")
+    rows = [{"messages": conversation(a, b)} for a in range(2, 6) for b in range(3, 7)]
+    (root / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = parse_config(
+        {
+            "kind": "sft",
+            "chat": {"system_prompt": "Answer.", "tools_in_prompt": False},
+            "model": {"path": str(tiny_dir), "threads": 1},
+            "data": {"train": str(root / "sft.jsonl")},
+            "optim": {"lr": 1e-2, "warmup_steps": 2},
+            "run": {"out": str(root / "run"), "steps": 60, "batch_size": 8, "progress": False},
+        }
+    )
+    threads = torch.get_num_threads()
+    try:
+        SFTTrainer(cfg).train()
+    finally:
+        torch.set_num_threads(threads)
+    return latest_checkpoint(root / "run")
+
+
+def sandbox_calls(url: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith("rstar2_sandbox_calls_total"))
+
+
+def tool_statuses(run: Path) -> list[str]:
+    rows = [
+        json.loads(x) for f in sorted((run / "samples").glob("*.jsonl")) for x in f.read_text().splitlines()
+    ]
+    return [c["result"]["status"] for r in rows for t in r["turns"] for c in t["calls"] if c["result"]]
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("mode", ["http", "redis"])
+def test_rl_on_the_remote_code_environment(tool_caller, problems, tmp_path, mode, redis_server):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    serve = ["sandbox", "serve", "--port", str(port), "--workers", "1"]
+    procs = []
+    try:
+        if mode == "redis":  # the service enqueues to Redis; a worker node runs the calls
+            serve += ["--redis", redis_server.url]
+            procs.append(
+                start_cli(["sandbox", "worker", "--redis", redis_server.url, "--workers", "1"], env=ENV)
+            )
+        procs.append(start_cli(serve, env=ENV))
+        wait_http(url, procs[-1])
+        out = tmp_path / "run"
+        tree = small_rl(
+            tool_caller, problems, out, sandbox=url, max_response_tokens=120, max_turns=2, top_k=1
+        )
+        ok(cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))]))
+        statuses = tool_statuses(out)
+        assert statuses and "internal" not in statuses, statuses  # every call was run, remotely
+        assert sandbox_calls(url) >= len(statuses)
+    finally:
+        for p in procs:
+            stop(p)
