@@ -21,9 +21,8 @@ from rstar2.engines.base import weights_fingerprint
 from rstar2.rl.checkpoint import latest_checkpoint
 from rstar2.rl.metrics_log import read_metrics
 
-from .conftest import ROOT, free_port, start_cli, stop, wait_http
-from .rl.test_trainer import rl_config
-from .rollout.conftest import CORPUS, tiny, tiny_dir  # noqa: F401
+from ..conftest import ROOT, free_port, start_cli, stop, wait_http
+from .test_trainer import rl_config
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
 
@@ -171,7 +170,7 @@ def test_rl_under_torchrun_ends_with_the_parameters_of_one_process(tiny_dir, pro
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_sft_under_torchrun_ends_with_the_parameters_of_one_process(tiny_dir, tmp_path):
-    from .rl.test_sft import conversation
+    from .test_sft import conversation
 
     data = tmp_path / "sft.jsonl"
     data.write_text("".join(json.dumps({"messages": conversation(a, 7)}) + "\n" for a in range(2, 9)))
@@ -203,7 +202,7 @@ def tool_caller(tiny_dir, tmp_path_factory):
     from rstar2.config import parse_config
     from rstar2.rl.sft import SFTTrainer
 
-    from .rl.test_sft import conversation
+    from .test_sft import conversation
 
     root = tmp_path_factory.mktemp("caller")
     rows = [{"messages": conversation(a, b)} for a in range(2, 6) for b in range(3, 7)]
