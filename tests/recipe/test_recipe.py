@@ -83,6 +83,13 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     # the final model's token entropy on its held-out trajectories, linked from the report
     assert "(entropy/entropy.md)" in text and "| reasoning |" in (out / "entropy" / "entropy.md").read_text()
     assert (out / "entropy" / "tokens.html").stat().st_size > 0
+    # filters and evaluations sample as training does: never a token the RL stages ban
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(out / "model-init")
+    banned = set(tok.convert_tokens_to_ids(tree_banned(recipe)))
+    sampled = [json.loads(x) for f in out.glob("*/**/trajectories.jsonl") for x in f.read_text().splitlines()]
+    assert len(sampled) > 20 and not any(banned & set(t["response_ids"]) for t in sampled)
 
     # a second run into the same folder must say --resume; with it, finished stages are skipped
     with pytest.raises(ValueError, match="--resume"):
@@ -91,6 +98,68 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     run_recipe(recipe, out, resume=True, progress=False, log=logged.append)
     assert not [s for s in logged if "stage" in s]
     assert json.loads((out / "recipe_state.json").read_text())["stages"] == state["stages"]
+
+
+def tree_banned(recipe) -> list[str]:
+    return recipe.defaults["rl"]["rollout"]["banned_tokens"]
+
+
+def test_filters_and_evaluations_take_the_stage_rollout_settings():
+    from rstar2.recipe.spec import stage_rollout
+
+    recipe = parse_recipe(miniature())
+    rl = recipe.stages[1]
+    settings = stage_rollout(recipe, rl, temperature=0.5)  # the stage's filter
+    assert settings.banned_tokens == tree_banned(recipe) and settings.max_batch_size == 256
+    assert settings.temperature == 0.5 and settings.max_response_tokens == 40 and settings.max_turns == 2
+    assert settings.system_prompt == "" and settings.tools_in_prompt is False
+    assert settings.tool_limit_chars == 120 and settings.sandbox_workers == 2
+    held_out = stage_rollout(recipe)  # evaluations: the last RL stage's
+    assert held_out.banned_tokens == tree_banned(recipe) and held_out.max_response_tokens == 40
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_a_miniature_recipe_on_a_remote_engine(tmp_path):
+    """`servers:` in a recipe: every filter, evaluation and RL stage samples on the server, which
+    loads each stage's model first and follows the trainer's updates."""
+    import httpx
+    from safetensors.torch import load_file
+
+    from rstar2.engines.base import weights_fingerprint
+    from rstar2.recipe.run import prepare_model
+
+    from ..conftest import free_port, start_cli, stop, wait_http
+
+    tree = miniature()
+    tree["stages"] = tree["stages"][:2]  # sft, rl-64
+    tree["eval"]["entropy_trajectories"] = 0
+    out = tmp_path / "run"
+    out.mkdir()
+    init = prepare_model(parse_recipe(tree), out)  # the server needs the recipe's architecture
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = start_cli(["serve", "--model", str(init), "--port", str(port), "--device", "cpu"])
+    try:
+        wait_http(url, server)
+        tree["servers"] = [url]
+        path = tmp_path / "remote.yaml"
+        path.write_text(yaml.safe_dump(tree))
+        result = CliRunner().invoke(
+            app, ["train", "--recipe", str(path), "--out", str(out), "--resume", "--no-progress"]
+        )
+        assert result.exit_code == 0, result.output
+        state = json.loads((out / "recipe_state.json").read_text())
+        assert list(state["evals"]) == ["start", "sft", "rl-64"]
+        info = httpx.get(url + "/get_server_info").json()
+    finally:
+        stop(server)
+    # loads: start eval, sft eval, rl-64 filter, rl-64's trainer (after its one step), rl-64 eval
+    assert info["weights_version"] == 5
+    final = load_file(str(out / "02-rl-64" / "checkpoints" / "step-000001" / "model.safetensors"))
+    assert info["weights_fingerprint"] == pytest.approx(weights_fingerprint(final), rel=1e-12)
+    sampled = [json.loads(x) for f in out.glob("*/**/trajectories.jsonl") for x in f.read_text().splitlines()]
+    assert sampled and {t["turns"][0]["engine"] for t in sampled} == {url}
 
 
 @pytest.mark.parametrize(

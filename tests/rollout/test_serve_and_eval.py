@@ -89,6 +89,40 @@ def test_eval_command_writes_trajectories_summary_and_plots(tiny_dir, tmp_path):
     assert "pass@1" in run.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_eval_takes_every_rollout_knob_and_says_how_it_scored(tiny_dir, tmp_path):
+    """A model without tool use, scored leniently, with banned tokens and settings from a config."""
+    import yaml
+
+    config = tmp_path / "rl.yaml"
+    config.write_text(yaml.safe_dump({
+        "kind": "rl", "model": {"path": str(tiny_dir)}, "data": {"train": "x.jsonl"},
+        "rollout": {"max_response_tokens": 20, "top_k": 5, "banned_tokens": ["<|im_start|>"]},
+    }))  # fmt: skip
+    out = tmp_path / "eval"
+    args = ["eval", "--model", str(tiny_dir), "--bench", str(mini_bench(tmp_path)), "--samples", "2",
+            "--config", str(config), "--set", "temperature=0.9", "--banned-token", "<|endoftext|>",
+            "--no-tools", "--verify-mode", "lenient", "--out", str(out), "--device", "cpu"]  # fmt: skip
+    run = subprocess.run(RSTAR2 + args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    settings = json.loads((out / "summary.json").read_text())["settings"]
+    assert settings["verify_mode"] == "lenient" and "scored in lenient mode" in " ".join(run.stderr.split())
+    assert settings["top_k"] == 5 and settings["temperature"] == 0.9 and settings["max_turns"] == 1
+    assert settings["banned_tokens"] == ["<|endoftext|>"]  # the option wins over the file
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    banned = tok.convert_tokens_to_ids("<|endoftext|>")
+    trajs = [json.loads(x) for x in (out / "mini" / "trajectories.jsonl").read_text().splitlines()]
+    prompt = tok.decode(trajs[0]["prompt_ids"])
+    assert "<tools>" not in prompt and "system" not in prompt  # the bare problem
+    assert all(len(t["turns"]) == 1 and banned not in t["response_ids"] for t in trajs)
+    bad = subprocess.run(RSTAR2 + [*args[:-4], "--banned-token", "<nope>", "--out", str(tmp_path / "e2")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert bad.returncode == 2 and "banned_tokens" in bad.stderr and "<nope>" in bad.stderr
+
+
 async def test_eval_resumes_after_a_crash_mid_file(tiny, chatml, pool, verifier, tmp_path):
     from rstar2.config import RolloutSection
     from rstar2.eval.harness import evaluate
