@@ -651,11 +651,14 @@ def _run_recipe(name: str, out: str | None, resume: bool, overrides: list[str], 
 
 @app.command("demo")
 def demo(
-    out: str = typer.Option("runs/tiny", "--out", help="Run folder."),
+    recipe: str = typer.Option("tiny", "--recipe", help="A shipped recipe's name, or a YAML path."),
+    out: str | None = typer.Option(None, "--out", help="Run folder (default: runs/RECIPE)."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted demo."),
+    set_: list[str] = typer.Option([], "--set", help="Override one value: stages.sft.steps=50 (repeatable)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
 ) -> None:
     """The main job on the embedded default: the tiny recipe (SFT -> RL stages) on a CPU."""
-    _run_recipe("tiny", out, resume, [], True)
+    _run_recipe(recipe, out, resume, set_, progress)
 
 
 @analyze_app.command("entropy")
