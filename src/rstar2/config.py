@@ -81,7 +81,7 @@ class RolloutSection(ChatSection):
     reload_retries: int = Field(2, ge=0)  # a refused weight update is retried, then the run stops
     # After a reload, the engine's logprobs of a short sampled sequence must match the trainer's
     # (mean absolute difference, nats); None: only the server's own answer is checked.
-    weight_check_tol: float | None = Field(0.05, ge=0)
+    weight_check_tol: float | None = Field(0.1, ge=0)
 
 
 class RocSection(_Section):
