@@ -92,6 +92,8 @@ class RocSection(_Section):
     drop_equal_reward_groups: bool = True
     error_penalty: bool = True
     format_penalty: bool = True
+    # p_format's turns: every assistant turn (the paper's text) or the tool rounds (released code)
+    format_turns: Literal["assistant", "tool_rounds"] = "assistant"
 
 
 class LossSection(_Section):
@@ -131,7 +133,8 @@ class RunSection(_Section):
     tensorboard: bool = True
     progress: bool = True
     init_from: str | None = None  # a checkpoint (model directory) to start from instead of model.path
-    # RL: a step where more than this share of rollouts ended because their engine failed stops
+    # RL: rollouts the system spoiled (engine, code environment or verifier faults) are left out of
+    # the update; a step where they are more than this share of all rollouts stops the run
     max_fault_share: float = Field(0.5, ge=0, le=1)
     samples_per_step: int = (
         64  # RL: trajectories (whole groups) written to samples/ each step, for `rstar2 view`

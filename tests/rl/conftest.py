@@ -1,3 +1,42 @@
-"""The tiny model fixtures of tests/rollout (built locally, loaded through from_pretrained)."""
+"""The tiny model fixtures of tests/rollout (built locally, loaded through from_pretrained), and the
+tiny model taught to call the tool."""
 
-from ..rollout.conftest import CORPUS, tiny, tiny_dir  # noqa: F401
+import json
+
+import pytest
+import torch
+
+from rstar2.rl.checkpoint import latest_checkpoint
+
+from ..rollout import conftest as rollout_fixtures
+
+CORPUS, tiny, tiny_dir = rollout_fixtures.CORPUS, rollout_fixtures.tiny, rollout_fixtures.tiny_dir
+
+
+@pytest.fixture(scope="session")
+def tool_caller(tiny_dir, tmp_path_factory):
+    """The tiny model after a short SFT on one tool-call conversation: it calls the tool."""
+    from rstar2.config import parse_config
+    from rstar2.rl.sft import SFTTrainer
+
+    from .test_sft import conversation
+
+    root = tmp_path_factory.mktemp("caller")
+    rows = [{"messages": conversation(a, b)} for a in range(2, 6) for b in range(3, 7)]
+    (root / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = parse_config(
+        {
+            "kind": "sft",
+            "chat": {"system_prompt": "Answer.", "tools_in_prompt": False},
+            "model": {"path": str(tiny_dir), "threads": 1},
+            "data": {"train": str(root / "sft.jsonl")},
+            "optim": {"lr": 1e-2, "warmup_steps": 2},
+            "run": {"out": str(root / "run"), "steps": 60, "batch_size": 8, "progress": False},
+        }
+    )
+    threads = torch.get_num_threads()
+    try:
+        SFTTrainer(cfg).train()
+    finally:
+        torch.set_num_threads(threads)
+    return latest_checkpoint(root / "run")

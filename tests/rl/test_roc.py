@@ -132,6 +132,41 @@ def test_score_reads_structured_statuses():
     assert score(traj, error=False, fmt=False).penalty == 0.0
 
 
+def test_faults_of_the_code_environment_are_not_the_models_errors():
+    traj = Trajectory("p", "1", [1])
+    traj.turns = [
+        Turn("<tool_call>..</tool_call>", 3, calls=[_call("internal"), _call("error")]),
+        Turn("<tool_call>..</tool_call>", 3, calls=[_call("rejected"), _call("ok")]),
+        Turn("<answer>\\boxed{1}</answer>", 5),
+    ]
+    traj.reward = 1.0
+    assert traj.num_failed_calls == 1 and traj.num_faulted_calls == 2
+    assert score(traj).p_err == pytest.approx(1 / 2)  # one error of the two calls the sandbox ran
+    traj.turns[1].calls = [_call("rejected")]
+    traj.turns[0].calls = [_call("internal")]
+    assert score(traj).p_err == 0.5  # no call was run: as if none had been made
+
+
+def test_format_penalty_counts_assistant_turns_or_tool_rounds():
+    traj = Trajectory("p", "1", [1])
+    traj.turns = [Turn("<answer>\\boxed{1}</answer> <answer>\\boxed{1}</answer>", 5)]
+    traj.reward = 1.0
+    assert score(traj).p_format == 1.0  # (2 - 1) / 1 assistant turn
+    assert score(traj, format_turns="tool_rounds").p_format == 1.0  # no tool round at all
+    traj.turns = [
+        Turn("<tool_call>..</tool_call>", 3, calls=[_call("ok")]),
+        Turn("<reason>..</reason>", 3),
+        Turn("<answer>\\boxed{1}</answer>", 5),
+    ]
+    assert score(traj).p_format == 0.0 and score(traj, format_turns="tool_rounds").p_format == 0.0
+    traj.turns[-1].text = "<answer>\\boxed{1}</answer><answer>\\boxed{1}</answer>"
+    assert score(traj).p_format == pytest.approx(1 / 3)  # paper's text: over 3 assistant turns
+    assert score(traj, format_turns="tool_rounds").p_format == 1.0  # released code: over 1 tool round
+    traj.turns[-1].text = "<answer>\\boxed{1}</answer>"
+    traj.turns[0].calls = []
+    assert score(traj).p_format == 0.0 and score(traj, format_turns="tool_rounds").p_format == 1.0
+
+
 def test_config_is_checked():
     with pytest.raises(ValueError, match="keep"):
         RocConfig(keep=0)

@@ -196,35 +196,6 @@ def test_sft_under_torchrun_ends_with_the_parameters_of_one_process(tiny_dir, tm
 
 
 # -- the remote code environment --------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tool_caller(tiny_dir, tmp_path_factory):
-    """The tiny model after a short SFT on one tool-call conversation: it calls the tool."""
-    from rstar2.config import parse_config
-    from rstar2.rl.sft import SFTTrainer
-
-    from .test_sft import conversation
-
-    root = tmp_path_factory.mktemp("caller")
-    rows = [{"messages": conversation(a, b)} for a in range(2, 6) for b in range(3, 7)]
-    (root / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = parse_config(
-        {
-            "kind": "sft",
-            "chat": {"system_prompt": "Answer.", "tools_in_prompt": False},
-            "model": {"path": str(tiny_dir), "threads": 1},
-            "data": {"train": str(root / "sft.jsonl")},
-            "optim": {"lr": 1e-2, "warmup_steps": 2},
-            "run": {"out": str(root / "run"), "steps": 60, "batch_size": 8, "progress": False},
-        }
-    )
-    threads = torch.get_num_threads()
-    try:
-        SFTTrainer(cfg).train()
-    finally:
-        torch.set_num_threads(threads)
-    return latest_checkpoint(root / "run")
-
-
 def sandbox_calls(url: str) -> float:
     text = httpx.get(url + "/metrics").text
     return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith("rstar2_sandbox_calls_total"))

@@ -71,6 +71,40 @@ async def test_ids_decode_to_the_template_rendering_and_mask_is_the_model(setup,
     assert "42" not in traj.model_text and "ZeroDivisionError" in fmt.decode(traj.response_ids)
 
 
+@pytest.mark.parametrize("template", ["chatml", "llama3"])
+async def test_the_trajectory_keeps_the_engines_own_ids_and_logprobs(
+    template, tiny, llama_tokenizer, pool, verifier
+):
+    """An engine whose tokenization is not the tokenizer's own (one character at a time, as a
+    sampler may well produce) and whose logprobs differ at every token: the trajectory must hold
+    exactly those ids and logprobs. A runner that re-encodes a turn's text, or re-tokenizes the
+    conversation at a tool turn, gets canonical ids back and fails here."""
+    tok = tiny[1] if template == "chatml" else llama_tokenizer
+    fmt = ChatFormat(tok)
+    end = "<|im_end|>" if template == "chatml" else "<|eot_id|>"
+    marker = "<|im_start|>assistant" if template == "chatml" else "<|start_header_id|>assistant"
+    engine = ScriptedEngine(fmt, {PROBLEM: SCRIPT}, tok.convert_tokens_to_ids(end), marker, char_level=True)
+    canonical = [fmt.encode(s) for s in SCRIPT]
+    assert all(
+        len(c) < len(g)
+        for c, g in zip(canonical, [[i for ch in s for i in fmt.encode(ch)] for s in SCRIPT], strict=True)
+    )
+    traj = await Rollout(engine, fmt, pool, verifier, RolloutSection(max_turns=10)).run(PROBLEM, "55")
+    assert traj.finish_reason == "answer" and traj.reward == 1.0
+    model = [i for i, m in enumerate(traj.loss_mask) if m]
+    assert [traj.response_ids[i] for i in model] == [t for turn in engine.generated[PROBLEM] for t in turn]
+    assert [traj.logprobs[i] for i in model] == [lp for turn in engine.logprobs[PROBLEM] for lp in turn]
+    # the tool turns between are the template's, and the whole still decodes to the rendering
+    messages = problem_messages(PROBLEM)
+    for turn in traj.turns:
+        messages.append({"role": "assistant", "content": turn.text})
+        messages += [{"role": "tool", "content": c.response} for c in turn.calls]
+    end_text = fmt.decode(traj.response_ids[-1:])
+    assert fmt.decode(traj.prompt_ids + traj.response_ids) + fmt.closing_text(end_text) == fmt.render(
+        messages
+    )
+
+
 def test_tool_turn_is_the_template_difference(chatml):
     text = chatml.tool_turn_text(["a", "b"], model_end="<|im_end|>")
     assert text == (

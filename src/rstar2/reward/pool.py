@@ -341,8 +341,16 @@ class VerifierPool:
             if w is None or w.task is None or now < w.deadline or not w.over_box(now):
                 continue
             task, w.task = w.task, None
+            used = (w.cpu_seconds() or 0.0) - w.cpu_at_start
             w.kill()
             workers[i] = None
+            box = task.timeout_s or self.timeout_s
+            if used < 0.5 * box:  # the wall-clock backstop, not the answer: the machine starved it
+                self.stats.replaced += 1
+                _log.warning("answer check starved of CPU past its backstop (%.2f s CPU used)", used)
+                reason = f"stalled: {used:.2f} s CPU in {now - task.submitted:.1f} s"
+                task.future.set_result(Verdict(False, reason, task.answer, "stalled", now - task.submitted))
+                continue
             self.stats.timeouts += 1  # counted before the caller can see the verdict
             self.stats.replaced += 1
             _log.warning(

@@ -72,11 +72,19 @@ def count_answers(text: str) -> int:
     return len(_ANSWER_PAIR.findall(text))
 
 
-def score(traj, error: bool = True, fmt: bool = True) -> Scored:
-    """Penalties of a ``Trajectory`` from its structured tool statuses (a failed call is one whose
-    status is not ``ok``, or that was malformed), never from grepping output text."""
-    p_err = error_penalty(traj.num_calls, traj.num_failed_calls) if error else 0.0
-    p_fmt = format_penalty(count_answers(traj.model_text), len(traj.turns)) if fmt else 0.0
+FormatTurns = Literal["assistant", "tool_rounds"]
+
+
+def score(traj, error: bool = True, fmt: bool = True, format_turns: FormatTurns = "assistant") -> Scored:
+    """Penalties of a ``Trajectory`` from its structured tool statuses, never from grepping output
+    text. A failed call is the model's: malformed, or its code failed; a call the code environment
+    could not serve (a fault: ``internal``, ``rejected``) counts neither way. ``format_turns``: the
+    turns ``p_format`` divides by: every assistant turn (the paper's text), or the turns with tool
+    calls (the authors' released code; an answer without any tool call then gets 1.0)."""
+    calls = traj.num_calls - traj.num_faulted_calls
+    p_err = error_penalty(calls, traj.num_failed_calls) if error else 0.0
+    turns = len(traj.turns) if format_turns == "assistant" else sum(bool(t.calls) for t in traj.turns)
+    p_fmt = format_penalty(count_answers(traj.model_text), turns) if fmt else 0.0
     return Scored(traj.reward, p_err, p_fmt)
 
 

@@ -36,6 +36,7 @@ from .update import update_on_rollouts
 
 RewardFn = Callable[[Trajectory], float]
 FINISH_REASONS = ("answer", "no_tool_call", "max_turns", "max_length", "error")
+FAULT_KINDS = ("engine", "sandbox", "verifier")
 
 
 def load_reward(spec: str) -> RewardFn:
@@ -76,11 +77,24 @@ def _record(t: Trajectory, kept: bool, p_err: float) -> dict[str, Any]:
         "p_err": p_err,
         "tool_s": t.tool_seconds,
         "reward_s": float(t.meta.get("reward_s", 0.0)),
+        "fault": t.fault,
     }
 
 
-def step_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
-    """Accuracy, lengths, finish reasons and tool statistics of a step's rollouts (all processes)."""
+def fault_message(t: Trajectory) -> str:
+    """What spoiled a rollout, in the system's words."""
+    if t.fault == "sandbox":
+        c = next(c for c in t.calls if c.fault)
+        return f"code environment: {c.result.status}: {c.result.reason or c.result.stderr.strip()[-300:]}"
+    return t.verdict
+
+
+def step_metrics(all_records: list[dict[str, Any]]) -> dict[str, float]:
+    """Accuracy, lengths, finish reasons and tool statistics of a step's rollouts (all processes),
+    over those the system did not spoil; ``faults/*``: the shares it did, by kind."""
+    faults = Counter(r["fault"] for r in all_records if r["fault"])
+    faulted = {f"faults/{kind}": faults[kind] / max(1, len(all_records)) for kind in FAULT_KINDS}
+    records = [r for r in all_records if not r["fault"]]
     n = max(1, len(records))
     correct = [r for r in records if r["correct"]]
     kept_correct = [r for r in correct if r["kept"]]
@@ -109,7 +123,7 @@ def step_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
     }
     for reason in FINISH_REASONS:
         m[f"finish/{reason}"] = finishes[reason] / n
-    return m
+    return {**m, **faulted, "rollouts": float(len(all_records))}
 
 
 class RLTrainer:
@@ -287,9 +301,11 @@ class RLTrainer:
                 t.reward = float(self.reward_fn(t))  # a custom reward sees every rollout, truncated ones too
 
         S = cfg.rollout.samples
-        groups = [trajs[i * S : (i + 1) * S] for i in range(len(mine))]
+        sampled = [trajs[i * S : (i + 1) * S] for i in range(len(mine))]
+        groups = [[t for t in g if t.fault is None] for g in sampled]  # faults reach neither RoC nor the loss
         roc_cfg = as_dataclass(RocConfig, cfg.roc, keep=cfg.roc.keep if cfg.roc.enabled else S)
-        scored = [[score(t, cfg.roc.error_penalty, cfg.roc.format_penalty) for t in g] for g in groups]
+        r = cfg.roc
+        scored = [[score(t, r.error_penalty, r.format_penalty, r.format_turns) for t in g] for g in groups]
         rngs = [random.Random(_seed(cfg.run.seed, step, g, 1)) for g in mine]  # by group, not by process
         choice = roc_select(scored, roc_cfg, rngs)
         kept_groups = [[g[i] for i in idx] for g, idx in zip(groups, choice.kept, strict=True)]
@@ -303,14 +319,21 @@ class RLTrainer:
         ]
 
         records = []
-        for g, idx, sc in zip(groups, choice.kept, scored, strict=True):
-            for i, (t, s) in enumerate(zip(g, sc, strict=True)):
-                records.append(_record(t, i in idx, s.p_err))
-                # RoC's penalties and choice, written with the samples for `rstar2 view`
-                t.meta["roc"] = {"kept": i in idx, "p_err": s.p_err, "p_format": s.p_format}
+        for full, g, idx, sc in zip(sampled, groups, choice.kept, scored, strict=True):
+            kept = {id(g[i]) for i in idx}
+            penalties = {id(t): s for t, s in zip(g, sc, strict=True)}
+            for t in full:
+                s = penalties.get(id(t))
+                records.append(_record(t, id(t) in kept, s.p_err if s else 0.0))
+                # RoC's penalties and choice (or the fault that left it out), for `rstar2 view`
+                t.meta["roc"] = (
+                    {"kept": id(t) in kept, "p_err": s.p_err, "p_format": s.p_format}
+                    if s
+                    else {"kept": False, "fault": t.fault}
+                )
                 t.meta["step"] = step
         if world.main and cfg.run.samples_per_step > 0:
-            self._save_samples(step, groups)
+            self._save_samples(step, sampled)
         all_records = [r for part in D.all_gather_objects(records, world) for r in part]
         roc_counts = D.all_sum([choice.metrics[k] for k in _ROC_COUNTS], world)
 
@@ -364,14 +387,14 @@ class RLTrainer:
         return done
 
     def _check_faults(self, trajs: list[Trajectory]) -> None:
-        """Stop when more than ``run.max_fault_share`` of the step's rollouts (all processes) ended
-        because their engine failed: a thin batch of survivors is no step to train on."""
-        failed = [t for t in trajs if t.finish_reason == "error"]
+        """Stop when more than ``run.max_fault_share`` of the step's rollouts (all processes) were
+        spoiled by the system (engine, code environment, verifier): a thin batch of survivors is no
+        step to train on, and the cause needs a person."""
+        failed = [t for t in trajs if t.fault is not None]
         n_failed, n_all = D.all_sum([len(failed), len(trajs)], self.world)
         if n_all and n_failed / n_all > self.cfg.run.max_fault_share:
-            first = next(
-                v for v in D.all_gather_objects(failed[0].verdict if failed else None, self.world) if v
-            )
+            said = D.all_gather_objects(fault_message(failed[0]) if failed else None, self.world)
+            first = next(v for v in said if v)
             raise RuntimeError(
                 f"{int(n_failed)} of {int(n_all)} rollouts failed (more than run.max_fault_share="
                 f"{self.cfg.run.max_fault_share}); the first: {first}"

@@ -23,6 +23,9 @@ from .scheduler import Request, Scheduler
 from .trajectory import ToolCallRecord, Trajectory, Turn
 
 Event = Callable[[str, dict[str, Any]], None]
+# Verdicts the verifier's service caused, not the answer: its workers could not run the check
+# ("error"), or the machine starved it past its wall-clock backstop ("stalled").
+VERIFIER_FAULT_PATHS = ("error", "stalled")
 
 
 class Executor(Protocol):
@@ -157,6 +160,10 @@ class Rollout:
         t_reward = time.perf_counter()
         await self._score(traj)
         traj.meta["reward_s"] = time.perf_counter() - t_reward
+        if traj.finish_reason == "error":
+            traj.fault = "engine"
+        elif traj.num_faulted_calls:
+            traj.fault = "sandbox"
         traj.seconds = time.perf_counter() - started
         emit("done", {"trajectory": traj})
         return traj
@@ -228,7 +235,10 @@ class Rollout:
                 traj.reference, traj.model_text, mode=self.config.verify_mode
             )
         except Exception as exc:
-            traj.verdict = f"verifier error: {exc}"
+            traj.verdict, traj.fault = f"verifier error: {type(exc).__name__}: {exc}", "verifier"
+            return
+        if getattr(verdict, "path", None) in VERIFIER_FAULT_PATHS:
+            traj.verdict, traj.fault = f"verifier fault: {verdict.reason}", "verifier"
             return
         traj.reward = 1.0 if verdict else 0.0
         traj.answer = getattr(verdict, "answer", None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from ..sandbox.result import ExecResult
+from ..sandbox.result import FAULT_STATUSES, ExecResult
 
 FinishReason = Literal["answer", "no_tool_call", "max_turns", "max_length", "error"]
 
@@ -23,6 +23,11 @@ class ToolCallRecord:
     @property
     def failed(self) -> bool:
         return self.result is None or not self.result.ok
+
+    @property
+    def fault(self) -> bool:
+        """The code environment failed (``FAULT_STATUSES``), not the model's code."""
+        return self.result is not None and self.result.status in FAULT_STATUSES
 
     @property
     def status(self) -> str:
@@ -77,6 +82,10 @@ class Trajectory:
     verdict: str = ""  # the verifier's reason
     meta: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    # The system, not the model, spoiled this rollout: "engine" (its engine failed and retries ran
+    # out), "sandbox" (a tool call hit a FAULT_STATUSES result), "verifier" (the checker failed or was
+    # starved). Such rollouts are left out of the update and counted under faults/* (rl/trainer.py).
+    fault: str | None = None
 
     # -- views ------------------------------------------------------------------------------
     @property
@@ -89,7 +98,12 @@ class Trajectory:
 
     @property
     def num_failed_calls(self) -> int:
-        return sum(c.failed for c in self.calls)
+        """Calls that failed because of the model: malformed, or the code failed (not a fault)."""
+        return sum(c.failed and not c.fault for c in self.calls)
+
+    @property
+    def num_faulted_calls(self) -> int:
+        return sum(c.fault for c in self.calls)
 
     @property
     def model_text(self) -> str:

@@ -8,6 +8,9 @@ from typing import Any, Literal
 
 Status = Literal["ok", "error", "timeout", "memory", "output_limit", "rejected", "internal"]
 STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "memory", "output_limit", "rejected", "internal")
+# The code environment failed, not the code: unreachable or crashed (internal), a request it could not
+# take (rejected: an expired session, sessions in Redis mode). Never counted as the model's error.
+FAULT_STATUSES = frozenset({"internal", "rejected"})
 
 
 @dataclass(frozen=True)
