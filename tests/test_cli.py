@@ -27,6 +27,8 @@ COMMANDS = [
     ["analyze"],
     ["analyze", "entropy"],
     ["view"],
+    ["model"],
+    ["model", "import"],
 ]
 
 

