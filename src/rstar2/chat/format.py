@@ -14,7 +14,7 @@ from functools import cached_property
 from typing import Any
 
 from ..sandbox.result import ExecResult
-from .prompt import CHATML_TEMPLATE, SYSTEM_PROMPT, USER_PREFIX, problem_messages
+from .prompt import CHATML_TEMPLATE, SYSTEM_PROMPT, USER_PREFIX, problem_messages, tools_section
 from .tool_response import DEFAULT_LIMIT_CHARS, TRACEBACK_LINES, render_result
 from .tools import PYTHON_TOOL, SESSION_TOOL, ToolCallError, tool_schemas
 
@@ -40,6 +40,22 @@ def end_of_turn_ids(tokenizer: Any) -> tuple[int, ...]:
         if tok in vocab:
             ids.add(vocab[tok])
     return tuple(sorted(ids))
+
+
+def takes_tools(tokenizer: Any, tools: list[dict]) -> bool:
+    """Whether the chat template renders the ``tools=`` it is given (some ignore them silently)."""
+    probe = [{"role": "user", "content": "1+1"}]
+    with_tools = tokenizer.apply_chat_template(probe, tools=tools, tokenize=False)
+    return with_tools != tokenizer.apply_chat_template(probe, tokenize=False)
+
+
+def with_tools_in_system(messages: list[dict], tools: list[dict]) -> list[dict]:
+    """The conversation with ``tools_section`` appended to its system message (or as one)."""
+    section = tools_section(tools)
+    if messages and messages[0].get("role") == "system" and messages[0].get("content"):
+        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{section}"}, *messages[1:]]
+    rest = messages[1:] if messages and messages[0].get("role") == "system" else messages
+    return [{"role": "system", "content": section}, *rest]
 
 
 @dataclass
@@ -76,6 +92,8 @@ class ChatFormat:
         self.user_prefix = USER_PREFIX if self.user_prefix is None else self.user_prefix
         ensure_chat_template(self.tokenizer)
         self.tools = tool_schemas(self.stateful) if self.tools_in_prompt else None
+        # a template that ignores tools= (SmolLM2's) gets the schemas in the system message instead
+        self.tools_in_system = self.tools is not None and not takes_tools(self.tokenizer, self.tools)
         self.tool_names = (PYTHON_TOOL, SESSION_TOOL) if self.stateful else (PYTHON_TOOL,)
         stub = [*self.problem_messages("1+1"), {"role": "assistant", "content": _MARK}]
         self._stub = stub
@@ -87,8 +105,11 @@ class ChatFormat:
 
     # -- rendering --------------------------------------------------------------------------
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        tools = self.tools
+        if self.tools_in_system:
+            messages, tools = with_tools_in_system(messages, self.tools), None
         return self.tokenizer.apply_chat_template(
-            messages, tools=self.tools, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
         )
 
     def encode(self, text: str) -> list[int]:

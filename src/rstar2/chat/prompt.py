@@ -3,7 +3,8 @@
 The format follows the rStar2-Agent report (reasoning in ``<reason>``, one ``<answer>`` with the
 result in ``\\boxed{}``, Hermes-style ``<tool_call>`` JSON); the wording is rstar2's own.
 ``CHATML_TEMPLATE`` is installed on tokenizers that have no chat template (the tiny model's);
-real models keep their own template, which receives the tool schemas through ``tools=``.
+real models keep their own template, which receives the tool schemas through ``tools=``, or, when it
+takes none (SmolLM2's), finds them in the system message (``tools_section``).
 """
 
 from __future__ import annotations
@@ -58,6 +59,20 @@ CHATML_TEMPLATE = (
 )
 
 CHATML_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+
+
+def tools_section(tools: list[dict]) -> str:
+    """The tool schemas and the call format as text, in the words of ``CHATML_TEMPLATE``'s section:
+    what goes into the system message for a chat template that takes no ``tools=`` (SmolLM2's)."""
+    import json
+
+    listed = "\n".join(json.dumps(t) for t in tools)
+    return (
+        "# Tools\n\nYou can call the functions below to help you. Their signatures, as JSON, are listed "
+        f"inside <tools></tools>:\n<tools>\n{listed}\n</tools>\n\nTo call a function, write a JSON "
+        "object with its name and arguments inside <tool_call></tool_call>:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
 
 
 def problem_messages(
