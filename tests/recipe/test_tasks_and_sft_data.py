@@ -104,3 +104,22 @@ def test_the_tiny_tokenizer_reloads_from_the_model_folder_as_it_was_trained(tmp_
     assert TOOL_CALL_OPEN in pieces and '"}}' in pieces
     assert all(len(p.strip()) == 1 for p in pieces if any(c.isdigit() for c in p))
     assert loaded.decode(ids) == texts[0]
+
+
+def test_the_paraphrased_set_is_what_its_generator_computes_and_unlike_the_generator():
+    import subprocess
+    import sys
+
+    from rstar2.eval.datasets import load_benchmark
+    from rstar2.recipe.paraphrased import TEMPLATES, generate
+    from rstar2.recipe.tasks import generate as tiny_tasks
+
+    shipped = load_benchmark("paraphrased")
+    assert shipped == generate() and len(shipped) >= 100 and {r["kind"] for r in shipped} == set(TEMPLATES)
+    # every answer again, from its own program, in a fresh interpreter
+    program = "\n".join(r["code"] for r in shipped)
+    printed = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True).stdout
+    assert printed.split() == [r["answer"] for r in shipped]
+    # none of the generator's wordings: no problem shares its first five words with a generated one
+    openings = {" ".join(t.problem.split()[:5]) for t in tiny_tasks(2000, digits=(1, 4), seed=0)}
+    assert not [r for r in shipped if " ".join(r["problem"].split()[:5]) in openings]
