@@ -333,12 +333,12 @@ def _file_rollout(path: Path) -> dict:
 def rollout_settings(config: Path | None, sets: list[str], preset: dict, no_tools: bool = False, **options):
     """One ``RolloutSection`` from, in rising priority: its defaults, ``preset`` (when no file is
     given), the file's settings, ``--set`` values and the options given on the command line."""
-    from .config import ConfigError, RolloutSection, set_value, validate
+    from .config import NO_TOOLS, ConfigError, RolloutSection, set_value, validate
 
     try:
         tree = _file_rollout(config) if config else dict(preset)
-        if no_tools:  # a model without tool use: the bare problem, one turn, nothing run
-            tree.update(tools_in_prompt=False, system_prompt="", user_prefix="", max_turns=1)
+        if no_tools:  # a model without tool use: the bare problem, one turn, nothing run, lenient
+            tree.update(NO_TOOLS)
         for item in sets:
             set_value(tree, item.removeprefix("rollout."))
         tree.update({k: v for k, v in options.items() if v is not None and v != []})
@@ -494,7 +494,9 @@ def eval_cmd(
     system_prompt: str | None = typer.Option(None, help="System prompt ('' for none; default rstar2's)."),
     banned_token: list[str] = typer.Option([], "--banned-token", help="A token never sampled (repeatable)."),
     no_tools: bool = typer.Option(
-        False, "--no-tools", help="A model without tool use: the bare problem, no tool schemas, one turn."
+        False,
+        "--no-tools",
+        help="A model without tool use: the bare problem, no tool schemas, one turn, lenient checking.",
     ),
     config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),

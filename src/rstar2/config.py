@@ -84,6 +84,17 @@ class RolloutSection(ChatSection):
     weight_check_tol: float | None = Field(0.1, ge=0)
 
 
+# A model never taught the tool format, evaluated fairly: the bare problem, no tool schemas, one turn
+# (nothing is run), any final answer accepted (`rstar2 eval --no-tools`, a recipe's eval.plain_before).
+NO_TOOLS = {
+    "tools_in_prompt": False,
+    "system_prompt": "",
+    "user_prefix": "",
+    "max_turns": 1,
+    "verify_mode": "lenient",
+}
+
+
 class RocSection(_Section):
     enabled: bool = True  # False: plain GRPO on all samples
     keep: int = 8  # G: rollouts kept per problem

@@ -41,13 +41,27 @@ def miniature() -> dict:
 def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    recipe = parse_recipe(miniature())
+    tree = miniature()
+    other = tmp_path / "other.jsonl"
+    other.write_text(
+        "".join(json.dumps({"problem": f"Add {i} and {i}.", "answer": str(2 * i)}) + "\n" for i in range(2))
+    )
+    tree["eval"].update(plain_before=True, also=[str(other)])
+    recipe = parse_recipe(tree)
     out = tmp_path / "run"
     report = run_recipe(recipe, out, progress=False, log=lambda s: None)
 
     state = json.loads((out / "recipe_state.json").read_text())
     assert list(state["stages"]) == ["sft", "rl-64", "rl-128", "rl-hard"]
-    assert list(state["evals"]) == ["start", "sft", "rl-64", "rl-128", "rl-hard"]
+    assert list(state["evals"]) == ["start", "start-plain", "sft", "rl-64", "rl-128", "rl-hard"]
+    assert list(state["also"][str(other)]) == ["start", "start-plain", "rl-hard"]
+    plain = [
+        json.loads(x)
+        for x in (out / "eval" / "00-start-plain" / "problems" / "trajectories.jsonl")
+        .read_text()
+        .splitlines()
+    ]
+    assert all(len(t["turns"]) == 1 for t in plain)  # no tool, one turn
     for n, (name, steps) in enumerate([("sft", 2), ("rl-64", 1), ("rl-128", 2), ("rl-hard", 1)], 1):
         stage_dir = out / f"{n:02d}-{name}"
         assert yaml.safe_load((stage_dir / "config.yaml").read_text())["run"]["steps"] == steps
@@ -74,8 +88,9 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     }
     assert len(held) == 3 and not held & trained
     text = report.read_text()
-    for name in ("start", "sft", "rl-64", "rl-128", "rl-hard"):
+    for name in ("start", "start-plain", "sft", "rl-64", "rl-128", "rl-hard"):
         assert f"| {name} |" in text
+    assert f"On `{other}`:" in text
     assert "RL (rl-64, rl-128, rl-hard) took held-out accuracy from" in text
     assert "(after sft) to" in text and "(paired over 3 problems)" in text
     assert (out / "report_steps.png").stat().st_size > 0 and (out / "report_stages.png").stat().st_size > 0

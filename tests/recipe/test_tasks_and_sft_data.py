@@ -118,7 +118,9 @@ def test_the_paraphrased_set_is_what_its_generator_computes_and_unlike_the_gener
     assert shipped == generate() and len(shipped) >= 100 and {r["kind"] for r in shipped} == set(TEMPLATES)
     # every answer again, from its own program, in a fresh interpreter
     program = "\n".join(r["code"] for r in shipped)
-    printed = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True).stdout
+    printed = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True
+    ).stdout
     assert printed.split() == [r["answer"] for r in shipped]
     # none of the generator's wordings: no problem shares its first five words with a generated one
     openings = {" ".join(t.problem.split()[:5]) for t in tiny_tasks(2000, digits=(1, 4), seed=0)}

@@ -199,6 +199,9 @@ def write_report(out: Path, recipe: Any, state: dict[str, Any]) -> Path:
     gain = rl_gain(out, recipe, evals)
     if gain:
         lines += [gain, ""]
+    for name, by_model in state.get("also", {}).items():
+        if by_model:  # eval.also: the same models on another set (e.g. new wording)
+            lines += [f"On `{name}`:", "", table(by_model).replace("held-out accuracy", "accuracy", 1), ""]
     lines += [
         "| stage | kind | steps | stopped early | checkpoint |",
         "|---|---|---|---|---|",
@@ -231,6 +234,7 @@ def write_report(out: Path, recipe: Any, state: dict[str, Any]) -> Path:
         json.dumps(
             {
                 "evals": {k: eval_row(v) for k, v in evals.items()},
+                "also": {s: {k: eval_row(v) for k, v in e.items()} for s, e in state.get("also", {}).items()},
                 "rl_gain": gain,
                 "stages": state.get("stages", {}),
             },

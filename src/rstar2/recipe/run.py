@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from ..config import RolloutSection, dump_config, parse_config
+from ..config import NO_TOOLS, RolloutSection, dump_config, parse_config
 from .spec import DataSpec, EvalSpec, FilterSpec, Recipe, StageSpec, stage_rollout, stage_tree
 from .tasks import generate
 
@@ -55,12 +55,18 @@ def tiny_corpus(recipe: Recipe, count: int = 1500) -> list[str]:
 
 
 def prepare_model(recipe: Recipe, out: Path) -> Path:
-    """The starting model directory: ``model.path``, or a tiny tokenizer + model built here."""
+    """The starting model directory: ``model.path``, a model imported from ``model.source``, or a
+    tiny tokenizer + model built here (both written once into ``out/model-init``)."""
     m = recipe.model
     if m.path:
         return Path(m.path)
     target = out / "model-init"
     if (target / "config.json").exists():
+        return target
+    if m.source:
+        from ..importer import import_model
+
+        import_model(m.source, target)
         return target
     from .tiny_model import build_model, build_tokenizer, save_pretrained
 
@@ -261,17 +267,24 @@ def eval_rows(recipe: Recipe) -> list[dict[str, Any]]:
 
 
 async def evaluate_model(
-    recipe: Recipe, model_dir: Path, rows: list[dict], out_dir: Path, services: dict, progress: bool
+    recipe: Recipe,
+    model_dir: Path,
+    rows: list[dict],
+    out_dir: Path,
+    services: dict,
+    progress: bool,
+    plain: bool = False,
 ) -> dict:
+    """``plain``: the zero-shot baseline without the tool format (``config.NO_TOOLS``)."""
     spec: EvalSpec = recipe.eval
     has_rl = any(s.kind == "rl" for s in recipe.stages)
     base = stage_rollout(recipe)  # the last RL stage's settings: held-out scores as training samples
-    settings = stage_rollout(
-        recipe,
-        temperature=spec.temperature,
-        max_turns=spec.max_turns or (base.max_turns if has_rl else 4),
-        max_response_tokens=spec.max_response_tokens or (base.max_response_tokens if has_rl else 1024),
-    )
+    overrides = {
+        "temperature": spec.temperature,
+        "max_turns": spec.max_turns or (base.max_turns if has_rl else 4),
+        "max_response_tokens": spec.max_response_tokens or (base.max_response_tokens if has_rl else 1024),
+    }
+    settings = stage_rollout(recipe, **{**overrides, **(NO_TOOLS if plain else {})})
     m = recipe.model
     return await _sample(
         settings,
@@ -371,14 +384,32 @@ async def _stages(
     held_out = eval_rows(recipe)
     if held_out:
         _write(held_out, out / "heldout.jsonl")
-    async with open_services(recipe) as services:
-        if held_out and recipe.eval.before and "start" not in state["evals"]:
-            log("[rstar2] evaluating the starting model on held-out problems")
-            where[0] = "evaluation of the starting model"
-            state["evals"]["start"] = await evaluate_model(
-                recipe, current, held_out, eval_dir(out, 0, "start"), services, progress
+    also = {name: problem_rows(DataSpec(files=[name]), recipe.seed) for name in recipe.eval.also}
+    state.setdefault("also", {name: {} for name in also})
+
+    async def evaluate(label: str, index: int, model: Path, plain: bool = False, sets: bool = False) -> None:
+        """The held-out problems (and, with ``sets``, every ``eval.also`` set), once per label."""
+        where[0] = f"evaluation {label}"
+        if held_out and label not in state["evals"]:
+            state["evals"][label] = await evaluate_model(
+                recipe, model, held_out, eval_dir(out, index, label), services, progress, plain
             )
             _save_state(out, state)
+        for name, rows in also.items() if sets else []:
+            if label not in state["also"][name]:
+                folder = eval_dir(out, index, f"{label}-{Path(name).stem}")
+                state["also"][name][label] = await evaluate_model(
+                    recipe, model, rows, folder, services, progress, plain
+                )
+                _save_state(out, state)
+
+    async with open_services(recipe) as services:
+        if recipe.eval.before:
+            log("[rstar2] evaluating the starting model")
+            await evaluate("start", 0, current, sets=True)
+        if recipe.eval.plain_before:
+            log("[rstar2] evaluating the starting model plain (no tools, lenient)")
+            await evaluate("start-plain", 0, current, plain=True, sets=True)
         for n, stage in enumerate(recipe.stages, 1):
             stage_dir = out / f"{n:02d}-{stage.name}"
             done = state["stages"].get(stage.name)
@@ -407,13 +438,9 @@ async def _stages(
                 "stopped_early": stopped,
             }
             _save_state(out, state)
-            if held_out:
-                where[0] = f"evaluation after stage {stage.name}"
-                state["evals"][stage.name] = await evaluate_model(
-                    recipe, current, held_out, eval_dir(out, n, stage.name), services, progress
-                )
-                _save_state(out, state)
-    last = recipe.stages[-1]
+            await evaluate(stage.name, n, current)
+        last = recipe.stages[-1]
+        await evaluate(last.name, len(recipe.stages), current, sets=True)
     held_out_trajs = sampled_trajectories(eval_dir(out, len(recipe.stages), last.name))
     if recipe.eval.entropy_trajectories and held_out_trajs.exists() and state.get("entropy") != str(current):
         # `rstar2 analyze entropy` of the final model on its own held-out trajectories (once per model)

