@@ -140,6 +140,16 @@ def test_a_template_without_tools_support_finds_the_tools_in_the_system_message(
         + call("print(2 + 3)")
         + "<|im_end|><answer> \\boxed{5} </answer><|im_end|>"
     )
+    # the SFT data's structured tool calls, which this template would drop, become the text a rollout parses
+    from rstar2.chat.tools import parse_tool_calls
+    from rstar2.recipe.sft_data import call_message
+
+    assert fmt.calls_in_text and not ChatFormat(tiny[1]).calls_in_text
+    msgs[2] = call_message("print(2 + 3)")
+    ids, mask = fmt.conversation_ids(msgs)
+    first = fmt.decode([i for i, m in zip(ids, mask, strict=True) if m]).split("<|im_end|>")[0]
+    parsed = parse_tool_calls(first, tools=fmt.tool_names)
+    assert [c.arguments["code"] for c in parsed.calls] == ["print(2 + 3)"]
 
 
 def test_tool_turn_is_the_template_difference(chatml):

@@ -9,6 +9,7 @@ the model itself did not generate (ChatML's newline after ``<|im_end|>``).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -47,6 +48,35 @@ def takes_tools(tokenizer: Any, tools: list[dict]) -> bool:
     probe = [{"role": "user", "content": "1+1"}]
     with_tools = tokenizer.apply_chat_template(probe, tools=tools, tokenize=False)
     return with_tools != tokenizer.apply_chat_template(probe, tokenize=False)
+
+
+def renders_tool_calls(tokenizer: Any) -> bool:
+    """Whether the chat template writes an assistant message's ``tool_calls`` (some drop them)."""
+    call = {"type": "function", "function": {"name": "probe_fn", "arguments": {"x": 1}}}
+    probe = [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    try:
+        return "probe_fn" in tokenizer.apply_chat_template(probe, tokenize=False)
+    except Exception:  # a template that refuses the field cannot render it either
+        return False
+
+
+def calls_as_text(messages: list[dict]) -> list[dict]:
+    """Assistant ``tool_calls`` written into the content as the model writes them in a rollout."""
+    out = []
+    for m in messages:
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            text = [m.get("content") or ""]
+            for call in m["tool_calls"]:
+                f = call.get("function", call)
+                args = json.loads(f["arguments"]) if isinstance(f["arguments"], str) else f["arguments"]
+                text.append(
+                    "<tool_call>\n" + json.dumps({"name": f["name"], "arguments": args}) + "\n</tool_call>"
+                )
+            m = {k: v for k, v in m.items() if k != "tool_calls"} | {
+                "content": "\n".join(t for t in text if t)
+            }
+        out.append(m)
+    return out
 
 
 def with_tools_in_system(messages: list[dict], tools: list[dict]) -> list[dict]:
@@ -92,8 +122,10 @@ class ChatFormat:
         self.user_prefix = USER_PREFIX if self.user_prefix is None else self.user_prefix
         ensure_chat_template(self.tokenizer)
         self.tools = tool_schemas(self.stateful) if self.tools_in_prompt else None
-        # a template that ignores tools= (SmolLM2's) gets the schemas in the system message instead
+        # a template that ignores tools= (SmolLM2's) gets the schemas in the system message instead,
+        # and the tool calls of SFT conversations as the text the model writes
         self.tools_in_system = self.tools is not None and not takes_tools(self.tokenizer, self.tools)
+        self.calls_in_text = not renders_tool_calls(self.tokenizer)
         self.tool_names = (PYTHON_TOOL, SESSION_TOOL) if self.stateful else (PYTHON_TOOL,)
         stub = [*self.problem_messages("1+1"), {"role": "assistant", "content": _MARK}]
         self._stub = stub
@@ -106,6 +138,8 @@ class ChatFormat:
     # -- rendering --------------------------------------------------------------------------
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
         tools = self.tools
+        if self.calls_in_text:
+            messages = calls_as_text(messages)
         if self.tools_in_system:
             messages, tools = with_tools_in_system(messages, self.tools), None
         return self.tokenizer.apply_chat_template(
