@@ -12,6 +12,7 @@ each is a warm-up and is not counted. TRL comes from the `bench` extra (`pip ins
 
     python benchmarks/rl_step.py [--prompts 8] [--group 8] [--length 64] [--steps 4] [--out results.json]
     python benchmarks/rl_step.py --length 256 --mean-length 48
+    python benchmarks/rl_step.py --model runs/smollm2/model-init   # a real model (49K vocabulary)
 """
 
 from __future__ import annotations
@@ -58,13 +59,21 @@ def stop_at_rate(model, eos_id: int, p: float) -> None:
 
 
 def build(
-    root: Path, hidden: int, layers: int, problems: int, mean_length: int
+    root: Path, hidden: int, layers: int, problems: int, mean_length: int, model_dir: Path | None = None
 ) -> tuple[Path, Path, list[str]]:
-    tok = build_tokenizer([SYSTEM_PROMPT, "print(sum(range(10)))", "<reason> 1 + 2 = 3 </reason>"] * 50, 512)
-    model = build_model(tok, hidden=hidden, layers=layers, heads=4, mlp=4 * hidden, max_positions=2048)
-    if mean_length:
-        stop_at_rate(model, tok.eos_token_id, 1.0 / mean_length)
-    model_dir = save_pretrained(model, tok, root / "model")
+    """The model (built here, or ``model_dir`` as it is), the problems file and the prompt texts."""
+    if model_dir is None:
+        tok = build_tokenizer(
+            [SYSTEM_PROMPT, "print(sum(range(10)))", "<reason> 1 + 2 = 3 </reason>"] * 50, 512
+        )
+        model = build_model(tok, hidden=hidden, layers=layers, heads=4, mlp=4 * hidden, max_positions=2048)
+        if mean_length:
+            stop_at_rate(model, tok.eos_token_id, 1.0 / mean_length)
+        model_dir = save_pretrained(model, tok, root / "model")
+    else:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
     rows = [{"problem": f"What is {i} + {2 * i}?", "answer": str(3 * i)} for i in range(problems)]
     data = root / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -196,10 +205,15 @@ def main() -> None:
         "token (uneven lengths, cut at --length), as RL responses are",
     )
     ap.add_argument("--trl-first", action="store_true", help="run TRL first (check for drift of the machine)")
+    ap.add_argument("--model", type=Path, default=None, help="a local model folder instead of the tiny one")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rl-step-"))
-    model_dir, data, texts = build(root, a.hidden, a.layers, a.prompts * (a.steps + 1), a.mean_length)
+    if a.model is not None and a.mean_length:
+        ap.error("--mean-length shapes the tiny model built here; it cannot be used with --model")
+    model_dir, data, texts = build(
+        root, a.hidden, a.layers, a.prompts * (a.steps + 1), a.mean_length, a.model
+    )
     if a.trl_first:
         theirs = run_trl(model_dir, texts, root / "trl", a)
         ours = run_rstar2(model_dir, data, root / "rstar2", a)
@@ -207,8 +221,9 @@ def main() -> None:
         ours = run_rstar2(model_dir, data, root / "rstar2", a)
         theirs = run_trl(model_dir, texts, root / "trl", a)
     ratio = ours["step_s"] / theirs["step_s"]
+    what = f"model {a.model}" if a.model else f"tiny model (hidden {a.hidden}, {a.layers} layers)"
     print(
-        f"\nRL step, tiny model (hidden {a.hidden}, {a.layers} layers), {a.prompts} prompts x {a.group}, "
+        f"\nRL step, {what}, {a.prompts} prompts x {a.group}, "
         f"{a.length} tokens, median of {a.steps - 1} steps after a warm-up, torch threads {torch.get_num_threads()}"
     )
     print(f"{'':22}{'s/step':>9}{'tokens/completion':>19}")

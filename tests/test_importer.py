@@ -59,6 +59,9 @@ def test_a_gguf_imports_to_a_folder_with_the_same_logits_and_tokenizer(tiny_llam
         diff = (imported(input_ids=ids).logits - model(input_ids=ids).logits).abs().max()
     assert float(diff) < 1e-5  # q/k rows, tied embeddings and norms all back in place
     assert sum(p.numel() for p in imported.parameters()) == sum(p.numel() for p in model.parameters())
+    # a plain model, as training saves it: no trace of the GGUF quantization
+    assert "quantization_config" not in json.loads((tmp_path / "model" / "config.json").read_text())
+    imported.save_pretrained(tmp_path / "checkpoint")
     # a folder holding the one GGUF imports the same way
     again = rstar2("model", "import", str(tmp_path / "src"), "--out", str(tmp_path / "model2"))
     assert again.returncode == 0, again.stderr[-2000:]

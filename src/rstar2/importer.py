@@ -10,6 +10,7 @@ that its logits equal the GGUF-loaded model's on a few prompts.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -91,13 +92,19 @@ def import_model(source: str, out: str | Path, *, tolerance: float = 1e-4) -> Im
 
     folder, gguf = resolve_source(source)
     model, tokenizer = load_source(folder, gguf)
-    plain = AutoModelForCausalLM.from_config(model.config, dtype=model.dtype)
+    config = copy.deepcopy(model.config)
+    for key in ("quantization_config", "_model_name_or_path"):  # GGUF origin: would mark it unsavable
+        if hasattr(config, key):
+            delattr(config, key)
+    plain = AutoModelForCausalLM.from_config(config, dtype=model.dtype)
     plain.load_state_dict(model.state_dict())  # strict: every tensor finds its place
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
     plain.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     saved = AutoModelForCausalLM.from_pretrained(str(tmp), dtype="float32").eval()
+    if getattr(saved.config, "quantization_config", None) is not None:
+        raise ValueError(f"{source}: the saved folder still says it is quantized")
     diff = max_logit_diff(model, saved, tokenizer)
     if diff > tolerance:
         raise ValueError(f"{source}: the saved model's logits differ from the source's by {diff:.3g}")
