@@ -141,3 +141,49 @@ async def test_a_real_model_rollout_batch(tiny, chatml, pool, verifier):
                 assert abs(logp[start + k - 1, tok_id].item() - lp) < 1e-3
     for e in engines:
         await e.close()
+
+
+class FixedVerifier:
+    """A verifier that answers every check the same way (or fails), for the runner's bookkeeping."""
+
+    def __init__(self, verdict=None, error: Exception | None = None):
+        self.verdict, self.error = verdict, error
+
+    async def acheck(self, reference, response, **options):
+        if self.error is not None:
+            raise self.error
+        return self.verdict
+
+
+async def test_faults_of_the_system_are_marked_and_the_models_own_failures_are_not(chatml, tiny, pool):
+    from rstar2.reward.equivalence import Verdict
+    from rstar2.sandbox.result import ExecResult
+
+    class Unreachable:
+        async def run(self, request, input="", **kw):
+            return ExecResult.failure("internal", "code environment unavailable")
+
+    cfg = RolloutSection(max_turns=3)
+    cases = {
+        "verifier error": (pool, FixedVerifier(error=RuntimeError("pool closed")), "verifier"),
+        "verifier starved": (pool, FixedVerifier(Verdict(False, "stalled", "4", "stalled")), "verifier"),
+        "hostile answer": (pool, FixedVerifier(Verdict(False, "timeout", "4", "timeout")), None),
+        "sandbox down": (Unreachable(), FixedVerifier(Verdict(True, "equal", "4", "fast")), "sandbox"),
+        "all well": (pool, FixedVerifier(Verdict(True, "equal", "4", "fast")), None),
+    }
+    for name, (executor, verifier, fault) in cases.items():
+        traj = await Rollout(scripted(chatml, tiny), chatml, executor, verifier, cfg).run("answers", "4")
+        assert traj.fault == fault, (name, traj.fault, traj.verdict)
+        assert traj.reward == (1.0 if name in ("all well", "sandbox down") else 0.0), name
+    broken = await Rollout(FailingEngine(), chatml, pool, FixedVerifier(), cfg).run("answers", "4")
+    assert broken.fault == "engine" and broken.finish_reason == "error"
+
+
+class FailingEngine:
+    name, capacity_tokens, in_flight = "down", 1 << 20, 0
+
+    async def generate(self, prompt_ids, params):
+        raise ConnectionError("http://gpu9:8000 unreachable")
+
+    async def close(self):
+        pass
