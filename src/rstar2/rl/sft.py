@@ -118,8 +118,10 @@ class SFTTrainer:
         history = []
         recent: deque[float] = deque(maxlen=cfg.sft.stop_window)
         self.stopped_early = False
+        failing = self.step_no + 1
         try:
             while self.step_no < self.total:
+                failing = self.step_no + 1  # the step an error below belongs to (also its save)
                 t0 = time.perf_counter()
                 chunk = self.data.take(cfg.run.batch_size)
                 share = chunk[world.rank :: world.size]  # this process's examples
@@ -171,7 +173,7 @@ class SFTTrainer:
                 if stop:
                     break
         except Exception as exc:
-            error = RunError.at(f"SFT step {self.step_no + 1}", self.run_dir, exc)
+            error = RunError.at(f"SFT step {failing}", self.run_dir, exc)
             if world.main:
                 write_error(self.run_dir, exc)
             raise error from exc

@@ -38,19 +38,18 @@ class WeightSyncError(RuntimeError):
 
 async def reload_server(engine: Any, path: Path, settings: RolloutSection) -> dict[str, Any]:
     """One server loads ``path``; retried with back-off, then a ``WeightSyncError`` naming it."""
-    delay = 1.0
-    for attempt in range(settings.reload_retries + 1):
+    delay, attempt = 1.0, 0
+    while True:
         try:
             return await engine.update_weights(str(path.resolve()), settings.reload_path)
         except Exception as exc:
-            if attempt == settings.reload_retries:
+            attempt += 1
+            if attempt > settings.reload_retries:
                 raise WeightSyncError(
-                    f"engine {engine.name} refused the new weights "
-                    f"({settings.reload_retries + 1} tries): {exc}"
+                    f"engine {engine.name} refused the new weights ({attempt} tries): {exc}"
                 ) from exc
-            await asyncio.sleep(delay)
-            delay *= 2
-    raise AssertionError("unreachable")
+        await asyncio.sleep(delay)
+        delay *= 2
 
 
 def saved_tensors(folder: Path, weights: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:

@@ -108,7 +108,6 @@ def step_metrics(all_records: list[dict[str, Any]]) -> dict[str, float]:
         "accuracy": len(correct) / n,
         "reward/mean": _mean([r["reward"] for r in records]),
         "reward/kept_mean": _mean([r["reward"] for r in records if r["kept"]]),
-        "rollouts": float(len(records)),
         "rollouts_kept": float(sum(r["kept"] for r in records)),
         "response/length_mean": _mean([r["tokens"] for r in records]),
         "response/length_max": float(max((r["tokens"] for r in records), default=0)),
