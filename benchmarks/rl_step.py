@@ -238,6 +238,7 @@ def main() -> None:
             json.dumps(
                 {"args": vars(a) | {"out": str(a.out)}, "rstar2": ours, "trl": theirs, "ratio": ratio},
                 indent=2,
+                default=str,
             )
         )
 

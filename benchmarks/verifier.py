@@ -2,6 +2,7 @@
 
     python benchmarks/verifier.py            # all shipped sets + 2,000 DAPO integer pairs
     python benchmarks/verifier.py --quick    # a few hundred pairs
+    python benchmarks/verifier.py --categories-only   # the hand-written categories alone
 
 Pairs come from the evaluation sets' references: each is written the ways a model writes it
 (label correct) and paired with wrong answers: a different reference, n+1, a x100 percent slip,
@@ -9,6 +10,11 @@ a decimal that only rounds alike (label wrong). Prints pairs/s, p50/p99 latency 
 one pair at a time), accuracy, precision and recall for (a) rstar2's fast path on the pairs it
 decides, (b) rstar2's full path in-process, (c) ``math_verify.verify(parse(gold), parse(pred))``,
 (d) rstar2's VerifierPool with one process per core. Ratios are against (c) in the same run.
+
+A second table scores the hand-written categories of ``verifier_cases.py`` (answers in sentences,
+units, relations, equations, matrices, several answers, float-precision decimals, thousands
+separators): accuracy per category for rstar2 lenient (the prediction as given), rstar2 strict (bare
+answers wrapped as ``<answer>\\boxed{…}</answer>``) and math-verify on the prediction as given.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ from rich.table import Table
 from rstar2.eval import load_benchmark
 from rstar2.reward import VerifierPool, check_answer, extract_answer, triage
 from rstar2.reward.normalize import normalize, plain_number
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from verifier_cases import CATEGORIES, is_free_form  # noqa: E402
 
 DAPO = Path(__file__).resolve().parents[2] / "shared" / "data" / "dapo_math_17k_en.jsonl"
 
@@ -248,15 +257,105 @@ def ours_fast(p: dict) -> bool:
     return bool(triage(p["reference"], p["response"])[0])
 
 
+def category_pairs() -> list[dict]:
+    return [
+        {"kind": kind, "reference": ref, "prediction": pred, "label": label, "free": is_free_form(pred)}
+        for kind, cases in CATEGORIES.items()
+        for ref, pred, label in cases
+    ]
+
+
+def _lenient(p: dict) -> bool:
+    answer = extract_answer(p["prediction"], "lenient")
+    return answer is not None and check_answer(p["reference"], answer).correct
+
+
+def _strict(p: dict) -> bool:
+    return ours_full(
+        {"reference": p["reference"], "response": f"<answer>\\boxed{{{p['prediction']}}}</answer>"}
+    )
+
+
+def _math_verify_as_given(p: dict) -> bool:
+    return math_verify_baseline({"reference": p["reference"], "response": p["prediction"]})
+
+
+def category_table(console: Console) -> list[dict]:
+    """Accuracy per hand-written category, rstar2 (lenient, strict) beside math-verify."""
+    pairs = category_pairs()
+    methods = {  # math-verify first: it pays the LaTeX parser's first-use costs, as in the main table
+        "math-verify": (_math_verify_as_given, pairs),
+        "rstar2 lenient": (_lenient, pairs),
+        "rstar2 strict (bare answers)": (_strict, [p for p in pairs if not p["free"]]),
+    }
+    runs = {}
+    for name, (fn, subset) in methods.items():
+        got, lat, wall = _timed(fn, subset)
+        runs[name] = (subset, got, lat, wall)
+    base_rate = len(pairs) / runs["math-verify"][3]
+    table = Table(title="Hand-written categories (benchmarks/verifier_cases.py): accuracy, n in brackets")
+    table.add_column("category", justify="left")
+    for name in methods:
+        table.add_column(name, justify="right")
+    rows = []
+    for kind in [*CATEGORIES, "all"]:
+        cells = []
+        for name, (subset, got, lat, wall) in runs.items():
+            idx = [i for i, p in enumerate(subset) if kind == "all" or p["kind"] == kind]
+            sub = [subset[i] for i in idx]
+            g = [got[i] for i in idx]
+            row = _row(name, sub, g, [lat[i] for i in idx], wall if kind == "all" else 0, base_rate)
+            rows.append({"pairs_kind": kind, **row})
+            cells.append(f"{row['accuracy']:.1%} ({len(sub)})" if sub else "—")
+        table.add_row(kind, *cells)
+    console.print(table)
+    summary = Table(title="Hand-written categories, all pairs")
+    for col in (
+        "method",
+        "n",
+        "accuracy",
+        "precision",
+        "recall",
+        "false pos.",
+        "pairs/s",
+        "× math-verify",
+        "p99 ms",
+    ):
+        summary.add_column(col, justify="left" if col == "method" else "right")
+    for r in rows:
+        if r["pairs_kind"] == "all":
+            summary.add_row(
+                r["method"],
+                str(r["pairs"]),
+                f"{r['accuracy']:.1%}",
+                f"{r['precision']:.3f}",
+                f"{r['recall']:.3f}",
+                str(r["fp"]),
+                f"{r['pairs_per_s']:.0f}",
+                "—" if r["ratio"] is None else f"{r['ratio']:.1f}",
+                f"{r['p99_ms']:.1f}",
+            )
+    console.print(summary)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--dapo", type=int, default=2000, help="DAPO integer references to add (0: none)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", type=Path, help="write the results as JSON")
+    ap.add_argument("--categories-only", action="store_true", help="only the hand-written categories")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
     console = Console(width=max(170, Console().width))
+    check_answer("\\frac{1}{2}", "\\sqrt{\\frac14}")  # imports, grammar, caches: not timed
+    math_verify_baseline({"reference": "1", "response": "\\boxed{1}"})
+    categories = category_table(console)
+    if args.categories_only:
+        if args.out:
+            args.out.write_text(json.dumps({"argv": sys.argv, "categories": categories}, indent=2))
+        return 0
     pairs = build_pairs(args.quick, 300 if args.quick else args.dapo)
     console.print(f"{len(pairs)} labelled pairs ({sum(p['label'] for p in pairs)} correct); warming up ...")
     check_answer("\\frac{1}{2}", "\\sqrt{\\frac14}")  # imports, grammar, caches: not timed
@@ -326,7 +425,10 @@ def main() -> int:
     console.print(table)
     if args.out:
         args.out.write_text(
-            json.dumps({"argv": sys.argv, "cores": os.cpu_count(), "results": results}, indent=2)
+            json.dumps(
+                {"argv": sys.argv, "cores": os.cpu_count(), "results": results, "categories": categories},
+                indent=2,
+            )
         )
     return 0
 

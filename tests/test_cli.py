@@ -77,6 +77,17 @@ def test_verify_one_pair_sets_the_exit_status(tmp_path):
     assert bad.returncode == 1 and json.loads(bad.stdout)["reason"] == "different numbers"
 
 
+def test_verify_lenient_reads_an_answer_in_a_sentence():
+    said = "Adding both groups, she has 1,234 stickers left."
+    lenient = rstar2("verify", "-r", "1234", "--response", "-", "--mode", "lenient", input=said)
+    assert lenient.returncode == 0, lenient.stdout + lenient.stderr
+    assert json.loads(lenient.stdout)["answer"] == "1,234 stickers left"
+    strict = rstar2("verify", "-r", "1234", "--response", "-", input=said)  # no <answer> block
+    assert strict.returncode == 1 and json.loads(strict.stdout)["path"] == "none"
+    wrong = rstar2("verify", "-r", "1234", "--response", "-", "--mode", "lenient", input="It is not 1,234.")
+    assert wrong.returncode == 1
+
+
 def test_verify_jsonl_prints_a_verdict_per_line_and_a_summary(tmp_path):
     rows = [
         {"reference": "117", "response": "<answer>\\boxed{117}</answer>", "label": True},

@@ -19,7 +19,7 @@ from rstar2.reward import extract_answer, last_boxed
         ("<answer> $\\frac{3}{4}$ </answer>", "\\frac{3}{4}"),
         ("<answer>\\boxed{204.}</answer>", "204."),
         ("<answer>\\boxed 5</answer>", "5"),
-        ("<answer>So the area is 12 square units.</answer>", "12"),
+        ("<answer>So the area is 12 square units.</answer>", "12 square units"),  # units go when compared
         ("<answer>old \\boxed{1}</answer> more <answer>\\boxed{2}</answer>", "2"),
     ],
 )

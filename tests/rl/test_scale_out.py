@@ -24,7 +24,8 @@ from rstar2.rl.metrics_log import read_metrics
 from ..conftest import ROOT, free_port, start_cli, stop, wait_http
 from .test_trainer import rl_config
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+_PATH = os.pathsep.join(p for p in (str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")) if p)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": _PATH}
 
 
 def cli(args: list[str], timeout: float = 600, cwd: Path = ROOT) -> subprocess.CompletedProcess:

@@ -9,6 +9,7 @@ The model runs in one thread of its own; the event loop stays free for tool call
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import random
 import threading
@@ -35,6 +36,15 @@ def pick_device(device: str = "auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
+
+
+def compute_precision(model: Any) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA when the weights are fp32 (the in-process engine shares the trainer's
+    fp32 parameters): sampling at bf16 speed, as an inference server would, without a second copy."""
+    p = next(model.parameters())
+    if p.device.type == "cuda" and p.dtype == torch.float32:
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def max_positions(model: Any) -> int:
@@ -206,7 +216,7 @@ class HFEngine:
         while (batch := self._take_batch()) is not None:
             start = time.perf_counter()
             try:
-                with self.lock:
+                with self.lock, compute_precision(self.model):
                     results: list[Any] = generate_batch(
                         self.model,
                         [r.prompt_ids for r in batch],

@@ -12,15 +12,19 @@ is the local part every caller shares: extraction, then ``quick_check``.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from .extract import Mode, extract_answer
-from .guards import DEFAULT_LIMITS, GuardLimits, refuse
+from .guards import DEFAULT_LIMITS, GuardLimits, refuse, stray_words
 from .normalize import (
     has_decimal_literal,
-    normalize,
+    is_float_print,
+    listed_numbers,
+    matrix_cells,
+    normalize_pair,
     plain_number,
     rationalize_decimals,
     same_plain_number,
@@ -51,15 +55,24 @@ class Verdict:
 
 def quick_check(reference: str, answer: str, limits: GuardLimits = DEFAULT_LIMITS) -> Verdict | None:
     """A verdict without any CAS work, or None when the CAS must decide."""
-    ref, ans = normalize(reference), normalize(answer)
+    ref, ans = normalize_pair(reference, answer)
     if not ans:
         return Verdict(False, "empty answer", answer, "none")
     if ref == ans or ref.replace(" ", "") == ans.replace(" ", ""):
         return Verdict(True, "identical", answer, "fast")
     ref_num, ans_num = plain_number(ref), plain_number(ans)
     if ref_num is not None and ans_num is not None:
-        same = same_plain_number(ref_num, ans_num)
-        return Verdict(same, "equal numbers" if same else "different numbers", answer, "fast")
+        if same_plain_number(ref_num, ans_num):
+            return Verdict(True, "equal numbers", answer, "fast")
+        if is_float_print(ref_num, ans_num) or is_float_print(ans_num, ref_num):
+            return Verdict(True, "a float print of the fraction", answer, "fast")
+        return Verdict(False, "different numbers", answer, "fast")
+    listed = _same_listed_numbers(ref, ans)
+    if listed is not None:
+        return Verdict(listed, "same numbers" if listed else "different numbers", answer, "fast")
+    cells = _same_matrix(ref, ans, limits)
+    if cells is not None:
+        return Verdict(cells, "equal matrices" if cells else "different matrices", answer, "fast")
     ref_text = text_answer(ref)
     if ref_text is not None:
         ans_text = text_answer(ans)
@@ -68,10 +81,46 @@ def quick_check(reference: str, answer: str, limits: GuardLimits = DEFAULT_LIMIT
     why = refuse(ans, limits)
     if why is not None:
         return Verdict(False, f"refused: {why}", answer, "guard")
+    words = stray_words(ans) - stray_words(ref)
+    if words and not _has_letters(ref):  # a numeric reference: the words cannot be mathematics
+        return Verdict(
+            False, f"refused: words beside the value ({', '.join(sorted(words))})", answer, "guard"
+        )
     why = refuse(ref, limits)
     if why is not None:
         return Verdict(False, f"reference refused: {why}", answer, "guard")
     return None
+
+
+def _same_listed_numbers(ref: str, ans: str) -> bool | None:
+    """Two lists of plain numbers ("2, 3" and "x = 3 or x = 2") are equal as multisets."""
+    if not any(sep in ref + ans for sep in (",", ";", "or", "and", "\\pm")):
+        return None
+    a, b = listed_numbers(ref), listed_numbers(ans)
+    if a is None or b is None or (len(a) == 1 and len(b) == 1):
+        return None
+    return a == b
+
+
+def _same_matrix(ref: str, ans: str, limits: GuardLimits) -> bool | None:
+    """Two matrices in any environment: same shape and each cell equal; None when a cell needs
+    the CAS (or either side is not a matrix)."""
+    a, b = matrix_cells(ref), matrix_cells(ans)
+    if a is None or b is None:
+        return None
+    if [len(r) for r in a] != [len(r) for r in b]:
+        return False
+    for x, y in zip((c for r in a for c in r), (c for r in b for c in r), strict=True):
+        cell = quick_check(x, y, limits)
+        if cell is None:
+            return None
+        if not cell.correct:
+            return False
+    return True
+
+
+def _has_letters(s: str) -> bool:
+    return re.search(r"(?<!\\)\b[A-Za-z]", re.sub(r"\\[A-Za-z]+", " ", s)) is not None
 
 
 def triage(
@@ -97,7 +146,7 @@ def cas_check(reference: str, answer: str) -> Verdict:
     """Equivalence through math-verify; may be slow, so run it in a time-boxed worker."""
     from math_verify import verify
 
-    ref, ans = normalize(reference), normalize(answer)
+    ref, ans = normalize_pair(reference, answer)
     exact = has_decimal_literal(ref) or has_decimal_literal(ans)
     if exact:
         ref, ans = rationalize_decimals(ref), rationalize_decimals(ans)
@@ -106,6 +155,9 @@ def cas_check(reference: str, answer: str) -> Verdict:
         return Verdict(False, "reference not parseable", answer, "cas")
     if not pred:
         return Verdict(False, "answer not parseable", answer, "cas")
+    same_equation = _same_equation(gold[0], pred[0])
+    if same_equation is not None:  # two equations: decided here, no simplify() over them
+        return Verdict(same_equation, "equivalent" if same_equation else "not equivalent", answer, "cas")
     numeric = _numeric_verdict(gold[0], pred[0])
     if numeric is not None:  # two closed-form numbers: decided to 40 digits, no simplify()
         return Verdict(numeric, "equivalent" if numeric else "not equivalent", answer, "cas")
@@ -139,6 +191,26 @@ def _parse(latex: str) -> list:
 
     config = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
     return parse(f"${latex}$", extraction_config=config, parsing_timeout=None)  # type: ignore[arg-type]
+
+
+def _same_equation(gold: Any, pred: Any) -> bool | None:
+    """For two equations in the same unknowns: equivalent when one is the other times a nonzero
+    constant (``2x + 4y = 8`` and ``y = 2 - x/2``: ``(lhs - rhs)`` of one over that of the other
+    cancels to a number), else not. None when the pair is not two such equations."""
+    import sympy
+
+    if not isinstance(gold, sympy.Equality) or not isinstance(pred, sympy.Equality):
+        return None
+    a, b = gold.lhs - gold.rhs, pred.lhs - pred.rhs
+    if not a.free_symbols or len(a.free_symbols) > 4:
+        return None
+    if a.free_symbols != b.free_symbols:
+        return False
+    try:
+        ratio = sympy.cancel(sympy.together(a / b))
+        return not ratio.free_symbols and ratio.is_number and bool(ratio != 0) and ratio.is_finite is True
+    except Exception:  # noqa: BLE001 - not shown equivalent
+        return False
 
 
 def _numeric_verdict(gold: Any, pred: Any) -> bool | None:

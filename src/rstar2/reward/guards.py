@@ -46,6 +46,24 @@ def nesting_depth(s: str) -> int:
     return best
 
 
+# words that may stand in an answer's mathematics (sets, functions); any other word is prose
+_MATH_WORDS = frozenset(
+    "and or sin cos tan cot sec csc log ln exp sqrt pi max min gcd lcm mod arcsin arccos arctan".split()
+)
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_TEXT_GROUP = re.compile(
+    r"\\(?:text|mbox|mathrm|textbf|operatorname)\s*\{[^{}]*\}"
+    r"|\\(?:begin|end)\s*\{[A-Za-z*]*\}(?:\{[lcr|]*\})?"
+)
+
+
+def stray_words(answer: str) -> set[str]:
+    """Words outside LaTeX commands and ``\\text{}`` that are not mathematics: "6 squared",
+    "not 42", "either 42 or 43". A CAS reading them would skip the words and keep the number."""
+    bare = _TEXT_GROUP.sub(" ", answer)
+    return {w.lower() for w in _WORD.findall(bare)} - _MATH_WORDS
+
+
 def refuse(answer: str, limits: GuardLimits = DEFAULT_LIMITS) -> str | None:
     """Why this answer is not worth a CAS call, or None when it is safe to parse."""
     if _HEDGE.search(answer):

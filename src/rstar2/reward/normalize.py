@@ -19,6 +19,24 @@ _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree\b|\\text\{\s*degrees
 _UNIT = re.compile(
     r"(?<=[\d}])\s*\\(?:text|mbox|mathrm)\{\s*[A-Za-z][A-Za-z .]*\}(?:\s*\^\s*\{?[23]\}?)?\s*$"
 )
+# plain-word units after a number: "18 centimeters", "36 cm^2", "12 km/h", "1,234,567 people"
+# (two letters at least, so "4 i" keeps its imaginary unit; stripped only when a plain number is left)
+_WORD_UNIT = re.compile(
+    r"(?<=[\d}])\s*(?:[A-Za-z]{2,}[A-Za-z/.]*)(?:\s+[A-Za-z]{2,}[A-Za-z/.]*)*(?:\^\{?[23]\}?)?$"
+)
+# number words that scale the value ("1.5 million"): applied, never stripped as a unit
+_SCALES = {
+    "hundred": 100,
+    "thousand": 1000,
+    "million": 10**6,
+    "billion": 10**9,
+    "trillion": 10**12,
+    "dozen": 12,
+}
+_SCALE_WORD = re.compile(r"(?<=\d)\s+(" + "|".join(_SCALES) + r")\b", re.IGNORECASE)
+# words that make a number something else ("6 squared", "5 factorial"): never stripped as a unit
+_NOT_UNITS = frozenset("squared cubed factorial times plus minus over divided and or to of by".split())
+_PERCENT_WORD = re.compile(r"(?<=\d)\s*(?:percent|per cent|pct)\.?$", re.IGNORECASE)
 _ASSIGN = re.compile(r"^\s*[A-Za-z](?:_\{?\w+\}?)?\s*(?:=|\\in)\s*(?!.*=)")
 _TEXT_WRAP = re.compile(r"^\\(?:text|textbf|mathrm|mbox|textit|mathbf)\{(.*)\}$", re.DOTALL)
 
@@ -26,10 +44,11 @@ _NUM = r"(?:\d+(?:\.\d*)?|\.\d+)"
 _PLAIN = re.compile(
     rf"^([+-]?)({_NUM})(?:[eE]([+-]?\d+)|\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{{?\s*([+-]?\d+)\s*\}}?)?$"
 )
-_THOUSANDS = re.compile(r"^([+-]?)(\d{1,3}(?:, ?\d{3})+)(\.\d+)?$")
+_THOUSANDS = re.compile(r"^([+-]?)(\d{1,3}(?:(?:, ?| )\d{3})+)(\.\d+)?$")
 _FRAC = re.compile(r"^([+-]?)\\frac\s*(?:\{\s*([+-]?\d+)\s*\}|(\d))\s*(?:\{\s*(\d+)\s*\}|(\d))$")
 _SLASH = re.compile(r"^([+-]?)(\d+)\s*/\s*(\d+)$")
 _MIXED = re.compile(r"^([+-]?)(\d+)\s*\\frac\s*\{?(\d+)\}?\s*\{?(\d+)\}?$")
+_DECIMAL_LITERAL = re.compile(r"^[+-]?(\d*)\.(\d+)$")
 _CHOICE = re.compile(r"^\(([A-Ea-e])\)$|^([A-E])$")
 
 
@@ -44,23 +63,88 @@ def strip_delimiters(s: str) -> str:
     return s
 
 
+_RELATIONS = [
+    (re.compile(r"\\geqslant|\\geq|\\ge(?![A-Za-z])|>=|≥"), r"\\geq "),
+    (re.compile(r"\\leqslant|\\leq|\\le(?![A-Za-z])|<=|≤"), r"\\leq "),
+    (re.compile(r"\\neq|\\ne(?![A-Za-z])|!=|≠"), r"\\neq "),
+    (re.compile(r"\\lt(?![A-Za-z])"), "<"),
+    (re.compile(r"\\gt(?![A-Za-z])"), ">"),
+]
 _UNICODE = {"−": "-", "–": "-", "π": "\\pi ", "×": "\\times ", "·": "\\cdot ", "∞": "\\infty ", "\u00a0": " "}
 _UNICODE_RE = re.compile("|".join(map(re.escape, _UNICODE)))
 
 
-def normalize(answer: str) -> str:
+def normalize(answer: str, keep_assignment: bool = False) -> str:
     """Cosmetic clean-up that never changes a value: delimiters, spacing macros, ``\\dfrac``,
-    degree signs, trailing units and punctuation, dollar signs, ``x =`` / ``x \\in`` prefixes."""
+    degree signs, trailing units and punctuation, dollar signs, ``x =`` / ``x \\in`` prefixes
+    (kept with ``keep_assignment``: an equation compared with an equation)."""
     s = strip_delimiters(_UNICODE_RE.sub(lambda m: _UNICODE[m.group(0)], answer))
     s = _SPACING.sub("", s)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\$", "").replace("$", "")
+    s = s.replace("{,}", ",")
+    for pattern, canonical in _RELATIONS:  # one spelling per relation: >=, \ge, ≥ are \geq
+        s = pattern.sub(canonical, s)
     s = _DEGREES.sub("", s)
     s = _UNIT.sub("", s)
+    s = _PERCENT_WORD.sub("%", s)
+    s = _apply_scale(s)
+    unit = _WORD_UNIT.search(s)
+    if unit and plain_number(s[: unit.start()]) is not None:
+        words = {w.lower() for w in re.findall(r"[A-Za-z]+", unit.group(0))}
+        if not words & _NOT_UNITS:
+            s = s[: unit.start()]
     s = s.strip().rstrip(".;").strip()
     if s.endswith(",") and not s.endswith("\\,"):
         s = s[:-1].rstrip()
-    s = _ASSIGN.sub("", s) if "=" in s or "\\in" in s else s
+    if not keep_assignment and ("=" in s or "\\in" in s):
+        s = _ASSIGN.sub("", s)
     return s.strip()
+
+
+def _apply_scale(s: str) -> str:
+    """``1.5 million dollars`` → ``1500000 dollars``: only when a plain number precedes the word."""
+    m = _SCALE_WORD.search(s)
+    if m is None:
+        return s
+    number = plain_number(s[: m.start()])
+    if number is None or number.percent:
+        return s
+    value = number.value * _SCALES[m.group(1).lower()]
+    text = str(value.numerator) if value.denominator == 1 else str(float(value))
+    return text + s[m.end() :]
+
+
+def _assigned(s: str) -> str | None:
+    m = _ASSIGN.match(s)
+    return m.group(0).split("=")[0].split("\\in")[0].strip() if m else None
+
+
+_RELATION = re.compile(r"[=<>]|\\(?:geq|leq|neq|in)\b")
+
+
+def normalize_pair(reference: str, answer: str) -> tuple[str, str]:
+    """Both normalized; two equations keep their left sides unless both solve for the same
+    variable (``y = 2x + 3`` against ``x = (y - 3)/2`` is a pair of equations, not of values)."""
+    ref, ans = normalize(reference, keep_assignment=True), normalize(answer, keep_assignment=True)
+    if "=" in ref and "=" in ans and _assigned(ref) != _assigned(ans):
+        return ref, ans
+    ref, ans = normalize(reference), normalize(answer)
+    if "=" in ans and not _RELATION.search(ref) and not _SEPARATORS.search(ans):
+        ans = last_side(ans)  # "\\sqrt{20} = 2\\sqrt{5}" states its last side
+    return ref, ans
+
+
+def last_side(s: str) -> str:
+    """What follows the last ``=`` outside brackets (``\\sum_{k=1}^n k`` has none)."""
+    depth, cut = 0, -1
+    for i, c in enumerate(s):
+        if c in "{([":
+            depth += 1
+        elif c in "})]":
+            depth = max(0, depth - 1)
+        elif c == "=" and depth == 0:
+            cut = i
+    return s[cut + 1 :].strip() if cut >= 0 and s[cut + 1 :].strip() else s
 
 
 def text_answer(s: str) -> str | None:
@@ -84,6 +168,8 @@ def text_answer(s: str) -> str | None:
 class PlainNumber:
     value: Fraction
     percent: bool  # written with a % sign: value is the number before the sign
+    decimals: int | None = None  # digits after the point of a decimal literal (None: exact form)
+    significant: int = 0  # significant digits of a decimal literal
 
 
 def plain_number(s: str) -> PlainNumber | None:
@@ -96,7 +182,13 @@ def plain_number(s: str) -> PlainNumber | None:
     if len(s) > MAX_DIGITS + 20:
         return None
     value = _parse_value(s)
-    return None if value is None else PlainNumber(value, percent)
+    if value is None:
+        return None
+    literal = _DECIMAL_LITERAL.match(s)
+    if literal is None:
+        return PlainNumber(value, percent)
+    digits = (literal.group(1) + literal.group(2)).lstrip("0")
+    return PlainNumber(value, percent, len(literal.group(2)), len(digits))
 
 
 def _parse_value(s: str) -> Fraction | None:
@@ -150,6 +242,22 @@ def same_plain_number(reference: PlainNumber, answer: PlainNumber) -> bool:
     return reference.percent != answer.percent and reference.value == answer.value
 
 
+FLOAT_PRINT_DIGITS = 15  # a decimal this long is a program's print of a value, not a rounding
+
+
+def is_float_print(exact: PlainNumber, decimal: PlainNumber) -> bool:
+    """``decimal`` is how a program prints the fraction ``exact`` (Python prints 1/12 as
+    0.08333333333333333): 15 significant digits at least, and either the nearest double's shortest
+    repr or the value correctly rounded to that many places. ``0.333`` is not 1/3."""
+    if exact.decimals is not None or decimal.decimals is None or exact.percent != decimal.percent:
+        return False
+    if decimal.significant < FLOAT_PRINT_DIGITS or exact.value.denominator == 1:
+        return False
+    if float(exact.value) == float(decimal.value):
+        return True
+    return round(exact.value, decimal.decimals) == decimal.value
+
+
 def has_decimal_literal(s: str) -> bool:
     return re.search(r"(?<![\w.])\d*\.\d+", s) is not None
 
@@ -165,3 +273,55 @@ def rationalize_decimals(s: str) -> str:
         return f"{{{fraction}}}" if before.endswith(("^", "_")) else fraction
 
     return re.sub(r"(?<![\w.])(\d*)\.(\d+)(?![\d.])", repl, s)
+
+
+_SEPARATORS = re.compile(r"\s*(?:,|;|\\text\{\s*(?:or|and)\s*\}|\b(?:or|and)\b)\s*")
+_SET_BRACES = re.compile(r"^\\\{(.*)\\\}$", re.DOTALL)
+_PLUS_MINUS = re.compile(r"^([+-]?[^\\]*?)\s*\\pm\s*(.+)$")
+
+
+def listed_numbers(s: str) -> list[Fraction] | None:
+    """The values of an answer that lists plain numbers ("2, 3", "x = 3 or x = 2", "\\{2, 3\\}",
+    "\\pm 4", "1 \\pm 0.5"), sorted; None when ``s`` is not such a list. Points and intervals
+    (in brackets) are not lists. A single number is a list of one."""
+    s = s.strip()
+    inner = _SET_BRACES.match(s)
+    if inner:
+        s = inner.group(1)
+    elif s[:1] in "([" or s[-1:] in ")]":
+        return None
+    values: list[Fraction] = []
+    for part in _SEPARATORS.split(s):
+        part = _ASSIGN.sub("", part).strip() if "=" in part else part.strip()
+        if not part:
+            continue
+        pm = _PLUS_MINUS.match(part)
+        if pm:
+            center = plain_number(pm.group(1).strip() or "0")
+            spread = plain_number(pm.group(2).strip())
+            if center is None or spread is None or center.percent or spread.percent:
+                return None
+            values += [center.value - spread.value, center.value + spread.value]
+            continue
+        number = plain_number(part)
+        if number is None or number.percent:
+            return None
+        values.append(number.value)
+    return sorted(values) if values else None
+
+
+_MATRIX = re.compile(
+    r"^(?:\\left\s*)?[\[(]?\s*\\begin\{(?:(p|b|B)?matrix|array)\}(?:\{[lcr|]*\})?(.*?)"
+    r"\\end\{(?:(?:p|b|B)?matrix|array)\}\s*(?:\\right\s*)?[\])]?$",
+    re.DOTALL,
+)
+
+
+def matrix_cells(s: str) -> list[list[str]] | None:
+    """Rows of cells of a matrix written with pmatrix, bmatrix, Bmatrix, matrix or a bracketed
+    array; None for anything else (vmatrix is a determinant, not a matrix)."""
+    m = _MATRIX.match(s.strip())
+    if m is None:
+        return None
+    rows = [r for r in re.split(r"\\\\", m.group(2)) if r.strip()]
+    return [[c.strip() for c in row.split("&")] for row in rows] or None

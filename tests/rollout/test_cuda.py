@@ -1,0 +1,68 @@
+"""The CUDA paths (marked ``gpu``): they run where a GPU is present (the device machine, a user's
+workstation) and report as skipped on CPU-only machines such as CI, which has no GPU to lend."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from rstar2.engines.base import SamplingParams
+from rstar2.engines.hf import HFEngine, compute_precision
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def test_fp32_weights_sample_under_bf16_autocast_and_logprobs_stay_close(tiny):
+    model, tok = tiny
+    gpu = type(model)(model.config).to("cuda")
+    gpu.load_state_dict(model.state_dict())
+    assert isinstance(compute_precision(gpu), torch.autocast)
+    assert not isinstance(compute_precision(model), torch.autocast)  # CPU: full precision
+
+    async def sample():
+        eng = HFEngine(gpu, max_batch_size=8)
+        try:
+            p = tok.encode("question number 3: xx", add_special_tokens=False)
+            return p, await eng.generate(p, SamplingParams(max_new_tokens=24, temperature=1.0, seed=0))
+        finally:
+            await eng.close()
+
+    p, g = asyncio.run(sample())
+    assert len(g.token_ids) == 24
+    with torch.no_grad():  # the fp32 teacher-forced pass on CPU: bf16 sampling differs only by rounding
+        logits = model(torch.tensor([p + g.token_ids])).logits[0].float()
+    ref = logits.log_softmax(-1)[len(p) - 1 : -1].gather(1, torch.tensor(g.token_ids)[:, None]).squeeze(1)
+    assert (ref - torch.tensor(g.logprobs)).abs().max() < 0.1
+
+
+def test_an_rl_run_on_cuda_trains_and_checkpoints(tiny_dir, tmp_path):
+    """The trainer through the real CLI on CUDA: fp32 master weights, bf16 autocast in the update
+    and in the in-process engine that shares them; the saved weights moved."""
+    import json
+
+    import yaml
+    from safetensors.torch import load_file
+
+    from rstar2.rl.checkpoint import latest_checkpoint
+
+    from ..rl.test_scale_out import cli, ok
+    from ..rl.test_trainer import rl_config
+
+    rows = [{"problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(8)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = rl_config(tiny_dir, tmp_path / "train.jsonl", tmp_path / "run")
+    cfg["model"]["device"] = "cuda"
+    cfg["rollout"]["max_batch_size"] = 16
+    cfg["run"]["steps"] = 2
+    (tmp_path / "rl.yaml").write_text(yaml.safe_dump(cfg))
+    ok(cli(["train", str(tmp_path / "rl.yaml")]))
+    last = latest_checkpoint(tmp_path / "run")
+    after = load_file(str(last / "model.safetensors"))
+    before = load_file(str(tiny_dir / "model.safetensors"))
+    moved = max((after[k].float() - before[k].float()).abs().max().item() for k in after if k in before)
+    assert moved > 1e-4
