@@ -43,6 +43,18 @@ SENTENCE = [
     ("5", "The number of ways is therefore 5.", True),
     ("x^2+2x+1", "Expanding gives $(x+1)^2 = x^2 + 2x + 1$.", True),
     ("x^2+2x+1", "Expanding gives $x^2 + 2x - 1$.", False),
+    ("42", "The final answer is 42. I hope it is correct.", True),
+    ("42", "The final answer is 24. I hope it is correct.", False),
+    ("2, 3", "So the roots are $x = 2$ and $x = 3$.", True),
+    ("2, 3", "So the roots are $x = 2$ and $x = -3$.", False),
+    ("7", "The remainder when $2^{100}$ is divided by 9 is 7.", True),
+    ("7", "The remainder when $2^{100}$ is divided by 7 is 2.", False),
+    ("-2", "x = -2 is the only solution.", True),
+    ("3", "Solving, we find that $n$ must be 3.", True),
+    ("\\text{Evelyn}", "Comparing the times, the winner is Evelyn.", True),
+    ("\\text{Evelyn}", "Comparing the times, the winner is Evenly.", False),
+    ("\\frac{1}{2}", "**Final Answer**\n\n$$\\frac{1}{2}$$", True),
+    ("\\frac{1}{2}", "**Final Answer**\n\n$$\\frac{1}{3}$$", False),
 ]
 
 UNITS = [

@@ -55,6 +55,8 @@ class Verdict:
 
 def quick_check(reference: str, answer: str, limits: GuardLimits = DEFAULT_LIMITS) -> Verdict | None:
     """A verdict without any CAS work, or None when the CAS must decide."""
+    if len(answer) > 2 * limits.max_chars:  # before any regex: normalizing megabytes is not free
+        return Verdict(False, f"refused: answer longer than {limits.max_chars} characters", answer, "guard")
     ref, ans = normalize_pair(reference, answer)
     if not ans:
         return Verdict(False, "empty answer", answer, "none")

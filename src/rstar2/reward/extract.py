@@ -2,7 +2,7 @@
 
 The paper's format puts the answer in ``\\boxed{}`` inside one ``<answer>…</answer>`` block;
 ``strict`` mode reads only that. ``lenient`` mode is for other models' outputs and for baselines:
-the last boxed anywhere, a response that is itself a short answer, "the final answer is …", then
+the last boxed anywhere, "the final answer is …", a response that is itself a short answer, then
 the last sentence: its last math span (``$…$``, ``\\(…\\)``, ``\\[…\\]``), else what follows its
 last "is" / "are" / "=" / "equals", else its last number. Every scan here is linear in the
 response length (the sentence rules read only the last 2,000 characters), so 10 MB responses or
@@ -20,14 +20,14 @@ Mode = Literal["strict", "lenient"]
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*")
 _FINAL_RE = re.compile(
-    r"(?:final answer|the answer|answer)\s*(?:is|:|=)\s*:?\s*(.+?)\s*(?:$|\n|(?<![\d\\])\.(?:\s|$))",
+    r"(?:final answer|the answer|answer)\s*(?:is|:|=)\s*:?\s*(.+?)\s*(?:$|\n|(?<!\\)\.(?:\s|$))",
     re.IGNORECASE,
 )
 _NUMBER_RE = re.compile(r"-?\d+\s*/\s*\d+|-?\d+(?:(?:,|\{,\})\d{3})*(?:\.\d+)?|-?\.\d+")
 _WORDS_AFTER_RE = re.compile(r"(?:\s+[A-Za-z]{2,}[A-Za-z/]*){1,3}(?=\s*(?:[.,;!?]|$))")
 _MAX_FALLBACK_CHARS = 200
-# math spans of a sentence: $$…$$, $…$, \(…\), \[…\] (a "$" followed by a digit and no closing
-# "$" is a currency sign, not a span)
+# math spans of a sentence: $$…$$, $…$, \(…\), \[…\] (a span needs its closing "$": a lone
+# currency sign opens none)
 _SPAN_RE = re.compile(r"\$\$(.+?)\$\$|\$([^$]+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
 # the words that introduce a stated result: "... is 42", "... are 5 and 7", "... = 1/6"
 _CUE_RE = re.compile(r"(?:\bis|\bare|\bequals?|\bgives?|\bget|\bbe|=|:)\s+", re.IGNORECASE)
@@ -39,6 +39,10 @@ _FILLER_RE = re.compile(
     r"^(?:(?:therefore|thus|hence|then|just|exactly|simply|now|equal to|about|the value|:)\s*)+",
     re.IGNORECASE,
 )
+_MATHS_RE = re.compile(r"[\d\\^_=<>+]|^[A-Za-z]$")
+# a value then a few words, as units are written: "100 square units", "12 km per hour"
+_VALUE_WITH_UNIT_RE = re.compile(r"[^A-Za-z]*\d[^A-Za-z]*(?:\s+[A-Za-z]{2,}[A-Za-z/]*){1,3}")
+_LEAD_WORD_RE = re.compile(r"^[A-Za-z]{2,}\s*[,:]")
 _SENTENCE_END_RE = re.compile(r"(?<!\d)\.(?:\s+|$)|\.(?=\s+[A-Z])|[!?](?:\s+|$)|\n+")
 
 
@@ -122,35 +126,53 @@ def _bare_final_number(text: str) -> str | None:
 def _short_answer(text: str) -> str | None:
     """The text itself when it reads as an answer ("x >= 3", "2 and 3", "12 cm", a matrix), not
     as a sentence."""
+    if len(text) > 4 * _MAX_FALLBACK_CHARS:  # a long text is no short answer (and not worth a scan)
+        return None
     short = strip_delimiters(text.replace("**", "").strip())
+    if "$" in short or _LEAD_WORD_RE.match(short):  # "So, $x=5$.", "Thus: 7": a sentence after all
+        return None
     if short and len(short) <= _MAX_FALLBACK_CHARS and not _looks_like_prose(short):
         return short.rstrip(".").strip() or None
     return None
 
 
 def _last_sentence(text: str) -> str:
-    """The last sentence that states something: holds a digit, a math span or a LaTeX command."""
+    """The last sentence that states something: holds a digit, a math span or a LaTeX command
+    (else the last sentence)."""
     tail = text[-2000:].replace("**", "")
     parts = [p.strip() for p in _SENTENCE_END_RE.split(tail)]
     for part in reversed(parts):
         if part and re.search(r"[\d$\\]", part):
             return part
-    return ""
+    return next((part for part in reversed(parts) if part), "")  # a word answer, if any
+
+
+def _span_text(m: re.Match) -> str:
+    return next(g for g in m.groups() if g is not None)
 
 
 def _stated_result(sentence: str) -> str | None:
-    """From the last sentence: its last math span, else the result after its last cue word
-    ("is", "are", "=", "equals", ":"), cut where the prose goes on."""
-    spans = [next(g for g in m.groups() if g is not None) for m in _SPAN_RE.finditer(sentence)]
-    if spans:
-        return spans[-1].strip() or None
-    cues = list(_CUE_RE.finditer(sentence))
-    if not cues:
-        return None
-    rest = _FILLER_RE.sub("", sentence[cues[-1].end() :])
+    """From the last sentence: what follows its last cue word outside math ("is", "are", "=",
+    "equals", ":"), math spans unwrapped, cut where the prose goes on ("the roots are $x = 2$ and
+    $x = 3$" → "x = 2 and x = 3"); else its last math span."""
+    spans = list(_SPAN_RE.finditer(sentence))
+    cues = [c for c in _CUE_RE.finditer(sentence) if not any(m.start() <= c.start() < m.end() for m in spans)]
+    results = [_result_after(sentence[c.end() :]) for c in reversed(cues)]
+    for result in results:  # the last cue stating something mathematical ("is 100 square units,
+        if result and _MATHS_RE.search(result):  # reached when the sides are equal": not "equal")
+            return result
+    if results and results[0]:  # a word answer ("The winner is Evelyn.")
+        return results[0]
+    return _span_text(spans[-1]).strip() or None if spans else None
+
+
+def _result_after(text: str) -> str | None:
+    rest = _SPAN_RE.sub(_span_text, _FILLER_RE.sub("", text))
     end = _RESULT_END_RE.search(rest)
     result = (rest[: end.start()] if end else rest).strip().rstrip(".").strip()
-    if result and len(result) <= _MAX_FALLBACK_CHARS and not _looks_like_prose(result):
+    if not result or len(result) > _MAX_FALLBACK_CHARS:
+        return None
+    if not _looks_like_prose(result) or _VALUE_WITH_UNIT_RE.fullmatch(result):
         return result
     return None
 
@@ -194,8 +216,8 @@ def extract_answer(response: str, mode: Mode = "strict") -> str | None:
     ``strict``: only the last ``<answer>…</answer>`` block counts (a response cut before
     ``</answer>`` has no answer); inside it the last ``\\boxed{}`` wins, else the block's short
     text, else "answer is …", else its last number.
-    ``lenient``: the answer block if there is one, else the last boxed anywhere, else the
-    response itself when it is a short answer, else "final answer is …", else the result stated
+    ``lenient``: the answer block if there is one, else the last boxed anywhere, else "final
+    answer is …", else the response itself when it is a short answer, else the result stated
     in the last sentence (its last math span, or what follows "is" / "=" …), else its last number.
     """
     if mode not in ("strict", "lenient"):

@@ -119,6 +119,58 @@ def _assigned(s: str) -> str | None:
     return m.group(0).split("=")[0].split("\\in")[0].strip() if m else None
 
 
+_OP = r"(<|>|\\leq|\\geq)"
+_CHAIN = re.compile(rf"^([^<>=\\]*?(?:\\[a-z]+[^<>=\\]*?)*)\s*{_OP}\s*([a-zA-Z])\s*{_OP}\s*(.+)$")
+_ONE_SIDED = re.compile(rf"^([a-zA-Z])\s*{_OP}\s*(.+)$")
+_ONE_SIDED_LEFT = re.compile(rf"^(.+?)\s*{_OP}\s*([a-zA-Z])$")
+_OR = re.compile(r"\s*(?:\\text\{\s*or\s*\}|\bor\b|\\cup|\\vee)\s*")
+_INTERVALISH = re.compile(r"^(?:[a-zA-Z]\s*\\in\s*)?[\[(].*,.*[\])](?:\s*\\cup\s*[\[(].*,.*[\])])*$")
+
+
+def _bound(op: str, low_side: bool) -> str:
+    closed = op in ("\\leq", "\\geq")
+    return ("[" if closed else "(") if low_side else ("]" if closed else ")")
+
+
+def inequality_as_interval(s: str) -> str | None:
+    """``0 < x \\leq 1`` → ``(0, 1]``; ``x < 2 or x > 3`` → ``(-\\infty, 2) \\cup (3, \\infty)``:
+    the solution set of an inequality in one variable, written as an interval answer is.
+    None when ``s`` is not such an inequality."""
+    pieces, var = [], None
+    for part in _OR.split(s.strip()):
+        chain = _CHAIN.match(part)
+        if chain:
+            a, op1, v, op2, b = (g.strip() for g in chain.groups())
+            if (op1 in ("<", "\\leq")) != (op2 in ("<", "\\leq")):
+                return None
+            if op1 in (">", "\\geq"):  # b < x < a written downwards
+                a, op1, b, op2 = b, op2, a, op1
+            pieces.append(f"{_bound(op1, True)}{a}, {b}{_bound(op2, False)}")
+        elif m := _ONE_SIDED.match(part):
+            v, op, a = (g.strip() for g in m.groups())
+            if op in ("<", "\\leq"):
+                pieces.append(f"(-\\infty, {a}{_bound(op, False)}")
+            else:
+                pieces.append(f"{_bound(op, True)}{a}, \\infty)")
+        elif m := _ONE_SIDED_LEFT.match(part):
+            a, op, v = (g.strip() for g in m.groups())
+            if op in ("<", "\\leq"):  # a < x
+                pieces.append(f"{_bound(op, True)}{a}, \\infty)")
+            else:  # a > x
+                pieces.append(f"(-\\infty, {a}{_bound(op, False)}")
+        else:
+            return None
+        bounds = pieces[-1][1:-1].split(", ")
+        if (
+            var not in (None, v)
+            or any(re.fullmatch(r"[a-zA-Z]", b) for b in bounds)
+            or re.search(r"[<>=]|\\leq|\\geq", pieces[-1])
+        ):
+            return None
+        var = v
+    return " \\cup ".join(pieces) if pieces else None
+
+
 _RELATION = re.compile(r"[=<>]|\\(?:geq|leq|neq|in)\b")
 
 
@@ -129,6 +181,10 @@ def normalize_pair(reference: str, answer: str) -> tuple[str, str]:
     if "=" in ref and "=" in ans and _assigned(ref) != _assigned(ans):
         return ref, ans
     ref, ans = normalize(reference), normalize(answer)
+    if _INTERVALISH.match(ref) and (interval := inequality_as_interval(ans)) is not None:
+        return _ASSIGN.sub("", ref) if "\\in" in ref else ref, interval
+    if _INTERVALISH.match(ans) and (interval := inequality_as_interval(ref)) is not None:
+        return interval, _ASSIGN.sub("", ans) if "\\in" in ans else ans
     if "=" in ans and not _RELATION.search(ref) and not _SEPARATORS.search(ans):
         ans = last_side(ans)  # "\\sqrt{20} = 2\\sqrt{5}" states its last side
     return ref, ans
@@ -158,7 +214,7 @@ def text_answer(s: str) -> str | None:
     choice = _CHOICE.match(inner)
     if choice:
         return (choice.group(1) or choice.group(2)).lower()
-    words = r"[A-Za-z][A-Za-z\-']*(?: [A-Za-z][A-Za-z\-']*)*" if m else r"[A-Za-z]{3,}(?: [A-Za-z]{3,})*"
+    words = r"[A-Za-z][A-Za-z\-']*(?: [A-Za-z][A-Za-z\-']*)*" if m else r"[A-Za-z]{2,}(?: [A-Za-z]{2,})*"
     if re.fullmatch(words, " ".join(inner.split())):
         return " ".join(inner.lower().split())
     return None
@@ -191,7 +247,16 @@ def plain_number(s: str) -> PlainNumber | None:
     return PlainNumber(value, percent, len(literal.group(2)), len(digits))
 
 
+_REPEATING = re.compile(r"^([+-]?)(\d*)\.(\d*)\\overline\s*\{(\d+)\}$")
+
+
 def _parse_value(s: str) -> Fraction | None:
+    m = _REPEATING.match(s)
+    if m:  # 0.1\overline{6} = 1/6
+        sign, whole, fixed, period = m.groups()
+        v = Fraction(int(whole or "0")) + Fraction(int(fixed or "0"), 10 ** len(fixed))
+        v += Fraction(int(period), (10 ** len(period) - 1) * 10 ** len(fixed))
+        return -v if sign == "-" else v
     m = _PLAIN.match(s)
     if m:
         sign, digits, exp1, exp2 = m.groups()
