@@ -144,6 +144,12 @@ def test_strict_mode_still_needs_the_answer_block():
         ("0.\\overline{3}", "0.333", False),
         ("\\text{no}", "No", True),
         ("\\text{no}", "Yes", False),
+        ("4", "four", True),
+        ("21", "twenty-one", True),
+        ("4", "fourteen", False),
+        ("\\emptyset", "\\varnothing", True),
+        ("x^2 + y^2", "x**2 + y**2", True),
+        ("\\sin x", "sin(x)", True),
     ],
 )
 def test_intervals_as_inequalities_repeating_decimals_and_short_words(reference, prediction, label):

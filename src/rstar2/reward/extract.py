@@ -42,6 +42,14 @@ _FILLER_RE = re.compile(
 _MATHS_RE = re.compile(r"[\d\\^_=<>+]|^[A-Za-z]$")
 # a value then a few words, as units are written: "100 square units", "12 km per hour"
 _VALUE_WITH_UNIT_RE = re.compile(r"[^A-Za-z]*\d[^A-Za-z]*(?:\s+[A-Za-z]{2,}[A-Za-z/]*){1,3}")
+# markdown bold (**Answer:**, **42**), never Python's power operator (x**2 + y**2)
+_BOLD_RE = re.compile(r"(?<![\w)\]}])\*\*(?=\S)(.+?)(?<=\S)\*\*(?![\w(\[{])")
+
+
+def _unbold(text: str) -> str:
+    return _BOLD_RE.sub(r"\1", text) if "**" in text else text
+
+
 _LEAD_WORD_RE = re.compile(r"^[A-Za-z]{2,}\s*[,:]")
 _SENTENCE_END_RE = re.compile(r"(?<!\d)\.(?:\s+|$)|\.(?=\s+[A-Z])|[!?](?:\s+|$)|\n+")
 
@@ -128,7 +136,7 @@ def _short_answer(text: str) -> str | None:
     as a sentence."""
     if len(text) > 4 * _MAX_FALLBACK_CHARS:  # a long text is no short answer (and not worth a scan)
         return None
-    short = strip_delimiters(text.replace("**", "").strip())
+    short = strip_delimiters(_unbold(text).strip())
     if "$" in short or _LEAD_WORD_RE.match(short):  # "So, $x=5$.", "Thus: 7": a sentence after all
         return None
     if short and len(short) <= _MAX_FALLBACK_CHARS and not _looks_like_prose(short):
@@ -139,7 +147,7 @@ def _short_answer(text: str) -> str | None:
 def _last_sentence(text: str) -> str:
     """The last sentence that states something: holds a digit, a math span or a LaTeX command
     (else the last sentence)."""
-    tail = text[-2000:].replace("**", "")
+    tail = _unbold(text[-2000:])
     parts = [p.strip() for p in _SENTENCE_END_RE.split(tail)]
     for part in reversed(parts):
         if part and re.search(r"[\d$\\]", part):
@@ -196,7 +204,7 @@ def _lenient_scope(text: str) -> str | None:
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed
-    phrase = _final_answer_phrase(text.replace("**", ""))
+    phrase = _final_answer_phrase(_unbold(text[-4000:]))
     if phrase is not None:
         inner = last_boxed(phrase)
         return inner if inner is not None else phrase

@@ -63,6 +63,8 @@ def strip_delimiters(s: str) -> str:
     return s
 
 
+_POWER_OP = re.compile(r"(?<=[\w)}\]])\s*\*\*\s*(?=[\w({\-])")
+_PLAIN_FUNCTION = re.compile(r"(?<![\\A-Za-z])(sin|cos|tan|cot|sec|csc|log|ln|exp)(?=\s*\()")
 _RELATIONS = [
     (re.compile(r"\\geqslant|\\geq|\\ge(?![A-Za-z])|>=|≥"), r"\\geq "),
     (re.compile(r"\\leqslant|\\leq|\\le(?![A-Za-z])|<=|≤"), r"\\leq "),
@@ -74,6 +76,21 @@ _UNICODE = {"−": "-", "–": "-", "π": "\\pi ", "×": "\\times ", "·": "\\cd
 _UNICODE_RE = re.compile("|".join(map(re.escape, _UNICODE)))
 
 
+_ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
+_TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
+_NUMBER_WORDS = {w: n for n, w in enumerate(_ONES)} | {w: 20 + 10 * i for i, w in enumerate(_TENS)}
+
+
+def number_word(s: str) -> int | None:
+    """``four`` → 4, ``twenty-one`` → 21 (0 to 99): a count written in words."""
+    words = re.split(r"[\s-]+", s.strip().lower())
+    if not 1 <= len(words) <= 2 or any(w not in _NUMBER_WORDS for w in words):
+        return None
+    if len(words) == 2 and not (words[0] in _TENS and 0 < _NUMBER_WORDS[words[1]] < 10):
+        return None
+    return sum(_NUMBER_WORDS[w] for w in words)
+
+
 def normalize(answer: str, keep_assignment: bool = False) -> str:
     """Cosmetic clean-up that never changes a value: delimiters, spacing macros, ``\\dfrac``,
     degree signs, trailing units and punctuation, dollar signs, ``x =`` / ``x \\in`` prefixes
@@ -81,7 +98,11 @@ def normalize(answer: str, keep_assignment: bool = False) -> str:
     s = strip_delimiters(_UNICODE_RE.sub(lambda m: _UNICODE[m.group(0)], answer))
     s = _SPACING.sub("", s)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\$", "").replace("$", "")
-    s = s.replace("{,}", ",")
+    s = _POWER_OP.sub("^", s)  # Python's x**2
+    s = _PLAIN_FUNCTION.sub(r"\\\1", s)  # sin(x) -> \sin(x)
+    s = s.replace("{,}", ",").replace("\\varnothing", "\\emptyset").replace("\\{\\}", "\\emptyset")
+    if (counted := number_word(_TEXT_WRAP.sub(r"\1", s))) is not None:
+        s = str(counted)
     for pattern, canonical in _RELATIONS:  # one spelling per relation: >=, \ge, ≥ are \geq
         s = pattern.sub(canonical, s)
     s = _DEGREES.sub("", s)
