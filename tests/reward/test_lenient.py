@@ -4,7 +4,8 @@ equations, matrices, listed answers, float prints and numbers with units (issue 
 import pytest
 
 from rstar2.reward import check_answer, extract_answer
-from rstar2.reward.normalize import is_float_print, listed_numbers, matrix_cells, plain_number
+from rstar2.reward.forms import listed_numbers, matrix_cells
+from rstar2.reward.normalize import is_float_print, plain_number
 
 
 @pytest.mark.parametrize(

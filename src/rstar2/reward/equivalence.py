@@ -18,13 +18,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .extract import Mode, extract_answer
+from .forms import listed_numbers, matrix_cells, normalize_pair
 from .guards import DEFAULT_LIMITS, GuardLimits, refuse, stray_words
 from .normalize import (
     has_decimal_literal,
     is_float_print,
-    listed_numbers,
-    matrix_cells,
-    normalize_pair,
     plain_number,
     rationalize_decimals,
     same_plain_number,

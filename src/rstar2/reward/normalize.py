@@ -37,7 +37,7 @@ _SCALE_WORD = re.compile(r"(?<=\d)\s+(" + "|".join(_SCALES) + r")\b", re.IGNOREC
 # words that make a number something else ("6 squared", "5 factorial"): never stripped as a unit
 _NOT_UNITS = frozenset("squared cubed factorial times plus minus over divided and or to of by".split())
 _PERCENT_WORD = re.compile(r"(?<=\d)\s*(?:percent|per cent|pct)\.?$", re.IGNORECASE)
-_ASSIGN = re.compile(r"^\s*[A-Za-z](?:_\{?\w+\}?)?\s*(?:=|\\in)\s*(?!.*=)")
+ASSIGNMENT = re.compile(r"^\s*[A-Za-z](?:_\{?\w+\}?)?\s*(?:=|\\in)\s*(?!.*=)")
 _TEXT_WRAP = re.compile(r"^\\(?:text|textbf|mathrm|mbox|textit|mathbf)\{(.*)\}$", re.DOTALL)
 
 _NUM = r"(?:\d+(?:\.\d*)?|\.\d+)"
@@ -118,7 +118,7 @@ def normalize(answer: str, keep_assignment: bool = False) -> str:
     if s.endswith(",") and not s.endswith("\\,"):
         s = s[:-1].rstrip()
     if not keep_assignment and ("=" in s or "\\in" in s):
-        s = _ASSIGN.sub("", s)
+        s = ASSIGNMENT.sub("", s)
     return s.strip()
 
 
@@ -133,95 +133,6 @@ def _apply_scale(s: str) -> str:
     value = number.value * _SCALES[m.group(1).lower()]
     text = str(value.numerator) if value.denominator == 1 else str(float(value))
     return text + s[m.end() :]
-
-
-def _assigned(s: str) -> str | None:
-    m = _ASSIGN.match(s)
-    return m.group(0).split("=")[0].split("\\in")[0].strip() if m else None
-
-
-_OP = r"(<|>|\\leq|\\geq)"
-_CHAIN = re.compile(rf"^([^<>=\\]*?(?:\\[a-z]+[^<>=\\]*?)*)\s*{_OP}\s*([a-zA-Z])\s*{_OP}\s*(.+)$")
-_ONE_SIDED = re.compile(rf"^([a-zA-Z])\s*{_OP}\s*(.+)$")
-_ONE_SIDED_LEFT = re.compile(rf"^(.+?)\s*{_OP}\s*([a-zA-Z])$")
-_OR = re.compile(r"\s*(?:\\text\{\s*or\s*\}|\bor\b|\\cup|\\vee)\s*")
-_INTERVALISH = re.compile(r"^(?:[a-zA-Z]\s*\\in\s*)?[\[(].*,.*[\])](?:\s*\\cup\s*[\[(].*,.*[\])])*$")
-
-
-def _bound(op: str, low_side: bool) -> str:
-    closed = op in ("\\leq", "\\geq")
-    return ("[" if closed else "(") if low_side else ("]" if closed else ")")
-
-
-def inequality_as_interval(s: str) -> str | None:
-    """``0 < x \\leq 1`` → ``(0, 1]``; ``x < 2 or x > 3`` → ``(-\\infty, 2) \\cup (3, \\infty)``:
-    the solution set of an inequality in one variable, written as an interval answer is.
-    None when ``s`` is not such an inequality."""
-    pieces, var = [], None
-    for part in _OR.split(s.strip()):
-        chain = _CHAIN.match(part)
-        if chain:
-            a, op1, v, op2, b = (g.strip() for g in chain.groups())
-            if (op1 in ("<", "\\leq")) != (op2 in ("<", "\\leq")):
-                return None
-            if op1 in (">", "\\geq"):  # b < x < a written downwards
-                a, op1, b, op2 = b, op2, a, op1
-            pieces.append(f"{_bound(op1, True)}{a}, {b}{_bound(op2, False)}")
-        elif m := _ONE_SIDED.match(part):
-            v, op, a = (g.strip() for g in m.groups())
-            if op in ("<", "\\leq"):
-                pieces.append(f"(-\\infty, {a}{_bound(op, False)}")
-            else:
-                pieces.append(f"{_bound(op, True)}{a}, \\infty)")
-        elif m := _ONE_SIDED_LEFT.match(part):
-            a, op, v = (g.strip() for g in m.groups())
-            if op in ("<", "\\leq"):  # a < x
-                pieces.append(f"{_bound(op, True)}{a}, \\infty)")
-            else:  # a > x
-                pieces.append(f"(-\\infty, {a}{_bound(op, False)}")
-        else:
-            return None
-        bounds = pieces[-1][1:-1].split(", ")
-        if (
-            var not in (None, v)
-            or any(re.fullmatch(r"[a-zA-Z]", b) for b in bounds)
-            or re.search(r"[<>=]|\\leq|\\geq", pieces[-1])
-        ):
-            return None
-        var = v
-    return " \\cup ".join(pieces) if pieces else None
-
-
-_RELATION = re.compile(r"[=<>]|\\(?:geq|leq|neq|in)\b")
-
-
-def normalize_pair(reference: str, answer: str) -> tuple[str, str]:
-    """Both normalized; two equations keep their left sides unless both solve for the same
-    variable (``y = 2x + 3`` against ``x = (y - 3)/2`` is a pair of equations, not of values)."""
-    ref, ans = normalize(reference, keep_assignment=True), normalize(answer, keep_assignment=True)
-    if "=" in ref and "=" in ans and _assigned(ref) != _assigned(ans):
-        return ref, ans
-    ref, ans = normalize(reference), normalize(answer)
-    if _INTERVALISH.match(ref) and (interval := inequality_as_interval(ans)) is not None:
-        return _ASSIGN.sub("", ref) if "\\in" in ref else ref, interval
-    if _INTERVALISH.match(ans) and (interval := inequality_as_interval(ref)) is not None:
-        return interval, _ASSIGN.sub("", ans) if "\\in" in ans else ans
-    if "=" in ans and not _RELATION.search(ref) and not _SEPARATORS.search(ans):
-        ans = last_side(ans)  # "\\sqrt{20} = 2\\sqrt{5}" states its last side
-    return ref, ans
-
-
-def last_side(s: str) -> str:
-    """What follows the last ``=`` outside brackets (``\\sum_{k=1}^n k`` has none)."""
-    depth, cut = 0, -1
-    for i, c in enumerate(s):
-        if c in "{([":
-            depth += 1
-        elif c in "})]":
-            depth = max(0, depth - 1)
-        elif c == "=" and depth == 0:
-            cut = i
-    return s[cut + 1 :].strip() if cut >= 0 and s[cut + 1 :].strip() else s
 
 
 def text_answer(s: str) -> str | None:
@@ -359,55 +270,3 @@ def rationalize_decimals(s: str) -> str:
         return f"{{{fraction}}}" if before.endswith(("^", "_")) else fraction
 
     return re.sub(r"(?<![\w.])(\d*)\.(\d+)(?![\d.])", repl, s)
-
-
-_SEPARATORS = re.compile(r"\s*(?:,|;|\\text\{\s*(?:or|and)\s*\}|\b(?:or|and)\b)\s*")
-_SET_BRACES = re.compile(r"^\\\{(.*)\\\}$", re.DOTALL)
-_PLUS_MINUS = re.compile(r"^([+-]?[^\\]*?)\s*\\pm\s*(.+)$")
-
-
-def listed_numbers(s: str) -> list[Fraction] | None:
-    """The values of an answer that lists plain numbers ("2, 3", "x = 3 or x = 2", "\\{2, 3\\}",
-    "\\pm 4", "1 \\pm 0.5"), sorted; None when ``s`` is not such a list. Points and intervals
-    (in brackets) are not lists. A single number is a list of one."""
-    s = s.strip()
-    inner = _SET_BRACES.match(s)
-    if inner:
-        s = inner.group(1)
-    elif s[:1] in "([" or s[-1:] in ")]":
-        return None
-    values: list[Fraction] = []
-    for part in _SEPARATORS.split(s):
-        part = _ASSIGN.sub("", part).strip() if "=" in part else part.strip()
-        if not part:
-            continue
-        pm = _PLUS_MINUS.match(part)
-        if pm:
-            center = plain_number(pm.group(1).strip() or "0")
-            spread = plain_number(pm.group(2).strip())
-            if center is None or spread is None or center.percent or spread.percent:
-                return None
-            values += [center.value - spread.value, center.value + spread.value]
-            continue
-        number = plain_number(part)
-        if number is None or number.percent:
-            return None
-        values.append(number.value)
-    return sorted(values) if values else None
-
-
-_MATRIX = re.compile(
-    r"^(?:\\left\s*)?[\[(]?\s*\\begin\{(?:(p|b|B)?matrix|array)\}(?:\{[lcr|]*\})?(.*?)"
-    r"\\end\{(?:(?:p|b|B)?matrix|array)\}\s*(?:\\right\s*)?[\])]?$",
-    re.DOTALL,
-)
-
-
-def matrix_cells(s: str) -> list[list[str]] | None:
-    """Rows of cells of a matrix written with pmatrix, bmatrix, Bmatrix, matrix or a bracketed
-    array; None for anything else (vmatrix is a determinant, not a matrix)."""
-    m = _MATRIX.match(s.strip())
-    if m is None:
-        return None
-    rows = [r for r in re.split(r"\\\\", m.group(2)) if r.strip()]
-    return [[c.strip() for c in row.split("&")] for row in rows] or None
