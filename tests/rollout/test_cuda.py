@@ -1,5 +1,5 @@
 """The CUDA paths, marked ``gpu``: left out of the default run (CI has no GPU to lend) and run with
-``pytest -m gpu`` where a GPU is (they passed on an H100, 2026-11-24)."""
+``pytest -m gpu`` where a GPU is (they passed on an H100, 2026-11-24); without one they fail."""
 
 from __future__ import annotations
 
@@ -11,18 +11,21 @@ import torch
 from rstar2.engines.base import SamplingParams
 from rstar2.engines.hf import HFEngine, compute_precision
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def cuda_present():
+    """Asked for (``-m gpu``) on a machine without a GPU: a clear failure, not a skip."""
+    assert torch.cuda.is_available(), "the gpu tests need a CUDA device (run them with -m gpu where one is)"
 
 
 def test_fp32_weights_sample_under_bf16_autocast_and_logprobs_stay_close(tiny):
     model, tok = tiny
     gpu = type(model)(model.config).to("cuda")
     gpu.load_state_dict(model.state_dict())
-    assert isinstance(compute_precision(gpu), torch.autocast)
-    assert not isinstance(compute_precision(model), torch.autocast)  # CPU: full precision
+    assert isinstance(compute_precision(torch.device("cuda")), torch.autocast)
+    assert not isinstance(compute_precision(torch.device("cpu")), torch.autocast)  # full precision
 
     async def sample():
         eng = HFEngine(gpu, max_batch_size=8)

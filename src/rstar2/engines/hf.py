@@ -38,11 +38,11 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-def compute_precision(model: Any) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA when the weights are fp32 (the in-process engine shares the trainer's
-    fp32 parameters): sampling at bf16 speed, as an inference server would, without a second copy."""
-    p = next(model.parameters())
-    if p.device.type == "cuda" and p.dtype == torch.float32:
+def compute_precision(device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA, full precision elsewhere: the trainer's forward passes and the
+    in-process engine (which shares the trainer's fp32 parameters) both compute in bf16 on a GPU,
+    as an inference server would, without a second copy of the weights."""
+    if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -216,7 +216,7 @@ class HFEngine:
         while (batch := self._take_batch()) is not None:
             start = time.perf_counter()
             try:
-                with self.lock, compute_precision(self.model):
+                with self.lock, compute_precision(next(self.model.parameters()).device):
                     results: list[Any] = generate_batch(
                         self.model,
                         [r.prompt_ids for r in batch],

@@ -50,6 +50,7 @@ def _unbold(text: str) -> str:
     return _BOLD_RE.sub(r"\1", text) if "**" in text else text
 
 
+_MATH_DOLLAR_RE = re.compile(r"(?<!\\)\$")  # a math span left inside (\$ is a currency sign)
 _LEAD_WORD_RE = re.compile(r"^[A-Za-z]{2,}\s*[,:]")
 _SENTENCE_END_RE = re.compile(r"(?<!\d)\.(?:\s+|$)|\.(?=\s+[A-Z])|[!?](?:\s+|$)|\n+")
 
@@ -137,7 +138,9 @@ def _short_answer(text: str) -> str | None:
     if len(text) > 4 * _MAX_FALLBACK_CHARS:  # a long text is no short answer (and not worth a scan)
         return None
     short = strip_delimiters(_unbold(text).strip())
-    if "$" in short or _LEAD_WORD_RE.match(short):  # "So, $x=5$.", "Thus: 7": a sentence after all
+    if _MATH_DOLLAR_RE.search(short) or _LEAD_WORD_RE.match(
+        short
+    ):  # "So, $x=5$.", "Thus: 7": a sentence after all
         return None
     if short and len(short) <= _MAX_FALLBACK_CHARS and not _looks_like_prose(short):
         return short.rstrip(".").strip() or None
@@ -185,14 +188,13 @@ def _result_after(text: str) -> str | None:
     return None
 
 
-def _from_scope(scope: str, whole_block: bool) -> str | None:
+def _from_answer_block(scope: str) -> str | None:
     boxed = last_boxed(scope)
     if boxed is not None:
         return boxed
-    if whole_block:  # <answer>33</answer> or <answer>$\frac{1}{2}$</answer>
-        short = strip_delimiters(scope)
-        if short and len(short) <= _MAX_FALLBACK_CHARS and not _looks_like_prose(short):
-            return short.rstrip(".").strip() or None
+    short = _short_answer(scope)  # <answer>33</answer> or <answer>$\\frac{1}{2}$</answer>
+    if short is not None:
+        return short
     phrase = _final_answer_phrase(scope)
     if phrase is not None:
         inner = last_boxed(phrase)
@@ -232,7 +234,7 @@ def extract_answer(response: str, mode: Mode = "strict") -> str | None:
         raise ValueError(f"mode must be 'strict' or 'lenient', not {mode!r}")
     block = answer_block(response)
     if block is not None:
-        found = _from_scope(block, whole_block=True)
+        found = _from_answer_block(block)
         if found is not None or mode == "strict":
             return found
     if mode == "strict":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from .normalize import ASSIGNMENT, normalize, plain_number
+from .normalize import ASSIGNMENT, drop_assignment, normalize, plain_number
 
 _RELATION = re.compile(r"[=<>]|\\(?:geq|leq|neq|in)\b")
 # between the items of a listed answer: "2, 3", "2; 3", "x = 2 or x = 3", "2 \\text{ and } 3"
@@ -28,7 +28,7 @@ _CHAIN = re.compile(rf"^([^<>=\\]*?(?:\\[a-z]+[^<>=\\]*?)*)\s*{_OP}\s*([a-zA-Z])
 _ONE_SIDED = re.compile(rf"^([a-zA-Z])\s*{_OP}\s*(.+)$")
 _ONE_SIDED_LEFT = re.compile(rf"^(.+?)\s*{_OP}\s*([a-zA-Z])$")
 _OR = re.compile(r"\s*(?:\\text\{\s*or\s*\}|\bor\b|\\cup|\\vee)\s*")
-_INTERVALISH = re.compile(r"^(?:[a-zA-Z]\s*\\in\s*)?[\[(].*,.*[\])](?:\s*\\cup\s*[\[(].*,.*[\])])*$")
+_INTERVALISH = re.compile(r"^[\[(].*,.*[\])](?:\s*\\cup\s*[\[(].*,.*[\])])*$")
 
 
 def _bound(op: str, low_side: bool) -> str:
@@ -81,11 +81,11 @@ def normalize_pair(reference: str, answer: str) -> tuple[str, str]:
     ref, ans = normalize(reference, keep_assignment=True), normalize(answer, keep_assignment=True)
     if "=" in ref and "=" in ans and _assigned(ref) != _assigned(ans):
         return ref, ans
-    ref, ans = normalize(reference), normalize(answer)
+    ref, ans = drop_assignment(ref), drop_assignment(ans)
     if _INTERVALISH.match(ref) and (interval := inequality_as_interval(ans)) is not None:
-        return ASSIGNMENT.sub("", ref) if "\\in" in ref else ref, interval
+        return ref, interval
     if _INTERVALISH.match(ans) and (interval := inequality_as_interval(ref)) is not None:
-        return interval, ASSIGNMENT.sub("", ans) if "\\in" in ans else ans
+        return interval, ans
     if "=" in ans and not _RELATION.search(ref) and not _SEPARATORS.search(ans):
         ans = last_side(ans)  # "\\sqrt{20} = 2\\sqrt{5}" states its last side
     return ref, ans
@@ -116,7 +116,7 @@ def listed_numbers(s: str) -> list[Fraction] | None:
         return None
     values: list[Fraction] = []
     for part in _SEPARATORS.split(s):
-        part = ASSIGNMENT.sub("", part).strip() if "=" in part else part.strip()
+        part = drop_assignment(part.strip())
         if not part:
             continue
         pm = _PLUS_MINUS.match(part)

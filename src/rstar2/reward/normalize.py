@@ -117,9 +117,13 @@ def normalize(answer: str, keep_assignment: bool = False) -> str:
     s = s.strip().rstrip(".;").strip()
     if s.endswith(",") and not s.endswith("\\,"):
         s = s[:-1].rstrip()
-    if not keep_assignment and ("=" in s or "\\in" in s):
-        s = ASSIGNMENT.sub("", s)
-    return s.strip()
+    s = s.strip()
+    return s if keep_assignment else drop_assignment(s)
+
+
+def drop_assignment(s: str) -> str:
+    """``x = 5`` → ``5``, ``x \\in [0, 1]`` → ``[0, 1]`` (one left side only: ``a = b = c`` stays)."""
+    return ASSIGNMENT.sub("", s).strip() if "=" in s or "\\in" in s else s
 
 
 def _apply_scale(s: str) -> str:

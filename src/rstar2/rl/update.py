@@ -9,7 +9,6 @@ mini-batches or epochs they are recomputed once, before the first optimizer step
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any
 
@@ -17,17 +16,12 @@ import torch
 
 from ..analysis.entropy import CLASSES, NO_CLASS
 from ..config import as_dataclass
+from ..engines.hf import compute_precision
 from .batch import Batch, collate, plan_micro_batches, take_rows, with_weights
 from .distributed import LOCAL, World, all_max, all_sum
 from .grpo import LossConfig, policy_loss, token_logprobs, weight_units
 
 _MEANS = ("clip_low", "clip_high", "approx_kl", "entropy", "engine_gap", "ref_kl")
-
-
-def _autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return nullcontext()
 
 
 def forward_logprobs(model: torch.nn.Module, mb: Batch, with_entropy: bool = False):
@@ -37,7 +31,7 @@ def forward_logprobs(model: torch.nn.Module, mb: Batch, with_entropy: bool = Fal
     width = mb.labels.shape[1]
     learn = mb.mask.any(dim=0).nonzero()
     start = int(learn[0]) if len(learn) else width - 1
-    with _autocast(mb.input_ids.device):
+    with compute_precision(mb.input_ids.device):
         logits = model(
             input_ids=mb.input_ids,
             attention_mask=mb.attention_mask,
