@@ -1,4 +1,4 @@
-"""Rollout scheduling policies compared in the discrete-event simulator (``rstar2.rollout.sim``),
+"""Rollout scheduling policies compared in the discrete-event simulator (``scheduler_model.py``),
 on the same heavy-tailed multi-turn workloads and seeds: ``static`` (equal split, a barrier per
 turn: the baseline of the paper), ``least_requests`` (verl's dispatch) and ``kv`` (rstar2's).
 
@@ -20,8 +20,9 @@ import statistics
 import time
 from pathlib import Path
 
+from scheduler_model import Cost, ToolLatency, simulate, workload
+
 from rstar2.rollout.scheduler import make_policy
-from rstar2.rollout.sim import Cost, ToolLatency, simulate, workload
 
 POLICIES = ("static", "least_requests", "kv")
 GPU_14B = Cost(base_s=0.012, per_seq_s=0.0003, per_prefill_token_s=0.00007)

@@ -33,7 +33,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from rstar2.eval import load_benchmark
+from rstar2.problems import load_benchmark
 from rstar2.reward import VerifierPool, check_answer, extract_answer, triage
 from rstar2.reward.normalize import normalize, plain_number
 

@@ -10,9 +10,8 @@ import sys
 import pytest
 import torch
 
-from .conftest import ROOT
+from .conftest import CORPUS, ROOT
 from .gguf_writer import write_gguf
-from .rollout.conftest import CORPUS
 
 
 @pytest.fixture(scope="module")

@@ -97,11 +97,11 @@ def sandbox_run(
 @sandbox_app.command("info")
 def sandbox_info(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Show which isolation layers are active on this machine, and why others are not."""
-    from .sandbox.executor import Executor
     from .sandbox.isolation import IsolationConfig
+    from .sandbox.worker_handle import WorkerHandle
 
     async def go():
-        ex = Executor(0, _limits(), IsolationConfig())
+        ex = WorkerHandle(0, _limits(), IsolationConfig())
         await ex.start()
         hello = dict(ex.hello)
         await ex.close()
@@ -514,8 +514,8 @@ def eval_cmd(
     ),
 ) -> None:
     """Average pass@1 over K samples (95% CI), pass@k, maj@k, lengths and tool statistics."""
-    from .eval.datasets import load_benchmark
     from .eval.harness import evaluate
+    from .problems import load_benchmark
     from .rollout.build import open_rollout
 
     benches = [b.strip() for b in bench.split(",") if b.strip()]
@@ -626,7 +626,7 @@ def train(
 
 def _run_recipe(name: str, out: str | None, resume: bool, overrides: list[str], progress: bool) -> None:
     from .config import ConfigError
-    from .recipe.report import table
+    from .recipe.report_card import table
     from .recipe.run import run_recipe
     from .recipe.spec import find_recipe, load_recipe
     from .rl.launch import RunError
@@ -708,7 +708,7 @@ def analyze_entropy(
     """Entropy of every model token (teacher-forced): high-entropy shares of reasoning, reflection,
     code and answer tokens, the most frequent high-entropy tokens, entropy over the response;
     Markdown, JSON, PNG and an HTML page of tokens coloured by entropy."""
-    from .analysis.report import analyze
+    from .analysis.entropy_report import analyze
 
     if not model.is_dir():
         raise typer.BadParameter(f"--model {model}: no such directory")

@@ -31,7 +31,7 @@ class ModelSection(_Section):
 
 
 class DataSection(_Section):
-    train: str  # JSONL path or a benchmark name (see rstar2.eval.datasets)
+    train: str  # JSONL path or a benchmark name (see rstar2.problems)
     limit: int | None = None
     shuffle: bool = True
 

@@ -117,7 +117,7 @@ def test_teacher_forced_entropy_is_that_of_the_next_token_distribution(tiny_dir)
 def test_the_analysis_writes_its_report(tiny_dir, tmp_path):
     from transformers import AutoTokenizer
 
-    from rstar2.analysis.report import analyze
+    from rstar2.analysis.entropy_report import analyze
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)
     model_ids = tok.encode("<reason> 2 + 2 </reason> <answer> 4 </answer>", add_special_tokens=False)

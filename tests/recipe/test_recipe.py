@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from rstar2.chat.tools import PYTHON_TOOL
 from rstar2.cli import app
 from rstar2.config import ConfigError
-from rstar2.recipe.report import paired_change
+from rstar2.recipe.report_card import paired_change
 from rstar2.recipe.run import run_recipe
 from rstar2.recipe.spec import find_recipe, load_recipe, parse_recipe
 

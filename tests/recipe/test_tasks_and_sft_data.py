@@ -110,7 +110,7 @@ def test_the_paraphrased_set_is_what_its_generator_computes_and_unlike_the_gener
     import subprocess
     import sys
 
-    from rstar2.eval.datasets import load_benchmark
+    from rstar2.problems import load_benchmark
     from rstar2.recipe.paraphrased import TEMPLATES, generate
     from rstar2.recipe.tasks import generate as tiny_tasks
 

@@ -1,5 +1,4 @@
-"""The tiny model fixtures of tests/rollout (built locally, loaded through from_pretrained), and the
-tiny model taught to call the tool."""
+"""The tiny model taught to call the tool (the tiny models themselves are ``tests/conftest.py``'s)."""
 
 import json
 
@@ -7,10 +6,6 @@ import pytest
 import torch
 
 from rstar2.rl.checkpoint import latest_checkpoint
-
-from ..rollout import conftest as rollout_fixtures
-
-CORPUS, tiny, tiny_dir = rollout_fixtures.CORPUS, rollout_fixtures.tiny, rollout_fixtures.tiny_dir
 
 
 @pytest.fixture(scope="session")

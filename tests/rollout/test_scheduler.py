@@ -8,9 +8,9 @@ import random
 
 import pytest
 
+from benchmarks.scheduler_model import Cost, ToolLatency, simulate, workload
 from rstar2.engines.base import Generation, SamplingParams
 from rstar2.rollout.scheduler import KVCapacity, LeastRequests, NoEngineError, Request, Scheduler, Static
-from rstar2.rollout.sim import Cost, ToolLatency, simulate, workload
 
 
 class Watched(KVCapacity):

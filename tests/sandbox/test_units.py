@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from rstar2.sandbox.capture import Capture, cut_middle
+from rstar2.sandbox.interpreter import split_trailing_expression
 from rstar2.sandbox.result import ExecResult, Limits
-from rstar2.sandbox.runner import split_trailing_expression
 
 
 def test_capture_keeps_head_and_tail():

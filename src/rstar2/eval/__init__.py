@@ -1,5 +1,1 @@
-"""Evaluation: benchmark sets and (later) pass@k, maj@k and reports."""
-
-from .datasets import BENCHMARKS, load_benchmark
-
-__all__ = ["BENCHMARKS", "load_benchmark"]
+"""`rstar2 eval`: sample K trajectories per problem, score pass@1/pass@k/maj@k and tool use, report."""

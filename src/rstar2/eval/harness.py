@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..rollout.runner import Rollout
+from ..problems import ALIASES, load_benchmark
+from ..rollout.multi_turn import Rollout
 from ..rollout.trajectory import Trajectory
-from .datasets import ALIASES, load_benchmark
 from .metrics import summarize
 from .report import plot_benchmark, summary_markdown
 

@@ -3,7 +3,7 @@ thousands separators, and two-step questions. They test whether a model carries 
 over to new wording (``rstar2 eval --bench paraphrased``). Every answer is computed here, and every
 problem carries a program that computes it a second way (a test runs both).
 
-``python -m rstar2.recipe.paraphrased`` rewrites the shipped set, ``eval/data/paraphrased.jsonl``.
+``python -m rstar2.recipe.paraphrased`` rewrites the shipped set, ``data/paraphrased.jsonl``.
 """
 
 from __future__ import annotations
@@ -172,8 +172,4 @@ def main(out: str | Path) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main(
-        sys.argv[1]
-        if len(sys.argv) > 1
-        else Path(__file__).parents[1] / "eval" / "data" / "paraphrased.jsonl"
-    )
+    main(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parents[1] / "data" / "paraphrased.jsonl")

@@ -98,7 +98,7 @@ def _read(path: str | Path) -> list[dict[str, Any]]:
 
 
 def problem_rows(data: DataSpec, seed: int, split: str = "train") -> list[dict[str, Any]]:
-    from ..eval.datasets import load_benchmark
+    from ..problems import load_benchmark
 
     rows: list[dict[str, Any]] = []
     for f in data.files:
@@ -195,7 +195,7 @@ async def filter_problems(
     """The problems the current policy solves between ``min_solved`` and ``max_solved`` times of
     ``samples`` (the paper's last stage keeps those not solved every time)."""
     from ..eval.harness import read_trajectories
-    from .report import sampled_trajectories
+    from .report_card import sampled_trajectories
 
     settings = stage_rollout(recipe, stage, temperature=flt.temperature)  # the stage's own sampling
     m = recipe.model
@@ -391,7 +391,7 @@ async def _stages(
     recipe: Recipe, out: Path, resume: bool, progress: bool, log: Callable[[str], None], where: list[str]
 ) -> Path:
     from ..rl.checkpoint import latest_checkpoint
-    from .report import eval_dir, sampled_trajectories, write_report
+    from .report_card import eval_dir, sampled_trajectories, write_report
 
     (out / "recipe.yaml").write_text(dump_config(recipe))
     state = _state(out)
@@ -462,7 +462,7 @@ async def _stages(
     held_out_trajs = sampled_trajectories(eval_dir(out, len(recipe.stages), last.name))
     if recipe.eval.entropy_trajectories and held_out_trajs.exists() and state.get("entropy") != str(current):
         # `rstar2 analyze entropy` of the final model on its own held-out trajectories (once per model)
-        from ..analysis.report import analyze
+        from ..analysis.entropy_report import analyze
 
         where[0] = "entropy analysis of the final model"
         log(f"[rstar2] token entropy of the final model on its held-out trajectories ({last.name})")

@@ -240,7 +240,7 @@ def stage_rollout(recipe: Recipe, stage: StageSpec | None = None, **overrides: A
 
 
 def _exists(f: str) -> bool:
-    from ..eval.datasets import ALIASES, BENCHMARKS
+    from ..problems import ALIASES, BENCHMARKS
 
     return Path(f).exists() or f in BENCHMARKS or f in ALIASES
 

@@ -12,7 +12,7 @@ from .equivalence import Verdict, cas_check, check_answer, quick_check, triage
 from .extract import Mode, extract_answer, last_boxed
 from .guards import GuardLimits
 from .offload import SandboxVerifier
-from .pool import DEFAULT_TIMEOUT_S, VerifierPool, default_pool, verify_batch
+from .verifier_pool import DEFAULT_TIMEOUT_S, VerifierPool, default_pool, verify_batch
 
 
 def check(reference: str, response: str, *, mode: Mode = "strict") -> Verdict:

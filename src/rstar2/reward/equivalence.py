@@ -5,7 +5,7 @@ plain numbers (exact), word answers (as strings) and the input guards. It decide
 rewards (integers) in microseconds. ``cas_check`` hands the rest to ``math-verify`` (LaTeX
 parsing and sympy equivalence) with decimals made exact and closed-form numbers compared to
 40 digits, so rounding never makes two different numbers equal. A CAS call
-can take unbounded time: callers run it under a time box (``rstar2.reward.pool``). ``triage``
+can take unbounded time: callers run it under a time box (``rstar2.reward.verifier_pool``). ``triage``
 is the local part every caller shares: extraction, then ``quick_check``.
 """
 

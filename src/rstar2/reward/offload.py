@@ -18,7 +18,7 @@ from ..sandbox.result import ExecRequest, ExecResult
 from .equivalence import Verdict, triage
 from .extract import Mode
 from .guards import DEFAULT_LIMITS, GuardLimits
-from .pool import DEFAULT_TIMEOUT_S
+from .verifier_pool import DEFAULT_TIMEOUT_S
 
 _PROGRAM = "from rstar2.reward.offload import check_payload\ncheck_payload({payload!r})\n"
 

@@ -149,7 +149,7 @@ class RLTrainer:
 
     # -- set-up ------------------------------------------------------------------------------
     def _load(self) -> None:
-        from ..eval.datasets import load_benchmark
+        from ..problems import load_benchmark
 
         cfg = self.cfg
         start = begin(cfg, self.resume)

@@ -1,6 +1,6 @@
 """Multi-turn tool-integrated rollouts over one or more engines (training and evaluation alike)."""
 
-from .runner import Rollout
+from .multi_turn import Rollout
 from .scheduler import POLICIES, NoEngineError, Request, Scheduler
 from .trajectory import ToolCallRecord, Trajectory, Turn
 

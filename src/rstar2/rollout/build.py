@@ -14,7 +14,7 @@ from typing import Any
 
 from ..chat.format import ChatFormat
 from ..config import RolloutSection
-from .runner import Rollout
+from .multi_turn import Rollout
 
 
 def load_tokenizer(path: str) -> Any:

@@ -3,7 +3,7 @@
 Every turn of every trajectory is one generation request. A *policy* decides, from a global queue
 of requests, which may start now and on which engine. Policies are plain synchronous objects
 (``submit`` / ``admit`` / ``release``), so the same code runs the real rollouts (through the
-asyncio ``Scheduler`` below) and the discrete-event simulator (``rollout/sim.py``).
+asyncio ``Scheduler`` below) and the discrete-event model (``benchmarks/scheduler_model.py``).
 
 - ``kv`` (the default): a request is admitted only if its reservation — current context plus the
   tokens it is *granted* — fits the engine's free KV capacity; the reservation is released when the

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 __all__ = ["STATUSES", "ExecRequest", "ExecResult", "IsolationConfig", "Limits", "LocalPool"]
 _WHERE = {
     "IsolationConfig": ".isolation",
-    "LocalPool": ".pool",
+    "LocalPool": ".local_pool",
     "STATUSES": ".result",
     "ExecRequest": ".result",
     "ExecResult": ".result",
@@ -21,7 +21,7 @@ _WHERE = {
 
 if TYPE_CHECKING:
     from .isolation import IsolationConfig
-    from .pool import LocalPool
+    from .local_pool import LocalPool
     from .result import STATUSES, ExecRequest, ExecResult, Limits
 
 

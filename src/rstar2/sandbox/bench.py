@@ -119,7 +119,7 @@ class Pool:
     name = "pool"
 
     def __init__(self, workers: int) -> None:
-        from .pool import LocalPool
+        from .local_pool import LocalPool
 
         self.pool = LocalPool(workers=workers)
 
@@ -390,7 +390,7 @@ def print_table(cells: list[Cell], workers: int) -> None:
 
 async def stress(n: int, in_flight: int, workers: int) -> dict:
     """Many trivial calls through the local pool: correctness, internal errors, wall time."""
-    from .pool import LocalPool
+    from .local_pool import LocalPool
 
     sem = asyncio.Semaphore(in_flight)
     statuses: dict[str, int] = {}

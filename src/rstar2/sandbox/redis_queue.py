@@ -30,7 +30,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .pool import LocalPool
+from .local_pool import LocalPool
 from .result import ExecRequest, ExecResult
 
 log = logging.getLogger("rstar2.sandbox.redis")

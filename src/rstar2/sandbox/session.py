@@ -24,9 +24,9 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from .interpreter import run_code
 from .isolation import WorkerIsolation, set_rlimits
 from .result import Limits
-from .runner import run_code
 
 _MAX_MSG = 1 << 20
 

@@ -7,7 +7,7 @@ hundreds): it receives a call's file descriptors, forks, hands the child's pidfd
 child and reports how it ended. Everything else (limits, capture, timeouts, results) is the worker's.
 
 A call's child reads its code from a memfd, enters the per-call isolation layers (planned by the
-zygote once per distinct set of limits) and runs the code (`runner.run_code`).
+zygote once per distinct set of limits) and runs the code (`interpreter.run_code`).
 
 Protocol on the SEQPACKET socket to the worker (one call at a time):
 
@@ -32,9 +32,9 @@ import sys
 from collections.abc import Callable
 
 from . import linux
+from .interpreter import fresh_stdio, run_code
 from .isolation import CallPlan, WorkerIsolation, reap_ready, safe_environment
 from .result import Limits
-from .runner import fresh_stdio, run_code
 from .session import session_init
 
 PRELOAD = (

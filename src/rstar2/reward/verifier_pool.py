@@ -5,7 +5,7 @@ swallowed by sympy. Here each CAS check runs in a worker process with an address
 the parent enforces the time box from outside: a checker that used more CPU time than the box
 (or 3x the box in wall time, when a busy machine starves it) is killed and replaced, and its
 check counts as "not equivalent" with reason "timeout". Replacements are forked from a template
-process that already imported sympy and math-verify (``rstar2.reward.worker``; one per process,
+process that already imported sympy and math-verify (``rstar2.reward.checker``; one per process,
 shared by all pools), so they are cheap. Fast-path answers (integers, plain numbers, words,
 refused inputs) never leave the caller's process.
 """
@@ -51,7 +51,7 @@ class _Task:
 
 
 class _Template:
-    """The template process (``rstar2.reward.worker``) that forks pre-warmed checkers."""
+    """The template process (``rstar2.reward.checker``) that forks pre-warmed checkers."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
@@ -64,7 +64,7 @@ class _Template:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rstar2.reward.worker", str(theirs.fileno())],
+            [sys.executable, "-m", "rstar2.reward.checker", str(theirs.fileno())],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             env=env,

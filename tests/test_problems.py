@@ -3,7 +3,7 @@ the ways a model writes it, and as wrong against a different answer."""
 
 import pytest
 
-from rstar2.eval import load_benchmark
+from rstar2.problems import load_benchmark
 from rstar2.reward.normalize import normalize, plain_number
 
 SETS = ["aime2024", "aime2025", "hmmt_feb_2025", "math500"]

@@ -13,9 +13,9 @@ import time
 import zlib
 from collections import Counter
 
-from .executor import Executor
 from .isolation import IsolationConfig
 from .result import ExecRequest, ExecResult, Limits
+from .worker_handle import WorkerHandle
 
 
 class PoolClosed(RuntimeError):
@@ -39,7 +39,7 @@ class LocalPool:
         self.queue_size = queue_size
         per_worker = max(1, -(-max_sessions // self.size))
         self.executors = [
-            Executor(i, self.limits, self.isolation, preload, per_worker, session_idle_s)
+            WorkerHandle(i, self.limits, self.isolation, preload, per_worker, session_idle_s)
             for i in range(self.size)
         ]
         self._queue: asyncio.PriorityQueue | None = None  # (0 handed back / 1 new, seq, call)
@@ -102,7 +102,7 @@ class LocalPool:
         return await fut
 
     async def _execute(
-        self, ex: Executor, req: ExecRequest, enqueued: float, may_return: bool = False
+        self, ex: WorkerHandle, req: ExecRequest, enqueued: float, may_return: bool = False
     ) -> ExecResult | None:
         self.in_flight += 1
         try:
@@ -121,7 +121,7 @@ class LocalPool:
     async def run_many(self, requests: list[ExecRequest | str]) -> list[ExecResult]:
         return list(await asyncio.gather(*(self.run(r) for r in requests)))
 
-    async def _work(self, ex: Executor) -> None:
+    async def _work(self, ex: WorkerHandle) -> None:
         assert self._queue is not None
         while True:
             _, _, item = await self._queue.get()

@@ -53,7 +53,7 @@ class _Process:
     lost: bool = False
 
 
-class Executor:
+class WorkerHandle:
     def __init__(
         self,
         index: int,

@@ -1,4 +1,6 @@
-"""The evaluation sets shipped with the package (see ``data/README.md`` for provenance)."""
+"""Problem sets: the benchmarks shipped with the package (``data/README.md`` says where they come
+from) and any JSON Lines file of ``problem``/``answer`` rows. Training, recipes and evaluation all
+read their problems through here."""
 
 from __future__ import annotations
 

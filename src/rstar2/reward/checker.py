@@ -1,6 +1,6 @@
 """The checking processes behind ``VerifierPool``.
 
-``python -m rstar2.reward.worker FD`` starts a *template*: it imports sympy and math-verify,
+``python -m rstar2.reward.checker FD`` starts a *template*: it imports sympy and math-verify,
 warms their caches, then forks one checker per request and hands the parent a socket to it
 (SCM_RIGHTS). A replacement checker therefore costs a fork, not a 2-second import, and no
 part of the caller's ``__main__`` is ever re-imported (the trap of multiprocessing's

@@ -10,7 +10,7 @@ recompute preemption): these are the *recomputed tokens*. A turn on the engine t
 trajectory's previous turn prefills only the new tokens (prefix cache); elsewhere, the whole context.
 Between turns a trajectory waits on its tool call for a latency drawn from a log-normal.
 
-The policies are the real ones of ``rollout/scheduler.py``, driven through ``submit``/``admit``/
+The policies are the real ones of ``rstar2/rollout/scheduler.py``, driven through ``submit``/``admit``/
 ``release`` — what is simulated is the engines, the tool and the clock.
 """
 
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .scheduler import Policy, Request, make_policy
+from rstar2.rollout.scheduler import Policy, Request, make_policy
 
 
 @dataclass

@@ -29,7 +29,7 @@ def split_trailing_expression(code: str) -> tuple[ast.Module, ast.Expression | N
 
 
 def format_exception(exc: BaseException) -> str:
-    """The traceback as Python prints it, without the runner's own frames."""
+    """The traceback as Python prints it, without the interpreter's own frames."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename != FILENAME:
         tb = tb.tb_next
