@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from rstar2.sandbox.capture import Capture, cut_middle
 from rstar2.sandbox.interpreter import split_trailing_expression
-from rstar2.sandbox.result import ExecResult, Limits
+from rstar2.sandbox.request import Limits
+from rstar2.sandbox.result import ExecResult
 
 
 def test_capture_keeps_head_and_tail():
@@ -47,7 +48,7 @@ def test_limits_merge_and_roundtrip():
 
 
 def test_imported_modules_scan():
-    from rstar2.sandbox.worker import imported_modules
+    from rstar2.sandbox.routing import imported_modules
 
     code = (
         "import math, os.path as p\nfrom fractions import Fraction\n"
@@ -61,7 +62,7 @@ def test_imported_modules_scan():
 
 
 def test_a_call_goes_to_the_light_zygote_only_if_it_imports_nothing_new():
-    from rstar2.sandbox.worker import fits_light, split_preload
+    from rstar2.sandbox.routing import fits_light, split_preload
 
     light, full = split_preload(["math", "fractions", "numpy", "sympy", "rstar2.reward.equivalence"])
     assert light == ["math", "fractions"] and full[-1] == "rstar2.reward.equivalence"

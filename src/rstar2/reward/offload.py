@@ -14,7 +14,8 @@ import json
 import time
 from typing import Any, Protocol
 
-from ..sandbox.result import ExecRequest, ExecResult
+from ..sandbox.request import ExecRequest
+from ..sandbox.result import ExecResult
 from .equivalence import Verdict, triage
 from .extract import Mode
 from .guards import DEFAULT_LIMITS, GuardLimits

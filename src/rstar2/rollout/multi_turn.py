@@ -18,7 +18,8 @@ from ..chat.format import ChatFormat, end_of_turn_ids
 from ..chat.tools import SESSION_TOOL, ToolCall, parse_tool_calls
 from ..config import RolloutSection
 from ..engines.base import Engine, Generation, SamplingParams
-from ..sandbox.result import ExecRequest, ExecResult
+from ..sandbox.request import ExecRequest
+from ..sandbox.result import ExecResult
 from .scheduler import Request, Scheduler
 from .trajectory import ToolCallRecord, Trajectory, Turn
 

@@ -1,6 +1,6 @@
 """Isolated, fast execution of model-written Python: local pool, HTTP service, Redis workers, client.
 
-Names are imported on first use, so the sandbox worker (``python -m rstar2.sandbox.zygote``) does not
+Names are imported on first use, so the sandbox worker (``python -m rstar2.sandbox.worker``) does not
 load the pool's asyncio machinery: every module a worker holds makes each forked call dearer.
 """
 
@@ -14,15 +14,16 @@ _WHERE = {
     "IsolationConfig": ".isolation",
     "LocalPool": ".local_pool",
     "STATUSES": ".result",
-    "ExecRequest": ".result",
+    "ExecRequest": ".request",
     "ExecResult": ".result",
-    "Limits": ".result",
+    "Limits": ".request",
 }
 
 if TYPE_CHECKING:
     from .isolation import IsolationConfig
     from .local_pool import LocalPool
-    from .result import STATUSES, ExecRequest, ExecResult, Limits
+    from .request import ExecRequest, Limits
+    from .result import STATUSES, ExecResult
 
 
 def __getattr__(name: str):

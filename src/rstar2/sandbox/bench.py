@@ -21,7 +21,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from .result import ExecRequest, ExecResult
+from .request import ExecRequest
+from .result import ExecResult
 
 WORKLOADS = {
     "trivial": ("print(1+1)", "2\n"),

@@ -1,6 +1,10 @@
-"""Bounded capture of a stream: keeps the head and the tail, counts what was cut in the middle."""
+"""Bounded capture of what a call prints: each stream keeps its head and tail and counts what was cut
+in the middle; a call's streams together are held to the output limit."""
 
 from __future__ import annotations
+
+import json
+import os
 
 
 class Capture:
@@ -44,3 +48,43 @@ def cut_middle(text: str, limit: int) -> tuple[str, bool]:
         return text, False
     half = max(1, limit // 2)
     return text[:half] + f"\n...[{len(text) - 2 * half} characters cut]...\n" + text[-half:], True
+
+
+class CallOutput:
+    """A call's three streams (stdout, stderr, and the child's report on its own pipe), each captured
+    within its bounds, and the total it printed, checked against ``max_output_mb``."""
+
+    REPORT_BYTES = 4 << 20
+
+    def __init__(self, output_bytes: int, max_output_mb: float, out_r: int, err_r: int, res_r: int) -> None:
+        self.out, self.err, self.res = (
+            Capture(output_bytes),
+            Capture(output_bytes),
+            Capture(self.REPORT_BYTES),
+        )
+        self.streams = {out_r: self.out, err_r: self.err, res_r: self.res}
+        self.hard_limit = int(max_output_mb * 1024 * 1024)
+
+    def read(self, fd: int) -> bool:
+        """Take what is waiting on `fd`; False at its end."""
+        chunk = os.read(fd, 1 << 16)
+        if chunk:
+            self.streams[fd].feed(chunk)
+        return bool(chunk)
+
+    @property
+    def over_limit(self) -> bool:
+        return self.out.total + self.err.total > self.hard_limit
+
+    def report(self) -> dict:
+        """The child's structured report (trailing value, exception type), {} when it wrote none."""
+        if not self.res.total:
+            return {}
+        try:
+            return json.loads(bytes(self.res.head) + bytes(self.res.tail))
+        except ValueError:
+            return {}
+
+    def close(self) -> None:
+        for fd in self.streams:
+            os.close(fd)

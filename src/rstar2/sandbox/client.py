@@ -14,7 +14,8 @@ import time
 
 import httpx
 
-from .result import ExecRequest, ExecResult
+from .request import ExecRequest
+from .result import ExecResult
 
 
 class Client:

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from . import linux
-from .result import Limits
+from .request import Limits
 
 SAFE_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",

@@ -173,3 +173,13 @@ def close_fds_except(keep: set[int]) -> None:
         os.closerange(low, fd)
         low = fd + 1
     os.closerange(low, 1 << 16)
+
+
+def memfd_with(name: str, data: bytes) -> int:
+    """An anonymous in-memory file holding `data`, positioned at its start (close-on-exec)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd

@@ -14,7 +14,8 @@ import zlib
 from collections import Counter
 
 from .isolation import IsolationConfig
-from .result import ExecRequest, ExecResult, Limits
+from .request import ExecRequest, Limits
+from .result import ExecResult
 from .worker_handle import WorkerHandle
 
 

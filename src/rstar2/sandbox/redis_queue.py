@@ -31,7 +31,8 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .local_pool import LocalPool
-from .result import ExecRequest, ExecResult
+from .request import ExecRequest
+from .result import ExecResult
 
 log = logging.getLogger("rstar2.sandbox.redis")
 GROUP = "workers"

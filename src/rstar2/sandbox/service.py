@@ -25,7 +25,8 @@ from prometheus_client import (
 )
 from pydantic import BaseModel, ConfigDict, Field
 
-from .result import STATUSES, ExecRequest, ExecResult
+from .request import ExecRequest
+from .result import STATUSES, ExecResult
 
 MAX_CODE_CHARS = 256 * 1024
 MAX_INPUT_CHARS = 1024 * 1024

@@ -9,7 +9,8 @@ If the cell finishes (even by raising), C_{k+1} becomes the holder: it tells H_k
 whatever else the cell left running. If it crashes or times out, H_k kills it and stays: the session
 is exactly as it was before that cell. A cell costs one fork whatever k is (the released rStar2 code
 replays every earlier cell instead). The init is forked by the worker's full zygote; the worker talks to
-the current holder over a SEQPACKET socket.
+the current holder over a SEQPACKET socket (``run_cell``), and keeps its live sessions in a
+``SessionTable``.
 """
 
 from __future__ import annotations
@@ -22,11 +23,16 @@ import signal
 import socket
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import linux
+from .capture import CallOutput
 from .interpreter import run_code
 from .isolation import WorkerIsolation, set_rlimits
-from .result import Limits
+from .outcome import to_result
+from .request import Limits
+from .result import ExecResult
 
 _MAX_MSG = 1 << 20
 
@@ -211,3 +217,138 @@ class SessionTable:
             handle.last_used = time.monotonic()
             self.live.move_to_end(session_id)
         return handle
+
+
+def run_cell(
+    table: SessionTable,
+    iso: WorkerIsolation,
+    req: dict,
+    limits: Limits,
+    start: Callable[[str, Limits], SessionHandle],
+) -> ExecResult:
+    """Run one cell of the session ``req["session_id"]`` (started with `start` when new), watching
+    its output and wall clock; an over-limit cell is aborted by its holder, which restores the
+    session to its state before the cell."""
+    sid = req["session_id"]
+    table.expire(time.monotonic())
+    handle = table.touch(sid)
+    if handle is None:
+        if sid in table.gone:
+            return ExecResult.failure("rejected", f"session {sid!r} {table.gone[sid]}; use a new session_id")
+        if iso.pid_ns_fd is None:
+            return ExecResult.failure("rejected", "stateful sessions need PID namespaces, unavailable here")
+        table.make_room()
+        try:
+            handle = start(sid, limits)
+        except OSError as exc:
+            return ExecResult.failure("internal", f"could not start session: {exc}")
+        table.add(handle)
+    t0 = time.monotonic()
+    stdin_fd = linux.memfd_with("stdin", (req.get("input") or "").encode("utf-8", "surrogateescape"))
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    res_r, res_w = os.pipe()
+    handle.seq += 1
+    cmd = {"op": "cell", "seq": handle.seq, "code": req["code"], "limits": limits.to_dict()}
+    iso.prepare_call(limits)
+    cg = iso.cgroup
+    if cg is not None:
+        cg.new_oom_kills()  # forget kills from before this cell
+    try:
+        socket.send_fds(handle.sock, [json.dumps(cmd).encode()], [stdin_fd, out_w, err_w, res_w])
+    except OSError as exc:
+        for fd in (stdin_fd, out_r, out_w, err_r, err_w, res_r, res_w):
+            os.close(fd)
+        table.forget(sid, "was lost")
+        return ExecResult.failure("internal", f"session {sid!r} was lost ({exc}); use a new session_id")
+    for fd in (stdin_fd, out_w, err_w, res_w):
+        os.close(fd)
+    output = CallOutput(limits.output_bytes, limits.max_output_mb, out_r, err_r, res_r)
+    poller = select.poll()
+    for fd in (*output.streams, handle.sock.fileno(), handle.pidfd):
+        poller.register(fd, select.POLLIN)
+    open_fds = set(output.streams)
+    deadline = t0 + limits.timeout_s
+    killed: str | None = None
+    outcome: dict | None = None
+    lost = False
+    abort_sent_at: float | None = None
+
+    def abort() -> bool:
+        """Ask the holder to kill the running cell and stay as it was; False if it is gone."""
+        try:
+            handle.sock.send(json.dumps({"op": "abort", "seq": handle.seq}).encode())
+            return True
+        except OSError:
+            return False
+
+    while (outcome is None and not lost) or open_fds:
+        now = time.monotonic()
+        if outcome is not None or lost:
+            wait = 0.2  # drain what is left in the pipes
+        elif abort_sent_at is not None:
+            wait = abort_sent_at + 2.0 - now
+            if wait <= 0:  # the holder does not answer: give the whole session up
+                lost = True
+                break
+        else:
+            wait = deadline - now
+            if wait <= 0 or (killed is None and output.over_limit):
+                killed = killed or ("timeout" if wait <= 0 else "output_limit")
+                abort_sent_at = now
+                lost = not abort()
+                continue
+        events = poller.poll(max(0.0, wait) * 1000)
+        if not events and (outcome is not None or lost):
+            break
+        for fd, _ in events:
+            if fd == handle.pidfd:
+                lost = True
+                poller.unregister(fd)
+            elif fd == handle.sock.fileno():
+                try:
+                    msg = handle.sock.recv(_MAX_MSG)
+                except OSError:
+                    msg = b""
+                if not msg:
+                    lost = True
+                    poller.unregister(fd)
+                    continue
+                reply = json.loads(msg)
+                if reply.get("seq") == handle.seq:
+                    outcome = reply
+            elif output.read(fd):
+                if killed is None and output.over_limit:
+                    killed = "output_limit"
+                    abort_sent_at = time.monotonic()
+                    lost = not abort()
+            else:
+                poller.unregister(fd)
+                open_fds.discard(fd)
+    output.close()
+    duration = time.monotonic() - t0
+    oom = cg is not None and cg.new_oom_kills() > 0
+    if outcome is None:
+        lost = True
+    wstatus: int | None = None
+    if outcome is not None and "done" in outcome:
+        wstatus = (int(outcome["done"]) & 0xFF) << 8
+        handle.cells += 1
+    elif outcome is not None and "crashed" in outcome:
+        wstatus = int(outcome["crashed"])
+    elif outcome is not None and "status" in outcome:
+        wstatus = int(outcome["status"])
+    if killed is not None and outcome is not None and "done" in outcome:
+        killed = None  # it finished just as the limit struck: keep its result
+    result = to_result(limits, duration, output, wstatus, killed, oom, None)
+    if lost:
+        table.forget(sid, "was lost (its process died)")
+        note = f"session {sid!r} was lost and has been closed; use a new session_id"
+        result.reason = f"{result.reason}; {note}" if result.reason else note
+        if result.status == "ok":
+            result.status = "error"
+    elif outcome is not None and "done" not in outcome:
+        note = "the session was restored to its state before this cell"
+        result.reason = f"{result.reason}; {note}" if result.reason else note
+    result.extra = {"session_id": sid, "cells": handle.cells}
+    return result

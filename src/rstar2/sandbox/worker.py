@@ -1,14 +1,16 @@
-"""The sandbox worker: one process per executor, running one call at a time.
+"""The sandbox worker: one process per ``WorkerHandle``, running one call at a time.
 
 It sets up the isolation layers once, then forks its zygotes (`zygote.py`): pre-warmed processes that
 only fork. A "light" zygote holds the standard library the calls commonly use; a "full" one also holds
 numpy, sympy and whatever else was preloaded. A call goes to the light zygote when everything its code
-imports is already imported there (most model-written arithmetic), else to the full one; sessions
-always live in the full one. Forking the smaller process is cheaper, and keeping this process's
+imports is already imported there (most model-written arithmetic; `routing.py`), else to the full
+one; sessions always live in the full one (`session.py`). Forking the smaller process is cheaper, and keeping this process's
 bookkeeping (capture, timeouts, results) out of the process that forks spares the copies that every
 page written after a fork costs.
 
-It speaks length-prefixed JSON with its parent (`executor.Executor`) over two inherited pipes. Run as
+A call's output is captured and held to its limits here (`capture.CallOutput`), and how it ended
+becomes an `ExecResult` in `outcome.py`. Requests come from the parent (`worker_handle.WorkerHandle`)
+as length-prefixed JSON (`framing.py`) over two inherited pipes, read ahead by an `Inbox`. Run as
 ``python -m rstar2.sandbox.worker CONFIG_JSON``.
 """
 
@@ -16,206 +18,24 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import select
 import shutil
 import signal
 import socket
-import struct
 import sys
 import time
-from collections import deque
 
 from . import linux
-from .capture import Capture, cut_middle
+from .capture import CallOutput
+from .framing import send_msg
+from .inbox import Inbox
 from .isolation import IsolationConfig, WorkerIsolation, reap_ready
-from .result import ExecResult, Limits
-from .session import SessionHandle, SessionTable
-from .zygote import ENDED, INTERNAL_EXIT, PID, PRELOAD, serve
-
-_MAX_CTRL = 1 << 16
-_HEADER = struct.Struct("!I")
-_ZYGOTE_START_S = 120.0
-_IMPORT = re.compile(r"(?:^|[;:])[ \t]*(?:from[ \t]+([\w.]+)[ \t]+import\b|import[ \t]+([\w. \t,]+))", re.M)
-
-
-# ----------------------------------------------------------------------------- framing
-def send_msg(fd: int, obj: dict) -> None:
-    data = json.dumps(obj).encode()
-    buf = _HEADER.pack(len(data)) + data
-    view = memoryview(buf)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
-def recv_msg(fd: int) -> dict | None:
-    header = _read_exact(fd, _HEADER.size)
-    if header is None:
-        return None
-    (size,) = _HEADER.unpack(header)
-    body = _read_exact(fd, size)
-    return None if body is None else json.loads(body)
-
-
-def _read_exact(fd: int, size: int) -> bytes | None:
-    chunks = bytearray()
-    while len(chunks) < size:
-        chunk = os.read(fd, size - len(chunks))
-        if not chunk:
-            return None
-        chunks += chunk
-    return bytes(chunks)
-
-
-class Inbox:
-    """Requests from the executor, which keeps up to two outstanding per worker. While a call runs,
-    the next request is read ahead; if the running call turns out slow (`HAND_BACK_S`), a queued
-    call (not a session's) is handed back unstarted so that another worker takes it."""
-
-    HAND_BACK_S = 0.05
-
-    def __init__(self, rfd: int, wfd: int) -> None:
-        self.rfd, self.wfd = rfd, wfd
-        self.backlog: deque[dict | None] = deque()  # None: the executor closed the pipe
-
-    def next(self) -> dict | None:
-        return self.backlog.popleft() if self.backlog else recv_msg(self.rfd)
-
-    @property
-    def open(self) -> bool:
-        return not self.backlog or self.backlog[-1] is not None
-
-    def read_one(self) -> None:
-        self.backlog.append(recv_msg(self.rfd))
-
-    @staticmethod
-    def _returnable(msg: dict | None) -> bool:
-        return msg is not None and msg.get("op") == "run" and not msg.get("session_id")
-
-    def can_hand_back(self) -> bool:
-        return any(self._returnable(m) for m in self.backlog)
-
-    def hand_back(self) -> None:
-        for msg in self.backlog:
-            if self._returnable(msg):
-                send_msg(self.wfd, {"op": "returned", "id": msg["id"]})
-        self.backlog = deque(m for m in self.backlog if not self._returnable(m))
-
-
-# ----------------------------------------------------------------------------- routing
-def imported_modules(code: str) -> set[str] | None:
-    """Top-level names of the modules `code` imports by statement; None if it imports dynamically.
-
-    A textual scan (the code is never parsed here, outside the sandbox): an import it misses only
-    sends the call to the light zygote, where the import still works, just slower.
-    """
-    if "__import__" in code or "importlib" in code:
-        return None
-    names: set[str] = set()
-    for match in _IMPORT.finditer(code):
-        if match.group(1) is not None:
-            names.add(match.group(1).partition(".")[0])
-            continue
-        for part in match.group(2).split(","):
-            words = part.split()
-            if words:
-                names.add(words[0].partition(".")[0])
-    return names
-
-
-def fits_light(code: str, light_modules: frozenset[str]) -> bool:
-    """Whether everything `code` imports is already imported in the light zygote."""
-    names = imported_modules(code)
-    return names is not None and names <= light_modules
-
-
-def split_preload(modules: list[str]) -> tuple[list[str], list[str]]:
-    """(light, full) preload lists: the light zygote takes the standard-library part."""
-    stdlib = getattr(sys, "stdlib_module_names", frozenset())
-    light = [m for m in modules if m.partition(".")[0] in stdlib]
-    return light, list(modules)
-
-
-# ----------------------------------------------------------------------------- zygotes
-class ZygoteLost(RuntimeError):
-    pass
-
-
-class ZygoteHandle:
-    """The worker's side of one zygote: starts it, asks it to fork, restarts it when it died."""
-
-    def __init__(self, name: str, modules: list[str]) -> None:
-        self.name = name
-        self.modules = modules
-        self.pid = 0
-        self.pidfd: int | None = None
-        self.sock: socket.socket | None = None
-        self.hello: dict = {}
-        self.loaded: frozenset[str] = frozenset()  # top-level names of every module it has imported
-
-    def start(self, iso: WorkerIsolation, defaults: Limits, proc_fd: int | None) -> None:
-        self.stop()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
-        if pid == 0:
-            try:
-                ours.close()
-                keep = {theirs.fileno(), *(fd for fd in (proc_fd, iso.pid_ns_fd) if fd is not None)}
-                linux.close_fds_except(keep)
-                serve(theirs, iso, self.modules, defaults, proc_fd)
-            finally:
-                os._exit(INTERNAL_EXIT)
-        theirs.close()
-        self.pid, self.sock, self.pidfd = pid, ours, os.pidfd_open(pid)
-        ready, _, _ = select.select([ours], [], [], _ZYGOTE_START_S)
-        msg = ours.recv(_MAX_CTRL) if ready else b""
-        if not msg:
-            self.stop()
-            raise ZygoteLost(f"the {self.name} zygote failed to start")
-        self.hello = json.loads(msg)
-        self.loaded = frozenset(self.hello.get("modules", []))
-
-    def stop(self) -> None:
-        if self.pidfd is not None:
-            try:
-                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-            except OSError:
-                pass
-            try:
-                os.waitpid(self.pid, 0)
-            except ChildProcessError:
-                pass
-            os.close(self.pidfd)
-        if self.sock is not None:
-            self.sock.close()
-        self.pidfd, self.sock = None, None
-
-    def fork(self, header: bytes, fds: list[int]) -> tuple[int, int | None]:
-        """Send a request; returns (pid, pidfd) of the new child, or (-1, None) if fork failed."""
-        assert self.sock is not None
-        try:
-            socket.send_fds(self.sock, [header], fds)
-            msg, got, _, _ = socket.recv_fds(self.sock, 64, 1)
-        except OSError as exc:
-            self.stop()
-            raise ZygoteLost(f"the {self.name} zygote is gone ({exc})") from exc
-        if len(msg) < 1 + PID.size or msg[:1] != b"p":
-            for fd in got:
-                os.close(fd)
-            self.stop()
-            raise ZygoteLost(f"the {self.name} zygote is gone")
-        (pid,) = PID.unpack(msg[1 : 1 + PID.size])
-        return (pid, got[0]) if pid > 0 and got else (-1, None)
-
-
-def _memfd(name: str, data: bytes) -> int:
-    fd = os.memfd_create(name, os.MFD_CLOEXEC)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
+from .outcome import to_result
+from .request import Limits
+from .result import ExecResult
+from .routing import fits_light, split_preload
+from .session import SessionHandle, SessionTable, run_cell
+from .zygote import PRELOAD, ZygoteHandle, ZygoteLost
 
 
 class Worker:
@@ -301,9 +121,11 @@ class Worker:
         except ZygoteLost as exc:
             return ExecResult.failure("internal", str(exc))
         header = b"c" + limits_json + b"\0" + (tmp_dir or "").encode()
-        code_fd = _memfd("code", code.encode("utf-8", "surrogateescape"))
+        code_fd = linux.memfd_with("code", code.encode("utf-8", "surrogateescape"))
         text = req.get("input") or ""
-        stdin_fd = _memfd("stdin", text.encode("utf-8", "surrogateescape")) if text else self.devnull
+        stdin_fd = (
+            linux.memfd_with("stdin", text.encode("utf-8", "surrogateescape")) if text else self.devnull
+        )
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         res_r, res_w = os.pipe()
@@ -335,23 +157,21 @@ class Worker:
         err_r: int,
         res_r: int,
     ) -> ExecResult:
-        out, err, res = Capture(limits.output_bytes), Capture(limits.output_bytes), Capture(4 << 20)
-        streams = {out_r: out, err_r: err, res_r: res}
+        output = CallOutput(limits.output_bytes, limits.max_output_mb, out_r, err_r, res_r)
         assert zyg.sock is not None
         ctl = zyg.sock.fileno()
         poller = select.poll()
-        for fd in (*streams, ctl):
+        for fd in (*output.streams, ctl):
             poller.register(fd, select.POLLIN)
         inbox = self.inbox
         if inbox.open:
             poller.register(inbox.rfd, select.POLLIN)
         hand_back_at = t0 + Inbox.HAND_BACK_S
         deadline = t0 + limits.timeout_s
-        hard_limit = int(limits.max_output_mb * 1024 * 1024)
         killed: str | None = None
         exited_at: float | None = None
         ended: tuple[int, float] | None = None  # wait status, CPU seconds
-        open_fds = set(streams)
+        open_fds = set(output.streams)
         while open_fds or exited_at is None:
             now = time.monotonic()
             if exited_at is not None:
@@ -380,22 +200,19 @@ class Worker:
                 if fd == ctl:
                     exited_at = time.monotonic()
                     poller.unregister(ctl)
-                    ended = _ended(zyg, pid)
+                    ended = zyg.ended(pid)
                     continue
-                chunk = os.read(fd, 1 << 16)
-                if chunk:
-                    streams[fd].feed(chunk)
-                else:
+                if not output.read(fd):
                     poller.unregister(fd)
                     open_fds.discard(fd)
-            if killed is None and out.total + err.total > hard_limit:
+            if killed is None and output.over_limit:
                 killed = "output_limit"
                 _kill(pidfd)
         duration = time.monotonic() - t0
         if exited_at is None:  # killed, and the zygote has not reported the end yet: wait for it
             _kill(pidfd)
             ready = select.select([ctl], [], [], 30.0)[0]
-            ended = _ended(zyg, pid) if ready else None
+            ended = zyg.ended(pid) if ready else None
             if not ready:
                 zyg.stop()  # it does not answer: start afresh on the next call
         if ended is None:  # its zygote was lost: make sure the call is gone too
@@ -408,208 +225,22 @@ class Worker:
             if self.iso.cgroup is not None:  # setsid daemons left the process group, not the cgroup
                 self.iso.cgroup.kill_all_but({os.getpid(), *(z.pid for z in self.zygotes)})
             reap_ready()
-        for fd in (*streams, pidfd):
-            os.close(fd)
+        output.close()
+        os.close(pidfd)
         oom = self.iso.cgroup is not None and self.iso.cgroup.new_oom_kills() > 0
         if ended is None:
-            result = self._result(limits, duration, out, err, res, None, killed, oom, None)
+            result = to_result(limits, duration, output, None, killed, oom, None)
             if killed is None:
                 result.status = "internal"
                 result.reason = (
                     f"the {zyg.name} zygote was lost during the call; a new one serves the next call"
                 )
             return result
-        return self._result(limits, duration, out, err, res, ended[0], killed, oom, ended[1])
-
-    def _result(
-        self,
-        limits: Limits,
-        duration: float,
-        out: Capture,
-        err: Capture,
-        res: Capture,
-        wstatus: int | None,
-        killed: str | None,
-        oom: bool,
-        cpu_s: float | None,
-    ) -> ExecResult:
-        report = {}
-        if res.total:
-            try:
-                report = json.loads(bytes(res.head) + bytes(res.tail))
-            except ValueError:
-                report = {}
-        result = ExecResult(
-            status="ok",
-            stdout=out.text(),
-            stderr=err.text(),
-            duration_s=round(duration, 6),
-            truncated=out.truncated or err.truncated,
-            cpu_s=round(cpu_s, 6) if cpu_s is not None else None,
-            error_type=report.get("error_type"),
-        )
-        if "value" in report and not out.total:
-            result.value, cut = cut_middle(report["value"], limits.output_bytes)
-            result.truncated = result.truncated or cut
-        if wstatus is not None and os.WIFSIGNALED(wstatus):
-            sig = os.WTERMSIG(wstatus)
-            result.signal = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-        elif wstatus is not None:
-            result.exit_code = os.WEXITSTATUS(wstatus)
-        if killed == "timeout":
-            result.status, result.reason = "timeout", f"wall-clock limit of {limits.timeout_s:g} s exceeded"
-            result.signal = None
-        elif killed == "output_limit":
-            result.status = "output_limit"
-            result.reason = f"printed more than {limits.max_output_mb:g} MB; stopped"
-            result.signal = None
-        elif "internal" in report or result.exit_code == INTERNAL_EXIT:
-            result.status, result.reason = "internal", report.get("internal", "the worker child failed")
-        elif oom or result.error_type == "MemoryError":
-            result.status = "memory"
-            result.reason = f"memory limit of {limits.memory_mb} MB exceeded"
-        elif result.signal == "SIGXCPU":
-            result.status, result.reason = "timeout", f"CPU limit of {limits.effective_cpu_s()} s exceeded"
-        elif result.signal is not None:
-            result.status, result.reason = "error", f"killed by {result.signal}"
-        elif result.exit_code:
-            result.status = "error"
-            result.reason = result.error_type or f"exit code {result.exit_code}"
-        return result
+        return to_result(limits, duration, output, ended[0], killed, oom, ended[1])
 
     # ------------------------------------------------------------------------- sessions
     def run_session(self, req: dict, limits: Limits) -> ExecResult:
-        sid = req["session_id"]
-        table = self.sessions
-        table.expire(time.monotonic())
-        handle = table.touch(sid)
-        if handle is None:
-            if sid in table.gone:
-                return ExecResult.failure(
-                    "rejected", f"session {sid!r} {table.gone[sid]}; use a new session_id"
-                )
-            if self.iso.pid_ns_fd is None:
-                return ExecResult.failure(
-                    "rejected", "stateful sessions need PID namespaces, unavailable here"
-                )
-            table.make_room()
-            try:
-                handle = self._new_session(sid, limits)
-            except OSError as exc:
-                return ExecResult.failure("internal", f"could not start session: {exc}")
-            table.add(handle)
-        t0 = time.monotonic()
-        stdin_fd = _memfd("stdin", (req.get("input") or "").encode("utf-8", "surrogateescape"))
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        res_r, res_w = os.pipe()
-        handle.seq += 1
-        cmd = {"op": "cell", "seq": handle.seq, "code": req["code"], "limits": limits.to_dict()}
-        self.iso.prepare_call(limits)
-        cg = self.iso.cgroup
-        if cg is not None:
-            cg.new_oom_kills()  # forget kills from before this cell
-        try:
-            socket.send_fds(handle.sock, [json.dumps(cmd).encode()], [stdin_fd, out_w, err_w, res_w])
-        except OSError as exc:
-            for fd in (stdin_fd, out_r, out_w, err_r, err_w, res_r, res_w):
-                os.close(fd)
-            table.forget(sid, "was lost")
-            return ExecResult.failure("internal", f"session {sid!r} was lost ({exc}); use a new session_id")
-        for fd in (stdin_fd, out_w, err_w, res_w):
-            os.close(fd)
-        out, err, res = Capture(limits.output_bytes), Capture(limits.output_bytes), Capture(4 << 20)
-        streams = {out_r: out, err_r: err, res_r: res}
-        poller = select.poll()
-        for fd in (*streams, handle.sock.fileno(), handle.pidfd):
-            poller.register(fd, select.POLLIN)
-        open_fds = set(streams)
-        deadline = t0 + limits.timeout_s
-        hard_limit = int(limits.max_output_mb * 1024 * 1024)
-        killed: str | None = None
-        outcome: dict | None = None
-        lost = False
-        abort_sent_at: float | None = None
-        while (outcome is None and not lost) or open_fds:
-            now = time.monotonic()
-            if outcome is not None or lost:
-                wait = 0.2  # drain what is left in the pipes
-            elif abort_sent_at is not None:
-                wait = abort_sent_at + 2.0 - now
-                if wait <= 0:  # the holder does not answer: give the whole session up
-                    lost = True
-                    break
-            else:
-                wait = deadline - now
-                if wait <= 0 or (killed is None and out.total + err.total > hard_limit):
-                    killed = killed or ("timeout" if wait <= 0 else "output_limit")
-                    abort_sent_at = now
-                    try:
-                        handle.sock.send(json.dumps({"op": "abort", "seq": handle.seq}).encode())
-                    except OSError:
-                        lost = True
-                    continue
-            events = poller.poll(max(0.0, wait) * 1000)
-            if not events and (outcome is not None or lost):
-                break
-            for fd, _ in events:
-                if fd == handle.pidfd:
-                    lost = True
-                    poller.unregister(fd)
-                elif fd == handle.sock.fileno():
-                    try:
-                        msg = handle.sock.recv(_MAX_CTRL)
-                    except OSError:
-                        msg = b""
-                    if not msg:
-                        lost = True
-                        poller.unregister(fd)
-                        continue
-                    reply = json.loads(msg)
-                    if reply.get("seq") == handle.seq:
-                        outcome = reply
-                else:
-                    chunk = os.read(fd, 1 << 16)
-                    if chunk:
-                        streams[fd].feed(chunk)
-                        if killed is None and out.total + err.total > hard_limit:
-                            killed = "output_limit"
-                            abort_sent_at = time.monotonic()
-                            try:
-                                handle.sock.send(json.dumps({"op": "abort", "seq": handle.seq}).encode())
-                            except OSError:
-                                lost = True
-                    else:
-                        poller.unregister(fd)
-                        open_fds.discard(fd)
-        for fd in streams:
-            os.close(fd)
-        duration = time.monotonic() - t0
-        oom = cg is not None and cg.new_oom_kills() > 0
-        if outcome is None:
-            lost = True
-        wstatus: int | None = None
-        if outcome is not None and "done" in outcome:
-            wstatus = (int(outcome["done"]) & 0xFF) << 8
-            handle.cells += 1
-        elif outcome is not None and "crashed" in outcome:
-            wstatus = int(outcome["crashed"])
-        elif outcome is not None and "status" in outcome:
-            wstatus = int(outcome["status"])
-        if killed is not None and outcome is not None and "done" in outcome:
-            killed = None  # it finished just as the limit struck: keep its result
-        result = self._result(limits, duration, out, err, res, wstatus, killed, oom, None)
-        if lost:
-            table.forget(sid, "was lost (its process died)")
-            note = f"session {sid!r} was lost and has been closed; use a new session_id"
-            result.reason = f"{result.reason}; {note}" if result.reason else note
-            if result.status == "ok":
-                result.status = "error"
-        elif outcome is not None and "done" not in outcome:
-            note = "the session was restored to its state before this cell"
-            result.reason = f"{result.reason}; {note}" if result.reason else note
-        result.extra = {"session_id": sid, "cells": handle.cells}
-        return result
+        return run_cell(self.sessions, self.iso, req, limits, self._new_session)
 
     def _new_session(self, sid: str, limits: Limits) -> SessionHandle:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -626,20 +257,6 @@ class Worker:
             ours.close()
             raise OSError("fork failed")
         return SessionHandle(sid, pidfd, ours, time.monotonic())
-
-
-def _ended(zyg: ZygoteHandle, pid: int) -> tuple[int, float] | None:
-    """Read the zygote's report that the call's child ended: (wait status, CPU seconds)."""
-    assert zyg.sock is not None
-    try:
-        msg = zyg.sock.recv(64)
-    except OSError:
-        msg = b""
-    if len(msg) != 1 + ENDED.size or msg[:1] != b"x":
-        zyg.stop()  # it died (or broke the protocol): start afresh on the next call
-        return None
-    ended_pid, status, cpu = ENDED.unpack(msg[1:])
-    return (status, cpu) if ended_pid == pid else None
 
 
 def _kill(pidfd: int) -> None:

@@ -3,7 +3,7 @@
 Calls are pipelined: the pool keeps up to `depth` calls outstanding per worker, so the next request
 already waits in the worker's pipe when a call ends and the worker never idles on this process's
 round trip. A request queued behind a call that runs long is handed back unstarted by the worker
-(`worker.Inbox`) and the pool gives it to another worker. One reader task matches answers to calls.
+(`inbox.Inbox`) and the pool gives it to another worker. One reader task matches answers to calls.
 
 The wall-clock limit is enforced by the worker (outside the child); this side adds a backstop: a
 worker that does not answer within the running call's timeout plus a grace period is killed and
@@ -17,14 +17,14 @@ import asyncio
 import itertools
 import json
 import os
-import struct
 import sys
 from dataclasses import dataclass, field
 
+from .framing import encode, read_msg
 from .isolation import IsolationConfig, remove_cgroups
-from .result import ExecRequest, ExecResult, Limits
+from .request import ExecRequest, Limits
+from .result import ExecResult
 
-_HEADER = struct.Struct("!I")
 _GRACE_S = 60.0  # on top of a call's timeout: the kernel tearing down a big process tree can be slow
 _START_TIMEOUT_S = 120.0
 _UNSTARTED = object()  # the answer for a queued call handed back, or whose worker died before it
@@ -270,14 +270,11 @@ class WorkerHandle:
     @staticmethod
     def _send(proc: asyncio.subprocess.Process, obj: dict) -> None:
         assert proc.stdin is not None
-        data = json.dumps(obj).encode()
-        proc.stdin.write(_HEADER.pack(len(data)) + data)
+        proc.stdin.write(encode(obj))
 
     async def _recv(self, proc: asyncio.subprocess.Process) -> dict:
         assert proc.stdout is not None
         try:
-            header = await proc.stdout.readexactly(_HEADER.size)
-            (size,) = _HEADER.unpack(header)
-            return json.loads(await proc.stdout.readexactly(size))
+            return await read_msg(proc.stdout)
         except asyncio.IncompleteReadError as exc:
             raise WorkerDied(f"worker {self.index} exited") from exc

@@ -1,4 +1,5 @@
-"""A zygote: a pre-warmed process that does nothing but fork one fresh child per call.
+"""A zygote: a pre-warmed process that does nothing but fork one fresh child per call; and
+``ZygoteHandle``, the worker's side of it (start, ask for a child, read how it ended, restart).
 
 The worker (`worker.py`) forks its zygotes once, after setting up the isolation layers; each zygote
 imports its modules, then waits for calls. It does as little as possible between forks, because
@@ -25,6 +26,7 @@ import gc
 import importlib
 import json
 import os
+import select
 import signal
 import socket
 import struct
@@ -34,7 +36,8 @@ from collections.abc import Callable
 from . import linux
 from .interpreter import fresh_stdio, run_code
 from .isolation import CallPlan, WorkerIsolation, reap_ready, safe_environment
-from .result import Limits
+from .outcome import INTERNAL_EXIT
+from .request import Limits
 from .session import session_init
 
 PRELOAD = (
@@ -55,7 +58,7 @@ PRELOAD = (
     "numpy",
     "sympy",
 )
-INTERNAL_EXIT = 125
+START_S = 120.0  # importing numpy and sympy on a loaded machine can take long
 PID = struct.Struct("!i")
 ENDED = struct.Struct("!iid")  # pid, wait status, CPU seconds (user + system)
 _MAX_MSG = 1 << 16
@@ -235,3 +238,89 @@ def _collapse(proc_fd: int) -> int:
     finally:
         os.close(fd)
     return linux.collapse_anonymous_memory(b"".join(chunks).decode())
+
+
+# ----------------------------------------------------------------------------- in the worker
+class ZygoteLost(RuntimeError):
+    """A zygote died or broke the protocol; a new one is started for the next call."""
+
+
+class ZygoteHandle:
+    """The worker's side of one zygote: starts it, asks it to fork, restarts it when it died."""
+
+    def __init__(self, name: str, modules: list[str]) -> None:
+        self.name = name
+        self.modules = modules
+        self.pid = 0
+        self.pidfd: int | None = None
+        self.sock: socket.socket | None = None
+        self.hello: dict = {}
+        self.loaded: frozenset[str] = frozenset()  # top-level names of every module it has imported
+
+    def start(self, iso: WorkerIsolation, defaults: Limits, proc_fd: int | None) -> None:
+        self.stop()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ours.close()
+                keep = {theirs.fileno(), *(fd for fd in (proc_fd, iso.pid_ns_fd) if fd is not None)}
+                linux.close_fds_except(keep)
+                serve(theirs, iso, self.modules, defaults, proc_fd)
+            finally:
+                os._exit(INTERNAL_EXIT)
+        theirs.close()
+        self.pid, self.sock, self.pidfd = pid, ours, os.pidfd_open(pid)
+        ready, _, _ = select.select([ours], [], [], START_S)
+        msg = ours.recv(_MAX_MSG) if ready else b""
+        if not msg:
+            self.stop()
+            raise ZygoteLost(f"the {self.name} zygote failed to start")
+        self.hello = json.loads(msg)
+        self.loaded = frozenset(self.hello.get("modules", []))
+
+    def stop(self) -> None:
+        if self.pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+            os.close(self.pidfd)
+        if self.sock is not None:
+            self.sock.close()
+        self.pidfd, self.sock = None, None
+
+    def fork(self, header: bytes, fds: list[int]) -> tuple[int, int | None]:
+        """Send a request; returns (pid, pidfd) of the new child, or (-1, None) if fork failed."""
+        assert self.sock is not None
+        try:
+            socket.send_fds(self.sock, [header], fds)
+            msg, got, _, _ = socket.recv_fds(self.sock, 64, 1)
+        except OSError as exc:
+            self.stop()
+            raise ZygoteLost(f"the {self.name} zygote is gone ({exc})") from exc
+        if len(msg) < 1 + PID.size or msg[:1] != b"p":
+            for fd in got:
+                os.close(fd)
+            self.stop()
+            raise ZygoteLost(f"the {self.name} zygote is gone")
+        (pid,) = PID.unpack(msg[1 : 1 + PID.size])
+        return (pid, got[0]) if pid > 0 and got else (-1, None)
+
+    def ended(self, pid: int) -> tuple[int, float] | None:
+        """Read the zygote's report that the call's child `pid` ended: (wait status, CPU seconds);
+        None when it died (it is then stopped and starts afresh on the next call)."""
+        assert self.sock is not None
+        try:
+            msg = self.sock.recv(64)
+        except OSError:
+            msg = b""
+        if len(msg) != 1 + ENDED.size or msg[:1] != b"x":
+            self.stop()  # it died (or broke the protocol)
+            return None
+        ended_pid, status, cpu = ENDED.unpack(msg[1:])
+        return (status, cpu) if ended_pid == pid else None

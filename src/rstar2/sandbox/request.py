@@ -1,0 +1,67 @@
+"""What is asked of the sandbox: the code, its stdin, and the limits it runs under."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-call resource limits. Every field has a default that suits model-written math code."""
+
+    timeout_s: float = 10.0  # wall clock, enforced from outside the child
+    memory_mb: int = 1024  # address space per process, and memory of all the call's processes together
+    cpu_s: int = 0  # CPU seconds per process; 0 = derived from the timeout (timeout + 1)
+    max_processes: int = 64  # processes + threads of the call
+    file_size_mb: int = 64  # largest file the code may write
+    open_files: int = 256
+    tmp_mb: int = 64  # size of the call's private /tmp
+    output_bytes: int = 64 * 1024  # stdout and stderr are each cut (in the middle) to this
+    max_output_mb: float = 8.0  # printing more than this in total stops the call: status output_limit
+
+    def merged(self, timeout_s: float | None = None, memory_mb: int | None = None) -> Limits:
+        changes: dict[str, Any] = {}
+        if timeout_s is not None:
+            changes["timeout_s"] = float(timeout_s)
+        if memory_mb is not None:
+            changes["memory_mb"] = int(memory_mb)
+        return dataclasses.replace(self, **changes) if changes else self
+
+    def effective_cpu_s(self) -> int:
+        return self.cpu_s if self.cpu_s > 0 else int(self.timeout_s) + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _LIMIT_FIELDS}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Limits:
+        return cls(**{k: v for k, v in data.items() if k in _LIMIT_FIELDS})
+
+
+@dataclass
+class ExecRequest:
+    """One call: the code, its stdin, optional per-call overrides and an optional session."""
+
+    code: str
+    input: str = ""
+    timeout_s: float | None = None
+    memory_mb: int | None = None
+    session_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ExecRequest:
+        return cls(
+            code=data["code"],
+            input=data.get("input") or "",
+            timeout_s=data.get("timeout_s"),
+            memory_mb=data.get("memory_mb"),
+            session_id=data.get("session_id"),
+        )
+
+
+_LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(Limits))
