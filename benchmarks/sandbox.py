@@ -19,7 +19,7 @@ if __name__ == "__main__":
     ap.add_argument("--modes", default="baseline,pool,http,redis")
     ap.add_argument("--workloads", default="trivial,sympy,loop")
     ap.add_argument("--concurrency", default="1,8,64,256")
-    ap.add_argument("--workers", type=int, default=None, help="executors (default: CPU count)")
+    ap.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPU count)")
     ap.add_argument("--stress", type=int, default=0, help="also run this many trivial calls through the pool")
     ap.add_argument("--stress-in-flight", type=int, default=4096)
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON")

@@ -129,7 +129,9 @@ def sandbox_serve(
         "127.0.0.1", help="Address to bind. It runs untrusted code: keep it on loopback."
     ),
     port: int = typer.Option(8088, help="Port."),
-    workers: int = typer.Option(0, help="Local executors (0 = one per CPU core). Ignored with --redis."),
+    workers: int = typer.Option(
+        0, help="Local sandbox workers (0 = one per CPU core). Ignored with --redis."
+    ),
     redis: str | None = typer.Option(
         None, "--redis", help="Enqueue calls to Redis worker nodes at this URL."
     ),
@@ -164,7 +166,7 @@ def sandbox_serve(
 @sandbox_app.command("worker")
 def sandbox_worker(
     redis: str = typer.Option(..., "--redis", help="Redis URL, e.g. redis://head-node:6379/0"),
-    workers: int = typer.Option(0, help="Local executors (0 = one per CPU core)."),
+    workers: int = typer.Option(0, help="Local sandbox workers (0 = one per CPU core)."),
     lease_s: float = typer.Option(60.0, help="A task held this long by a silent worker is given to another."),
     timeout_s: float = typer.Option(10.0, "--timeout", help="Default wall-clock limit per call."),
     memory_mb: int = typer.Option(1024, "--memory-mb", help="Default memory limit per call."),
@@ -185,7 +187,7 @@ def sandbox_worker(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, worker.stop)
-        console.print(f"worker {worker.name}: {pool.size} executors, Redis {redis}")
+        console.print(f"worker {worker.name}: {pool.size} sandbox workers, Redis {redis}")
         await worker.run()
 
     asyncio.run(go())

@@ -13,8 +13,6 @@ import torch
 
 from rstar2.analysis.entropy import (
     TrajectoryEntropy,
-    block_regions,
-    classify,
     entropy_of_logits,
     mark_high,
     summarize,
@@ -22,6 +20,7 @@ from rstar2.analysis.entropy import (
     top_share_mask,
 )
 from rstar2.analysis.view import STATUS_COLOURS, find_files, render
+from rstar2.chat.token_classes import block_regions, classify
 
 from ..conftest import RSTAR2
 

@@ -41,10 +41,10 @@ def config(model, tmp_path, **run) -> dict:
     return tree
 
 
-async def train(tree: dict, executor, verifier) -> list[dict]:
+async def train(tree: dict, code_env, verifier) -> list[dict]:
     threads = torch.get_num_threads()
     try:
-        return await RLTrainer(parse_config(tree), executor=executor, verifier=verifier).train()
+        return await RLTrainer(parse_config(tree), code_env=code_env, verifier=verifier).train()
     finally:
         torch.set_num_threads(threads)
 

@@ -215,7 +215,7 @@ def test_kl_to_a_reference_model_enters_the_update(tiny):
 def test_entropy_by_class_is_the_mean_entropy_of_each_class_tokens(tiny):
     """The step's ``entropy/<class>`` is the plain mean, over that class's tokens, of the policy's
     next-token entropy at those positions (tool tokens, class -1, belong to none)."""
-    from rstar2.analysis.entropy import CLASSES
+    from rstar2.chat.token_classes import CLASSES
     from rstar2.config import OptimSection
     from rstar2.rl.optim import build_optimizer
     from rstar2.rl.update import class_entropy_means, policy_update
@@ -244,7 +244,7 @@ def test_entropy_by_class_is_the_mean_entropy_of_each_class_tokens(tiny):
 
 
 def test_token_classes_decode_each_id_once_and_follow_classify():
-    from rstar2.analysis.entropy import CLASSES, NO_CLASS, TokenClasses, classify
+    from rstar2.chat.token_classes import CLASSES, NO_CLASS, TokenClasses, classify
 
     table = {
         1: "<tool_call>",

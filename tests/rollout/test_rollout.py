@@ -171,8 +171,8 @@ async def test_faults_of_the_system_are_marked_and_the_models_own_failures_are_n
         "sandbox down": (Unreachable(), FixedVerifier(Verdict(True, "equal", "4", "fast")), "sandbox"),
         "all well": (pool, FixedVerifier(Verdict(True, "equal", "4", "fast")), None),
     }
-    for name, (executor, verifier, fault) in cases.items():
-        traj = await Rollout(scripted(chatml, tiny), chatml, executor, verifier, cfg).run("answers", "4")
+    for name, (code_env, verifier, fault) in cases.items():
+        traj = await Rollout(scripted(chatml, tiny), chatml, code_env, verifier, cfg).run("answers", "4")
         assert traj.fault == fault, (name, traj.fault, traj.verdict)
         assert traj.reward == (1.0 if name in ("all well", "sandbox down") else 0.0), name
     broken = await Rollout(FailingEngine(), chatml, pool, FixedVerifier(), cfg).run("answers", "4")

@@ -32,7 +32,9 @@ async def test_error_has_type_and_clean_traceback(pool):
     r = await pool.run("def f(n):\n    return 1 / n\n\nf(0)")
     assert r.status == "error" and r.error_type == "ZeroDivisionError" and r.exit_code == 1
     assert 'File "<code>", line 4' in r.stderr and "ZeroDivisionError: division by zero" in r.stderr
-    assert "rstar2" not in r.stderr and "runner.py" not in r.stderr  # the executor's own frames are removed
+    assert (
+        "rstar2" not in r.stderr and "interpreter.py" not in r.stderr
+    )  # the sandbox's own frames are removed
     r = await pool.run("def broken(:\n  pass")
     assert r.status == "error" and r.error_type == "SyntaxError"
 

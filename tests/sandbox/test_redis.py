@@ -41,7 +41,7 @@ def start_worker(url: str, lease_s: float = 2.0, name: str | None = None) -> obj
 
 
 def kill_worker(proc) -> None:
-    os.killpg(proc.pid, signal.SIGKILL)  # the worker and its executors, as a crashed node
+    os.killpg(proc.pid, signal.SIGKILL)  # the worker node and its sandbox workers, as a crashed node
     proc.wait()
 
 

@@ -21,7 +21,7 @@ async def test_killed_worker_takes_its_call_with_it():
             await asyncio.sleep(0.05)
             if len(set(sandbox_processes()) - before) >= 5:
                 break
-        os.kill(pool.executors[0].proc.pid, signal.SIGKILL)  # the worker crashes
+        os.kill(pool.handles[0].proc.pid, signal.SIGKILL)  # the worker crashes
         result = await asyncio.wait_for(call, 60)
         assert result.status == "internal" and "replaced" in result.reason
         assert wait_no_sandbox_processes_except(before) == []
@@ -37,7 +37,7 @@ async def test_calls_are_routed_by_what_they_import(pool):
 async def test_a_killed_zygote_fails_its_call_and_is_restarted():
     before = set(sandbox_processes())
     async with LocalPool(workers=1, limits=Limits(timeout_s=30), isolation=IsolationConfig()) as pool:
-        zygotes = {z["name"]: z["pid"] for z in pool.executors[0].hello["zygotes"]}
+        zygotes = {z["name"]: z["pid"] for z in pool.handles[0].hello["zygotes"]}
         assert set(zygotes) == {"light", "full"}
         call = asyncio.create_task(pool.run("import time\nprint('started', flush=True)\ntime.sleep(60)"))
         for _ in range(200):
@@ -50,22 +50,22 @@ async def test_a_killed_zygote_fails_its_call_and_is_restarted():
         assert result.stdout == "started\n"  # what it printed before is kept
         assert wait_no_sandbox_processes_except(before) == []
         assert (await pool.run("print('still serving')")).stdout == "still serving\n"
-        assert pool.executors[0].restarts == 0  # the worker itself was not replaced
+        assert pool.handles[0].restarts == 0  # the worker itself was not replaced
 
 
 async def test_calls_queued_behind_a_crashed_worker_run_on_its_replacement():
     async with LocalPool(workers=1, limits=Limits(timeout_s=30), isolation=IsolationConfig()) as pool:
-        assert pool.executors[0].depth == 2  # one call runs, the next waits in the worker's pipe
+        assert pool.handles[0].depth == 2  # one call runs, the next waits in the worker's pipe
         running = asyncio.create_task(pool.run("import time\nprint('started', flush=True)\ntime.sleep(60)"))
         await asyncio.sleep(0.5)
         queued = asyncio.create_task(pool.run("print(6 * 7)"))
         await asyncio.sleep(0.5)
         assert not queued.done()
-        os.kill(pool.executors[0].proc.pid, signal.SIGKILL)
+        os.kill(pool.handles[0].proc.pid, signal.SIGKILL)
         first, second = await asyncio.wait_for(asyncio.gather(running, queued), 60)
         assert first.status == "internal" and "replaced" in first.reason
         assert (second.status, second.stdout) == ("ok", "42\n")  # sent again, answered once
-        assert pool.executors[0].restarts == 1
+        assert pool.handles[0].restarts == 1
 
 
 async def test_a_call_queued_behind_a_slow_one_is_handed_to_another_worker():

@@ -2,8 +2,9 @@
 tokens are high-entropy, and whether they sit in reasoning, in *reflection* right after a tool
 response, inside code, or in the answer.
 
-The pure parts (entropy of logits, the top-share mask, the token classes, the summary) take plain
-lists so they can be tested by hand; ``teacher_forced_entropy`` runs the model once over a trajectory.
+The pure parts (entropy of logits, the top-share mask, the summary) take plain lists so they can be
+tested by hand; ``teacher_forced_entropy`` runs the model once over a trajectory. Which class a token
+belongs to is the chat format's knowledge (``chat/token_classes.py``).
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-CLASSES = ("reasoning", "reflection", "code", "answer")
-CODE_TAGS = ("<tool_call>", "</tool_call>")
-ANSWER_TAGS = ("<answer>", "</answer>")
+from ..chat.token_classes import CLASSES
 
 
 def entropy_of_logits(logits: Any, temperature: float = 1.0) -> Any:
@@ -37,76 +36,6 @@ def top_share_mask(values: Sequence[float], share: float) -> list[bool]:
     order = sorted(range(len(values)), key=lambda i: (-values[i], i))
     chosen = set(order[:k])
     return [i in chosen for i in range(len(values))]
-
-
-def block_regions(text: str) -> list[tuple[int, int, str]]:
-    """Character spans of ``<tool_call>…</tool_call>`` (code) and ``<answer>…</answer>`` blocks,
-    tags included; an unclosed block runs to the end of the text."""
-    regions, pos = [], 0
-    while True:
-        found = [(text.find(o, pos), o, c, k) for k, (o, c) in (("code", CODE_TAGS), ("answer", ANSWER_TAGS))]
-        found = [f for f in found if f[0] >= 0]
-        if not found:
-            return regions
-        start, open_tag, close_tag, kind = min(found)
-        close = text.find(close_tag, start + len(open_tag))
-        end = len(text) if close < 0 else close + len(close_tag)
-        regions.append((start, end, kind))
-        pos = end
-
-
-def classify(pieces: Sequence[str], mask: Sequence[int], window: int = 20) -> list[str | None]:
-    """A class for each response token: ``None`` for tool tokens (mask 0); ``code`` for tokens that
-    touch a ``<tool_call>`` block, ``answer`` for an ``<answer>`` block; ``reflection`` for the first
-    ``window`` model tokens of a turn that follows a tool response; else ``reasoning``."""
-    n = len(pieces)
-    if len(mask) != n:
-        raise ValueError(f"{n} token pieces but {len(mask)} mask values")
-    out: list[str | None] = [None] * n
-    i, after_tool = 0, False
-    while i < n:
-        if not mask[i]:
-            after_tool = True
-            i += 1
-            continue
-        j = i
-        while j < n and mask[j]:
-            j += 1
-        regions = block_regions("".join(pieces[i:j]))
-        pos = 0
-        for k in range(i, j):
-            start, end = pos, pos + len(pieces[k])
-            pos = end
-            kind = next(
-                (r for a, b, r in regions if (start < b and end > a) or (start == end and a <= start < b)),
-                None,
-            )
-            out[k] = kind or ("reflection" if after_tool and k - i < window else "reasoning")
-        i = j
-    return out
-
-
-NO_CLASS = -1  # a tool-response token: not the model's, no class
-
-
-class TokenClasses:
-    """Class indices (into ``CLASSES``; ``NO_CLASS`` for tool tokens) of a response's tokens, for
-    the trainer's per-class entropy. Pieces are decoded once per token id and cached, so a step
-    costs a table lookup per token, not a ``decode`` call."""
-
-    def __init__(self, tokenizer: Any, window: int = 20) -> None:
-        self.tokenizer, self.window = tokenizer, window
-        self._pieces: dict[int, str] = {}
-
-    def piece(self, token_id: int) -> str:
-        p = self._pieces.get(token_id)
-        if p is None:
-            p = self._pieces[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
-        return p
-
-    def __call__(self, response_ids: Sequence[int], mask: Sequence[int]) -> list[int]:
-        names = classify([self.piece(i) for i in response_ids], mask, self.window)
-        return [NO_CLASS if c is None else CLASSES.index(c) for c in names]
 
 
 @dataclass

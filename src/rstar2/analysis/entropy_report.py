@@ -9,16 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .entropy import (
-    CLASSES,
-    Summary,
-    TokenClasses,
-    TrajectoryEntropy,
-    classify,
-    mark_high,
-    summarize,
-    teacher_forced_entropy,
-)
+from ..chat.token_classes import CLASSES, TokenClasses, classify
+from .entropy import Summary, TrajectoryEntropy, mark_high, summarize, teacher_forced_entropy
 
 
 def read_trajectories(path: Path, limit: int | None = None) -> Iterator[dict[str, Any]]:

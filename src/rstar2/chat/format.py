@@ -16,6 +16,7 @@ from typing import Any
 
 from ..sandbox.result import ExecResult
 from .prompt import CHATML_TEMPLATE, SYSTEM_PROMPT, USER_PREFIX, problem_messages, tools_section
+from .tags import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from .tool_response import DEFAULT_LIMIT_CHARS, TRACEBACK_LINES, render_result
 from .tools import PYTHON_TOOL, SESSION_TOOL, ToolCallError, tool_schemas
 
@@ -70,7 +71,9 @@ def calls_as_text(messages: list[dict]) -> list[dict]:
                 f = call.get("function", call)
                 args = json.loads(f["arguments"]) if isinstance(f["arguments"], str) else f["arguments"]
                 text.append(
-                    "<tool_call>\n" + json.dumps({"name": f["name"], "arguments": args}) + "\n</tool_call>"
+                    f"{TOOL_CALL_OPEN}\n"
+                    + json.dumps({"name": f["name"], "arguments": args})
+                    + f"\n{TOOL_CALL_CLOSE}"
                 )
             m = {k: v for k, v in m.items() if k != "tool_calls"} | {
                 "content": "\n".join(t for t in text if t)

@@ -13,10 +13,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .tags import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+
 PYTHON_TOOL = "execute_python_code_with_standard_io"
 SESSION_TOOL = "python_session"
 
-_CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+_CALL_RE = re.compile(
+    re.escape(TOOL_CALL_OPEN) + r"(.*?)(?:" + re.escape(TOOL_CALL_CLOSE) + r"|\Z)", re.DOTALL
+)
 
 
 def tool_schemas(stateful: bool = False) -> list[dict[str, Any]]:

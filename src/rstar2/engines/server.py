@@ -20,6 +20,7 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
 
 from ..chat.format import end_of_turn_ids, ensure_chat_template
+from ..chat.tags import TOOL_CALL_OPEN
 from ..chat.tools import ToolCall, parse_tool_calls
 from .base import SamplingParams, weights_fingerprint
 from .hf import HFEngine
@@ -207,14 +208,14 @@ def create_app(engine: HFEngine, tokenizer: Any, model_name: str) -> FastAPI:
             content = text_of(g.token_ids, default_stops, False)
             message: dict[str, Any] = {"role": "assistant", "content": content}
             finish = g.finish_reason
-            if names and "<tool_call>" in content:
+            if names and TOOL_CALL_OPEN in content:
                 calls = [
                     c
                     for c in parse_tool_calls(content, tools=names, max_calls=16).calls
                     if isinstance(c, ToolCall)
                 ]
                 if calls:
-                    message["content"] = content.split("<tool_call>")[0].rstrip() or None
+                    message["content"] = content.split(TOOL_CALL_OPEN)[0].rstrip() or None
                     message["tool_calls"] = [
                         {
                             "id": f"call_{uuid.uuid4().hex[:16]}",

@@ -119,7 +119,7 @@ def problem_rows(data: DataSpec, seed: int, split: str = "train") -> list[dict[s
 
 
 async def sft_rows(
-    recipe: Recipe, data: DataSpec, executor: Any, progress: bool = False
+    recipe: Recipe, data: DataSpec, code_env: Any, progress: bool = False
 ) -> list[dict[str, Any]]:
     from tqdm.auto import tqdm
 
@@ -135,7 +135,7 @@ async def sft_rows(
         bar = tqdm(total=len(tasks), desc="SFT data (real tool runs)", unit="conv", disable=not progress)
         rows += await build_conversations(
             tasks,
-            executor,
+            code_env,
             system_prompt=recipe.chat.system_prompt,
             user_prefix=recipe.chat.user_prefix,
             error_rate=g.error_rate,
@@ -239,7 +239,7 @@ async def stage_data(
     if path.exists():
         return path
     if stage.kind == "sft":
-        rows = await sft_rows(recipe, stage.data, services["executor"], progress)
+        rows = await sft_rows(recipe, stage.data, services["code_env"], progress)
     else:
         rows = problem_rows(stage.data, recipe.seed)
         if stage.filter is not None:

@@ -60,7 +60,7 @@ def conversation(opening: list[dict], calls: Sequence[tuple[str, str]], answer: 
 
 async def build_conversations(
     tasks: Sequence[Task],
-    executor: Any,
+    code_env: Any,
     *,
     system_prompt: str | None = None,
     user_prefix: str | None = None,
@@ -71,7 +71,7 @@ async def build_conversations(
     concurrency: int = 32,
     on_done: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """One ``{"messages": [...]}`` row per task, every tool output produced by ``executor`` (the
+    """One ``{"messages": [...]}`` row per task, every tool output produced by ``code_env`` (the
     code environment). A task whose clean program does not print its answer is dropped.
     ``on_done`` is called after each task (a progress bar)."""
     rng = random.Random(seed)
@@ -80,7 +80,7 @@ async def build_conversations(
 
     async def run(code: str) -> str:
         async with limit:
-            return render_result(await executor.run(code), tool_limit_chars, traceback_lines)
+            return render_result(await code_env.run(code), tool_limit_chars, traceback_lines)
 
     async def one(task: Task, broken: str | None) -> dict[str, Any] | None:
         calls = [(broken, await run(broken))] if broken is not None else []

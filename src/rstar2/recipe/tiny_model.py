@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..chat import tags
 from ..chat.prompt import CHATML_SPECIAL_TOKENS, CHATML_TEMPLATE
 from ..chat.tools import PYTHON_TOOL
 
@@ -21,14 +22,7 @@ TOOL_CALL_CLOSE = '"}}'
 
 # Tags of the paper's format: single tokens keep the tiny model's sequences short.
 FORMAT_TOKENS = (
-    "<reason>",
-    "</reason>",
-    "<answer>",
-    "</answer>",
-    "<tool_call>",
-    "</tool_call>",
-    "<tool_response>",
-    "</tool_response>",
+    *tags.ALL,
     "\\boxed",
     TOOL_CALL_OPEN,
     TOOL_CALL_CLOSE,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from ..chat.tags import ANSWER_CLOSE, ANSWER_OPEN
 from .normalize import strip_delimiters
 
 Mode = Literal["strict", "lenient"]
@@ -93,13 +94,13 @@ def last_boxed(text: str) -> str | None:
 
 def answer_block(text: str) -> str | None:
     """Inside of the last closed ``<answer>…</answer>`` block, or None."""
-    end = text.rfind("</answer>")
+    end = text.rfind(ANSWER_CLOSE)
     if end < 0:
         return None
-    start = text.rfind("<answer>", 0, end)
+    start = text.rfind(ANSWER_OPEN, 0, end)
     if start < 0:
         return None
-    return text[start + len("<answer>") : end]
+    return text[start + len(ANSWER_OPEN) : end]
 
 
 def _looks_like_prose(s: str) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..analysis.entropy import TokenClasses
+from ..chat.token_classes import TokenClasses
 from ..config import RLConfig, as_dataclass
 from ..rollout.trajectory import Trajectory
 from . import distributed as D
@@ -134,13 +134,13 @@ class RLTrainer:
         *,
         resume: bool = False,
         reward_fn: RewardFn | None = None,
-        executor: Any = None,
+        code_env: Any = None,
         verifier: Any = None,
     ):
-        """``executor``/``verifier``: a running code environment and verifier pool to use (and leave
+        """``code_env``/``verifier``: a running code environment and verifier pool to use (and leave
         open) instead of starting them from ``cfg.rollout``."""
         self.cfg = cfg
-        self.services = {"executor": executor, "verifier": verifier}
+        self.services = {"code_env": code_env, "verifier": verifier}
         self.reward_fn = reward_fn or (load_reward(cfg.reward) if cfg.reward else None)
         self.resume = resume
         self.run_dir = Path(cfg.run.out)

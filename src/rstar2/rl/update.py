@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..analysis.entropy import CLASSES, NO_CLASS
+from ..chat.token_classes import CLASSES, NO_CLASS
 from ..config import as_dataclass
 from ..engines.hf import compute_precision
 from .batch import Batch, collate, plan_micro_batches, take_rows, with_weights
@@ -184,7 +184,7 @@ def update_on_rollouts(
 ) -> dict[str, float]:
     """The RL update on kept rollouts: ``rows`` are (trajectory, advantage, group) of this process.
     With ``token_classes`` (response ids, loss mask → a class per token, see
-    ``analysis.entropy.TokenClasses``) the step also reports the mean entropy of each class.
+    ``chat.token_classes.TokenClasses``) the step also reports the mean entropy of each class.
 
     ``optim.mini_batches`` optimizer steps per call, each on a share of the rows and normalised
     over all processes, ``optim.epochs`` passes. A process with no rows (all its groups dropped)

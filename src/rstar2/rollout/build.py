@@ -48,30 +48,30 @@ def open_engines(
 
 @asynccontextmanager
 async def open_services(
-    settings: RolloutSection, executor: Any = None, verifier: Any = None
+    settings: RolloutSection, code_env: Any = None, verifier: Any = None
 ) -> AsyncIterator[dict[str, Any]]:
     """The code environment (``settings.sandbox``: the HTTP service, else a local pool) and the
-    verifier pool, as the ``executor``/``verifier`` keywords of ``open_rollout``; one given by the
+    verifier pool, as the ``code_env``/``verifier`` keywords of ``open_rollout``; one given by the
     caller is passed through and left open."""
     from ..reward import VerifierPool
     from ..sandbox import LocalPool
     from ..sandbox.client import Client
 
-    own_executor, own_verifier = executor is None, verifier is None
+    own_code_env, own_verifier = code_env is None, verifier is None
     try:
-        if own_executor:
-            executor = (
+        if own_code_env:
+            code_env = (
                 Client(settings.sandbox) if settings.sandbox else LocalPool(workers=settings.sandbox_workers)
             )
-            await executor.start()
+            await code_env.start()
         if own_verifier:
             verifier = VerifierPool(settings.verifier_workers).start()
-        yield {"executor": executor, "verifier": verifier}
+        yield {"code_env": code_env, "verifier": verifier}
     finally:
         if own_verifier and verifier is not None:
             verifier.close()
-        if own_executor and executor is not None:
-            await executor.close()
+        if own_code_env and code_env is not None:
+            await code_env.close()
 
 
 @asynccontextmanager
@@ -83,13 +83,13 @@ async def open_rollout(
     device: str = "auto",
     dtype: str = "auto",
     engines: Sequence[Any] | None = None,
-    executor: Any = None,
+    code_env: Any = None,
     verifier: Any = None,
 ) -> AsyncIterator[Rollout]:
     """A ready ``Rollout``. ``model``: a local model directory for the in-process engine (and the
     tokenizer's default); ``tokenizer``: a directory or a loaded tokenizer. ``engines`` given by
     the caller (the trainer, whose engine shares its model) replace those of the settings; so do a
-    running ``executor`` and ``verifier`` (a recipe shares them by stage), which stay open."""
+    running ``code_env`` and ``verifier`` (a recipe shares them by stage), which stay open."""
     if tokenizer is None and model is None:
         raise ValueError("with --server, give --tokenizer PATH (the served model's tokenizer directory)")
     if tokenizer is None or isinstance(tokenizer, str):
@@ -101,8 +101,8 @@ async def open_rollout(
         for engine in engines:  # servers state their KV capacity (vLLM /metrics, SGLang server info)
             if hasattr(engine, "probe_capacity"):
                 await engine.probe_capacity()
-        async with open_services(settings, executor, verifier) as services:
-            yield Rollout(engines, fmt, services["executor"], services["verifier"], settings)
+        async with open_services(settings, code_env, verifier) as services:
+            yield Rollout(engines, fmt, services["code_env"], services["verifier"], settings)
     finally:
         for e in engines if own else []:
             await e.close()

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from ..chat.format import ChatFormat, end_of_turn_ids
+from ..chat.tags import ANSWER_OPEN
 from ..chat.tools import SESSION_TOOL, ToolCall, parse_tool_calls
 from ..config import RolloutSection
 from ..engines.base import Engine, Generation, SamplingParams
@@ -29,8 +30,8 @@ Event = Callable[[str, dict[str, Any]], None]
 VERIFIER_FAULT_PATHS = ("error", "stalled")
 
 
-class Executor(Protocol):
-    """The code environment: the local sandbox pool, the HTTP client, or the Redis backend."""
+class CodeEnvironment(Protocol):
+    """Where tool calls run: the local sandbox pool, the HTTP client, or the Redis backend."""
 
     async def run(self, code: str | ExecRequest, input: str = "", **kw: Any) -> ExecResult: ...
 
@@ -54,7 +55,7 @@ class Rollout:
         self,
         engines: Engine | Sequence[Engine],
         fmt: ChatFormat,
-        executor: Executor,
+        code_env: CodeEnvironment,
         verifier: Verifier | None = None,
         config: RolloutSection | None = None,
         scheduler: Scheduler | None = None,
@@ -63,7 +64,7 @@ class Rollout:
         ``fmt``'s business, the engine and sandbox fields ``open_rollout``'s."""
         engines = [engines] if not isinstance(engines, Sequence) else list(engines)
         self.fmt = fmt
-        self.executor = executor
+        self.code_env = code_env
         self.verifier = verifier
         self.config = config or RolloutSection()
         self.scheduler = scheduler or Scheduler(
@@ -123,7 +124,7 @@ class Rollout:
                 if gen.finish_reason == "length":
                     traj.finish_reason = "max_length"
                     break
-                if "<answer>" in text:
+                if ANSWER_OPEN in text:
                     traj.finish_reason = "answer"
                     break
                 parsed = parse_tool_calls(text, tools=self.fmt.tool_names, max_calls=cfg.max_calls_per_turn)
@@ -223,7 +224,7 @@ class Rollout:
             session_id=key if call.name == SESSION_TOOL else None,
         )
         try:
-            result = await self.executor.run(req)
+            result = await self.code_env.run(req)
         except Exception as exc:  # the environment failed, not the model's code
             result = ExecResult.failure("internal", f"code environment unavailable: {exc}")
         return ToolCallRecord(call.name, call.arguments, self.fmt.tool_text(result), result)

@@ -133,7 +133,7 @@ class Pool:
 
     def cpu_s(self) -> float:
         t = os.times()
-        return t.user + t.system + sum(tree_cpu_s(ex.proc.pid) for ex in self.pool.executors if ex.proc)
+        return t.user + t.system + sum(tree_cpu_s(ex.proc.pid) for ex in self.pool.handles if ex.proc)
 
     async def run(self, req):
         return await self.pool.run(req)

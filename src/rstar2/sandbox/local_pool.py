@@ -39,7 +39,7 @@ class LocalPool:
         self.isolation = isolation or IsolationConfig()
         self.queue_size = queue_size
         per_worker = max(1, -(-max_sessions // self.size))
-        self.executors = [
+        self.handles = [
             WorkerHandle(i, self.limits, self.isolation, preload, per_worker, session_idle_s)
             for i in range(self.size)
         ]
@@ -56,9 +56,9 @@ class LocalPool:
         if self._queue is not None:
             return self
         self._queue = asyncio.PriorityQueue(self.queue_size)
-        await asyncio.gather(*(ex.start() for ex in self.executors))
+        await asyncio.gather(*(ex.start() for ex in self.handles))
         # `depth` takers per worker: the next call is already in the worker's pipe when one ends
-        self._tasks = [asyncio.create_task(self._work(ex)) for ex in self.executors for _ in range(ex.depth)]
+        self._tasks = [asyncio.create_task(self._work(ex)) for ex in self.handles for _ in range(ex.depth)]
         return self
 
     async def close(self) -> None:
@@ -71,7 +71,7 @@ class LocalPool:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await asyncio.gather(*(ex.close() for ex in self.executors), return_exceptions=True)
+        await asyncio.gather(*(ex.close() for ex in self.handles), return_exceptions=True)
 
     async def __aenter__(self) -> LocalPool:
         return await self.start()
@@ -85,7 +85,7 @@ class LocalPool:
 
     @property
     def layers(self) -> list[dict]:
-        return self.executors[0].layers if self.executors else []
+        return self.handles[0].layers if self.handles else []
 
     # ------------------------------------------------------------------ calls
     async def run(self, code: str | ExecRequest, input: str = "", **kw) -> ExecResult:
@@ -96,7 +96,7 @@ class LocalPool:
             await self.start()
         assert self._queue is not None
         if req.session_id:  # a session lives in one worker: go there directly
-            ex = self.executors[zlib.crc32(req.session_id.encode()) % self.size]
+            ex = self.handles[zlib.crc32(req.session_id.encode()) % self.size]
             return await self._execute(ex, req, time.monotonic())
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         await self._queue.put((1, next(self._seq), (req, fut, time.monotonic())))
