@@ -264,14 +264,14 @@ def verify(
 
 
 def _read_pairs(path: Path) -> list[dict]:
+    from .jsonl import iter_jsonl
+
     rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as exc:
-            raise typer.BadParameter(f"{path}:{n}: not JSON ({exc})") from None
+    try:
+        lines = list(iter_jsonl(path))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    for n, row in lines:
         if not isinstance(row, dict) or "reference" not in row or "response" not in row:
             raise typer.BadParameter(f"{path}:{n}: needs the fields 'reference' and 'response'")
         rows.append({**row, "reference": str(row["reference"]), "response": str(row["response"])})

@@ -4,8 +4,9 @@ read their problems through here."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from .jsonl import iter_jsonl
 
 DATA_DIR = Path(__file__).parent / "data"
 BENCHMARKS = {
@@ -29,10 +30,8 @@ def load_benchmark(name_or_path: str) -> list[dict]:
             f"no benchmark {name_or_path!r}: use one of {known} (or {', '.join(ALIASES)}), or a .jsonl path"
         )
     rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            row = json.loads(line)
-            if "problem" not in row or "answer" not in row:
-                raise ValueError(f"{path}:{n}: each row needs 'problem' and 'answer'")
-            rows.append(row)
+    for n, row in iter_jsonl(path):
+        if not isinstance(row, dict) or "problem" not in row or "answer" not in row:
+            raise ValueError(f"{path}:{n}: each row needs 'problem' and 'answer'")
+        rows.append(row)
     return rows

@@ -10,23 +10,20 @@ from pathlib import Path
 from typing import Any
 
 from ..chat.token_classes import CLASSES, TokenClasses, classify
+from ..jsonl import iter_jsonl
 from .entropy import Summary, TrajectoryEntropy, mark_high, summarize, teacher_forced_entropy
 
 
-def read_trajectories(path: Path, limit: int | None = None) -> Iterator[dict[str, Any]]:
-    """Trajectory dicts from a JSONL file (``rstar2 eval`` output, RL samples); bad lines are skipped."""
+def trajectory_rows(path: Path, limit: int | None = None) -> Iterator[dict[str, Any]]:
+    """Trajectories as the dicts of a JSONL file (``rstar2 eval`` output, RL samples), with their
+    token ids; other and cut lines are skipped."""
     n = 0
-    with path.open() as f:
-        for line in f:
-            if limit is not None and n >= limit:
-                return
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(d, dict) and "response_ids" in d and "prompt_ids" in d:
-                n += 1
-                yield d
+    for _, d in iter_jsonl(path, strict=False):
+        if limit is not None and n >= limit:
+            return
+        if isinstance(d, dict) and "response_ids" in d and "prompt_ids" in d:
+            n += 1
+            yield d
 
 
 def analyze(
@@ -49,7 +46,7 @@ def analyze(
     dev = pick_device(device)
     model = AutoModelForCausalLM.from_pretrained(str(model_path)).to(dev).eval()
     tok = AutoTokenizer.from_pretrained(str(model_path))
-    rows = list(read_trajectories(trajectories, limit))
+    rows = list(trajectory_rows(trajectories, limit))
     if not rows:
         raise ValueError(f"{trajectories}: no trajectories with prompt_ids and response_ids")
     items: list[TrajectoryEntropy] = []

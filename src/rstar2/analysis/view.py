@@ -6,9 +6,10 @@ server, works offline). Every piece of model or tool text is escaped: it is untr
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
 from typing import Any
+
+from ..jsonl import iter_jsonl
 
 STATUS_COLOURS = {
     "ok": "#2e7d32",
@@ -37,11 +38,7 @@ def find_files(target: Path) -> list[Path]:
 def load(files: list[Path], limit: int | None = None) -> list[tuple[str, dict[str, Any]]]:
     out = []
     for f in files:
-        for line in f.read_text(errors="replace").splitlines():
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by a crash
+        for _, d in iter_jsonl(f, strict=False):  # a line cut by a crash is skipped
             if isinstance(d, dict) and "turns" in d:
                 out.append((str(f), d))
                 if limit is not None and len(out) >= limit:

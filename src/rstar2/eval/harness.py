@@ -9,9 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..jsonl import write_jsonl
 from ..problems import ALIASES, load_benchmark
 from ..rollout.multi_turn import Rollout
-from ..rollout.trajectory import Trajectory
+from ..rollout.trajectory import Trajectory, read_trajectories
 from .metrics import summarize
 from .report import plot_benchmark, summary_markdown
 
@@ -19,19 +20,6 @@ from .report import plot_benchmark, summary_markdown
 def bench_name(name_or_path: str) -> str:
     name = ALIASES.get(name_or_path, name_or_path)
     return Path(name).stem if name.endswith(".jsonl") else name
-
-
-def read_trajectories(path: Path) -> tuple[list[Trajectory], int]:
-    """Every complete line of a trajectories file, and how many lines were not (a line cut by a
-    crash is dropped and its trajectory rerun)."""
-    out, bad = [], 0
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                out.append(Trajectory.from_dict(json.loads(line)))
-            except (ValueError, TypeError, KeyError):
-                bad += 1
-    return out, bad
 
 
 def plan(
@@ -135,8 +123,4 @@ def _ks(samples: int) -> list[int]:
 
 
 def _rewrite(path: Path, trajs: list[Trajectory]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(
-        "".join(json.dumps(t.to_dict(), ensure_ascii=False) + "\n" for t in trajs), encoding="utf-8"
-    )
-    tmp.replace(path)
+    write_jsonl((t.to_dict() for t in trajs), path)

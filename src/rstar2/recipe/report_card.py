@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..eval.harness import read_trajectories
 from ..eval.metrics import mean_ci95, per_problem_accuracy
 from ..rl.metrics_log import read_metrics
+from ..rollout.trajectory import read_trajectories
 
 # (metrics.jsonl key, title) of the per-step curves; SFT stages contribute their loss.
 STEP_KEYS = (

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import NO_TOOLS, RolloutSection, dump_config, parse_config
+from ..jsonl import read_jsonl, write_jsonl
 from .spec import DataSpec, EvalSpec, FilterSpec, Recipe, StageSpec, stage_rollout, stage_tree
 from .tasks import generate
 
@@ -87,16 +88,6 @@ def prepare_model(recipe: Recipe, out: Path) -> Path:
 
 
 # -- data ---------------------------------------------------------------------------------------
-def _write(rows: list[dict[str, Any]], path: Path) -> Path:
-    from .sft_data import write_jsonl
-
-    return write_jsonl(rows, path)
-
-
-def _read(path: str | Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in Path(path).read_text(encoding="utf-8").splitlines() if x.strip()]
-
-
 def problem_rows(data: DataSpec, seed: int, split: str = "train") -> list[dict[str, Any]]:
     from ..problems import load_benchmark
 
@@ -127,7 +118,7 @@ async def sft_rows(
 
     rows: list[dict[str, Any]] = []
     for f in data.files:
-        rows += _read(f)
+        rows += read_jsonl(f)
     g = data.generator
     if g is not None:
         seed = recipe.seed if g.seed is None else g.seed
@@ -167,7 +158,7 @@ async def _sample(
     from ..rollout.build import open_engines, open_rollout
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    problems = _write(rows, out_dir / "problems.jsonl")
+    problems = write_jsonl(rows, out_dir / "problems.jsonl")
     engines = open_engines(settings, str(model_dir), device, dtype)
     try:
         if settings.servers:
@@ -194,7 +185,7 @@ async def filter_problems(
 ) -> list[dict[str, Any]]:
     """The problems the current policy solves between ``min_solved`` and ``max_solved`` times of
     ``samples`` (the paper's last stage keeps those not solved every time)."""
-    from ..eval.harness import read_trajectories
+    from ..rollout.trajectory import read_trajectories
     from .report_card import sampled_trajectories
 
     settings = stage_rollout(recipe, stage, temperature=flt.temperature)  # the stage's own sampling
@@ -248,7 +239,7 @@ async def stage_data(
             )
     if not rows:
         raise ValueError(f"stage {stage.name}: no training data")
-    return _write(rows, path)
+    return write_jsonl(rows, path)
 
 
 # -- evaluation ---------------------------------------------------------------------------------
@@ -398,7 +389,7 @@ async def _stages(
     current = prepare_model(recipe, out)
     held_out = eval_rows(recipe)
     if held_out:
-        _write(held_out, out / "heldout.jsonl")
+        write_jsonl(held_out, out / "heldout.jsonl")
     also = {name: problem_rows(DataSpec(files=[name]), recipe.seed) for name in recipe.eval.also}
     state.setdefault("also", {name: {} for name in also})
 

@@ -11,10 +11,8 @@ a corrected call follows, so it learns to recover from tool errors, the noise RL
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from ..chat.prompt import problem_messages
@@ -95,12 +93,3 @@ async def build_conversations(
 
     rows = await asyncio.gather(*(one(t, b) for t, b in plans))
     return [r for r in rows if r is not None]
-
-
-def write_jsonl(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    tmp.replace(path)
-    return path

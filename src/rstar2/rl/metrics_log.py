@@ -11,6 +11,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..jsonl import read_jsonl
+
 PLOT_KEYS = (
     ("reward/mean", "reward (all rollouts)"),
     ("loss", "loss"),
@@ -64,13 +66,7 @@ class MetricsLog:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    rows = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by a kill
-    return rows
+    return read_jsonl(path, strict=False)  # a line cut by a kill is skipped
 
 
 def plot_metrics(path: str | Path, keys=PLOT_KEYS) -> Path | None:

@@ -8,7 +8,6 @@ token mean of the cross-entropy over assistant tokens only (tool output and prom
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections import deque
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import SFTConfig
+from ..jsonl import iter_jsonl
 from . import distributed as D
 from .batch import Batch, collate, with_weights
 from .checkpoint import save_checkpoint
@@ -26,13 +26,7 @@ from .update import forward_logprobs, optimizer_step
 
 def read_conversations(path: str | Path) -> list[list[dict[str, Any]]]:
     rows = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{n}: not JSON ({exc.msg})") from None
+    for n, row in iter_jsonl(path):
         msgs = row.get("messages") if isinstance(row, dict) else None
         if not isinstance(msgs, list) or not msgs:
             raise ValueError(f"{path}:{n}: each line needs a non-empty 'messages' list")

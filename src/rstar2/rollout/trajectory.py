@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
+from ..jsonl import iter_jsonl
 from ..sandbox.result import FAULT_STATUSES, ExecResult
 
 FinishReason = Literal["answer", "no_tool_call", "max_turns", "max_length", "error"]
@@ -147,3 +149,18 @@ class Trajectory:
             for t in d.get("turns", [])
         ]
         return cls(**{**d, "turns": turns})
+
+
+def read_trajectories(path: str | Path) -> tuple[list[Trajectory], int]:
+    """Every complete trajectory of a file (``rstar2 eval`` output, RL samples), and how many lines
+    were not one (a line cut by a crash is dropped, and a resumed evaluation reruns it)."""
+    out: list[Trajectory] = []
+    cut: list[int] = []  # lines that are not JSON
+    not_trajectories = 0
+    if Path(path).exists():
+        for _, row in iter_jsonl(path, strict=False, skipped=cut):
+            try:
+                out.append(Trajectory.from_dict(row))
+            except (ValueError, TypeError, KeyError, AttributeError):
+                not_trajectories += 1
+    return out, len(cut) + not_trajectories
