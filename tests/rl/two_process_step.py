@@ -19,11 +19,11 @@ from transformers import AutoModelForCausalLM
 from rstar2.config import LossSection, OptimSection
 from rstar2.rl import distributed as D
 from rstar2.rl.grpo import group_advantages
-from rstar2.rl.update import update_on_rollouts
+from rstar2.rl.update import Row, update_on_rollouts
 from rstar2.rollout.trajectory import Trajectory
 
 
-def fixed_rows(groups: int = 4, per_group: int = 4) -> list[tuple[Trajectory, float, int]]:
+def fixed_rows(groups: int = 4, per_group: int = 4) -> list[Row]:
     rng = random.Random(0)
     rows = []
     for g in range(groups):
@@ -36,7 +36,7 @@ def fixed_rows(groups: int = 4, per_group: int = 4) -> list[tuple[Trajectory, fl
             traj.loss_mask = [0 if 3 <= i < 5 else 1 for i in range(n)]  # a "tool turn" inside
             traj.logprobs = [-rng.random() for _ in range(n)]
             traj.reward = rewards[t]
-            rows.append((traj, adv, g))
+            rows.append(Row(traj, adv, g))
     return rows
 
 
@@ -47,7 +47,7 @@ def main(model_dir: str, out: str) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     sched = LambdaLR(opt, lambda s: 1.0)
     rows = fixed_rows()
-    mine = [r for r in rows if r[2] % world.size == world.rank]
+    mine = [r for r in rows if r.group % world.size == world.rank]
     # two mini-batches: the second one runs off-policy, so the clipped ratio and recomputed old
     # logprobs are part of what must agree
     stats = update_on_rollouts(
@@ -55,7 +55,7 @@ def main(model_dir: str, out: str) -> None:
         opt,
         sched,
         mine,
-        rows[0][0],
+        rows[0].trajectory,
         pad_id=0,
         optim=OptimSection(mini_batches=2, micro_batch_tokens=40),
         loss=LossSection(),

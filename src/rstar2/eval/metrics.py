@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..reward.normalize import normalize
+from ..rollout.stats import describe, record
 from ..rollout.trajectory import Trajectory
 
 
@@ -90,20 +91,15 @@ def summarize(trajs: Sequence[Trajectory], ks: Sequence[int] = (1, 4, 8, 16)) ->
             out[f"maj@{k}"] = sum(
                 majority_correct([(t.answer, t.correct) for t in g[:k]]) for g in groups.values()
             ) / len(groups)
-    calls = sum(t.num_calls for t in trajs)
-    failed = sum(t.num_failed_calls for t in trajs)
-    correct = [t for t in trajs if t.correct]
-    c_calls = sum(t.num_calls for t in correct)
+    d = describe([record(t) for t in trajs])
     out.update(
         {
-            "mean_response_tokens": sum(t.response_tokens for t in trajs) / len(trajs),
-            "mean_turns": sum(len(t.turns) for t in trajs) / len(trajs),
-            "tool_calls_per_trajectory": calls / len(trajs),
-            "tool_error_ratio": failed / calls if calls else 0.0,
-            "tool_error_ratio_correct": sum(t.num_failed_calls for t in correct) / c_calls
-            if c_calls
-            else 0.0,
-            "finish_reasons": dict(Counter(t.finish_reason for t in trajs)),
+            "mean_response_tokens": d["length_mean"],
+            "mean_turns": d["turns_mean"],
+            "tool_calls_per_trajectory": d["calls_per_traj"],
+            "tool_error_ratio": d["error_ratio"],
+            "tool_error_ratio_correct": d["error_ratio_correct"],
+            "finish_reasons": dict(d["finishes"]),
             "tool_statuses": dict(Counter(c.status for t in trajs for c in t.calls)),
         }
     )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -26,35 +25,6 @@ STATE_FILE = "recipe_state.json"
 
 
 # -- model --------------------------------------------------------------------------------------
-def tiny_corpus(recipe: Recipe, count: int = 1500) -> list[str]:
-    """Text in the recipe's chat format (problems, tool calls, outputs, errors, answers) to train
-    the tiny tokenizer on, so its merges fit what the model will read and write. Tool outputs are
-    written here, not run: only their wording matters."""
-    from ..chat.prompt import CHATML_TEMPLATE, problem_messages
-    from ..chat.tool_response import render_result
-    from ..sandbox.result import ExecResult
-    from .sft_data import break_code, conversation
-    from .tiny_model import build_tokenizer
-
-    render = build_tokenizer(["x"], 260, chat_template=CHATML_TEMPLATE)  # a template renderer only
-    chat = recipe.chat
-    error = render_result(
-        ExecResult(status="error", stderr="NameError: name 'x' is not defined"),
-        chat.tool_limit_chars,
-        chat.tool_traceback_lines,
-    )
-    rng = random.Random(recipe.seed)
-    texts = []
-    for t in generate(count, digits=(1, 4), seed=recipe.seed):
-        calls = [(break_code(t.code, rng), error)] if rng.random() < 0.3 else []
-        calls.append((t.code, str(t.answer)))
-        msgs = conversation(
-            problem_messages(t.problem, chat.system_prompt, chat.user_prefix), calls, t.answer
-        )
-        texts.append(render.apply_chat_template(msgs, tokenize=False))
-    return texts
-
-
 def prepare_model(recipe: Recipe, out: Path) -> Path:
     """The starting model directory: ``model.path``, a model imported from ``model.source``, or a
     tiny tokenizer + model built here (both written once into ``out/model-init``)."""
@@ -69,6 +39,7 @@ def prepare_model(recipe: Recipe, out: Path) -> Path:
 
         import_model(m.source, target)
         return target
+    from .corpus import tiny_corpus
     from .tiny_model import build_model, build_tokenizer, save_pretrained
 
     tok = build_tokenizer(tiny_corpus(recipe), m.vocab)

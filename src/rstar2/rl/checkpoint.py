@@ -2,7 +2,7 @@
 
 Layout of ``<run>/checkpoints/step-000012/``: the model in safetensors with its ``config.json``
 and the tokenizer (``from_pretrained`` loads the folder), ``trainer_state.pt`` (optimizer,
-scheduler, RNG states) and ``state.json`` (step, data position, metrics of the step). A checkpoint
+learning-rate schedule, RNG states) and ``state.json`` (step, data position, metrics of the step). A checkpoint
 is written into a temporary folder and renamed when complete, so a run killed while saving leaves
 the previous checkpoint intact; ``latest_checkpoint`` only ever sees complete ones.
 """
@@ -69,7 +69,7 @@ def save_checkpoint(
     step: int,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    scheduler: Any,
+    lr_schedule: Any,
     tokenizer: Any,
     state: dict[str, Any],
     world: World = LOCAL,
@@ -88,7 +88,7 @@ def save_checkpoint(
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         torch.save(
-            {"optimizer": optim_state, "scheduler": scheduler.state_dict(), "rng": rng_state()},
+            {"optimizer": optim_state, "scheduler": lr_schedule.state_dict(), "rng": rng_state()},
             tmp / "trainer_state.pt",
         )
         (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=2))
@@ -104,15 +104,15 @@ def load_trainer_state(
     path: str | Path,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    scheduler: Any,
+    lr_schedule: Any,
     world: World = LOCAL,
 ) -> dict[str, Any]:
-    """Restore optimizer, scheduler and RNG from ``path`` (the model was loaded from it already);
+    """Restore optimizer, learning-rate schedule and RNG from ``path`` (the model was loaded from it already);
     returns ``state.json``."""
     path = Path(path)
     blob = _trainer_blob(path)
     _set_optimizer_state(model, optimizer, blob["optimizer"], world)
-    scheduler.load_state_dict(blob["scheduler"])
+    lr_schedule.load_state_dict(blob["scheduler"])
     set_rng_state(blob["rng"])
     return json.loads((path / "state.json").read_text())
 

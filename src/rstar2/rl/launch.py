@@ -1,5 +1,5 @@
 """The start and end of a training run, shared by SFT and RL: process group, tokenizer, model
-(from the last checkpoint when resuming), sharding, optimizer and scheduler (restored too), metrics
+(from the last checkpoint when resuming), sharding, optimizer and learning-rate schedule (restored too), metrics
 log; and, when a run fails, one error that says what and where, with clean-up that never hides it."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class Start:
 class Training:
     model: torch.nn.Module  # sharded under torchrun
     optimizer: torch.optim.Optimizer
-    scheduler: Any
+    lr_schedule: Any
     step: int
     data_position: int
     log: MetricsLog
@@ -76,10 +76,10 @@ def load_training(
     if before_shard is not None:
         before_shard(model)
     model = D.shard(model, world)
-    optimizer, scheduler = build_optimizer(model, cfg.optim, updates)
+    optimizer, lr_schedule = build_optimizer(model, cfg.optim, updates)
     step = position = 0
     if start.checkpoint is not None:  # resuming this run: everything as it was
-        state = load_trainer_state(start.checkpoint, model, optimizer, scheduler, world)
+        state = load_trainer_state(start.checkpoint, model, optimizer, lr_schedule, world)
         step, position = int(state["step"]), int(state.get("data_position", 0))
     elif cfg.run.init_from and not cfg.optim.reset_optimizer:  # a new stage from the last one's checkpoint
         carry_optimizer_state(cfg.run.init_from, model, optimizer, world)
@@ -87,7 +87,7 @@ def load_training(
     log = MetricsLog(run_dir, tensorboard=cfg.run.tensorboard, enabled=world.main, resume_step=step)
     if world.main:
         (run_dir / "config.yaml").write_text(dump_config(cfg))
-    return Training(model, optimizer, scheduler, step, position, log)
+    return Training(model, optimizer, lr_schedule, step, position, log)
 
 
 class RunError(RuntimeError):

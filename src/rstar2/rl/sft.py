@@ -42,7 +42,7 @@ def sft_batch(examples: list[tuple[list[int], list[int]]], pad_id: int, units: f
 
 
 def sft_step(
-    model, optimizer, scheduler, batch: Batch, max_tokens: int, grad_clip: float, world: D.World
+    model, optimizer, lr_schedule, batch: Batch, max_tokens: int, grad_clip: float, world: D.World
 ) -> dict:
     """Cross-entropy on assistant tokens, token mean over the whole batch (``batch.weights``)."""
 
@@ -53,7 +53,7 @@ def sft_step(
     return optimizer_step(
         model,
         optimizer,
-        scheduler,
+        lr_schedule,
         batch,
         micro_loss,
         grad_clip=grad_clip,
@@ -91,10 +91,10 @@ class SFTTrainer:
         else:
             self.total = cfg.run.steps
         run = load_training(cfg, start, self.total)
-        self.model, self.optimizer, self.scheduler, self.log = (
+        self.model, self.optimizer, self.lr_schedule, self.log = (
             run.model,
             run.optimizer,
-            run.scheduler,
+            run.lr_schedule,
             run.log,
         )
         self.step_no = run.step
@@ -129,7 +129,7 @@ class SFTTrainer:
                 m = sft_step(
                     self.model,
                     self.optimizer,
-                    self.scheduler,
+                    self.lr_schedule,
                     batch,
                     cfg.optim.micro_batch_tokens,
                     cfg.optim.grad_clip,
@@ -158,7 +158,7 @@ class SFTTrainer:
                         self.step_no,
                         self.model,
                         self.optimizer,
-                        self.scheduler,
+                        self.lr_schedule,
                         self.tokenizer,
                         {"data_position": self.data.position, "metrics": m},
                         world,

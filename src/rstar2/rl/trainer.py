@@ -16,7 +16,7 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,8 @@ import torch
 
 from ..chat.token_classes import TokenClasses
 from ..config import RLConfig, as_dataclass
+from ..rollout import stats
+from ..rollout.multi_turn import CodeEnvironment, Verifier
 from ..rollout.trajectory import Trajectory
 from . import distributed as D
 from .checkpoint import save_checkpoint
@@ -32,7 +34,7 @@ from .grpo import group_advantages
 from .launch import RunError, begin, load_training, param_dtype, quietly, write_error
 from .roc import RocConfig, roc_select, score
 from .sync import publish
-from .update import update_on_rollouts
+from .update import Row, update_on_rollouts
 
 RewardFn = Callable[[Trajectory], float]
 FINISH_REASONS = ("answer", "no_tool_call", "max_turns", "max_length", "error")
@@ -59,21 +61,11 @@ def _seed(*parts: int) -> int:
     return hash(tuple(parts)) % (2**31 - 1)
 
 
-def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else 0.0
-
-
 def _record(t: Trajectory, kept: bool, p_err: float) -> dict[str, Any]:
     """What the metrics need of one rollout (small, so processes can exchange it)."""
     return {
-        "reward": t.reward,
-        "correct": t.correct,
+        **stats.record(t),
         "kept": kept,
-        "tokens": t.response_tokens,
-        "model_tokens": sum(t.loss_mask),
-        "finish": t.finish_reason,
-        "calls": t.num_calls,
-        "failed": t.num_failed_calls,
         "p_err": p_err,
         "tool_s": t.tool_seconds,
         "reward_s": float(t.meta.get("reward_s", 0.0)),
@@ -96,29 +88,25 @@ def step_metrics(all_records: list[dict[str, Any]]) -> dict[str, float]:
     faulted = {f"faults/{kind}": faults[kind] / max(1, len(all_records)) for kind in FAULT_KINDS}
     records = [r for r in all_records if not r["fault"]]
     n = max(1, len(records))
-    correct = [r for r in records if r["correct"]]
-    kept_correct = [r for r in correct if r["kept"]]
-
-    def err_ratio(rs: list[dict]) -> float:
-        calls = sum(r["calls"] for r in rs)
-        return sum(r["failed"] for r in rs) / calls if calls else 0.0
-
-    finishes = Counter(r["finish"] for r in records)
+    d = stats.describe(records)
+    finishes = d["finishes"]
     m = {
-        "accuracy": len(correct) / n,
-        "reward/mean": _mean([r["reward"] for r in records]),
-        "reward/kept_mean": _mean([r["reward"] for r in records if r["kept"]]),
+        "accuracy": d["accuracy"],
+        "reward/mean": stats.mean([r["reward"] for r in records]),
+        "reward/kept_mean": stats.mean([r["reward"] for r in records if r["kept"]]),
         "rollouts_kept": float(sum(r["kept"] for r in records)),
-        "response/length_mean": _mean([r["tokens"] for r in records]),
-        "response/length_max": float(max((r["tokens"] for r in records), default=0)),
+        "response/length_mean": d["length_mean"],
+        "response/length_max": d["length_max"],
         "response/truncated_share": finishes["max_length"] / n,
-        "tools/calls_per_traj": _mean([r["calls"] for r in records]),
-        "tools/error_ratio_all": err_ratio(records),
-        "tools/error_ratio_correct_all": err_ratio(correct),
-        "tools/error_ratio_correct_kept": err_ratio(kept_correct),
-        "tools/correct_with_error_share": _mean([float(r["failed"] > 0) for r in correct]),
-        "time/tool_s_per_traj": _mean([r["tool_s"] for r in records]),
-        "time/reward_s_per_traj": _mean([r["reward_s"] for r in records]),
+        "tools/calls_per_traj": d["calls_per_traj"],
+        "tools/error_ratio_all": d["error_ratio"],
+        "tools/error_ratio_correct_all": d["error_ratio_correct"],
+        "tools/error_ratio_correct_kept": stats.tool_error_ratio(
+            [r for r in records if r["correct"] and r["kept"]]
+        ),
+        "tools/correct_with_error_share": d["correct_with_error_share"],
+        "time/tool_s_per_traj": stats.mean([r["tool_s"] for r in records]),
+        "time/reward_s_per_traj": stats.mean([r["reward_s"] for r in records]),
     }
     for reason in FINISH_REASONS:
         m[f"finish/{reason}"] = finishes[reason] / n
@@ -134,8 +122,8 @@ class RLTrainer:
         *,
         resume: bool = False,
         reward_fn: RewardFn | None = None,
-        code_env: Any = None,
-        verifier: Any = None,
+        code_env: CodeEnvironment | None = None,
+        verifier: Verifier | None = None,
     ):
         """``code_env``/``verifier``: a running code environment and verifier pool to use (and leave
         open) instead of starting them from ``cfg.rollout``."""
@@ -171,10 +159,10 @@ class RLTrainer:
 
         updates = cfg.run.steps * cfg.optim.mini_batches * cfg.optim.epochs
         run = load_training(cfg, start, updates, before_shard=engine_copy)
-        self.model, self.optimizer, self.scheduler, self.log = (
+        self.model, self.optimizer, self.lr_schedule, self.log = (
             run.model,
             run.optimizer,
-            run.scheduler,
+            run.lr_schedule,
             run.log,
         )
         self.step_no = run.step
@@ -194,32 +182,17 @@ class RLTrainer:
         ref.requires_grad_(False)
         return ref
 
-    def _engines(self) -> list[Any]:
-        """Remote servers, or one in-process engine over the trainer's model (or its copy)."""
-        from ..engines.hf import HFEngine
-        from ..rollout.build import open_engines
-
-        if self.cfg.rollout.servers:
-            return open_engines(self.cfg.rollout)
-        return [
-            HFEngine(
-                self.engine_model,
-                name=f"rank{self.world.rank}",
-                max_batch_size=self.cfg.rollout.max_batch_size,
-                capacity_tokens=self.cfg.rollout.capacity_tokens,
-            )
-        ]
-
     # -- the loop ----------------------------------------------------------------------------
     async def train(self) -> list[dict[str, Any]]:
         """Run the remaining steps. A failure stops the run with a ``RunError`` that names the
         step and the first error (its traceback in ``error.txt`` of the run folder); clean-up that
         fails after it is only reported, and the folder keeps everything written so far."""
-        from ..rollout.build import open_rollout
+        from ..rollout.build import open_engines, open_rollout
 
         self._load()
         history: list[dict[str, Any]] = []
-        self.engines = self._engines()
+        # remote servers, or one in-process engine over the trainer's model (or its copy)
+        self.engines = open_engines(self.cfg.rollout, shared=self.engine_model, name=f"rank{self.world.rank}")
         bar = None
         if self.cfg.run.progress and self.world.main:
             from tqdm.auto import tqdm
@@ -266,7 +239,7 @@ class RLTrainer:
             self.step_no,
             self.model,
             self.optimizer,
-            self.scheduler,
+            self.lr_schedule,
             self.tokenizer,
             state,
             self.world,
@@ -312,7 +285,7 @@ class RLTrainer:
             [[t.reward for t in g] for g in kept_groups], cfg.loss.adv_eps, cfg.loss.scale_by_std
         )
         rows = [
-            (t, a, gi)
+            Row(t, a, gi)
             for gi, (g, ad) in enumerate(zip(kept_groups, advs, strict=True))
             for t, a in zip(g, ad, strict=True)
         ]
@@ -399,14 +372,14 @@ class RLTrainer:
                 f"{self.cfg.run.max_fault_share}); the first: {first}"
             )
 
-    def _update(self, rows: list[tuple[Trajectory, float, int]], trajs: list[Trajectory]) -> dict[str, Any]:
+    def _update(self, rows: list[Row], trajs: list[Trajectory]) -> dict[str, Any]:
         pad = self.tokenizer.pad_token_id or 0
         # a process without problems this step still joins every collective, with a zero-weight row
         stand_in = trajs[0] if trajs else Trajectory("", None, [pad], [pad], [0], [0.0])
         out = update_on_rollouts(
             self.model,
             self.optimizer,
-            self.scheduler,
+            self.lr_schedule,
             rows,
             stand_in,
             pad_id=pad,

@@ -10,16 +10,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from ..chat.token_classes import CLASSES, NO_CLASS
-from ..config import as_dataclass
+from ..config import LossSection, OptimSection, as_dataclass
 from ..engines.hf import compute_precision
 from .batch import Batch, collate, plan_micro_batches, take_rows, with_weights
 from .distributed import LOCAL, World, all_max, all_sum
 from .grpo import LossConfig, policy_loss, token_logprobs, weight_units
+
+if TYPE_CHECKING:
+    from torch.optim.lr_scheduler import LRScheduler
+
+    from ..rollout.trajectory import Trajectory
 
 _MEANS = ("clip_low", "clip_high", "approx_kl", "entropy", "engine_gap", "ref_kl")
 
@@ -73,7 +78,7 @@ def old_logprobs(model: torch.nn.Module, batch: Batch, max_tokens: int, world: W
 def optimizer_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    scheduler,
+    lr_schedule: LRScheduler,
     batch: Batch,
     micro_loss: Callable[[Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]],
     *,
@@ -81,7 +86,7 @@ def optimizer_step(
     max_tokens: int = 16384,
     world: World = LOCAL,
 ) -> dict[str, float]:
-    """Gradient accumulation over micro-batches, clipping, one optimizer and scheduler step (the
+    """Gradient accumulation over micro-batches, clipping, one optimizer and learning-rate step (the
     loop SFT and RL share). ``micro_loss`` returns a micro-batch's loss, already weighted for the
     whole batch, and sums for metrics; both come back summed over micro-batches and processes."""
     model.train()
@@ -96,9 +101,9 @@ def optimizer_step(
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
     optimizer.step()
-    scheduler.step()
+    lr_schedule.step()
     totals = dict(zip(sums, all_sum(list(sums.values()), world), strict=True))
-    return {**totals, "grad_norm": grad_norm, "lr": scheduler.get_last_lr()[0]}
+    return {**totals, "grad_norm": grad_norm, "lr": lr_schedule.get_last_lr()[0]}
 
 
 def class_entropy_sums(entropy: torch.Tensor, token_class: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -126,7 +131,7 @@ def class_entropy_means(stats: dict[str, float]) -> dict[str, float]:
 def policy_update(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    scheduler,
+    lr_schedule: LRScheduler,
     batch: Batch,
     loss_cfg: LossConfig,
     *,
@@ -156,7 +161,7 @@ def policy_update(
     out = optimizer_step(
         model,
         optimizer,
-        scheduler,
+        lr_schedule,
         batch,
         micro_loss,
         grad_clip=grad_clip,
@@ -168,21 +173,29 @@ def policy_update(
     return {**out, **means}
 
 
+class Row(NamedTuple):
+    """A rollout RoC kept, with its advantage and the index of its group (for per-group losses)."""
+
+    trajectory: Trajectory
+    advantage: float
+    group: int
+
+
 def update_on_rollouts(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    scheduler,
-    rows: Sequence[tuple[Any, float, int]],
-    stand_in: Any,
+    lr_schedule: LRScheduler,
+    rows: Sequence[Row],
+    stand_in: Trajectory,
     *,
     pad_id: int,
-    optim: Any,
-    loss: Any,
+    optim: OptimSection,
+    loss: LossSection,
     world: World = LOCAL,
     ref_model: torch.nn.Module | None = None,
     token_classes: Callable[[Sequence[int], Sequence[int]], list[int]] | None = None,
 ) -> dict[str, float]:
-    """The RL update on kept rollouts: ``rows`` are (trajectory, advantage, group) of this process.
+    """The RL update on the rollouts this process kept (``rows``).
     With ``token_classes`` (response ids, loss mask → a class per token, see
     ``chat.token_classes.TokenClasses``) the step also reports the mean entropy of each class.
 
@@ -196,9 +209,10 @@ def update_on_rollouts(
     batches: list[Batch] = []
     for part in parts:
         if part:
-            seqs = [(t.prompt_ids, t.response_ids, t.loss_mask, t.logprobs) for t, _, _ in part]
+            trajs = [r.trajectory for r in part]
+            seqs = [(t.prompt_ids, t.response_ids, t.loss_mask, t.logprobs) for t in trajs]
             classes = [token_classes(s[1], s[2]) for s in seqs] if token_classes else None
-            b = collate(seqs, [a for _, a, _ in part], [g for _, _, g in part], pad_id, classes)
+            b = collate(seqs, [r.advantage for r in part], [r.group for r in part], pad_id, classes)
         else:
             t = stand_in
             seqs = [(t.prompt_ids, t.response_ids, [0] * len(t.loss_mask), t.logprobs)]
@@ -215,7 +229,7 @@ def update_on_rollouts(
         policy_update(
             model,
             optimizer,
-            scheduler,
+            lr_schedule,
             b,
             loss_cfg,
             grad_clip=optim.grad_clip,

@@ -24,17 +24,34 @@ def load_tokenizer(path: str) -> Any:
 
 
 def open_engines(
-    settings: RolloutSection, model: str | None = None, device: str = "auto", dtype: str = "auto"
+    settings: RolloutSection,
+    model: str | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    *,
+    shared: Any = None,
+    name: str = "hf",
 ) -> list[Any]:
-    """``settings.servers`` as ``OpenAIEngine``s, or one in-process ``HFEngine`` over ``model``."""
+    """``settings.servers`` as ``OpenAIEngine``s, or one in-process ``HFEngine``: over a loaded
+    model the caller keeps training (``shared``: the trainer's, so new weights cost nothing to
+    publish), else loaded from the directory ``model``."""
     from ..engines.openai import OpenAIEngine
 
     if settings.servers:
         return [OpenAIEngine(url, capacity_tokens=settings.capacity_tokens) for url in settings.servers]
-    if not model:
-        raise ValueError("give either a model directory (--model) or one or more servers (--server)")
     from ..engines.hf import HFEngine
 
+    if shared is not None:
+        return [
+            HFEngine(
+                shared,
+                name=name,
+                max_batch_size=settings.max_batch_size,
+                capacity_tokens=settings.capacity_tokens,
+            )
+        ]
+    if not model:
+        raise ValueError("give either a model directory (--model) or one or more servers (--server)")
     return [
         HFEngine.from_pretrained(
             model,

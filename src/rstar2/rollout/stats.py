@@ -1,0 +1,52 @@
+"""What a set of rollouts did, in one place for training and evaluation: accuracy, lengths, finish
+reasons and tool use. Each rollout is first reduced to a small ``record`` (plain values, so training
+processes can exchange them); the trainer's step metrics and ``rstar2 eval``'s summary are both
+computed from records, each under its own established keys."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from .trajectory import Trajectory
+
+
+def record(t: Trajectory) -> dict[str, Any]:
+    return {
+        "correct": t.correct,
+        "reward": t.reward,
+        "tokens": t.response_tokens,
+        "model_tokens": sum(t.loss_mask),
+        "turns": len(t.turns),
+        "finish": t.finish_reason,
+        "calls": t.num_calls,
+        "failed": t.num_failed_calls,
+    }
+
+
+def mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def tool_error_ratio(records: Sequence[dict[str, Any]]) -> float:
+    """Failed tool calls over all tool calls of ``records`` (0 when they made none)."""
+    calls = sum(r["calls"] for r in records)
+    return sum(r["failed"] for r in records) / calls if calls else 0.0
+
+
+def describe(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The statistics both reports share (``finishes``: a ``Counter`` of finish reasons)."""
+    n = max(1, len(records))
+    correct = [r for r in records if r["correct"]]
+    return {
+        "accuracy": len(correct) / n,
+        "length_mean": mean([r["tokens"] for r in records]),
+        "length_max": float(max((r["tokens"] for r in records), default=0)),
+        "turns_mean": mean([r["turns"] for r in records]),
+        "calls_per_traj": mean([r["calls"] for r in records]),
+        "error_ratio": tool_error_ratio(records),
+        "error_ratio_correct": tool_error_ratio(correct),
+        "correct_with_error_share": mean([float(r["failed"] > 0) for r in correct]),
+        "finishes": Counter(r["finish"] for r in records),
+    }
