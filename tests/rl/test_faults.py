@@ -90,7 +90,7 @@ async def test_a_step_mostly_spoiled_by_faults_stops_saying_what_failed(
 
 def record(fault: str | None, correct: bool, calls: int = 1, failed: int = 0) -> dict:
     return {
-        "reward": float(correct), "correct": correct, "kept": True, "tokens": 10, "model_tokens": 8,
+        "reward": float(correct), "correct": correct, "kept": True, "tokens": 10, "model_tokens": 8, "turns": 2,
         "finish": "error" if fault == "engine" else "answer", "calls": calls, "failed": failed,
         "p_err": 0.0, "tool_s": 0.0, "reward_s": 0.0, "fault": fault,
     }  # fmt: skip
