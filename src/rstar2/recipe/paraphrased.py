@@ -8,12 +8,13 @@ problem carries a program that computes it a second way (a test runs both).
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+from ..jsonl import write_jsonl
 
 COUNT, SEED = 120, 2026
 
@@ -168,7 +169,7 @@ def generate(count: int = COUNT, seed: int = SEED) -> list[dict]:
 
 
 def main(out: str | Path) -> None:
-    Path(out).write_text("".join(json.dumps(r) + "\n" for r in generate()), encoding="utf-8")
+    write_jsonl(generate(), out)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..jsonl import read_jsonl
+from ..jsonl import read_jsonl, write_jsonl
 
 PLOT_KEYS = (
     ("reward/mean", "reward (all rollouts)"),
@@ -39,7 +39,7 @@ class MetricsLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
             kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            write_jsonl(kept, self.path)  # whole, or not at all: a kill here loses no step
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..chat.format import ChatFormat
 from ..config import RolloutSection
-from .multi_turn import Rollout
+from .multi_turn import CodeEnvironment, Rollout, Verifier
 
 
 def load_tokenizer(path: str) -> Any:
@@ -41,31 +41,17 @@ def open_engines(
         return [OpenAIEngine(url, capacity_tokens=settings.capacity_tokens) for url in settings.servers]
     from ..engines.hf import HFEngine
 
+    sizes = {"max_batch_size": settings.max_batch_size, "capacity_tokens": settings.capacity_tokens}
     if shared is not None:
-        return [
-            HFEngine(
-                shared,
-                name=name,
-                max_batch_size=settings.max_batch_size,
-                capacity_tokens=settings.capacity_tokens,
-            )
-        ]
+        return [HFEngine(shared, name=name, **sizes)]
     if not model:
         raise ValueError("give either a model directory (--model) or one or more servers (--server)")
-    return [
-        HFEngine.from_pretrained(
-            model,
-            device=device,
-            dtype=dtype,
-            max_batch_size=settings.max_batch_size,
-            capacity_tokens=settings.capacity_tokens,
-        )
-    ]
+    return [HFEngine.from_pretrained(model, device=device, dtype=dtype, **sizes)]
 
 
 @asynccontextmanager
 async def open_services(
-    settings: RolloutSection, code_env: Any = None, verifier: Any = None
+    settings: RolloutSection, code_env: CodeEnvironment | None = None, verifier: Verifier | None = None
 ) -> AsyncIterator[dict[str, Any]]:
     """The code environment (``settings.sandbox``: the HTTP service, else a local pool) and the
     verifier pool, as the ``code_env``/``verifier`` keywords of ``open_rollout``; one given by the
@@ -100,8 +86,8 @@ async def open_rollout(
     device: str = "auto",
     dtype: str = "auto",
     engines: Sequence[Any] | None = None,
-    code_env: Any = None,
-    verifier: Any = None,
+    code_env: CodeEnvironment | None = None,
+    verifier: Verifier | None = None,
 ) -> AsyncIterator[Rollout]:
     """A ready ``Rollout``. ``model``: a local model directory for the in-process engine (and the
     tokenizer's default); ``tokenizer``: a directory or a loaded tokenizer. ``engines`` given by

@@ -30,7 +30,7 @@ from . import linux
 from .capture import CallOutput
 from .interpreter import run_code
 from .isolation import WorkerIsolation, set_rlimits
-from .outcome import to_result
+from .outcome import INTERNAL_EXIT, to_result
 from .request import Limits
 from .result import ExecResult
 
@@ -156,7 +156,7 @@ def session_init(iso: WorkerIsolation, limits: Limits, sock: socket.socket) -> N
             except ChildProcessError:
                 os._exit(0)
     except BaseException:  # noqa: BLE001
-        os._exit(125)
+        os._exit(INTERNAL_EXIT)
 
 
 # ----------------------------------------------------------------------------- in the worker

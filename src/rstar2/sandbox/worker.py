@@ -54,8 +54,8 @@ class Worker:
         self.sessions = sessions
         self.proc_fd = proc_fd
         light, full = split_preload(modules)
-        self.full = ZygoteHandle("full", full)
-        self.light = ZygoteHandle("light", light) if light != full else None
+        self.full = ZygoteHandle("full", full, iso, defaults, proc_fd)
+        self.light = ZygoteHandle("light", light, iso, defaults, proc_fd) if light != full else None
         self.devnull = os.open(os.devnull, os.O_RDONLY)
         self._limits: dict[tuple, tuple[Limits, bytes]] = {}  # request overrides -> limits, their JSON
 
@@ -76,31 +76,19 @@ class Worker:
 
     def start(self) -> None:
         for zyg in self.zygotes:
-            zyg.start(self.iso, self.defaults, self.proc_fd)
+            zyg.start()
 
-    def _zygote_for(self, code: str | None) -> ZygoteHandle:
-        """The light zygote when `code` fits it (None: a session, always the full one)."""
+    def _zygote_for(self, code: str) -> ZygoteHandle:
+        """The light zygote when `code` fits it, else the full one."""
         light = self.light
-        zyg = (
-            light if light is not None and code is not None and fits_light(code, light.loaded) else self.full
-        )
-        if zyg.sock is None:  # never started, or found dead
-            zyg.start(self.iso, self.defaults, self.proc_fd)
-        return zyg
-
-    def _fork(self, zyg: ZygoteHandle, header: bytes, fds: list[int]) -> tuple[int, int | None]:
-        """Ask `zyg` for a child; a zygote found dead (it died since its last call) is started afresh
-        and asked once more."""
-        try:
-            return zyg.fork(header, fds)
-        except ZygoteLost:
-            zyg.start(self.iso, self.defaults, self.proc_fd)
-            return zyg.fork(header, fds)
+        if light is not None and fits_light(code, light.loaded):
+            return light
+        return self.full
 
     def run(self, req: dict) -> ExecResult:
         limits, limits_json = self.limits_for(req.get("limits"))
         if req.get("session_id"):
-            return self.run_session(req, limits)
+            return run_cell(self.sessions, self.iso, req, limits, self._new_session)
         if self.iso.fs_ready or not self.iso.config.enabled:
             return self._run_once(req, limits, limits_json, None)
         import tempfile
@@ -116,10 +104,7 @@ class Worker:
     def _run_once(self, req: dict, limits: Limits, limits_json: bytes, tmp_dir: str | None) -> ExecResult:
         t0 = time.monotonic()
         code = req["code"]
-        try:
-            zyg = self._zygote_for(code)
-        except ZygoteLost as exc:
-            return ExecResult.failure("internal", str(exc))
+        zyg = self._zygote_for(code)
         header = b"c" + limits_json + b"\0" + (tmp_dir or "").encode()
         code_fd = linux.memfd_with("code", code.encode("utf-8", "surrogateescape"))
         text = req.get("input") or ""
@@ -131,7 +116,7 @@ class Worker:
         res_r, res_w = os.pipe()
         self.iso.prepare_call(limits)
         try:
-            pid, pidfd = self._fork(zyg, header, [code_fd, stdin_fd, out_w, err_w, res_w])
+            pid, pidfd = zyg.fork(header, [code_fd, stdin_fd, out_w, err_w, res_w])
         except ZygoteLost as exc:
             pid, pidfd, lost = -1, None, str(exc)
         else:
@@ -238,16 +223,11 @@ class Worker:
             return result
         return to_result(limits, duration, output, ended[0], killed, oom, ended[1])
 
-    # ------------------------------------------------------------------------- sessions
-    def run_session(self, req: dict, limits: Limits) -> ExecResult:
-        return run_cell(self.sessions, self.iso, req, limits, self._new_session)
-
     def _new_session(self, sid: str, limits: Limits) -> SessionHandle:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            zyg = self._zygote_for(None)
             header = b"s" + json.dumps(limits.to_dict()).encode()
-            _, pidfd = self._fork(zyg, header, [theirs.fileno()])
+            _, pidfd = self.full.fork(header, [theirs.fileno()])  # sessions live in the full zygote
         except ZygoteLost as exc:
             ours.close()
             raise OSError(str(exc)) from exc

@@ -248,16 +248,20 @@ class ZygoteLost(RuntimeError):
 class ZygoteHandle:
     """The worker's side of one zygote: starts it, asks it to fork, restarts it when it died."""
 
-    def __init__(self, name: str, modules: list[str]) -> None:
+    def __init__(
+        self, name: str, modules: list[str], iso: WorkerIsolation, defaults: Limits, proc_fd: int | None
+    ) -> None:
         self.name = name
         self.modules = modules
+        self.iso, self.defaults, self.proc_fd = iso, defaults, proc_fd
         self.pid = 0
         self.pidfd: int | None = None
         self.sock: socket.socket | None = None
         self.hello: dict = {}
         self.loaded: frozenset[str] = frozenset()  # top-level names of every module it has imported
 
-    def start(self, iso: WorkerIsolation, defaults: Limits, proc_fd: int | None) -> None:
+    def start(self) -> None:
+        iso, proc_fd = self.iso, self.proc_fd
         self.stop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
@@ -266,7 +270,7 @@ class ZygoteHandle:
                 ours.close()
                 keep = {theirs.fileno(), *(fd for fd in (proc_fd, iso.pid_ns_fd) if fd is not None)}
                 linux.close_fds_except(keep)
-                serve(theirs, iso, self.modules, defaults, proc_fd)
+                serve(theirs, iso, self.modules, self.defaults, proc_fd)
             finally:
                 os._exit(INTERNAL_EXIT)
         theirs.close()
@@ -295,7 +299,19 @@ class ZygoteHandle:
         self.pidfd, self.sock = None, None
 
     def fork(self, header: bytes, fds: list[int]) -> tuple[int, int | None]:
-        """Send a request; returns (pid, pidfd) of the new child, or (-1, None) if fork failed."""
+        """Send a request; returns (pid, pidfd) of the new child, or (-1, None) if fork failed. A
+        zygote not running (never started, or found dead since its last call) is started afresh,
+        and one that dies on this request is started and asked once more; ``ZygoteLost`` if that
+        fails too."""
+        if self.sock is None:
+            self.start()
+        try:
+            return self._ask(header, fds)
+        except ZygoteLost:
+            self.start()
+            return self._ask(header, fds)
+
+    def _ask(self, header: bytes, fds: list[int]) -> tuple[int, int | None]:
         assert self.sock is not None
         try:
             socket.send_fds(self.sock, [header], fds)
