@@ -3,6 +3,7 @@
     python benchmarks/verifier.py            # all shipped sets + 2,000 DAPO integer pairs
     python benchmarks/verifier.py --quick    # a few hundred pairs
     python benchmarks/verifier.py --categories-only   # the hand-written categories alone
+    python benchmarks/verifier.py --mutations-only    # the mutation table alone
 
 Pairs come from the evaluation sets' references: each is written the ways a model writes it
 (label correct) and paired with wrong answers: a different reference, n+1, a x100 percent slip,
@@ -15,6 +16,10 @@ A second table scores the hand-written categories of ``verifier_cases.py`` (answ
 units, relations, equations, matrices, several answers, float-precision decimals, thousands
 separators): accuracy per category for rstar2 lenient (the prediction as given), rstar2 strict (bare
 answers wrapped as ``<answer>\\boxed{…}</answer>``) and math-verify on the prediction as given.
+
+A third table counts accepted mutants (``verifier_mutations.py``: every shipped gold answer changed
+so that sympy confirms it is no longer equal) by kind: rstar2 strict (``<answer>\\boxed{m}</answer>``),
+rstar2 lenient (the mutant as given) and math-verify (``verify(parse(gold), parse(\\boxed{m}))``).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from rstar2.reward.normalize import normalize, plain_number
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from verifier_cases import CATEGORIES, is_free_form  # noqa: E402
+from verifier_mutations import mutants  # noqa: E402
 
 DAPO = Path(__file__).resolve().parents[2] / "shared" / "data" / "dapo_math_17k_en.jsonl"
 
@@ -339,6 +345,46 @@ def category_table(console: Console) -> list[dict]:
     return rows
 
 
+def mutation_table(console: Console) -> list[dict]:
+    """Accepted mutants per kind: rstar2 strict and lenient beside math-verify, one run."""
+    found = mutants()
+    methods = {
+        "math-verify": lambda m: math_verify_baseline(
+            {"reference": m.gold, "response": f"\\boxed{{{m.text}}}"}
+        ),
+        "rstar2 strict": lambda m: ours_full(
+            {"reference": m.gold, "response": f"<answer>\\boxed{{{m.text}}}</answer>"}
+        ),
+        "rstar2 lenient": lambda m: _lenient({"reference": m.gold, "prediction": m.text}),
+    }
+    accepted: dict[str, list[bool]] = {}
+    rates: dict[str, float] = {}
+    for name, fn in methods.items():
+        start = time.perf_counter()
+        accepted[name] = [bool(fn(m)) for m in found]
+        rates[name] = len(found) / (time.perf_counter() - start)
+    kinds = sorted({m.kind for m in found})
+    table = Table(
+        title=f"Mutants of the shipped gold answers accepted ({len(found)} mutants, {len({m.gold for m in found})} golds)"
+    )
+    table.add_column("kind", justify="left")
+    table.add_column("mutants", justify="right")
+    for name in methods:
+        table.add_column(f"{name} accepts", justify="right")
+    rows = []
+    for kind in [*kinds, "all"]:
+        idx = [i for i, m in enumerate(found) if kind == "all" or m.kind == kind]
+        counts = {name: sum(accepted[name][i] for i in idx) for name in methods}
+        rows.append({"kind": kind, "mutants": len(idx), **counts})
+        table.add_row(kind, str(len(idx)), *(str(counts[name]) for name in methods))
+    table.add_row("mutants/s", "", *(f"{rates[name]:.0f}" for name in methods))
+    console.print(table)
+    examples = [m for m, hit in zip(found, accepted["math-verify"], strict=True) if hit][:5]
+    for m in examples:
+        console.print(f"  math-verify accepts {m.text!r} for {m.gold!r} ({m.kind})")
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
@@ -346,16 +392,23 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", type=Path, help="write the results as JSON")
     ap.add_argument("--categories-only", action="store_true", help="only the hand-written categories")
+    ap.add_argument("--mutations-only", action="store_true", help="only the mutation table")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
     console = Console(width=max(170, Console().width))
     check_answer("\\frac{1}{2}", "\\sqrt{\\frac14}")  # imports, grammar, caches: not timed
     math_verify_baseline({"reference": "1", "response": "\\boxed{1}"})
+    if args.mutations_only:
+        mutation_rows = mutation_table(console)
+        if args.out:
+            args.out.write_text(json.dumps({"argv": sys.argv, "mutations": mutation_rows}, indent=2))
+        return 0
     categories = category_table(console)
     if args.categories_only:
         if args.out:
             args.out.write_text(json.dumps({"argv": sys.argv, "categories": categories}, indent=2))
         return 0
+    mutation_rows = mutation_table(console)
     pairs = build_pairs(args.quick, 300 if args.quick else args.dapo)
     console.print(f"{len(pairs)} labelled pairs ({sum(p['label'] for p in pairs)} correct); warming up ...")
     check_answer("\\frac{1}{2}", "\\sqrt{\\frac14}")  # imports, grammar, caches: not timed
@@ -426,7 +479,13 @@ def main() -> int:
     if args.out:
         args.out.write_text(
             json.dumps(
-                {"argv": sys.argv, "cores": os.cpu_count(), "results": results, "categories": categories},
+                {
+                    "argv": sys.argv,
+                    "cores": os.cpu_count(),
+                    "results": results,
+                    "categories": categories,
+                    "mutations": mutation_rows,
+                },
                 indent=2,
             )
         )

@@ -287,6 +287,114 @@ ADVERSARIAL = [
     ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 & 2 \\end{pmatrix}", False),
 ]
 
+# issue 14: several boxes written in a row are one listed answer (order-free against a set)
+BOXES_IN_A_ROW = [
+    ("(1,2), (2,1)", "Both work, so the pairs are $\\boxed{(1,2)}$, $\\boxed{(2,1)}$.", True),
+    ("(2,1), (1,2)", "Both work, so the pairs are $\\boxed{(1,2)}$, $\\boxed{(2,1)}$.", True),
+    ("(1,2), (2,1)", "Both work, so the pairs are $\\boxed{(1,2)}$, $\\boxed{(2,2)}$.", False),
+    ("(1,2), (2,1)", "Only one works: $\\boxed{(1,2)}$.", False),
+    ("k=45, n=2", "Therefore \\boxed{k=45} \\quad\\text{and}\\quad \\boxed{n=2}", True),
+    ("k=45, n=2", "Therefore \\boxed{k=45} \\quad\\text{and}\\quad \\boxed{n=3}", False),
+    ("3, 5", "The roots are $\\boxed{3}$ and $\\boxed{5}$.", True),
+    ("3, 5", "The roots are $\\boxed{5}$ and $\\boxed{3}$.", True),
+    ("3, 5", "The roots are $\\boxed{3}$ and $\\boxed{-5}$.", False),
+    ("7", "We first guessed \\boxed{5}, then checked: the answer is \\boxed{7}.", True),
+    ("7", "It could be \\boxed{7} or \\boxed{8}.", False),
+    ("-1, 2, 4", "So $x \\in \\{\\boxed{-1}, \\boxed{2}, \\boxed{4}\\}$ hold.", True),
+]
+
+# issue 14: the answer in display math right after a cue, across line breaks
+DISPLAY_AFTER_CUE = [
+    ("9", "Checking all cases gives the count.\nAnswer \\[ 9 \\]", True),
+    ("9", "Checking all cases gives the count.\nAnswer\n$$\n 9 \n$$", True),
+    ("9", "Checking all cases gives the count.\nAnswer \\( 9 \\)", True),
+    ("9", "Checking all cases gives the count.\nAnswer:\n\\[\n10\n\\]", False),
+    ("\\frac{2}{3}", "So the probability follows.\n\nFinal answer:\n$$\n\\frac{2}{3}\n$$", True),
+    ("\\frac{2}{3}", "So the probability follows.\n\nFinal answer:\n$$\n\\frac{3}{2}\n$$", False),
+    ("x^2 - 1", "Expanding the product.\nThe answer is \\[(x-1)(x+1) = x^2 - 1\\]", True),
+    ("x^2 - 1", "Expanding the product.\nThe answer is \\[x^2 + 1\\]", False),
+]
+
+# issue 14: Minerva-style endings, chat-template tokens after them, "Final Answer:" with prose
+ENDINGS = [
+    ("42", "Final Answer: The final answer is $42$. I hope it is correct. <|im_start|>user", True),
+    (
+        "42",
+        "Final Answer: The final answer is $42$. I hope it is correct.<|im_end|>\n<|im_start|>user\nNow solve 2+2.<|im_end|>\n<|im_start|>assistant\nThe answer is 4.",
+        True,
+    ),
+    (
+        "4",
+        "Final Answer: The final answer is $42$. I hope it is correct.<|im_end|>\n<|im_start|>user\nNow solve 2+2.<|im_end|>\n<|im_start|>assistant\nThe answer is 4.",
+        False,
+    ),
+    ("42", "Final Answer: The final answer is $41$. I hope it is correct. <|im_start|>user", False),
+    ("34", "Final Answer: The largest $n$ is 34.", True),
+    ("34", "Final Answer: The largest $n$ is 35.", False),
+    (
+        "\\frac{1}{4}",
+        "Final Answer: The final answer is $\\frac{1}{4}$. I hope it is correct.<|endoftext|>",
+        True,
+    ),
+    (
+        "12",
+        "Final Answer: The smallest possible value of $k$ is $12$.<|eot_id|><|start_header_id|>user",
+        True,
+    ),
+    ("12", "Final Answer: The smallest possible value of $k$ is $21$.<|eot_id|>", False),
+]
+
+# issue 14: thousands separators in a box and in prose
+THOUSANDS_IN_BOX = [
+    ("32349", "\\boxed{32,\\! 349}", True),
+    ("32349", "\\boxed{32,\\! 394}", False),
+    ("14916", "So she has $\\boxed{14{,}916}$ stamps.", True),
+    ("14916", "So she has $\\boxed{14{,}196}$ stamps.", False),
+    ("10455", "In total the trucks drove 10,455 miles.", True),
+    ("10455", "In total the trucks drove 10,545 miles.", False),
+    ("1000000", "The population is \\boxed{1,\\!000,\\!000}.", True),
+]
+
+# issue 14: one symbol in two spellings, radicals, reversed assignments, units in \textnormal
+SYMBOLS_AND_FORMS = [
+    ("e", "\\text{e}", True),
+    ("e", "\\mathrm{e}", True),
+    ("e^2", "\\mathrm{e}^{2}", True),
+    ("e", "\\text{e}^{2}", False),
+    ("\\frac{1}{\\sqrt{n}}", "\\sqrt{1/n}", True),
+    ("\\frac{1}{\\sqrt{n}}", "\\sqrt{n}", False),
+    ("\\frac{\\sqrt{a}}{a}", "\\frac{1}{\\sqrt{a}}", True),
+    ("5", "5 = x", True),
+    ("5", "6 = x", False),
+    ("-3", "-3 = y", True),
+    ("10", "10 \\textnormal{ miles}", True),
+    ("10", "11 \\textnormal{ miles}", False),
+    ("36", "36 \\textnormal{ cm}^2", True),
+    ("1 + \\frac{1}{\\mathrm{e}}", "1 + \\frac{1}{e}", True),
+    ("1 + \\frac{1}{\\mathrm{e}}", "1 - \\frac{1}{\\mathrm{e}}", False),
+]
+
+# issue 14: text macros that hold mathematics, malformed macros, hedges (a loose grader accepts them)
+TEXT_MACROS = [
+    ("42", "42\\text{ (or maybe 17)}", False),
+    ("42", "42 + \\text{anything}", False),
+    ("42", "42\\sqrt(17)", False),
+    ("42\\sqrt{17}", "42\\sqrt(17)", True),
+    ("42", "42 \\cdot \\text{x}", False),
+    ("42", "42 \\operatorname{f}(1)", False),
+    ("42", "42\\text{ apples}", True),
+    ("42", "42 \\mathrm{apples}", True),
+    ("\\sin 1", "\\operatorname{sin} 1", True),
+    ("\\sin 1", "\\operatorname{sinc} 1", False),
+    ("2", "2 \\frac(1)(2)", False),
+    ("17", "\\pm 17", False),
+    ("\\sqrt{2}", "\\pm\\sqrt{2}", False),
+    ("\\sqrt{2}", "\\sqrt{2}, \\sqrt{3}", False),
+    ("3", "3 \\textbf{ maybe}", False),
+    ("(3, \\frac{\\pi}{2})", "3, \\frac{\\pi}{2}", True),
+    ("(3, \\frac{\\pi}{2})", "3, \\frac{\\pi}{3}", False),
+]
+
 CATEGORIES: dict[str, list[tuple[str, str, bool]]] = {
     "sentence": SENTENCE,
     "units": UNITS,
@@ -297,6 +405,12 @@ CATEGORIES: dict[str, list[tuple[str, str, bool]]] = {
     "float_precision": FLOAT_PRECISION,
     "thousands_units": THOUSANDS,
     "adversarial": ADVERSARIAL,
+    "boxes_in_a_row": BOXES_IN_A_ROW,
+    "display_after_cue": DISPLAY_AFTER_CUE,
+    "endings": ENDINGS,
+    "thousands_in_box": THOUSANDS_IN_BOX,
+    "symbols_and_forms": SYMBOLS_AND_FORMS,
+    "text_macros": TEXT_MACROS,
 }
 
 

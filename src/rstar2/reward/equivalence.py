@@ -15,11 +15,13 @@ import logging
 import re
 import time
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from typing import Any
 
 from .extract import Mode, extract_answer
-from .forms import listed_numbers, matrix_cells, normalize_pair
+from .forms import listed_numbers, matrix_cells, normalize_pair, top_level_items
 from .guards import DEFAULT_LIMITS, GuardLimits, refuse, stray_words
+from .macros import hedges
 from .normalize import (
     has_decimal_literal,
     is_float_print,
@@ -78,7 +80,7 @@ def quick_check(reference: str, answer: str, limits: GuardLimits = DEFAULT_LIMIT
         ans_text = text_answer(ans)
         same = ans_text == ref_text
         return Verdict(same, "same words" if same else "different words", answer, "text")
-    why = refuse(ans, limits)
+    why = _hedged(ref, ans) or refuse(ans, limits)
     if why is not None:
         return Verdict(False, f"refused: {why}", answer, "guard")
     words = stray_words(ans) - stray_words(ref)
@@ -89,6 +91,30 @@ def quick_check(reference: str, answer: str, limits: GuardLimits = DEFAULT_LIMIT
     why = refuse(ref, limits)
     if why is not None:
         return Verdict(False, f"reference refused: {why}", answer, "guard")
+    return None
+
+
+def _single_value(ref: str) -> bool:
+    return (
+        len(top_level_items(ref)) <= 1
+        and "\\pm" not in ref
+        and "\\mp" not in ref
+        and re.search(r"\b(?:or|and)\b", ref) is None
+    )
+
+
+def _hedged(ref: str, ans: str) -> str | None:
+    """Why ``ans`` hedges where the reference states one thing: a hedge word (``maybe``,
+    ``approximately``; ``or`` against a single value), ``\\pm`` against a single value, or several
+    values against one. None when it does not."""
+    single = _single_value(ref)
+    words = hedges(ans, ref) - (set() if single else {"or"})
+    if words:
+        return f"a hedged answer ({', '.join(sorted(words))})"
+    if single and ("\\pm" in ans or "\\mp" in ans):
+        return "\\pm against a single value"
+    if single and len(top_level_items(ans)) > 1:
+        return "several values against a single value"
     return None
 
 
@@ -161,6 +187,9 @@ def cas_check(reference: str, answer: str) -> Verdict:
     numeric = _numeric_verdict(gold[0], pred[0])
     if numeric is not None:  # two closed-form numbers: decided to 40 digits, no simplify()
         return Verdict(numeric, "equivalent" if numeric else "not equivalent", answer, "cas")
+    positive = _equal_for_positive_unknowns(gold[0], pred[0])
+    if positive is not None:  # "\\sqrt{1/n}" and "\\frac{1}{\\sqrt{n}}": equal where n > 0
+        return Verdict(positive, "equivalent" if positive else "not equivalent", answer, "cas")
     # decimals are exact fractions by now, so math-verify's numeric comparison has no floats to
     # round; 50 digits keeps its "(a - b).evalf() == 0" from calling near-equal numbers equal
     same = verify(gold, pred, numeric_precision=50, timeout_seconds=None)
@@ -190,7 +219,18 @@ def _parse(latex: str) -> list:
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
 
     config = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
-    return parse(f"${latex}$", extraction_config=config, parsing_timeout=None)  # type: ignore[arg-type]
+    parsed = parse(f"${latex}$", extraction_config=config, parsing_timeout=None)  # type: ignore[arg-type]
+    # math-verify may read a prefix of the answer ("1 + \\frac{1}{" of a longer one) and drop the rest:
+    # a parse counts only when it read the whole answer
+    if len(parsed) == 2 and isinstance(parsed[1], str):
+        read, whole = _squeeze(parsed[1]), _squeeze(latex)
+        if read != whole and whole.startswith(read):
+            return []
+    return parsed
+
+
+def _squeeze(s: str) -> str:
+    return "".join(s.split())
 
 
 def _same_equation(gold: Any, pred: Any) -> bool | None:
@@ -211,6 +251,43 @@ def _same_equation(gold: Any, pred: Any) -> bool | None:
         return not ratio.free_symbols and ratio.is_number and bool(ratio != 0) and ratio.is_finite is True
     except Exception:  # noqa: BLE001 - not shown equivalent
         return False
+
+
+_POINTS = (
+    (Fraction(7, 3), Fraction(11, 5), Fraction(13, 7), Fraction(17, 4)),
+    (Fraction(5, 2), Fraction(19, 6), Fraction(3, 8), Fraction(23, 9)),
+)
+
+
+def _equal_for_positive_unknowns(gold: Any, pred: Any) -> bool | None:
+    """For two expressions in the same unknowns (competition unknowns are lengths, counts,
+    positive reals): False when they differ at a positive point, True when sympy shows them equal
+    for positive unknowns, None to leave it to math-verify (and for expressions with ``|x|`` or
+    sign-like functions, where "positive" would erase the difference)."""
+    import sympy
+
+    if not isinstance(gold, sympy.Expr) or not isinstance(pred, sympy.Expr):
+        return None
+    symbols = sorted(gold.free_symbols | pred.free_symbols, key=str)
+    if not symbols or len(symbols) > 4 or gold.free_symbols != pred.free_symbols:
+        return None
+    if any(e.has(sympy.Abs, sympy.sign, sympy.Piecewise, sympy.Min, sympy.Max) for e in (gold, pred)):
+        return None
+    try:
+        diff = gold - pred
+        for point in _POINTS:
+            value = sympy.N(diff.subs(dict(zip(symbols, map(sympy.Rational, point), strict=False))), 30)
+            if not value.is_number or value.has(sympy.zoo, sympy.nan):
+                return None
+            scale = max(
+                1, abs(sympy.N(gold.subs(dict(zip(symbols, map(sympy.Rational, point), strict=False))), 30))
+            )
+            if abs(value) > sympy.Float(10) ** -20 * scale:
+                return False
+        positive = {x: sympy.Symbol(x.name, positive=True) for x in symbols}
+        return True if sympy.simplify(diff.subs(positive)) == 0 else None
+    except Exception:  # noqa: BLE001 - leave it to math-verify
+        return None
 
 
 def _numeric_verdict(gold: Any, pred: Any) -> bool | None:

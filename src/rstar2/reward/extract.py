@@ -92,6 +92,50 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+# what may stand between boxes of one listed answer: "\\boxed{2}, \\boxed{3}", "$\\boxed{k=45}$ \\quad
+# \\text{and} \\quad $\\boxed{n=2}$"
+_BETWEEN_BOXES_RE = re.compile(
+    r"(?:\s|\$|,|;|&|\\[,;:! ]|\\q?quad\b|\\text\s*\{\s*(?:and|or|,)?\s*\}|\band\b|\bor\b)*"
+)
+
+
+def last_boxes(text: str) -> str | None:
+    """Like ``last_boxed``, but boxes written in a row with only separators between them
+    (``\\boxed{(1,2)}, \\boxed{(2,1)}``) are one listed answer, joined with ", "."""
+    pairs = matching_braces(text)
+    spans: list[tuple[int, int]] = []
+    for m in _BOX_RE.finditer(text):
+        if m.end() < len(text) and text[m.end()] == "{" and (end := pairs.get(m.end())) is not None:
+            spans.append((m.start(), end))
+    if not spans:
+        return last_boxed(text)
+    run = [spans[-1]]
+    for start, end in reversed(spans[:-1]):
+        if end < run[0][0] and _BETWEEN_BOXES_RE.fullmatch(text, end + 1, run[0][0]):
+            run.insert(0, (start, end))
+        else:
+            break
+    if len(run) == 1:
+        return last_boxed(text)
+    contents = [text[text.index("{", start) + 1 : end].strip() for start, end in run]
+    return ", ".join(c for c in contents if c) or None
+
+
+# where a chat template starts or ends a turn: what a model writes after one is not its answer
+_TURN_MARKERS_RE = re.compile(
+    r"<\|im_start\|>|<\|im_end\|>|<\|endoftext\|>|<\|eot_id\|>|<\|start_header_id\|>|<\|end\|>"
+    r"|<\|user\|>|<\|assistant\|>|<start_of_turn>|<end_of_turn>|</s>"
+)
+
+
+def cut_next_turn(text: str) -> str:
+    """The response up to the first chat-template turn marker (``… I hope it is correct.
+    <|im_start|>user …`` ends at "correct."): a model that writes the next turn itself has
+    ended its own."""
+    m = _TURN_MARKERS_RE.search(text)
+    return text[: m.start()] if m else text
+
+
 def answer_block(text: str) -> str | None:
     """Inside of the last closed ``<answer>…</answer>`` block, or None."""
     end = text.rfind(ANSWER_CLOSE)
@@ -109,7 +153,24 @@ def _looks_like_prose(s: str) -> bool:
     return "\n" in s.strip() or re.search(r"[A-Za-z]{2,}\s+[A-Za-z]{2,}", bare) is not None
 
 
-def _final_answer_phrase(text: str) -> str | None:
+# "Answer \\[ 9 \\]", "Final answer:\n$$\n9\n$$", "The answer is \\( 9 \\)": math after the cue, across lines
+_CUED_DISPLAY_RE = re.compile(
+    r"\banswer\s*(?:is\s*)?:?\s*(?:\$\$(.+?)\$\$|\\\[(.+?)\\\]|\\\((.+?)\\\))", re.IGNORECASE | re.DOTALL
+)
+
+
+def _cued_display(text: str) -> str | None:
+    """The math span right after the last "answer" cue, when that span is all the cue says."""
+    found = None
+    for m in _CUED_DISPLAY_RE.finditer(text[-2000:]):
+        found = m
+    if found is None:
+        return None
+    inner = _span_text(found).strip()
+    return inner if 0 < len(inner) <= _MAX_FALLBACK_CHARS else None
+
+
+def _final_answer_phrase(text: str, depth: int = 0) -> str | None:
     tail = text[-2000:]
     found = None
     for m in _FINAL_RE.finditer(tail):
@@ -117,7 +178,12 @@ def _final_answer_phrase(text: str) -> str | None:
     if found is None:
         return None
     found = strip_delimiters(found.strip().rstrip("."))
-    return found if 0 < len(found) <= _MAX_FALLBACK_CHARS else None
+    if not 0 < len(found) <= _MAX_FALLBACK_CHARS:
+        return None
+    if depth == 0 and _looks_like_prose(found) and last_boxed(found) is None:
+        # "Final Answer: The final answer is $42$" / "Final Answer: The largest $n$ is 34."
+        return _final_answer_phrase(found, 1) or _stated_result(found)
+    return found
 
 
 def _bare_final_number(text: str) -> str | None:
@@ -190,7 +256,7 @@ def _result_after(text: str) -> str | None:
 
 
 def _from_answer_block(scope: str) -> str | None:
-    boxed = last_boxed(scope)
+    boxed = last_boxes(scope)
     if boxed is not None:
         return boxed
     short = _short_answer(scope)  # <answer>33</answer> or <answer>$\\frac{1}{2}$</answer>
@@ -204,9 +270,12 @@ def _from_answer_block(scope: str) -> str | None:
 
 
 def _lenient_scope(text: str) -> str | None:
-    boxed = last_boxed(text)
+    boxed = last_boxes(text)
     if boxed is not None:
         return boxed
+    display = _cued_display(_unbold(text[-4000:]))
+    if display is not None:
+        return display
     phrase = _final_answer_phrase(_unbold(text[-4000:]))
     if phrase is not None:
         inner = last_boxed(phrase)
@@ -233,6 +302,7 @@ def extract_answer(response: str, mode: Mode = "strict") -> str | None:
     """
     if mode not in ("strict", "lenient"):
         raise ValueError(f"mode must be 'strict' or 'lenient', not {mode!r}")
+    response = cut_next_turn(response)
     block = answer_block(response)
     if block is not None:
         found = _from_answer_block(block)

@@ -88,7 +88,34 @@ def normalize_pair(reference: str, answer: str) -> tuple[str, str]:
         return interval, ans
     if "=" in ans and not _RELATION.search(ref) and not _SEPARATORS.search(ans):
         ans = last_side(ans)  # "\\sqrt{20} = 2\\sqrt{5}" states its last side
+    point = _TUPLE.match(ref)
+    if (
+        point
+        and ans[:1] not in "(["
+        and len(top_level_items(ans)) == len(top_level_items(point.group(1))) > 1
+    ):
+        ans = f"({ans})"  # "3, \\frac{\\pi}{2}" for the point "(3, \\frac{\\pi}{2})"
     return ref, ans
+
+
+def top_level_items(s: str) -> list[str]:
+    """The items of ``s`` split at commas and semicolons outside brackets (``(1,2), 3`` → two);
+    a thousands separator (``10,455``) splits nothing."""
+    items, depth, start = [], 0, 0
+    for i, c in enumerate(s):
+        if c in "{([":
+            depth += 1
+        elif c in "})]":
+            depth = max(0, depth - 1)
+        elif c in ",;" and depth == 0 and not _THOUSANDS_COMMA.match(s, i - 1):
+            items.append(s[start:i].strip())
+            start = i + 1
+    items.append(s[start:].strip())
+    return [item for item in items if item]
+
+
+_THOUSANDS_COMMA = re.compile(r"(?<![\d.])\d{1,3},\d{3}(?!\d)|\d,\d{3}(?![\d.])")
+_TUPLE = re.compile(r"^(?:\\left\s*)?\((.*)(?:\\right\s*)?\)$", re.DOTALL)
 
 
 def last_side(s: str) -> str:

@@ -11,6 +11,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from .macros import unreadable
 from .normalize import MAX_DIGITS
 
 # A worker that hit its memory cap answers with this reason and is replaced (worker.py, pool.py);
@@ -68,6 +69,9 @@ def refuse(answer: str, limits: GuardLimits = DEFAULT_LIMITS) -> str | None:
     """Why this answer is not worth a CAS call, or None when it is safe to parse."""
     if _HEDGE.search(answer):
         return "a hedged answer (approximate, or a question)"
+    why = unreadable(answer)
+    if why is not None:  # the CAS would drop it, and what it holds with it
+        return why
     if len(answer) > limits.max_chars:
         return f"answer longer than {limits.max_chars} characters"
     if nesting_depth(answer) > limits.max_depth:

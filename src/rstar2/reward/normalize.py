@@ -11,18 +11,21 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
+from . import macros
+
 MAX_DIGITS = 1000  # a literal longer than this is not a plausible answer (and slow to convert)
 
 _SPACING = re.compile(r"(?<!\\)\\[,;:! ]|\\q?quad\b|~|\\displaystyle\b|\\left\b|\\right\b|\\middle\b")
-_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree\b|\\text\{\s*degrees?\s*\}")
-# units after a number: "5.4 \text{ cents}", "864 \mbox{ inches}^2", "15 cm"
-_UNIT = re.compile(
-    r"(?<=[\d}])\s*\\(?:text|mbox|mathrm)\{\s*[A-Za-z][A-Za-z .]*\}(?:\s*\^\s*\{?[23]\}?)?\s*$"
+_DEGREES = re.compile(
+    r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree\b|\\(?:text|textnormal|mbox|mathrm)\{\s*degrees?\s*\}"
 )
+_PERCENT_TEXT = re.compile(r"\\(?:text|textnormal|mbox|mathrm)\{\s*(?:percent|per cent|pct)\s*\}")
 # plain-word units after a number: "18 centimeters", "36 cm^2", "12 km/h", "1,234,567 people"
 # (two letters at least, so "4 i" keeps its imaginary unit; stripped only when a plain number is left)
+# (one-letter units only where they are SI symbols after a space: "12,000 m", "5 g", "30 s")
 _WORD_UNIT = re.compile(
-    r"(?<=[\d}])\s*(?:[A-Za-z]{2,}[A-Za-z/.]*)(?:\s+[A-Za-z]{2,}[A-Za-z/.]*)*(?:\^\{?[23]\}?)?$"
+    r"(?<=[\d}])\s*(?:[A-Za-z]{2,}[A-Za-z/.]*|(?<=\s)[mgsL](?:/[a-z]+)?)"
+    r"(?:\s+[A-Za-z]{2,}[A-Za-z/.]*)*(?:\^\{?[23]\}?)?$"
 )
 # number words that scale the value ("1.5 million"): applied, never stripped as a unit
 _SCALES = {
@@ -93,8 +96,9 @@ def number_word(s: str) -> int | None:
 
 def normalize(answer: str, keep_assignment: bool = False) -> str:
     """Cosmetic clean-up that never changes a value: delimiters, spacing macros, ``\\dfrac``,
-    degree signs, trailing units and punctuation, dollar signs, ``x =`` / ``x \\in`` prefixes
-    (kept with ``keep_assignment``: an equation compared with an equation)."""
+    degree signs, text macros by ``macros.resolve``'s rule (units only at the end of a whole
+    answer), trailing units and punctuation, dollar signs, ``x =`` / ``x \\in`` prefixes and
+    ``5 = x`` (kept with ``keep_assignment``: an equation compared with an equation)."""
     s = strip_delimiters(_UNICODE_RE.sub(lambda m: _UNICODE[m.group(0)], answer))
     s = _SPACING.sub("", s)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\$", "").replace("$", "")
@@ -106,7 +110,7 @@ def normalize(answer: str, keep_assignment: bool = False) -> str:
     for pattern, canonical in _RELATIONS:  # one spelling per relation: >=, \ge, ≥ are \geq
         s = pattern.sub(canonical, s)
     s = _DEGREES.sub("", s)
-    s = _UNIT.sub("", s)
+    s = macros.resolve(_PERCENT_TEXT.sub("%", s))  # text macros: symbols, separators, units at the end
     s = _PERCENT_WORD.sub("%", s)
     s = _apply_scale(s)
     unit = _WORD_UNIT.search(s)
@@ -121,9 +125,18 @@ def normalize(answer: str, keep_assignment: bool = False) -> str:
     return s if keep_assignment else drop_assignment(s)
 
 
+_REVERSED_ASSIGNMENT = re.compile(r"^([^=]+?)\s*=\s*[A-Za-z](?:_\{?\w+\}?)?\s*$")
+
+
 def drop_assignment(s: str) -> str:
-    """``x = 5`` → ``5``, ``x \\in [0, 1]`` → ``[0, 1]`` (one left side only: ``a = b = c`` stays)."""
-    return ASSIGNMENT.sub("", s).strip() if "=" in s or "\\in" in s else s
+    """``x = 5`` → ``5``, ``x \\in [0, 1]`` → ``[0, 1]`` (one left side only: ``a = b = c`` stays),
+    and ``5 = x`` → ``5`` (a value on the left: no letters outside macros)."""
+    if "=" not in s and "\\in" not in s:
+        return s
+    reversed_ = _REVERSED_ASSIGNMENT.match(s)
+    if reversed_ and not re.search(r"[A-Za-z]", re.sub(r"\\[A-Za-z]+", "", reversed_.group(1))):
+        return reversed_.group(1).strip()
+    return ASSIGNMENT.sub("", s).strip()
 
 
 def _apply_scale(s: str) -> str:
