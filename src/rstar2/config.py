@@ -72,6 +72,9 @@ class RolloutSection(ChatSection):
     # engines
     servers: list[str] = Field(default_factory=list)  # OpenAI-compatible servers; empty: in-process
     max_batch_size: int = Field(64, ge=1)  # in-process engine: requests generated together
+    # in-process engine: KV tokens kept for trajectories' next turns (None: a quarter of its capacity;
+    # 0: none); they come out of the capacity the scheduler grants
+    keep_tokens: int | None = Field(None, ge=0)
     scheduler: Literal["kv", "least_requests", "static"] = "kv"  # which engine serves each turn
     capacity_tokens: int | None = None  # KV tokens per engine; None: what each engine reports
     grant_tokens: int | None = None  # kv: new tokens per admitted request (None: 512 or capacity/64)

@@ -1,9 +1,19 @@
-"""``HFEngine``: a transformers model served to concurrent async callers, CPU or CUDA.
+"""``HFEngine``: a transformers model served to concurrent async callers, CPU or CUDA, with
+continuous batching and each trajectory's KV kept across its tool turns.
 
-Requests that arrive while a batch runs wait and form the next batch together. A batch is
-left-padded, prefilled once and decoded with a KV cache; rows that finish leave the batch at once
-(their cache rows are dropped), so one long generation does not make the short ones pay.
-The model runs in one thread of its own; the event loop stays free for tool calls.
+One thread of its own runs the model step by step. A request that arrives while others decode
+joins the running batch at the next step: its prompt is prefilled (identical prompts, a group's
+2G rollouts, once) and it decodes with the rest; a row that finishes leaves at once. When a
+request ends, its sequence's keys and values are kept (``engines/kv.py``: a token budget, least
+recently used out) so that the trajectory's next turn, whose prompt extends them by the tool's
+response, prefills only the new tokens. Kept and running caches are tied to the weights they were
+computed under: parameters changed in place (an optimizer step on the shared model, a
+``load_state_dict``) drop every kept prefix and re-prefill the running rows.
+
+transformers' own continuous-batching manager (``generate_batch``/``init_continuous_batching``)
+was measured first (benchmarks/RESULTS.md, issue 15) and not used: on CPU it ran at 0.28× this
+engine, kept prefixes computed under old weights after an update, failed every request in flight
+on one bad request, and has no per-request seed, banned ids or finish reason.
 """
 
 from __future__ import annotations
@@ -14,13 +24,15 @@ import queue
 import random
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .base import Generation, SamplingParams
+from .kv import BatchKV, PrefixStore, SeqKV, common_prefix
 from .sampling import next_tokens
 
 
@@ -30,6 +42,7 @@ class _Request:
     params: SamplingParams
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
+    arrived: float = 0.0
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -51,73 +64,30 @@ def max_positions(model: Any) -> int:
     return int(getattr(model.config, "max_position_embeddings", 1 << 30))
 
 
-@torch.no_grad()
-def generate_batch(
-    model: Any, prompts: list[list[int]], params: list[SamplingParams], pad_id: int = 0
-) -> list[Generation]:
-    """Generate for several prompts at once (left padding, KV cache, finished rows compacted away)."""
-    from transformers import DynamicCache
+@dataclass
+class _Row:
+    """A request in the running batch: what it generated so far; its cache holds the prompt and
+    every generated id but the last (the last is fed at the next decode step)."""
 
-    device = next(model.parameters()).device
-    limit = max_positions(model)
-    n = len(prompts)
-    out_ids: list[list[int]] = [[] for _ in range(n)]
-    out_lp: list[list[float]] = [[] for _ in range(n)]
-    finish: list[str] = ["length"] * n
-    budgets = [min(p.max_new_tokens, limit - len(ids)) for p, ids in zip(params, prompts, strict=True)]
-    for i, b in enumerate(budgets):
-        if b <= 0:
-            raise ValueError(
-                f"prompt of {len(prompts[i])} tokens leaves no room in the model's {limit} positions"
-            )
-    gens = [random.Random(p.seed) if p.seed is not None else None for p in params]
-    width = max(len(p) for p in prompts)
-    ids = torch.full((n, width), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros((n, width), dtype=torch.long, device=device)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p) :] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=model.config)
-    active = list(range(n))  # original row of each batch row
-    logits = model(
-        input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, logits_to_keep=1
-    ).logits[:, -1]
-    last_pos = positions[:, -1]
-    while active:
-        tokens, logps = next_tokens(logits, [params[i] for i in active], [gens[i] for i in active])
-        keep: list[int] = []
-        # one device→host copy per step, not two per row
-        for row, (orig, tok, lp) in enumerate(zip(active, tokens.tolist(), logps.tolist(), strict=True)):
-            out_ids[orig].append(tok)
-            out_lp[orig].append(lp)
-            if tok in params[orig].stop_token_ids:
-                finish[orig] = "stop"
-            elif len(out_ids[orig]) < budgets[orig]:
-                keep.append(row)
-        if not keep:
-            break
-        if len(keep) < len(active):
-            index = torch.tensor(keep, device=device)
-            cache.batch_select_indices(index)
-            mask, last_pos, tokens = mask[index], last_pos[index], tokens[index]
-            active = [active[r] for r in keep]
-        mask = torch.cat([mask, torch.ones((len(active), 1), dtype=mask.dtype, device=device)], dim=1)
-        last_pos = last_pos + 1
-        logits = model(
-            input_ids=tokens.unsqueeze(1),
-            attention_mask=mask,
-            position_ids=last_pos.unsqueeze(1),
-            past_key_values=cache,
-        ).logits[:, -1]
-    return [
-        Generation(out_ids[i], out_lp[i], finish[i])  # type: ignore[arg-type]
-        for i in range(n)
-    ]
+    req: _Request
+    budget: int
+    rng: random.Random | None
+    out_ids: list[int] = field(default_factory=list)
+    out_lp: list[float] = field(default_factory=list)
+    finish: str = "length"
+
+    def context(self) -> list[int]:
+        return self.req.prompt_ids + self.out_ids
+
+
+def weights_version(model: Any) -> int:
+    """Changes whenever a parameter is written in place (optimizer step, ``load_state_dict``) or
+    replaced: torch counts in-place writes per tensor."""
+    return hash(tuple((p.data_ptr(), p._version) for p in model.parameters()))
 
 
 class HFEngine:
-    """A transformers causal LM behind the ``Engine`` protocol."""
+    """A transformers causal LM behind the ``Engine`` protocol (see the module docstring)."""
 
     def __init__(
         self,
@@ -126,6 +96,7 @@ class HFEngine:
         name: str = "hf",
         max_batch_size: int = 64,
         capacity_tokens: int | None = None,
+        keep_tokens: int | None = None,
         pad_token_id: int | None = None,
         gather_s: float = 0.01,
     ) -> None:
@@ -133,15 +104,33 @@ class HFEngine:
         self.gather_s = gather_s
         self.name = name
         self.max_batch_size = max_batch_size
-        self.capacity_tokens = capacity_tokens or max_batch_size * min(max_positions(model), 4096)
-        self.prefix_cache = False  # a request prefills its whole prompt (see Rollout's grants)
+        total = capacity_tokens or max_batch_size * min(max_positions(model), 4096)
+        # the kept prefixes' budget comes out of the capacity the scheduler may grant
+        self.keep_tokens = total // 4 if keep_tokens is None else keep_tokens
+        self.capacity_tokens = max(1, total - self.keep_tokens)
+        self.prefix_cache = self.keep_tokens > 0
+        self.store = PrefixStore(self.keep_tokens)
         self.pad_token_id = pad_token_id if pad_token_id is not None else (model.config.pad_token_id or 0)
-        self.lock = threading.Lock()  # held while a batch runs; hold it to change the weights
+        self.lock = threading.Lock()  # held during a step; hold it to change the weights
         self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._pending: deque[_Request] = deque()
         self.in_flight = 0
         self._thread: threading.Thread | None = None
         self._closed = False
-        self.stats = {"batches": 0, "requests": 0, "generated_tokens": 0, "busy_s": 0.0}
+        self._version: int | None = None
+        self.stats = {
+            "batches": 0,  # admissions: groups of requests that joined together
+            "requests": 0,
+            "generated_tokens": 0,
+            "busy_s": 0.0,
+            "steps": 0,  # decode steps
+            "row_steps": 0,  # rows decoded, summed over steps (occupancy = row_steps / steps)
+            "prefill_tokens": 0,  # tokens prefilled
+            "reused_tokens": 0,  # prompt tokens not prefilled: a kept prefix of the same trajectory
+            "shared_tokens": 0,  # prompt tokens not prefilled: an identical prompt in the same admission
+            "queue_wait_s": 0.0,  # summed over requests: arrival to admission
+            "reprefills": 0,  # running rows prefilled again after new weights
+        }
 
     @classmethod
     def from_pretrained(
@@ -162,6 +151,10 @@ class HFEngine:
             raise RuntimeError(f"engine {self.name} is closed")
         if not prompt_ids:
             raise ValueError("the prompt is empty")
+        vocab = self.model.get_input_embeddings().num_embeddings
+        if not all(0 <= t < vocab for t in prompt_ids):
+            bad = next(t for t in prompt_ids if not 0 <= t < vocab)
+            raise ValueError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
         if len(prompt_ids) >= max_positions(self.model):
             raise ValueError(
                 f"prompt of {len(prompt_ids)} tokens leaves no room in the model's "
@@ -171,7 +164,7 @@ class HFEngine:
             self._thread = threading.Thread(target=self._serve, name=f"engine-{self.name}", daemon=True)
             self._thread.start()
         loop = asyncio.get_running_loop()
-        req = _Request(list(prompt_ids), params, loop, loop.create_future())
+        req = _Request(list(prompt_ids), params, loop, loop.create_future(), time.perf_counter())
         self.in_flight += 1
         try:
             self._queue.put(req)
@@ -191,47 +184,224 @@ class HFEngine:
             await asyncio.to_thread(self._thread.join, 30)
 
     # -- the engine's own thread -------------------------------------------------------------
-    def _take_batch(self) -> list[_Request] | None:
-        first = self._queue.get()
-        if first is None:
-            return None
-        batch = [first]
-        # Requests of a burst (a rollout batch starting, tool calls returning together) arrive a
-        # little apart: wait until the queue has been quiet for ``gather_s`` (at most 10 windows),
-        # so the first request does not run alone while the rest of the burst queues behind it.
-        deadline = time.perf_counter() + 10 * self.gather_s
-        while len(batch) < self.max_batch_size:
-            wait = min(self.gather_s, deadline - time.perf_counter())
+    def _admit(self, free: int, wait: bool) -> list[_Request] | None:
+        """Requests to join now (at most ``free``). With nothing running (``wait``), block for the
+        first and gather the rest of its burst; else take what has arrived. None: closing."""
+        closing = False
+        if wait and not self._pending:
+            first = self._queue.get()
+            if first is None:
+                return None
+            self._pending.append(first)
+            # a burst (a rollout batch starting, tool calls returning together) arrives a little
+            # apart: wait until the queue has been quiet for ``gather_s`` (at most 10 windows)
+            deadline = time.perf_counter() + 10 * self.gather_s
+            while len(self._pending) < free:
+                left = min(self.gather_s, deadline - time.perf_counter())
+                try:
+                    nxt = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    closing = True
+                    break
+                self._pending.append(nxt)
+        while True:
             try:
-                nxt = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+                nxt = self._queue.get_nowait()
             except queue.Empty:
                 break
             if nxt is None:
-                self._queue.put(None)
+                closing = True
                 break
-            batch.append(nxt)
-        return batch
+            self._pending.append(nxt)
+        if closing:
+            self._queue.put(None)  # seen again once the running rows are done
+        taken = [self._pending.popleft() for _ in range(min(free, len(self._pending)))]
+        now = time.perf_counter()
+        self.stats["queue_wait_s"] += sum(now - r.arrived for r in taken)
+        return taken
 
     def _serve(self) -> None:
-        while (batch := self._take_batch()) is not None:
+        device = next(self.model.parameters()).device
+        batch = _Batch(device)
+        while True:
+            new = self._admit(self.max_batch_size - len(batch.rows), wait=not batch.rows)
+            if new is None and not batch.rows:
+                break
             start = time.perf_counter()
-            try:
-                with self.lock, compute_precision(next(self.model.parameters()).device):
-                    results: list[Any] = generate_batch(
-                        self.model,
-                        [r.prompt_ids for r in batch],
-                        [r.params for r in batch],
-                        self.pad_token_id,
-                    )
-            except Exception as exc:  # one bad batch fails its own requests, the engine goes on
-                results = [exc] * len(batch)
-            self.stats["batches"] += 1
-            self.stats["requests"] += len(batch)
+            with torch.no_grad(), self.lock, compute_precision(device):
+                version = weights_version(self.model)
+                if version != self._version:  # new weights: nothing computed under the old ones is used
+                    self.store.clear()
+                    self._version = version
+                    if batch.rows:
+                        self.stats["reprefills"] += len(batch.rows)
+                        self._guard(batch, batch.rows, lambda: batch.refill(self))
+                if new:
+                    rows = [self._row(r) for r in new]
+                    if not self._guard(
+                        batch, rows, lambda rows=rows: batch.join(self, rows), fail=len(rows) == 1
+                    ):
+                        for row in rows:  # one of them is bad: each joins alone, the bad one fails alone
+                            self._guard(batch, [row], lambda row=row: batch.join(self, [row]))
+                if batch.rows:
+                    self._guard(batch, list(batch.rows), lambda: batch.step(self))
             self.stats["busy_s"] += time.perf_counter() - start
-            for req, res in zip(batch, results, strict=True):
-                if isinstance(res, Generation):
-                    self.stats["generated_tokens"] += len(res.token_ids)
-                req.loop.call_soon_threadsafe(_settle, req.future, res)
+
+    def _guard(self, batch: _Batch, rows: list[_Row], action: Any, fail: bool = True) -> bool:
+        """Run a step; if it fails, its rows fail with the error (the whole running batch when the
+        failure may have left it half-changed; ``fail=False``: new rows are left to retry) and
+        the engine goes on serving. True when the step ran."""
+        try:
+            action()
+            return True
+        except Exception as exc:  # noqa: BLE001 - one bad request must not stop the engine
+            running = {id(r) for r in batch.rows}
+            touched = any(id(r) in running for r in rows)
+            if touched or (batch.kv is not None and batch.kv.rows != len(batch.rows)):
+                failed = list(batch.rows) + [r for r in rows if id(r) not in running]
+                batch.reset()
+            elif fail:
+                failed = list(rows)
+            else:
+                return False
+            for row in failed:
+                row.req.loop.call_soon_threadsafe(_settle, row.req.future, exc)
+            return False
+
+    def _row(self, req: _Request) -> _Row:
+        budget = min(req.params.max_new_tokens, max_positions(self.model) - len(req.prompt_ids))
+        seed = req.params.seed
+        self.stats["requests"] += 1
+        return _Row(req, budget, random.Random(seed) if seed is not None else None)
+
+    def _forward(self, ids: torch.Tensor, kv: BatchKV, new_mask: torch.Tensor) -> torch.Tensor:
+        """One pass over ``ids`` (rows, n) appended to ``kv``; the logits of each row's last column."""
+        positions = kv.next_pos.unsqueeze(1) + (new_mask.cumsum(dim=1) - 1).clamp(min=0)
+        kv.grow(new_mask)
+        out = self.model(
+            input_ids=ids, attention_mask=kv.mask, position_ids=positions, cache=kv.cache, logits_to_keep=1
+        )
+        return out.logits[:, -1]
+
+
+MIN_SHARED_PREFIX = 16  # tokens a group's prompts must share before the prefix is prefilled once
+
+
+class _Batch:
+    """The running rows, their cache, and the logits of each row's next token."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.rows: list[_Row] = []
+        self.kv: BatchKV | None = None
+        self.logits: torch.Tensor | None = None
+
+    def reset(self) -> None:
+        self.rows, self.kv, self.logits = [], None, None
+
+    def _prefill(self, engine: HFEngine, contexts: list[list[int]], kept: list[SeqKV | None]):
+        """Prefill ``contexts`` after their kept prefixes; identical fresh contexts once."""
+        unique: dict[Any, int] = {}
+        index = []
+        for i, (ctx, seq) in enumerate(zip(contexts, kept, strict=True)):
+            key = tuple(ctx) if seq is None else i
+            index.append(unique.setdefault(key, len(unique)))
+        firsts = [index.index(u) for u in range(len(unique))]  # the first row of each distinct context
+        kv = BatchKV.from_sequences([kept[i] for i in firsts], self.device)
+        news = [contexts[i][kept[i].length if kept[i] is not None else 0 :] for i in firsts]
+        width = max(len(n) for n in news)
+        ids = torch.full((len(news), width), engine.pad_token_id, dtype=torch.long, device=self.device)
+        mask = torch.zeros((len(news), width), dtype=torch.long, device=self.device)
+        for r, n in enumerate(news):
+            ids[r, width - len(n) :] = torch.tensor(n, dtype=torch.long)
+            mask[r, width - len(n) :] = 1
+        logits = engine._forward(ids, kv, mask)
+        engine.stats["prefill_tokens"] += sum(len(n) for n in news)
+        engine.stats["shared_tokens"] += sum(  # identical contexts prefilled once
+            len(contexts[i]) - (kept[i].length if kept[i] is not None else 0) for i in range(len(contexts))
+        ) - sum(len(n) for n in news)
+        if len(firsts) < len(contexts):
+            kv.select(index)
+            logits = logits[torch.tensor(index, device=self.device)]
+        return kv, logits
+
+    def join(self, engine: HFEngine, rows: list[_Row]) -> None:
+        """New rows join the batch: a kept prefix of the same trajectory taken from the store; a
+        prefix the others share (the system prompt, a group's problem) prefilled once; the rest
+        prefilled together."""
+        prompts = [r.req.prompt_ids for r in rows]
+        store = engine.store if engine.prefix_cache else None
+        kept = [store.take(p, engine._version) if store is not None else None for p in prompts]
+        fresh = [i for i, seq in enumerate(kept) if seq is None or seq.shared]
+        # (one token short of the shortest prompt: each row prefills at least its last token)
+        shared = (
+            min(common_prefix([prompts[i] for i in fresh]), min(len(prompts[i]) for i in fresh) - 1)
+            if len(fresh) > 1
+            else 0
+        )
+        longest_kept = max((kept[i].length for i in fresh if kept[i] is not None), default=0)
+        if shared >= max(MIN_SHARED_PREFIX, longest_kept + 1) and all(
+            len(prompts[i]) > shared for i in fresh
+        ):
+            ids = prompts[fresh[0]][:shared]
+            kv, _ = self._prefill(engine, [ids], [kept[fresh[0]]])
+            prefix = kv.sequence(0, tuple(ids), engine._version, shared=True)
+            if store is not None:
+                store.put(prefix)
+            for i in fresh:
+                kept[i] = prefix
+        for seq in kept:
+            if seq is not None:
+                engine.stats["shared_tokens" if seq.shared else "reused_tokens"] += seq.length
+        kv, logits = self._prefill(engine, prompts, kept)
+        engine.stats["batches"] += 1
+        if self.kv is None or not self.rows:
+            self.kv, self.logits, self.rows = kv, logits, list(rows)
+        else:
+            self.kv.extend(kv)
+            self.logits = torch.cat([self.logits, logits])
+            self.rows += rows
+
+    def refill(self, engine: HFEngine) -> None:
+        """Every running row prefilled again from its tokens (the weights changed under it)."""
+        rows = self.rows
+        self.kv, self.logits = self._prefill(engine, [r.context() for r in rows], [None] * len(rows))
+
+    def step(self, engine: HFEngine) -> None:
+        """Sample each row's next token; rows that end leave (their cache kept); the rest decode."""
+        rows = self.rows
+        tokens, logps = next_tokens(self.logits, [r.req.params for r in rows], [r.rng for r in rows])
+        keep: list[int] = []
+        for i, (row, tok, lp) in enumerate(zip(rows, tokens.tolist(), logps.tolist(), strict=True)):
+            row.out_ids.append(tok)
+            row.out_lp.append(lp)
+            if tok in row.req.params.stop_token_ids:
+                row.finish = "stop"
+            elif len(row.out_ids) < row.budget:
+                keep.append(i)
+                continue
+            self._finish(engine, i, row)
+        engine.stats["steps"] += 1
+        engine.stats["row_steps"] += len(rows)
+        if not keep:
+            self.reset()
+            return
+        if len(keep) < len(rows):
+            self.kv.select(keep)
+            tokens = tokens[torch.tensor(keep, device=self.device)]
+            self.rows = [rows[i] for i in keep]
+        ones = torch.ones((len(self.rows), 1), dtype=torch.long, device=self.device)
+        self.logits = engine._forward(tokens.unsqueeze(1), self.kv, ones)
+
+    def _finish(self, engine: HFEngine, i: int, row: _Row) -> None:
+        if engine.prefix_cache:
+            ids = tuple(row.req.prompt_ids + row.out_ids[:-1])
+            engine.store.put(self.kv.sequence(i, ids, engine._version))
+        engine.stats["generated_tokens"] += len(row.out_ids)
+        gen = Generation(row.out_ids, row.out_lp, row.finish)  # type: ignore[arg-type]
+        row.req.loop.call_soon_threadsafe(_settle, row.req.future, gen)
 
 
 def _settle(fut: asyncio.Future, result: Any) -> None:

@@ -47,9 +47,14 @@ def next_tokens(
     sample_rows = (~greedy).nonzero().flatten().tolist()
     if sample_rows:
         rows = torch.tensor(sample_rows, device=logits.device)
-        top_k = torch.tensor([params[i].top_k for i in sample_rows], device=logits.device)
-        top_p = torch.tensor([params[i].top_p for i in sample_rows], device=logits.device)
-        probs = filter_logits(scaled[rows], top_k, top_p).softmax(dim=-1)
+        kept = scaled[rows]
+        if any(
+            params[i].top_k > 0 or params[i].top_p < 1 for i in sample_rows
+        ):  # else no sort of the vocabulary
+            top_k = torch.tensor([params[i].top_k for i in sample_rows], device=logits.device)
+            top_p = torch.tensor([params[i].top_p for i in sample_rows], device=logits.device)
+            kept = filter_logits(kept, top_k, top_p)
+        probs = kept.softmax(dim=-1)
         fresh = torch.rand(len(sample_rows), dtype=torch.float64).tolist()
         u = [
             g.random() if (g := generators[i]) is not None else r

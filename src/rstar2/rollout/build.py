@@ -41,7 +41,11 @@ def open_engines(
         return [OpenAIEngine(url, capacity_tokens=settings.capacity_tokens) for url in settings.servers]
     from ..engines.hf import HFEngine
 
-    sizes = {"max_batch_size": settings.max_batch_size, "capacity_tokens": settings.capacity_tokens}
+    sizes = {
+        "max_batch_size": settings.max_batch_size,
+        "capacity_tokens": settings.capacity_tokens,
+        "keep_tokens": settings.keep_tokens,
+    }
     if shared is not None:
         return [HFEngine(shared, name=name, **sizes)]
     if not model:

@@ -1,0 +1,162 @@
+"""Issue 15: requests join the running batch, a trajectory's KV is kept across its turns, and
+nothing computed under old weights is used after new ones. Every generation is checked against a
+teacher-forced pass over the same ids (fp32, CPU: 1e-4)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+
+import pytest
+import torch
+
+from rstar2.engines.base import SamplingParams
+from rstar2.engines.hf import HFEngine
+from rstar2.engines.kv import PrefixStore, SeqKV, common_prefix
+
+
+def teacher_forced(model, prompt: list[int], out: list[int], temperature: float = 1.0) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + out])).logits[0].float() / temperature
+    return logits.log_softmax(-1)[len(prompt) - 1 : -1].gather(1, torch.tensor(out)[:, None]).squeeze(1)
+
+
+def assert_matches(model, prompt, gen, temperature=1.0):
+    ref = teacher_forced(model, prompt, gen.token_ids, temperature)
+    assert torch.allclose(ref, torch.tensor(gen.logprobs), atol=1e-4), (
+        (ref - torch.tensor(gen.logprobs)).abs().max()
+    )
+
+
+@pytest.fixture
+def model(tiny):
+    return copy.deepcopy(tiny[0])  # tests here change weights
+
+
+@pytest.fixture
+def prompt(tiny):
+    return tiny[1].encode("question: what is 12 + 30? think and call the tool", add_special_tokens=False)
+
+
+async def test_a_request_joins_the_running_batch_and_leaves_before_it_ends(model, prompt):
+    engine = HFEngine(model, max_batch_size=8)
+    long_params = SamplingParams(max_new_tokens=300, temperature=1.0, seed=1)
+    long = asyncio.create_task(engine.generate(prompt, long_params))
+    while engine.stats["steps"] < 5:  # the long one is decoding
+        await asyncio.sleep(0.001)
+    t0 = time.perf_counter()
+    short = await engine.generate(prompt[:5], SamplingParams(max_new_tokens=8, temperature=1.0, seed=2))
+    short_done = time.perf_counter() - t0
+    assert not long.done(), "the short request waited for the long one"
+    g = await long
+    assert engine.stats["batches"] == 2  # two admissions: the long one, then the short one joining it
+    assert engine.stats["steps"] < len(g.token_ids) + len(short.token_ids)  # they shared steps
+    assert short_done > 0 and len(short.token_ids) == 8
+    assert_matches(model, prompt, g)
+    assert_matches(model, prompt[:5], short)
+    await engine.close()
+
+
+async def test_the_next_turn_prefills_only_its_new_tokens_and_samples_the_same(model, prompt):
+    engine = HFEngine(model, max_batch_size=8)
+    plain = HFEngine(model, max_batch_size=8, keep_tokens=0)
+    assert engine.prefix_cache and not plain.prefix_cache
+    first = await engine.generate(prompt, SamplingParams(max_new_tokens=12, seed=3))
+    tool = [7, 8, 9, 10, 11]  # the tool's response, as the rollout appends it
+    second_prompt = prompt + first.token_ids + tool
+    before = engine.stats["prefill_tokens"]
+    second = await engine.generate(second_prompt, SamplingParams(max_new_tokens=12, seed=4))
+    assert engine.stats["reused_tokens"] == len(prompt) + len(first.token_ids) - 1
+    assert engine.stats["prefill_tokens"] - before == len(tool) + 1  # the last sampled id, then the tool's
+    assert_matches(model, second_prompt, second)
+    again = await plain.generate(second_prompt, SamplingParams(max_new_tokens=12, seed=4))
+    assert again.token_ids == second.token_ids  # the same seed, with or without the kept prefix
+    await engine.close()
+    await plain.close()
+
+
+async def test_new_weights_drop_kept_prefixes(model, prompt):
+    engine = HFEngine(model, max_batch_size=8)
+    first = await engine.generate(prompt, SamplingParams(max_new_tokens=10, seed=5))
+    with torch.no_grad():  # an optimizer step on the shared model: parameters written in place
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    nxt = prompt + first.token_ids + [3, 4]
+    second = await engine.generate(nxt, SamplingParams(max_new_tokens=10, seed=6))
+    assert engine.stats["reused_tokens"] == 0
+    assert_matches(model, nxt, second)  # the new weights' logprobs, not a stale prefix's
+    await engine.close()
+
+
+async def test_running_rows_are_prefilled_again_when_weights_change_under_them(model, prompt):
+    engine = HFEngine(model, max_batch_size=8)
+    task = asyncio.create_task(engine.generate(prompt, SamplingParams(max_new_tokens=200, seed=7)))
+    while engine.stats["steps"] < 20:
+        await asyncio.sleep(0.001)
+    changed = {k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    await asyncio.to_thread(engine.update_weights, changed)
+    g = await task
+    assert engine.stats["reprefills"] == 1
+    # the last tokens were sampled from the new weights over the whole context
+    assert_matches(
+        model, prompt + g.token_ids[:-5], type(g)(g.token_ids[-5:], g.logprobs[-5:], g.finish_reason)
+    )
+    await engine.close()
+
+
+async def test_a_group_shares_its_prompt_prefill_and_each_matches_a_teacher_forced_pass(model, prompt):
+    engine = HFEngine(model, max_batch_size=16)
+    prompts = [prompt + [20 + i, 21 + i] for i in range(6)] + [prompt] * 4  # a group: identical prompts too
+    gens = await asyncio.gather(
+        *(engine.generate(p, SamplingParams(max_new_tokens=6, seed=10 + i)) for i, p in enumerate(prompts))
+    )
+    assert engine.stats["shared_tokens"] >= 9 * len(prompt)  # the common prefix prefilled once
+    assert engine.stats["prefill_tokens"] < 2 * len(prompt) + 6 * 2 + 10
+    for p, g in zip(prompts, gens, strict=True):
+        assert_matches(model, p, g)
+    await engine.close()
+
+
+async def test_one_bad_request_fails_alone_and_the_engine_goes_on(model, prompt):
+    engine = HFEngine(model, max_batch_size=8)
+    vocab = model.config.vocab_size
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        await engine.generate(prompt + [vocab + 5], SamplingParams(max_new_tokens=3))
+    good = await asyncio.gather(
+        *(engine.generate(prompt, SamplingParams(max_new_tokens=4, seed=i)) for i in range(3))
+    )
+    assert all(len(g.token_ids) == 4 for g in good)
+    await engine.close()
+
+
+def test_the_scheduler_sees_the_capacity_left_after_kept_prefixes(model):
+    engine = HFEngine(model, capacity_tokens=10_000, keep_tokens=2_500)
+    assert engine.capacity_tokens == 7_500 and engine.store.budget_tokens == 2_500
+
+
+def _seq(ids, version=0, shared=False):
+    t = [torch.zeros(1, 1, len(ids), 2)]
+    return SeqKV(tuple(ids), t, t, version, shared)
+
+
+def test_the_prefix_store_keeps_within_its_budget_least_recently_used_first_out():
+    store = PrefixStore(budget_tokens=10)
+    store.put(_seq([1, 2, 3, 4]))
+    store.put(_seq([5, 6, 7, 8]))
+    store.put(_seq([9, 9, 9, 9]))  # 12 > 10: the oldest goes
+    assert len(store) == 2 and store.evicted == 1 and store.tokens == 8
+    assert store.take([1, 2, 3, 4, 5], version=0) is None
+    got = store.take([5, 6, 7, 8, 0], version=0)
+    assert got is not None and got.ids == (5, 6, 7, 8) and len(store) == 1  # consumed by its turn
+    assert store.take([9, 9, 9, 9], version=0) is None  # nothing new after it: not a prefix to reuse
+    assert store.take([9, 9, 9, 9, 1], version=1) is None and len(store) == 0  # other weights: dropped
+
+
+def test_shared_prefixes_serve_many_requests_and_the_longest_prefix_wins():
+    store = PrefixStore(budget_tokens=100)
+    store.put(_seq([1, 2], shared=True))
+    store.put(_seq([1, 2, 3, 4]))
+    assert store.take([1, 2, 3, 4, 5], 0).ids == (1, 2, 3, 4)
+    assert store.take([1, 2, 7], 0).ids == (1, 2) and store.take([1, 2, 8], 0).ids == (1, 2)
+    assert common_prefix([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2 and common_prefix([[1], [2]]) == 0
