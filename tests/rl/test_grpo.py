@@ -85,7 +85,9 @@ def test_all_tokens_clipped_gives_zero_gradient_and_empty_mask_zero_loss():
     logp.grad = None
     loss, stats = policy_loss(logp, old, torch.ones(2, 3), torch.zeros(2, 3))
     loss.backward()
-    assert float(loss.detach()) == 0.0 and torch.count_nonzero(logp.grad) == 0 and float(stats["weight"]) == 0.0
+    assert (
+        float(loss.detach()) == 0.0 and torch.count_nonzero(logp.grad) == 0 and float(stats["weight"]) == 0.0
+    )
 
 
 def test_kl_and_truncated_importance_sampling_by_hand():
