@@ -22,6 +22,7 @@ import asyncio
 import json
 import math
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -189,6 +190,52 @@ def run_trl(model_dir: Path, texts: list[str], out: Path, a) -> dict:
     }
 
 
+def engines_before_after(model_dir: Path, data: Path, root: Path, a) -> None:
+    """The same RL steps with the engine of ``a.baseline_rev`` and with the current one, A-B-B-A."""
+    import gc
+
+    import rstar2.engines.hf as hf
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from rollout import baseline_engine_class
+
+    engines = {"baseline": baseline_engine_class(a.baseline_rev), "new": hf.HFEngine}
+    runs: dict[str, list[dict]] = {name: [] for name in engines}
+    current = hf.HFEngine
+    for i, name in enumerate(("baseline", "new", "new", "baseline")):
+        hf.HFEngine = engines[name]  # what rollout.build.open_engines constructs
+        try:
+            result = run_rstar2(model_dir, data, root / f"rstar2-{i}-{name}", a)
+        finally:
+            hf.HFEngine = current
+        result["rollout_tokens_per_s"] = (
+            a.prompts * a.group * result["completion_tokens"] / result["rollout_s"]
+        )
+        runs[name].append(result)
+        print(name, json.dumps(result), flush=True)
+        gc.collect()
+
+    def mean(name: str, key: str) -> float:
+        return statistics.mean(r[key] for r in runs[name])
+
+    what = f"model {a.model}" if a.model else f"tiny model (hidden {a.hidden}, {a.layers} layers)"
+    print(
+        f"\nRL step, {what}, {a.prompts} prompts x {a.group}, up to {a.length} tokens; engine at {a.baseline_rev} vs now"
+    )
+    print(
+        f"{'engine':10}{'s/step':>9}{'rollout s':>11}{'update s':>10}{'rollout tok/s':>15}{'step ratio':>12}"
+    )
+    for name in engines:
+        print(
+            f"{name:10}{mean(name, 'step_s'):9.2f}{mean(name, 'rollout_s'):11.2f}{mean(name, 'update_s'):10.2f}"
+            f"{mean(name, 'rollout_tokens_per_s'):15.1f}{mean(name, 'step_s') / mean('baseline', 'step_s'):11.2f}x"
+        )
+    if a.out:
+        a.out.write_text(
+            json.dumps({"args": vars(a) | {"out": str(a.out)}, "runs": runs}, indent=2, default=str)
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=8)
@@ -206,6 +253,12 @@ def main() -> None:
     )
     ap.add_argument("--trl-first", action="store_true", help="run TRL first (check for drift of the machine)")
     ap.add_argument("--model", type=Path, default=None, help="a local model folder instead of the tiny one")
+    ap.add_argument(
+        "--baseline-rev",
+        default=None,
+        help="instead of TRL: rstar2's step with the in-process engine of this commit against the current "
+        "engine, A-B-B-A in one process (benchmarks/rollout.py loads that engine)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rl-step-"))
@@ -214,6 +267,9 @@ def main() -> None:
     model_dir, data, texts = build(
         root, a.hidden, a.layers, a.prompts * (a.steps + 1), a.mean_length, a.model
     )
+    if a.baseline_rev:
+        engines_before_after(model_dir, data, root, a)
+        return
     if a.trl_first:
         theirs = run_trl(model_dir, texts, root / "trl", a)
         ours = run_rstar2(model_dir, data, root / "rstar2", a)

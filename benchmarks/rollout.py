@@ -163,6 +163,25 @@ async def isolated(engine: Any, prompts: list[list[int]], new: int) -> dict:
     return {"wall_s": wall, "tokens_per_s": sum(len(g.token_ids) for g in gens) / wall}
 
 
+def transformers_batch(model, prompts: list[list[int]], new: int) -> dict:
+    """The same isolated decode through transformers' own continuous batching (``generate_batch``),
+    its KV cache sized to the requests (the default takes 60% of RAM on CPU)."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    page = 32
+    blocks = sum((len(p) + new) // page + 2 for p in prompts)
+    cb = ContinuousBatchingConfig(page_size=page, num_blocks=blocks, max_batch_tokens=2048)
+    gen = GenerationConfig(max_new_tokens=new, do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
+    model.generate_batch(inputs=[prompts[0][:8]], generation_config=gen, continuous_batching_config=cb)
+    start = time.perf_counter()
+    out = model.generate_batch(inputs=prompts, generation_config=gen, continuous_batching_config=cb)
+    wall = time.perf_counter() - start
+    model.eval()
+    tokens = sum(len(o.generated_tokens) for o in out.values())
+    return {"wall_s": wall, "tokens_per_s": tokens / wall}
+
+
 async def rollouts(engine: Any, tok, pool: LocalPool, a) -> dict:
     fmt = ChatFormat(tok)
     timed = TimedEngine(engine)
@@ -177,6 +196,7 @@ async def rollouts(engine: Any, tok, pool: LocalPool, a) -> dict:
         for g in range(a.groups)
         for i in range(a.group_size)
     ]
+    await asyncio.sleep(0.5)  # the engine thread's accounting of the previous part has landed
     before = dict(getattr(engine, "stats", {}))
     busy0 = before.get("busy_s", 0.0)
     start = time.perf_counter()
@@ -213,6 +233,11 @@ def main() -> None:
     ap.add_argument("--think-min", type=int, default=10)
     ap.add_argument("--think-max", type=int, default=60)
     ap.add_argument("--skip-isolated", action="store_true")
+    ap.add_argument(
+        "--transformers-cb",
+        action="store_true",
+        help="also the isolated decode through transformers' generate_batch (once, after A-B-B-A)",
+    )
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if a.threads:
@@ -247,6 +272,7 @@ def main() -> None:
                 await run(name, pool)
 
     asyncio.run(all_runs())
+    reference = transformers_batch(model, prompts, a.new_tokens) if a.transformers_cb else None
 
     def mean(name: str, part: str, key: str) -> float:
         return statistics.mean(r[key] for r in results[name][part])
@@ -263,6 +289,9 @@ def main() -> None:
         for name in engines:
             tps = mean(name, "isolated", "tokens_per_s")
             print(f"{name:10s} {tps:10.1f} {tps / base:6.2f}x")
+        if reference is not None:
+            tps = reference["tokens_per_s"]
+            print(f"{'transformers generate_batch (1 run)':10s} {tps:10.1f} {tps / base:6.2f}x")
     print(
         f"\nTool-using rollouts: {a.groups} groups x {a.group_size}, up to {a.turns} turns of {a.think_min}-{a.think_max} "
         "generated tokens + a sandbox call each (mean of 2 runs each, A-B-B-A)"
@@ -283,7 +312,11 @@ def main() -> None:
         print(f"{name:10s} " + " ".join(f"{v:16.2f}" for v in vals) + f" {vals[0] / base:6.2f}x")
     if a.out:
         Path(a.out).write_text(
-            json.dumps({"argv": sys.argv, "model": path, "results": results}, indent=2, default=float)
+            json.dumps(
+                {"argv": sys.argv, "model": path, "results": results, "transformers_cb": reference},
+                indent=2,
+                default=float,
+            )
         )
 
 

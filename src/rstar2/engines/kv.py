@@ -50,6 +50,11 @@ class GrowingLayer(DynamicLayer):
         self.length = length
         self._views()
 
+    def take_rows(self, index: torch.Tensor) -> None:
+        self.buf_k = self.buf_k.index_select(0, index)
+        self.buf_v = self.buf_v.index_select(0, index)
+        self._views()
+
     def _views(self) -> None:
         self.keys = self.buf_k[:, :, : self.length]
         self.values = self.buf_v[:, :, : self.length]
@@ -135,16 +140,18 @@ class BatchKV:
             if s is not None and s.length:
                 mask[i, width - s.length :] = 1
                 next_pos[i] = s.length
+        spare = max(64, width // 2)  # the new tokens about to be prefilled after it
         for li in range(len(template.keys)):
             k0, v0 = template.keys[li], template.values[li]
-            keys = k0.new_zeros((n, k0.shape[1], width, k0.shape[-1]))
-            values = v0.new_zeros((n, v0.shape[1], width, v0.shape[-1]))
+            layer = GrowingLayer()
+            layer.is_initialized, layer.device, layer.length = True, k0.device, width
+            layer.buf_k = k0.new_zeros((n, k0.shape[1], width + spare, k0.shape[-1]))
+            layer.buf_v = v0.new_zeros((n, v0.shape[1], width + spare, v0.shape[-1]))
             for i, s in enumerate(seqs):
                 if s is not None and s.length:
-                    keys[i, :, width - s.length :] = s.keys[li][0]
-                    values[i, :, width - s.length :] = s.values[li][0]
-            layer = GrowingLayer()
-            layer.adopt(keys, values, spare=64)
+                    layer.buf_k[i, :, width - s.length : width] = s.keys[li][0]
+                    layer.buf_v[i, :, width - s.length : width] = s.values[li][0]
+            layer._views()
             cache.layers.append(layer)
         return cls(cache, mask, next_pos)
 
@@ -154,11 +161,11 @@ class BatchKV:
         self.next_pos = self.next_pos + new_mask.sum(dim=1)
 
     def select(self, rows: list[int]) -> None:
-        """Keep only ``rows``, in that order."""
+        """Keep only ``rows``, in that order (one copy of the kept rows, spare columns included)."""
         index = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
         self.mask, self.next_pos = self.mask[index], self.next_pos[index]
         for layer in self.layers():
-            layer.adopt(layer.keys[index], layer.values[index], spare=max(16, layer.length // 4))
+            layer.take_rows(index)
         self.trim()
 
     def trim(self) -> None:
@@ -188,10 +195,18 @@ class BatchKV:
             raise RuntimeError("cannot join caches of different layer counts")
         self.mask = torch.cat([_pad_left(self.mask, width), _pad_left(other.mask, width)], dim=0)
         self.next_pos = torch.cat([self.next_pos, other.next_pos])
-        for a, b in zip(mine, theirs, strict=True):
-            keys = torch.cat([_pad_left(a.keys, width, dim=2), _pad_left(b.keys, width, dim=2)], dim=0)
-            values = torch.cat([_pad_left(a.values, width, dim=2), _pad_left(b.values, width, dim=2)], dim=0)
-            a.adopt(keys, values, spare=64)
+        n = self.rows
+        for a, b in zip(mine, theirs, strict=True):  # one new buffer, each side written once
+            spare = max(64, width // 4)
+            keys = a.keys.new_zeros((n, a.keys.shape[1], width + spare, a.keys.shape[-1]))
+            values = a.values.new_zeros((n, a.values.shape[1], width + spare, a.values.shape[-1]))
+            na = a.keys.shape[0]
+            keys[:na, :, width - a.length : width] = a.keys
+            values[:na, :, width - a.length : width] = a.values
+            keys[na:, :, width - b.length : width] = b.keys
+            values[na:, :, width - b.length : width] = b.values
+            a.buf_k, a.buf_v, a.length = keys, values, width
+            a._views()
 
     def sequence(self, row: int, ids: tuple[int, ...], version: int, shared: bool = False) -> SeqKV:
         """A copy of one row's own columns (its padding left out), for ``PrefixStore``."""
