@@ -100,7 +100,8 @@ def run_rstar2(model_dir: Path, data: Path, out: Path, a) -> dict:
                 "verifier_workers": 1,
             },
             "roc": {"enabled": False, "keep": a.group},
-            "optim": {"lr": 1e-5, "warmup_steps": 0},
+            "optim": {"lr": 1e-5, "warmup_steps": 0}
+            | ({"micro_batch_tokens": a.micro_batch_tokens} if a.micro_batch_tokens else {}),
             "run": {
                 "out": str(out),
                 "steps": a.steps,
@@ -199,7 +200,13 @@ def engines_before_after(model_dir: Path, data: Path, root: Path, a) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from rollout import baseline_engine_class
 
-    engines = {"baseline": baseline_engine_class(a.baseline_rev), "new": hf.HFEngine}
+    old = baseline_engine_class(a.baseline_rev)
+
+    class Baseline(old):  # type: ignore[misc, valid-type]
+        def __init__(self, model, *, keep_tokens=None, **kw):  # the old engine keeps no prefixes
+            super().__init__(model, **kw)
+
+    engines = {"baseline": Baseline, "new": hf.HFEngine}
     runs: dict[str, list[dict]] = {name: [] for name in engines}
     current = hf.HFEngine
     for i, name in enumerate(("baseline", "new", "new", "baseline")):
@@ -258,6 +265,13 @@ def main() -> None:
         default=None,
         help="instead of TRL: rstar2's step with the in-process engine of this commit against the current "
         "engine, A-B-B-A in one process (benchmarks/rollout.py loads that engine)",
+    )
+    ap.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=None,
+        help="rstar2's update in micro-batches of this many tokens (a 49K vocabulary's logits of 64 "
+        "sequences need ~20 GB at once)",
     )
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()

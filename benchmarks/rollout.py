@@ -182,8 +182,18 @@ def transformers_batch(model, prompts: list[list[int]], new: int) -> dict:
     return {"wall_s": wall, "tokens_per_s": tokens / wall}
 
 
+def chat_format(tok, recipe: str | None) -> ChatFormat:
+    """The model's template with rstar2's prompt, or with a recipe's chat settings (its system
+    prompt, tools in the prompt or not)."""
+    if recipe is None:
+        return ChatFormat(tok)
+    from rstar2.recipe.spec import find_recipe, load_recipe
+
+    return ChatFormat.from_settings(tok, load_recipe(find_recipe(recipe)).chat)
+
+
 async def rollouts(engine: Any, tok, pool: LocalPool, a) -> dict:
-    fmt = ChatFormat(tok)
+    fmt = chat_format(tok, a.chat_from_recipe)
     timed = TimedEngine(engine)
     policy = ScriptedCalls(timed, fmt, a.think_min, a.think_max, tok.convert_tokens_to_ids("<|im_end|>"))
     settings = RolloutSection(max_turns=a.turns, max_response_tokens=100_000, max_batch_size=a.batch)
@@ -233,6 +243,12 @@ def main() -> None:
     ap.add_argument("--think-min", type=int, default=10)
     ap.add_argument("--think-max", type=int, default=60)
     ap.add_argument("--skip-isolated", action="store_true")
+    ap.add_argument(
+        "--chat-from-recipe",
+        default=None,
+        help="a recipe whose chat settings build the prompts (smollm2-135m: a one-sentence system prompt, "
+        "no tool schemas); default: rstar2's system prompt with the tool schemas",
+    )
     ap.add_argument(
         "--transformers-cb",
         action="store_true",

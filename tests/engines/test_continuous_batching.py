@@ -160,3 +160,71 @@ def test_shared_prefixes_serve_many_requests_and_the_longest_prefix_wins():
     assert store.take([1, 2, 3, 4, 5], 0).ids == (1, 2, 3, 4)
     assert store.take([1, 2, 7], 0).ids == (1, 2) and store.take([1, 2, 8], 0).ids == (1, 2)
     assert common_prefix([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2 and common_prefix([[1], [2]]) == 0
+
+
+class ForcedCalls:
+    """The real engine writes each turn's text, then a scripted tool call follows (a random tiny
+    model would rarely write one): the rollout's next turn extends the kept sequence."""
+
+    def __init__(self, engine: HFEngine, fmt, end_id: int) -> None:
+        self.engine, self.fmt, self.end_id = engine, fmt, end_id
+        self.name, self.capacity_tokens, self.prefix_cache = "forced", engine.capacity_tokens, True
+        self.call = fmt.encode(
+            '<tool_call>{"name": "execute_python_code_with_standard_io", "arguments": {"code": "print(6 * 7)"}}</tool_call>'
+        )
+
+    @property
+    def in_flight(self) -> int:
+        return self.engine.in_flight
+
+    async def generate(self, prompt_ids, params):
+        self.banned = tuple(params.stop_token_ids) + tuple(params.banned_token_ids)
+        g = await self.engine.generate(
+            prompt_ids, SamplingParams(max_new_tokens=6, seed=params.seed, banned_token_ids=self.banned)
+        )
+        nan = float("nan")  # the scripted ids were not sampled: no logprob to check
+        return type(g)(
+            g.token_ids + self.call + [self.end_id], g.logprobs + [nan] * (len(self.call) + 1), "stop"
+        )
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_multi_turn_rollouts_on_smollm2s_template_reuse_kv_and_keep_the_invariants(
+    model, smollm2_tokenizer
+):
+    from rstar2.chat.format import ChatFormat
+    from rstar2.config import RolloutSection
+    from rstar2.rollout import Rollout
+    from rstar2.sandbox import LocalPool
+
+    fmt = ChatFormat(smollm2_tokenizer)
+    engine = HFEngine(model, max_batch_size=8)
+    policy = ForcedCalls(engine, fmt, smollm2_tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    async with LocalPool(workers=1) as pool:
+        rollout = Rollout(policy, fmt, pool, None, RolloutSection(max_turns=3, max_response_tokens=2000))
+        trajs = await rollout.run_many([{"problem": f"What is 6 * {7 + i}?", "seed": i} for i in range(4)])
+    assert engine.stats["reused_tokens"] > 0 and engine.stats["shared_tokens"] > 0
+    for traj in trajs:
+        assert len(traj.turns) == 3 and all(c.status == "ok" for c in traj.calls)
+        # ids decode to the template's rendering of the same conversation
+        messages = fmt.problem_messages(traj.problem)
+        for turn in traj.turns:
+            messages.append({"role": "assistant", "content": turn.text})
+            messages += [{"role": "tool", "content": c.response} for c in turn.calls]
+        # (the last turn's tool response is followed by the next assistant header: max_turns ended it)
+        assert fmt.decode(traj.prompt_ids + traj.response_ids) == fmt.render(
+            messages, add_generation_prompt=True
+        )
+        # every sampled id's logprob is the model's over the whole conversation so far
+        full = traj.prompt_ids + traj.response_ids
+        with torch.no_grad():  # the engine's distribution: banned ids (the end of turn) never sampled
+            logits = model(torch.tensor([full])).logits[0].float()
+            logits[:, list(policy.banned)] = float("-inf")
+            ref = logits.log_softmax(-1)
+        n = len(traj.prompt_ids)
+        for i, (tok_id, lp) in enumerate(zip(traj.response_ids, traj.logprobs, strict=True)):
+            if traj.loss_mask[i] and lp == lp:  # sampled by the engine (not NaN)
+                assert abs(float(ref[n + i - 1, tok_id]) - lp) < 1e-4
+    await engine.close()

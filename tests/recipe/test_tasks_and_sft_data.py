@@ -123,5 +123,25 @@ def test_the_paraphrased_set_is_what_its_generator_computes_and_unlike_the_gener
     ).stdout
     assert printed.split() == [r["answer"] for r in shipped]
     # none of the generator's wordings: no problem shares its first five words with a generated one
-    openings = {" ".join(t.problem.split()[:5]) for t in tiny_tasks(2000, digits=(1, 4), seed=0)}
+    # (the varied wording included: RL may train on it, the paraphrased set measures transfer)
+    generated = tiny_tasks(2000, digits=(1, 4), seed=0) + tiny_tasks(
+        2000, digits=(1, 4), seed=0, wording="varied"
+    )
+    openings = {" ".join(t.problem.split()[:5]) for t in generated}
     assert not [r for r in shipped if " ".join(r["problem"].split()[:5]) in openings]
+
+
+def test_varied_wording_phrases_each_family_several_ways_with_the_same_answers():
+    plain = generate(400, digits=(2, 4), seed=1)
+    varied = generate(400, digits=(2, 4), seed=1, wording="varied")
+    assert {t.family for t in varied} == set(FAMILIES)
+    for family in FAMILIES:
+        openings = {" ".join(t.problem.split()[:3]) for t in varied if t.family == family}
+        assert len(openings) >= 3, (family, openings)  # several phrasings, not one
+    assert any("," in t.problem.split("?")[0] and t.family == "product" for t in varied)  # 1,234
+    for t in varied[:120]:
+        assert run_code(t.code) == str(t.answer), t
+    # plain stays what it was: one phrasing a family
+    assert len({" ".join(t.problem.split()[:3]) for t in plain if t.family == "product"}) == 1
+    with pytest.raises(ValueError, match="wording"):
+        generate(3, wording="fancy")

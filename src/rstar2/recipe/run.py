@@ -75,6 +75,7 @@ def problem_rows(data: DataSpec, seed: int, split: str = "train") -> list[dict[s
                 digits=g.digits,
                 seed=seed if g.seed is None else g.seed,
                 split=split,
+                wording=g.wording if split == "train" else "plain",
             )
         ]
     return rows[: data.limit]
@@ -93,7 +94,7 @@ async def sft_rows(
     g = data.generator
     if g is not None:
         seed = recipe.seed if g.seed is None else g.seed
-        tasks = generate(g.count, families=g.families, digits=g.digits, seed=seed)
+        tasks = generate(g.count, families=g.families, digits=g.digits, seed=seed, wording=g.wording)
         bar = tqdm(total=len(tasks), desc="SFT data (real tool runs)", unit="conv", disable=not progress)
         rows += await build_conversations(
             tasks,

@@ -55,6 +55,9 @@ class GeneratorSpec(_Spec):
     families: list[str] | None = None
     digits: tuple[int, int] = (1, 3)
     count: int = 1000
+    # plain: one phrasing per family; varied: several phrasings and contexts, thousands separators
+    # (training only: held-out evaluations keep the plain wording, so runs stay comparable)
+    wording: Literal["plain", "varied"] = "plain"
     error_rate: float = 0.25  # SFT: share of demonstrations whose first program is broken
     seed: int | None = None  # default: the recipe's seed
 

@@ -36,58 +36,156 @@ def number(rng: random.Random, digits: tuple[int, int]) -> int:
     return rng.randint(10 ** (d - 1) if d > 1 else 1, 10**d - 1)
 
 
-def _product(rng, digits):
+class Numbers:
+    """Writes a problem's numbers: plain, or (varied wording) now and then with thousands separators."""
+
+    def __init__(self, rng: random.Random, varied: bool) -> None:
+        self.rng, self.varied = rng, varied
+
+    def __call__(self, n: int) -> str:
+        return f"{n:,}" if self.varied and n >= 1000 and self.rng.random() < 0.4 else str(n)
+
+    def listed(self, xs: Sequence[int]) -> str:
+        return f"{', '.join(map(self, xs[:-1]))} and {self(xs[-1])}"
+
+
+def _pick(rng: random.Random, varied: bool, wordings: Sequence[str]) -> str:
+    """The first wording (the plain generator's), or any of them."""
+    return rng.choice(wordings) if varied else wordings[0]
+
+
+def _product(rng, digits, varied=False):
     a, b = number(rng, digits), number(rng, digits)
-    return (
-        f"A shop has {a} boxes with {b} pens in each box. How many pens does it have?",
-        a * b,
-        f"print({a} * {b})",
-    )
+    w = Numbers(rng, varied)
+    text = _pick(
+        rng,
+        varied,
+        [
+            "A shop has {a} boxes with {b} pens in each box. How many pens does it have?",
+            "There are {a} rows of seats with {b} seats in each row. How many seats are there in total?",
+            "{a} students each bring {b} pencils. How many pencils do they bring altogether?",
+            "A bakery bakes {b} loaves every day for {a} days. How many loaves does it bake?",
+            "Multiply {a} by {b}.",
+            "What is the product of {a} and {b}?",
+        ],
+    ).format(a=w(a), b=w(b))
+    return text, a * b, f"print({a} * {b})"
 
 
-def _sum(rng, digits):
+def _sum(rng, digits, varied=False):
     xs = [number(rng, digits) for _ in range(rng.randint(3, 4))]
-    return (
-        f"What is the sum of {', '.join(map(str, xs[:-1]))} and {xs[-1]}?",
-        sum(xs),
-        f"print({' + '.join(map(str, xs))})",
-    )
+    w = Numbers(rng, varied)
+    text = _pick(
+        rng,
+        varied,
+        [
+            "What is the sum of {items}?",
+            "Add {items}.",
+            "Find the total of {items}.",
+            "A library received {items} books in successive months. How many books did it receive in all?",
+            "The shelves of a storeroom hold {items} jars. How many jars are there altogether?",
+        ],
+    ).format(items=w.listed(xs))
+    return text, sum(xs), f"print({' + '.join(map(str, xs))})"
 
 
-def _remainder(rng, digits):
+def _remainder(rng, digits, varied=False):
     a, b = number(rng, (digits[0] + 1, digits[1] + 1)), max(2, number(rng, digits))
-    return f"What is the remainder when {a} is divided by {b}?", a % b, f"print({a} % {b})"
+    w = Numbers(rng, varied)
+    text = _pick(
+        rng,
+        varied,
+        [
+            "What is the remainder when {a} is divided by {b}?",
+            "Find {a} mod {b}.",
+            "{a} marbles are shared equally among {b} children, as many as possible each. How many marbles are left over?",
+            "What is left over when {a} is split into groups of {b}?",
+        ],
+    ).format(a=w(a), b=w(b))
+    return text, a % b, f"print({a} % {b})"
 
 
-def _quotient(rng, digits):
+def _quotient(rng, digits, varied=False):
     a, b = number(rng, (digits[0] + 1, digits[1] + 1)), max(2, number(rng, digits))
-    text = f"{a} eggs are packed in cartons of {b}. How many cartons are completely filled?"
+    w = Numbers(rng, varied)
+    text = _pick(
+        rng,
+        varied,
+        [
+            "{a} eggs are packed in cartons of {b}. How many cartons are completely filled?",
+            "How many full groups of {b} can be made from {a} chairs?",
+            "A bus holds {b} people. How many buses can be filled completely with {a} people?",
+            "What is the whole-number part of {a} divided by {b}?",
+        ],
+    ).format(a=w(a), b=w(b))
     return text, a // b, f"print({a} // {b})"
 
 
-def _two_step(rng, digits):
+def _two_step(rng, digits, varied=False):
     a, b, c = number(rng, digits), number(rng, digits), number(rng, digits)
-    return f"Compute {a} times {b}, minus {c}.", a * b - c, f"print({a} * {b} - {c})"
+    w = Numbers(rng, varied)
+    text = _pick(
+        rng,
+        varied,
+        [
+            "Compute {a} times {b}, minus {c}.",
+            "Multiply {a} by {b}, then subtract {c}.",
+            "A cinema sold {a} seats at {b} dollars each and paid {c} dollars for cleaning. How many dollars remain?",
+            "What do you get if you take {c} away from the product of {a} and {b}?",
+        ],
+    ).format(a=w(a), b=w(b), c=w(c))
+    return text, a * b - c, f"print({a} * {b} - {c})"
 
 
-def _power_mod(rng, digits):
+def _power_mod(rng, digits, varied=False):
     a, e, n = number(rng, digits), rng.randint(2, 9 + 3 * digits[1]), max(2, number(rng, digits))
-    return f"What is {a} to the power {e}, modulo {n}?", pow(a, e, n), f"print(pow({a}, {e}, {n}))"
+    w = Numbers(rng, varied)
+    text = _pick(
+        rng,
+        varied,
+        [
+            "What is {a} to the power {e}, modulo {n}?",
+            "Find the remainder of {a}^{e} divided by {n}.",
+            "What is {a}^{e} mod {n}?",
+            "When {a} is raised to the power {e} and divided by {n}, what remainder is left?",
+        ],
+    ).format(a=w(a), e=e, n=w(n))
+    return text, pow(a, e, n), f"print(pow({a}, {e}, {n}))"
 
 
-def _multiples(rng, digits):
+def _multiples(rng, digits, varied=False):
     n, k = number(rng, (digits[0] + 1, digits[1] + 1)), max(2, number(rng, (1, max(1, digits[1] - 1))))
-    return f"How many numbers from 1 to {n} are multiples of {k}?", n // k, f"print({n} // {k})"
+    w = Numbers(rng, varied)
+    text = _pick(
+        rng,
+        varied,
+        [
+            "How many numbers from 1 to {n} are multiples of {k}?",
+            "How many positive integers up to {n} are divisible by {k}?",
+            "Count the multiples of {k} between 1 and {n}.",
+            "Among the whole numbers 1 through {n}, how many can be divided evenly by {k}?",
+        ],
+    ).format(n=w(n), k=w(k))
+    return text, n // k, f"print({n} // {k})"
 
 
-def _choose(rng, digits):
+def _choose(rng, digits, varied=False):
     n = rng.randint(5, 6 + 4 * digits[1])
     k = rng.randint(2, n // 2)
-    text = f"In how many ways can a team of {k} be chosen from {n} people?"
+    text = _pick(
+        rng,
+        varied,
+        [
+            "In how many ways can a team of {k} be chosen from {n} people?",
+            "How many different groups of {k} can be picked from {n} students?",
+            "A committee of {k} is formed from {n} candidates. How many committees are possible?",
+            "Compute the binomial coefficient C({n}, {k}).",
+        ],
+    ).format(n=n, k=k)
     return text, math.comb(n, k), f"import math\nprint(math.comb({n}, {k}))"
 
 
-FAMILIES: dict[str, Callable[[random.Random, tuple[int, int]], tuple[str, int, str]]] = {
+FAMILIES: dict[str, Callable[..., tuple[str, int, str]]] = {
     "product": _product,
     "sum": _sum,
     "remainder": _remainder,
@@ -97,6 +195,7 @@ FAMILIES: dict[str, Callable[[random.Random, tuple[int, int]], tuple[str, int, s
     "multiples": _multiples,
     "choose": _choose,
 }
+WORDINGS = ("plain", "varied")
 
 
 def is_heldout(problem: str) -> bool:
@@ -111,19 +210,25 @@ def generate(
     digits: tuple[int, int] = (1, 3),
     seed: int = 0,
     split: str = "train",
+    wording: str = "plain",
 ) -> list[Task]:
     """``count`` distinct problems of one split, families in turn (equally present, except that a
-    family with few distinct problems, like small binomials, gives way to the others)."""
+    family with few distinct problems, like small binomials, gives way to the others).
+    ``wording="varied"``: each family in several phrasings and contexts, large numbers now and
+    then with thousands separators (the plain wording is one of them)."""
     names = list(families or FAMILIES)
     unknown = [f for f in names if f not in FAMILIES]
     if unknown:
         raise ValueError(f"unknown task families {unknown}; known: {', '.join(FAMILIES)}")
+    if wording not in WORDINGS:
+        raise ValueError(f"wording must be one of {', '.join(WORDINGS)}, got {wording!r}")
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
     lo, hi = digits
     if not 1 <= lo <= hi:
         raise ValueError(f"digits must be a range 1 <= lo <= hi, got {digits}")
-    rng = random.Random(f"{seed}:{split}:{lo}-{hi}:{','.join(names)}")
+    varied = wording == "varied"
+    rng = random.Random(f"{seed}:{split}:{lo}-{hi}:{','.join(names)}" + (":varied" if varied else ""))
     out: list[Task] = []
     seen: set[str] = set()
     tries = 0
@@ -132,7 +237,7 @@ def generate(
         if tries > 200 * count + 1000:
             raise ValueError(f"cannot find {count} distinct {split} problems with digits {digits}")
         family = names[tries % len(names)]
-        text, answer, code = FAMILIES[family](rng, digits)
+        text, answer, code = FAMILIES[family](rng, digits, varied)
         if text in seen or is_heldout(text) != (split == "heldout"):
             continue
         seen.add(text)
