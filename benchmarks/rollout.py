@@ -214,8 +214,19 @@ async def rollouts(engine: Any, tok, pool: LocalPool, a) -> dict:
     wall = time.perf_counter() - start
     stats = getattr(engine, "stats", {})
     delta = {
-        k: stats.get(k, 0) - before.get(k, 0) for k in ("prefill_tokens", "reused_tokens", "shared_tokens")
+        k: stats.get(k, 0) - before.get(k, 0)
+        for k in (
+            "prefill_tokens",
+            "reused_tokens",
+            "shared_tokens",
+            "steps",
+            "row_steps",
+            "prefill_s",
+            "busy_s",
+        )
     }
+    delta["rows_per_step"] = delta["row_steps"] / max(1, delta["steps"])  # occupancy of a decode step
+    delta["prefill_share"] = delta["prefill_s"] / max(1e-9, delta["busy_s"])  # of the engine's busy time
     return {
         "wall_s": wall,
         "generated_tokens": policy.generated,
@@ -320,6 +331,8 @@ def main() -> None:
         "prefill_tokens",
         "reused_tokens",
         "shared_tokens",
+        "rows_per_step",
+        "prefill_share",
     )
     print(f"{'engine':10s} " + " ".join(f"{c:>16s}" for c in cols) + f" {'ratio':>7s}")
     base = mean("baseline", "rollouts", "tokens_per_s")

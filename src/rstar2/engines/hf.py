@@ -130,6 +130,7 @@ class HFEngine:
             "shared_tokens": 0,  # prompt tokens not prefilled: an identical prompt in the same admission
             "queue_wait_s": 0.0,  # summed over requests: arrival to admission
             "reprefills": 0,  # running rows prefilled again after new weights
+            "prefill_s": 0.0,  # of busy_s: admissions (prefill, joining the batch)
         }
 
     @classmethod
@@ -239,12 +240,14 @@ class HFEngine:
                         self.stats["reprefills"] += len(batch.rows)
                         self._guard(batch, batch.rows, lambda: batch.refill(self))
                 if new:
+                    t0 = time.perf_counter()
                     rows = [self._row(r) for r in new]
                     if not self._guard(
                         batch, rows, lambda rows=rows: batch.join(self, rows), fail=len(rows) == 1
                     ):
                         for row in rows:  # one of them is bad: each joins alone, the bad one fails alone
                             self._guard(batch, [row], lambda row=row: batch.join(self, [row]))
+                    self.stats["prefill_s"] += time.perf_counter() - t0
                 if batch.rows:
                     self._guard(batch, list(batch.rows), lambda: batch.step(self))
             self.stats["busy_s"] += time.perf_counter() - start
