@@ -188,36 +188,29 @@ class HFEngine:
     def _admit(self, free: int, wait: bool) -> list[_Request] | None:
         """Requests to join now (at most ``free``). With nothing running (``wait``), block for the
         first and gather the rest of its burst; else take what has arrived. None: closing."""
-        closing = False
         if wait and not self._pending:
             first = self._queue.get()
             if first is None:
                 return None
             self._pending.append(first)
-            # a burst (a rollout batch starting, tool calls returning together) arrives a little
-            # apart: wait until the queue has been quiet for ``gather_s`` (at most 10 windows)
-            deadline = time.perf_counter() + 10 * self.gather_s
-            while len(self._pending) < free:
-                left = min(self.gather_s, deadline - time.perf_counter())
-                try:
-                    nxt = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    closing = True
-                    break
-                self._pending.append(nxt)
+        # a burst (a rollout batch starting, tool calls returning together) arrives a little apart:
+        # with nothing running, wait until the queue has been quiet for ``gather_s`` (at most 10
+        # windows); with rows running, take only what is there
+        deadline = time.perf_counter() + 10 * self.gather_s
         while True:
+            left = (
+                min(self.gather_s, deadline - time.perf_counter())
+                if wait and len(self._pending) < free
+                else 0
+            )
             try:
-                nxt = self._queue.get_nowait()
+                nxt = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
             except queue.Empty:
                 break
             if nxt is None:
-                closing = True
+                self._queue.put(None)  # seen again once the running rows are done
                 break
             self._pending.append(nxt)
-        if closing:
-            self._queue.put(None)  # seen again once the running rows are done
         taken = [self._pending.popleft() for _ in range(min(free, len(self._pending)))]
         now = time.perf_counter()
         self.stats["queue_wait_s"] += sum(now - r.arrived for r in taken)

@@ -33,11 +33,6 @@ class GrowingLayer(DynamicLayer):
         self.buf_v: torch.Tensor | None = None
         self.length = 0
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        super().lazy_initialization(key_states, value_states)
-        self.buf_k = self.buf_v = None
-        self.length = 0
-
     def adopt(self, keys: torch.Tensor, values: torch.Tensor, spare: int) -> None:
         """Hold ``keys``/``values`` (B, H, L, D) with room for ``spare`` more columns."""
         b, h, length, d = keys.shape
@@ -95,10 +90,6 @@ class SeqKV:
     def length(self) -> int:
         return len(self.ids)
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
-
 
 class BatchKV:
     """The running rows' cache (see the module docstring)."""
@@ -116,14 +107,6 @@ class BatchKV:
 
     def layers(self) -> list[GrowingLayer]:
         return [layer for layer in self.cache.layers if getattr(layer, "buf_k", None) is not None]
-
-    @classmethod
-    def empty_rows(cls, n: int, device: torch.device) -> BatchKV:
-        return cls(
-            new_cache(),
-            torch.zeros((n, 0), dtype=torch.long, device=device),
-            torch.zeros(n, dtype=torch.long, device=device),
-        )
 
     @classmethod
     def from_sequences(cls, seqs: list[SeqKV | None], device: torch.device) -> BatchKV:
@@ -218,13 +201,9 @@ class BatchKV:
         return SeqKV(ids, keys, values, version, shared)
 
 
-def _pad_left(t: torch.Tensor, width: int, dim: int = 1) -> torch.Tensor:
-    missing = width - t.shape[dim]
-    if missing <= 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = missing
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
+def _pad_left(mask: torch.Tensor, width: int) -> torch.Tensor:
+    missing = width - mask.shape[1]
+    return mask if missing <= 0 else torch.cat([mask.new_zeros((mask.shape[0], missing)), mask], dim=1)
 
 
 class PrefixStore:

@@ -49,15 +49,17 @@ class Numbers:
         return f"{', '.join(map(self, xs[:-1]))} and {self(xs[-1])}"
 
 
-def _pick(rng: random.Random, varied: bool, wordings: Sequence[str]) -> str:
-    """The first wording (the plain generator's), or any of them."""
-    return rng.choice(wordings) if varied else wordings[0]
+def _write(rng: random.Random, varied: bool, wordings: Sequence[str], **values: int | list[int]) -> str:
+    """The first wording (the plain generator's), or (varied) any of them, with ``values`` written
+    in: a list as "a, b and c", large numbers now and then with thousands separators."""
+    text = rng.choice(wordings) if varied else wordings[0]
+    w = Numbers(rng, varied)
+    return text.format(**{k: w.listed(v) if isinstance(v, list) else w(v) for k, v in values.items()})
 
 
 def _product(rng, digits, varied=False):
     a, b = number(rng, digits), number(rng, digits)
-    w = Numbers(rng, varied)
-    text = _pick(
+    text = _write(
         rng,
         varied,
         [
@@ -68,14 +70,15 @@ def _product(rng, digits, varied=False):
             "Multiply {a} by {b}.",
             "What is the product of {a} and {b}?",
         ],
-    ).format(a=w(a), b=w(b))
+        a=a,
+        b=b,
+    )
     return text, a * b, f"print({a} * {b})"
 
 
 def _sum(rng, digits, varied=False):
     xs = [number(rng, digits) for _ in range(rng.randint(3, 4))]
-    w = Numbers(rng, varied)
-    text = _pick(
+    text = _write(
         rng,
         varied,
         [
@@ -85,14 +88,14 @@ def _sum(rng, digits, varied=False):
             "A library received {items} books in successive months. How many books did it receive in all?",
             "The shelves of a storeroom hold {items} jars. How many jars are there altogether?",
         ],
-    ).format(items=w.listed(xs))
+        items=xs,
+    )
     return text, sum(xs), f"print({' + '.join(map(str, xs))})"
 
 
 def _remainder(rng, digits, varied=False):
     a, b = number(rng, (digits[0] + 1, digits[1] + 1)), max(2, number(rng, digits))
-    w = Numbers(rng, varied)
-    text = _pick(
+    text = _write(
         rng,
         varied,
         [
@@ -101,14 +104,15 @@ def _remainder(rng, digits, varied=False):
             "{a} marbles are shared equally among {b} children, as many as possible each. How many marbles are left over?",
             "What is left over when {a} is split into groups of {b}?",
         ],
-    ).format(a=w(a), b=w(b))
+        a=a,
+        b=b,
+    )
     return text, a % b, f"print({a} % {b})"
 
 
 def _quotient(rng, digits, varied=False):
     a, b = number(rng, (digits[0] + 1, digits[1] + 1)), max(2, number(rng, digits))
-    w = Numbers(rng, varied)
-    text = _pick(
+    text = _write(
         rng,
         varied,
         [
@@ -117,14 +121,15 @@ def _quotient(rng, digits, varied=False):
             "A bus holds {b} people. How many buses can be filled completely with {a} people?",
             "What is the whole-number part of {a} divided by {b}?",
         ],
-    ).format(a=w(a), b=w(b))
+        a=a,
+        b=b,
+    )
     return text, a // b, f"print({a} // {b})"
 
 
 def _two_step(rng, digits, varied=False):
     a, b, c = number(rng, digits), number(rng, digits), number(rng, digits)
-    w = Numbers(rng, varied)
-    text = _pick(
+    text = _write(
         rng,
         varied,
         [
@@ -133,14 +138,16 @@ def _two_step(rng, digits, varied=False):
             "A cinema sold {a} seats at {b} dollars each and paid {c} dollars for cleaning. How many dollars remain?",
             "What do you get if you take {c} away from the product of {a} and {b}?",
         ],
-    ).format(a=w(a), b=w(b), c=w(c))
+        a=a,
+        b=b,
+        c=c,
+    )
     return text, a * b - c, f"print({a} * {b} - {c})"
 
 
 def _power_mod(rng, digits, varied=False):
     a, e, n = number(rng, digits), rng.randint(2, 9 + 3 * digits[1]), max(2, number(rng, digits))
-    w = Numbers(rng, varied)
-    text = _pick(
+    text = _write(
         rng,
         varied,
         [
@@ -149,14 +156,16 @@ def _power_mod(rng, digits, varied=False):
             "What is {a}^{e} mod {n}?",
             "When {a} is raised to the power {e} and divided by {n}, what remainder is left?",
         ],
-    ).format(a=w(a), e=e, n=w(n))
+        a=a,
+        e=e,
+        n=n,
+    )
     return text, pow(a, e, n), f"print(pow({a}, {e}, {n}))"
 
 
 def _multiples(rng, digits, varied=False):
     n, k = number(rng, (digits[0] + 1, digits[1] + 1)), max(2, number(rng, (1, max(1, digits[1] - 1))))
-    w = Numbers(rng, varied)
-    text = _pick(
+    text = _write(
         rng,
         varied,
         [
@@ -165,14 +174,16 @@ def _multiples(rng, digits, varied=False):
             "Count the multiples of {k} between 1 and {n}.",
             "Among the whole numbers 1 through {n}, how many can be divided evenly by {k}?",
         ],
-    ).format(n=w(n), k=w(k))
+        n=n,
+        k=k,
+    )
     return text, n // k, f"print({n} // {k})"
 
 
 def _choose(rng, digits, varied=False):
     n = rng.randint(5, 6 + 4 * digits[1])
     k = rng.randint(2, n // 2)
-    text = _pick(
+    text = _write(
         rng,
         varied,
         [
@@ -181,7 +192,9 @@ def _choose(rng, digits, varied=False):
             "A committee of {k} is formed from {n} candidates. How many committees are possible?",
             "Compute the binomial coefficient C({n}, {k}).",
         ],
-    ).format(n=n, k=k)
+        n=n,
+        k=k,
+    )
     return text, math.comb(n, k), f"import math\nprint(math.comb({n}, {k}))"
 
 

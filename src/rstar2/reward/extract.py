@@ -15,6 +15,7 @@ import re
 from typing import Literal
 
 from ..chat.tags import ANSWER_CLOSE, ANSWER_OPEN
+from .macros import matching_braces
 from .normalize import strip_delimiters
 
 Mode = Literal["strict", "lenient"]
@@ -54,24 +55,6 @@ def _unbold(text: str) -> str:
 _MATH_DOLLAR_RE = re.compile(r"(?<!\\)\$")  # a math span left inside (\$ is a currency sign)
 _LEAD_WORD_RE = re.compile(r"^[A-Za-z]{2,}\s*[,:]")
 _SENTENCE_END_RE = re.compile(r"(?<!\d)\.(?:\s+|$)|\.(?=\s+[A-Z])|[!?](?:\s+|$)|\n+")
-
-
-def matching_braces(text: str) -> dict[int, int]:
-    """Map each ``{`` to its ``}`` in one pass (escaped ``\\{`` / ``\\}`` are literal text)."""
-    pairs: dict[int, int] = {}
-    stack: list[int] = []
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c == "\\":
-            i += 2  # skip the escaped character (\{, \}, \\)
-            continue
-        if c == "{":
-            stack.append(i)
-        elif c == "}" and stack:
-            pairs[stack.pop()] = i
-        i += 1
-    return pairs
 
 
 def last_boxed(text: str) -> str | None:

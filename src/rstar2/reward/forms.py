@@ -115,7 +115,7 @@ def top_level_items(s: str) -> list[str]:
 
 
 _THOUSANDS_COMMA = re.compile(r"(?<![\d.])\d{1,3},\d{3}(?!\d)|\d,\d{3}(?![\d.])")
-_TUPLE = re.compile(r"^(?:\\left\s*)?\((.*)(?:\\right\s*)?\)$", re.DOTALL)
+_TUPLE = re.compile(r"^(?:\\left\s*)?\((.*?)(?:\\right\s*)?\)$", re.DOTALL)
 
 
 def last_side(s: str) -> str:

@@ -63,22 +63,22 @@ _MALFORMED_SQRT_RE = re.compile(r"\\sqrt\s*\(")
 _MALFORMED_RE = re.compile(r"\\(frac|dfrac|tfrac|binom|sqrt|text|mathrm|operatorname)\s*\(")
 
 
-def _matching_brace(s: str, open_at: int) -> int | None:
-    depth = 0
-    i = open_at
-    while i < len(s):
-        c = s[i]
+def matching_braces(text: str) -> dict[int, int]:
+    """Map each ``{`` to its ``}`` in one pass (escaped ``\\{`` / ``\\}`` are literal text)."""
+    pairs: dict[int, int] = {}
+    stack: list[int] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
         if c == "\\":
-            i += 2
+            i += 2  # skip the escaped character (\{, \}, \\)
             continue
         if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return i
+            stack.append(i)
+        elif c == "}" and stack:
+            pairs[stack.pop()] = i
         i += 1
-    return None
+    return pairs
 
 
 def _matching_paren(s: str, open_at: int) -> int | None:
@@ -118,10 +118,11 @@ def resolve(s: str) -> str:
     if "\\" not in s:
         return s
     s = read_malformed(s.strip())
+    pairs = matching_braces(s)
     out: list[str] = []
     pos = 0
     while (m := _TEXTLIKE_RE.search(s, pos)) is not None:
-        close = _matching_brace(s, m.end() - 1)
+        close = pairs.get(m.end() - 1)
         if close is None:
             break
         out.append(s[pos : m.start()])
