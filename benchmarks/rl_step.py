@@ -83,11 +83,11 @@ def build(
     return model_dir, data, texts
 
 
-def run_rstar2(model_dir: Path, data: Path, out: Path, a) -> dict:
+def run_rstar2(model_dir: Path, data: Path, out: Path, a, compute: str = "auto") -> dict:
     cfg = parse_config(
         {
             "kind": "rl",
-            "model": {"path": str(model_dir)},
+            "model": {"path": str(model_dir), "compute": compute},
             "data": {"train": str(data), "shuffle": False},
             "rollout": {
                 "samples": a.group,
@@ -203,7 +203,7 @@ def engines_before_after(model_dir: Path, data: Path, root: Path, a) -> None:
     old = baseline_engine_class(a.baseline_rev)
 
     class Baseline(old):  # type: ignore[misc, valid-type]
-        def __init__(self, model, *, keep_tokens=None, **kw):  # the old engine keeps no prefixes
+        def __init__(self, model, *, keep_tokens=None, compute="auto", **kw):  # the old engine keeps no prefixes
             super().__init__(model, **kw)
 
     engines = {"baseline": Baseline, "new": hf.HFEngine}
@@ -212,7 +212,8 @@ def engines_before_after(model_dir: Path, data: Path, root: Path, a) -> None:
     for i, name in enumerate(("baseline", "new", "new", "baseline")):
         hf.HFEngine = engines[name]  # what rollout.build.open_engines constructs
         try:
-            result = run_rstar2(model_dir, data, root / f"rstar2-{i}-{name}", a)
+            compute = a.new_compute if name == "new" else "auto"
+            result = run_rstar2(model_dir, data, root / f"rstar2-{i}-{name}", a, compute)
         finally:
             hf.HFEngine = current
         result["rollout_tokens_per_s"] = (
@@ -227,7 +228,8 @@ def engines_before_after(model_dir: Path, data: Path, root: Path, a) -> None:
 
     what = f"model {a.model}" if a.model else f"tiny model (hidden {a.hidden}, {a.layers} layers)"
     print(
-        f"\nRL step, {what}, {a.prompts} prompts x {a.group}, up to {a.length} tokens; engine at {a.baseline_rev} vs now"
+        f"\nRL step, {what}, {a.prompts} prompts x {a.group}, up to {a.length} tokens; engine at {a.baseline_rev} "
+        f"(model.compute auto) vs now (model.compute {a.new_compute})"
     )
     print(
         f"{'engine':10}{'s/step':>9}{'rollout s':>11}{'update s':>10}{'rollout tok/s':>15}{'step ratio':>12}"
@@ -272,6 +274,12 @@ def main() -> None:
         default=None,
         help="rstar2's update in micro-batches of this many tokens (a 49K vocabulary's logits of 64 "
         "sequences need ~20 GB at once)",
+    )
+    ap.add_argument(
+        "--new-compute",
+        default="auto",
+        choices=["auto", "bf16", "fp32"],
+        help="with --baseline-rev: model.compute of the current side (the baseline runs as it was, auto)",
     )
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()

@@ -254,6 +254,7 @@ def main() -> None:
     ap.add_argument("--think-min", type=int, default=10)
     ap.add_argument("--think-max", type=int, default=60)
     ap.add_argument("--skip-isolated", action="store_true")
+    ap.add_argument("--new-only", action="store_true", help="only the current engine, once (for profiling; no ratio)")
     ap.add_argument(
         "--chat-from-recipe",
         default=None,
@@ -295,11 +296,14 @@ def main() -> None:
     async def all_runs() -> None:
         async with LocalPool() as pool:
             await pool.run("print(1)")
-            for name in ("baseline", "new", "new", "baseline"):  # A-B-B-A
+            for name in ("new",) if a.new_only else ("baseline", "new", "new", "baseline"):  # A-B-B-A
                 await run(name, pool)
 
     asyncio.run(all_runs())
     reference = transformers_batch(model, prompts, a.new_tokens) if a.transformers_cb else None
+
+    if a.new_only:
+        engines.pop("baseline")
 
     def mean(name: str, part: str, key: str) -> float:
         return statistics.mean(r[key] for r in results[name][part])
@@ -312,7 +316,7 @@ def main() -> None:
             f"\nIsolated decode: {a.batch} prompts x {a.new_tokens} new tokens (mean of 2 runs each, A-B-B-A)"
         )
         print(f"{'engine':10s} {'tokens/s':>10s} {'ratio':>7s}")
-        base = mean("baseline", "isolated", "tokens_per_s")
+        base = mean(next(iter(engines)), "isolated", "tokens_per_s")
         for name in engines:
             tps = mean(name, "isolated", "tokens_per_s")
             print(f"{name:10s} {tps:10.1f} {tps / base:6.2f}x")
@@ -335,7 +339,7 @@ def main() -> None:
         "prefill_share",
     )
     print(f"{'engine':10s} " + " ".join(f"{c:>16s}" for c in cols) + f" {'ratio':>7s}")
-    base = mean("baseline", "rollouts", "tokens_per_s")
+    base = mean(next(iter(engines)), "rollouts", "tokens_per_s")
     for name in engines:
         vals = [mean(name, "rollouts", c) for c in cols]
         print(f"{name:10s} " + " ".join(f"{v:16.2f}" for v in vals) + f" {vals[0] / base:6.2f}x")

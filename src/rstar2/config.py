@@ -26,6 +26,9 @@ class ModelSection(_Section):
     tokenizer: str | None = None  # default: the model directory
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # parameters: auto (fp32), float32, bfloat16
+    # the passes' precision: auto = bf16 autocast on CUDA, fp32 on CPU; bf16 = autocast on CPU too
+    # (the trainer's passes; the in-process engine decodes in fp32 on a CPU); fp32 = never
+    compute: Literal["auto", "bf16", "fp32"] = "auto"
     gradient_checkpointing: bool = False
     threads: int | None = None  # torch CPU threads (None: torch's default)
 

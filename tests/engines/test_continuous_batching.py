@@ -228,3 +228,107 @@ async def test_multi_turn_rollouts_on_smollm2s_template_reuse_kv_and_keep_the_in
             if traj.loss_mask[i] and lp == lp:  # sampled by the engine (not NaN)
                 assert abs(float(ref[n + i - 1, tok_id]) - lp) < 1e-4
     await engine.close()
+
+
+def test_slots_hold_each_rows_own_cache_through_joins_decodes_and_leaves(model):
+    """Rows of different lengths join, decode, leave (the last row moving into the hole) and are
+    copied, in a random order: every row's columns then equal a fresh prefill of its tokens, and
+    the running batch's next-token logits equal a teacher-forced pass over each row alone."""
+    from rstar2.engines.kv import BatchKV
+
+    rng = __import__("random").Random(3)
+    vocab = model.config.vocab_size
+    kv, tokens, logits = BatchKV(), [], []
+
+    def forward(span, news):
+        width = max(len(n) for n in news)
+        ids = torch.zeros((len(news), width), dtype=torch.long)
+        for r, n in enumerate(news):
+            ids[r, width - len(n) :] = torch.tensor(n)
+        pos, mask = kv.plan(span, [len(n) for n in news], width)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=kv.cache, logits_to_keep=1)
+        kv.commit(span, [len(n) for n in news])
+        return list(out.logits[:, -1])
+
+    with torch.no_grad():
+        for _ in range(12):
+            op = rng.choice(["join", "join", "decode", "decode", "leave", "copy"])
+            if op == "join" or not tokens:
+                news = [[rng.randrange(vocab) for _ in range(rng.randint(1, 30))] for _ in range(rng.randint(1, 3))]
+                start = kv.rows
+                kv.add([None] * len(news))
+                logits += forward((start, kv.rows), news)
+                tokens += news
+            elif op == "decode":
+                news = [[rng.randrange(vocab)] for _ in tokens]
+                logits = forward((0, kv.rows), news)
+                tokens = [t + n for t, n in zip(tokens, news, strict=True)]
+            elif op == "leave":
+                i = rng.randrange(len(tokens))
+                kv.remove(i)
+                tokens[i], logits[i] = tokens[-1], logits[-1]
+                tokens.pop()
+                logits.pop()
+            else:
+                i = rng.randrange(len(tokens))
+                kv.copy_row(i)
+                tokens.append(list(tokens[i]))
+                logits.append(logits[i])
+        assert kv.rows == len(tokens) >= 1
+        for r, seq in enumerate(tokens):
+            ref = model(input_ids=torch.tensor([seq]), use_cache=True)
+            assert torch.allclose(ref.logits[0, -1], logits[r], atol=1e-4)
+            own = kv.sequence(r, tuple(seq), version=0)
+            for layer, k in zip(ref.past_key_values.layers, own.keys, strict=True):
+                assert torch.allclose(layer.keys, k, atol=1e-5)
+
+
+async def test_eager_attention_gets_an_additive_mask_and_the_same_logprobs(tiny_dir, prompt):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, attn_implementation="eager")
+    engine = HFEngine(model, max_batch_size=4)
+    gens = await asyncio.gather(
+        *(
+            engine.generate(prompt[: 6 + 4 * i], SamplingParams(max_new_tokens=12, temperature=1.0, seed=i))
+            for i in range(3)
+        )
+    )
+    for i, g in enumerate(gens):
+        assert_matches(model, prompt[: 6 + 4 * i], g)
+    await engine.close()
+
+
+def test_attention_the_engine_cannot_mask_is_refused_up_front(tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    model.config._attn_implementation = "flash_attention_2"  # as loaded on a GPU with that kernel
+    with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
+        HFEngine(model)
+
+
+def test_a_failed_join_leaves_the_running_rows_as_they_were(model, prompt):
+    """A join that fails in its forward pass is undone: the running rows keep their cache."""
+    from rstar2.engines.hf import _Batch, _Request, _Row
+
+    engine = HFEngine(model)
+    loop = asyncio.new_event_loop()
+
+    def row(ids):
+        return _Row(_Request(ids, SamplingParams(max_new_tokens=4), loop, loop.create_future()), 4, None)
+
+    batch = _Batch(torch.device("cpu"))
+    with torch.no_grad():
+        batch.join(engine, [row(prompt), row(prompt[:7])])
+        before = [batch.kv.sequence(i, tuple(r.req.prompt_ids), 0).keys[0].clone() for i, r in enumerate(batch.rows)]
+        real = engine._forward
+        engine._forward = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
+        with pytest.raises(RuntimeError, match="boom"):
+            batch.join(engine, [row(prompt[:9])])
+        engine._forward = real
+        assert batch.kv.rows == len(batch.rows) == 2
+        for i, r in enumerate(batch.rows):
+            assert torch.equal(batch.kv.sequence(i, tuple(r.req.prompt_ids), 0).keys[0], before[i])
+        batch.step(engine)  # and the batch decodes on
+    loop.close()

@@ -51,13 +51,17 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-def compute_precision(device: torch.device) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA, full precision elsewhere: the trainer's forward passes and the
-    in-process engine (which shares the trainer's fp32 parameters) both compute in bf16 on a GPU,
-    as an inference server would, without a second copy of the weights."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def compute_precision(device: torch.device, compute: str = "auto") -> contextlib.AbstractContextManager:
+    """The precision passes compute in (``model.compute``). ``auto``: bf16 autocast on CUDA, full
+    precision elsewhere: the trainer's forward passes and the in-process engine (which shares the
+    trainer's fp32 parameters) both compute in bf16 on a GPU, as an inference server would, without
+    a second copy of the weights. ``bf16``: autocast on CPU too (the trainer's passes run ~1.8x
+    faster on a CPU with AVX512-BF16, see benchmarks/RESULTS.md). ``fp32``: never autocast."""
+    if compute not in ("auto", "bf16", "fp32"):
+        raise ValueError(f"model.compute must be auto, bf16 or fp32, not {compute!r}")
+    if compute == "fp32" or (compute == "auto" and device.type != "cuda"):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 def max_positions(model: Any) -> int:
@@ -99,9 +103,20 @@ class HFEngine:
         keep_tokens: int | None = None,
         pad_token_id: int | None = None,
         gather_s: float = 0.01,
+        compute: str = "auto",
     ) -> None:
         self.model = model.eval()
+        attention = getattr(model.config, "_attn_implementation", None) or "sdpa"
+        if attention not in ("sdpa", "eager"):
+            raise ValueError(
+                f"HFEngine batches rows of different lengths under its own attention mask, which "
+                f"'{attention}' attention does not take; load the model with attn_implementation='sdpa'"
+            )
+        self._additive_mask = attention == "eager"  # eager attention adds the mask to the scores
         self.gather_s = gather_s
+        # on a CPU the engine decodes in fp32 even where the trainer computes in bf16: a decode
+        # step's small matrix products are slower in bf16 there (benchmarks/RESULTS.md)
+        self.compute = "fp32" if compute == "fp32" else "auto"
         self.name = name
         self.max_batch_size = max_batch_size
         total = capacity_tokens or max_batch_size * min(max_positions(model), 4096)
@@ -224,7 +239,7 @@ class HFEngine:
             if new is None and not batch.rows:
                 break
             start = time.perf_counter()
-            with torch.no_grad(), self.lock, compute_precision(device):
+            with torch.no_grad(), self.lock, compute_precision(device, self.compute):
                 version = weights_version(self.model)
                 if version != self._version:  # new weights: nothing computed under the old ones is used
                     self.store.clear()
@@ -255,7 +270,7 @@ class HFEngine:
         except Exception as exc:  # noqa: BLE001 - one bad request must not stop the engine
             running = {id(r) for r in batch.rows}
             touched = any(id(r) in running for r in rows)
-            if touched or (batch.kv is not None and batch.kv.rows != len(batch.rows)):
+            if touched or batch.kv.rows != len(batch.rows):
                 failed = list(batch.rows) + [r for r in rows if id(r) not in running]
                 batch.reset()
             elif fail:
@@ -272,13 +287,18 @@ class HFEngine:
         self.stats["requests"] += 1
         return _Row(req, budget, random.Random(seed) if seed is not None else None)
 
-    def _forward(self, ids: torch.Tensor, kv: BatchKV, new_mask: torch.Tensor) -> torch.Tensor:
-        """One pass over ``ids`` (rows, n) appended to ``kv``; the logits of each row's last column."""
-        positions = kv.next_pos.unsqueeze(1) + (new_mask.cumsum(dim=1) - 1).clamp(min=0)
-        kv.grow(new_mask)
+    def _forward(self, ids: torch.Tensor, kv: BatchKV, span: tuple[int, int], new: list[int]) -> torch.Tensor:
+        """One pass over ``ids`` (rows ``span`` of ``kv``; row r's ``new[r]`` tokens right-aligned)
+        appended to those rows' caches; the logits of each row's last token."""
+        positions, mask = kv.plan(span, new, ids.shape[1])
+        if self._additive_mask:
+            mask = torch.zeros(mask.shape, dtype=self.model.dtype, device=mask.device).masked_fill(
+                ~mask, torch.finfo(self.model.dtype).min
+            )
         out = self.model(
-            input_ids=ids, attention_mask=kv.mask, position_ids=positions, cache=kv.cache, logits_to_keep=1
+            input_ids=ids, attention_mask=mask, position_ids=positions, cache=kv.cache, logits_to_keep=1
         )
+        kv.commit(span, new)
         return out.logits[:, -1]
 
 
@@ -286,47 +306,54 @@ MIN_SHARED_PREFIX = 16  # tokens a group's prompts must share before the prefix 
 
 
 class _Batch:
-    """The running rows, their cache, and the logits of each row's next token."""
+    """The running rows (in the order of their cache's rows), their cache, and the logits of each
+    row's next token."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.rows: list[_Row] = []
-        self.kv: BatchKV | None = None
-        self.logits: torch.Tensor | None = None
+        self.reset()
 
     def reset(self) -> None:
-        self.rows, self.kv, self.logits = [], None, None
+        self.rows: list[_Row] = []
+        self.kv = BatchKV(self.device)
+        self.logits: torch.Tensor | None = None
 
-    def _prefill(self, engine: HFEngine, contexts: list[list[int]], kept: list[SeqKV | None]):
-        """Prefill ``contexts`` after their kept prefixes; identical fresh contexts once."""
+    def _prefill(
+        self, engine: HFEngine, kv: BatchKV, contexts: list[list[int]], kept: list[SeqKV | None]
+    ) -> tuple[list[int], torch.Tensor]:
+        """Rows for ``contexts`` added to ``kv``, holding their kept prefixes, and the rest of each
+        prefilled; identical contexts (after no prefix or a shared one) prefilled once. Returns
+        the order the rows were added in (indexes into ``contexts``) and their next-token logits."""
         unique: dict[Any, int] = {}
         index = []
         for i, (ctx, seq) in enumerate(zip(contexts, kept, strict=True)):
-            key = tuple(ctx) if seq is None else i
+            key = tuple(ctx) if seq is None or seq.shared else i
             index.append(unique.setdefault(key, len(unique)))
         firsts = [index.index(u) for u in range(len(unique))]  # the first row of each distinct context
-        kv = BatchKV.from_sequences([kept[i] for i in firsts], self.device)
+        start = kv.rows
+        kv.add([kept[i] for i in firsts])
         news = [contexts[i][kept[i].length if kept[i] is not None else 0 :] for i in firsts]
         width = max(len(n) for n in news)
-        ids = torch.full((len(news), width), engine.pad_token_id, dtype=torch.long, device=self.device)
-        mask = torch.zeros((len(news), width), dtype=torch.long, device=self.device)
+        ids = torch.full((len(news), width), engine.pad_token_id, dtype=torch.long)
         for r, n in enumerate(news):
             ids[r, width - len(n) :] = torch.tensor(n, dtype=torch.long)
-            mask[r, width - len(n) :] = 1
-        logits = engine._forward(ids, kv, mask)
+        span = (start, start + len(firsts))
+        logits = engine._forward(ids.to(self.device), kv, span, [len(n) for n in news])
         engine.stats["prefill_tokens"] += sum(len(n) for n in news)
         engine.stats["shared_tokens"] += sum(  # identical contexts prefilled once
             len(contexts[i]) - (kept[i].length if kept[i] is not None else 0) for i in range(len(contexts))
         ) - sum(len(n) for n in news)
-        if len(firsts) < len(contexts):
-            kv.select(index)
-            logits = logits[torch.tensor(index, device=self.device)]
-        return kv, logits
+        copies = [i for i in range(len(contexts)) if firsts[index[i]] != i]
+        for i in copies:
+            kv.copy_row(start + index[i])
+        if copies:
+            logits = torch.cat([logits, logits[torch.tensor([index[i] for i in copies], device=self.device)]])
+        return firsts + copies, logits
 
     def join(self, engine: HFEngine, rows: list[_Row]) -> None:
         """New rows join the batch: a kept prefix of the same trajectory taken from the store; a
         prefix the others share (the system prompt, a group's problem) prefilled once; the rest
-        prefilled together."""
+        prefilled together. The running rows' caches are not touched (a failed join is undone)."""
         prompts = [r.req.prompt_ids for r in rows]
         store = engine.store if engine.prefix_cache else None
         kept = [store.take(p, engine._version) if store is not None else None for p in prompts]
@@ -342,8 +369,9 @@ class _Batch:
             len(prompts[i]) > shared for i in fresh
         ):
             ids = prompts[fresh[0]][:shared]
-            kv, _ = self._prefill(engine, [ids], [kept[fresh[0]]])
-            prefix = kv.sequence(0, tuple(ids), engine._version, shared=True)
+            alone = BatchKV(self.device)
+            self._prefill(engine, alone, [ids], [kept[fresh[0]]])
+            prefix = alone.sequence(0, tuple(ids), engine._version, shared=True)
             if store is not None:
                 store.put(prefix)
             for i in fresh:
@@ -351,45 +379,51 @@ class _Batch:
         for seq in kept:
             if seq is not None:
                 engine.stats["shared_tokens" if seq.shared else "reused_tokens"] += seq.length
-        kv, logits = self._prefill(engine, prompts, kept)
+        running = self.kv.rows
+        try:
+            order, logits = self._prefill(engine, self.kv, prompts, kept)
+        except BaseException:
+            self.kv.truncate(running)
+            raise
         engine.stats["batches"] += 1
-        if self.kv is None or not self.rows:
-            self.kv, self.logits, self.rows = kv, logits, list(rows)
-        else:
-            self.kv.extend(kv)
-            self.logits = torch.cat([self.logits, logits])
-            self.rows += rows
+        self.rows += [rows[i] for i in order]
+        self.logits = logits if self.logits is None else torch.cat([self.logits, logits])
 
     def refill(self, engine: HFEngine) -> None:
         """Every running row prefilled again from its tokens (the weights changed under it)."""
         rows = self.rows
-        self.kv, self.logits = self._prefill(engine, [r.context() for r in rows], [None] * len(rows))
+        self.kv = BatchKV(self.device)
+        order, self.logits = self._prefill(engine, self.kv, [r.context() for r in rows], [None] * len(rows))
+        self.rows = [rows[i] for i in order]
 
     def step(self, engine: HFEngine) -> None:
         """Sample each row's next token; rows that end leave (their cache kept); the rest decode."""
         rows = self.rows
         tokens, logps = next_tokens(self.logits, [r.req.params for r in rows], [r.rng for r in rows])
-        keep: list[int] = []
-        for i, (row, tok, lp) in enumerate(zip(rows, tokens.tolist(), logps.tolist(), strict=True)):
+        ids = tokens.tolist()
+        done: list[int] = []
+        for i, (row, tok, lp) in enumerate(zip(rows, ids, logps.tolist(), strict=True)):
             row.out_ids.append(tok)
             row.out_lp.append(lp)
             if tok in row.req.params.stop_token_ids:
                 row.finish = "stop"
             elif len(row.out_ids) < row.budget:
-                keep.append(i)
                 continue
             self._finish(engine, i, row)
+            done.append(i)
         engine.stats["steps"] += 1
         engine.stats["row_steps"] += len(rows)
-        if not keep:
+        if len(done) == len(rows):
             self.reset()
             return
-        if len(keep) < len(rows):
-            self.kv.select(keep)
-            tokens = tokens[torch.tensor(keep, device=self.device)]
-            self.rows = [rows[i] for i in keep]
-        ones = torch.ones((len(self.rows), 1), dtype=torch.long, device=self.device)
-        self.logits = engine._forward(tokens.unsqueeze(1), self.kv, ones)
+        for i in reversed(done):  # the last row moves into each finished row's slot
+            self.kv.remove(i)
+            rows[i], ids[i] = rows[-1], ids[-1]
+            rows.pop()
+            ids.pop()
+        n = len(rows)
+        column = torch.tensor(ids, dtype=torch.long).unsqueeze(1).to(self.device)
+        self.logits = engine._forward(column, self.kv, (0, n), [1] * n)
 
     def _finish(self, engine: HFEngine, i: int, row: _Row) -> None:
         if engine.prefix_cache:

@@ -1,12 +1,14 @@
 """The KV cache of a continuously batched engine: rows join, leave, and outlive their request.
 
-``BatchKV`` holds the keys and values of every running sequence, one row each, in
-preallocated buffers that grow by doubling (transformers' ``DynamicLayer`` concatenates the whole
-cache at every decode step; here a step writes one column). Each row's tokens are columns of the
-buffer; ``mask`` says which columns are its own (a row that joined later, or whose new tokens were
-shorter than its batch-mates', has padding columns that attention skips) and ``next_pos`` the
-position its next token takes. Rows join by concatenation (the narrower side padded on the
-left), leave by selection, and columns no row uses any more are trimmed from the left.
+``BatchKV`` holds the keys and values of every running sequence in one slot (row) each of
+preallocated buffers, ``(rows, heads, columns, head_dim)`` per layer, that grow by doubling. Row r's
+tokens are its columns ``[0, len_r)``: the column is the token's position, so no row is padded
+to line up with the others. A forward pass over a range of rows writes each row's new tokens at
+its own columns (a decode step: one column a row; a prefill: the new tokens, right-aligned in the
+pass, padding written to a scratch column) and attends under a mask built from the rows'
+lengths. A row joins by writing its own columns into the next free slot and leaves by the last
+row moving into its slot: neither copies the rest of the batch (transformers' ``DynamicLayer``
+concatenates the whole cache at every step; a left-padded batch copies it at every join).
 
 ``PrefixStore`` keeps the cache of a sequence whose request ended (a turn that stopped on a tool
 call) within a token budget, least recently used first out, tagged with the weight version it was
@@ -23,57 +25,43 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 
-class GrowingLayer(DynamicLayer):
-    """A ``DynamicLayer`` over a buffer with spare columns: ``update`` writes in place and hands
-    attention a view of the filled part, so a decode step copies one column, not the cache."""
+class SlotLayer(DynamicLayer):
+    """One layer of a ``BatchKV``: ``update`` writes the new keys/values where the owner's plan
+    says and hands attention the planned rows' first columns (a view, no copy)."""
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, owner: BatchKV) -> None:
+        super().__init__()
+        self.owner = owner
         self.buf_k: torch.Tensor | None = None
         self.buf_v: torch.Tensor | None = None
-        self.length = 0
 
-    def adopt(self, keys: torch.Tensor, values: torch.Tensor, spare: int) -> None:
-        """Hold ``keys``/``values`` (B, H, L, D) with room for ``spare`` more columns."""
-        b, h, length, d = keys.shape
-        self.device = keys.device
-        self.is_initialized = True
-        self.buf_k = keys.new_empty((b, h, length + spare, d))
-        self.buf_v = values.new_empty((b, h, length + spare, values.shape[-1]))
-        self.buf_k[:, :, :length] = keys
-        self.buf_v[:, :, :length] = values
-        self.length = length
-        self._views()
+    def allocate(self, like_k: torch.Tensor, like_v: torch.Tensor) -> None:
+        o = self.owner
+        self.buf_k = like_k.new_zeros((o.rows_cap, like_k.shape[-3], o.cols_cap, like_k.shape[-1]))
+        self.buf_v = like_v.new_zeros((o.rows_cap, like_v.shape[-3], o.cols_cap, like_v.shape[-1]))
+        self.is_initialized, self.device = True, like_k.device
 
-    def take_rows(self, index: torch.Tensor) -> None:
-        self.buf_k = self.buf_k.index_select(0, index)
-        self.buf_v = self.buf_v.index_select(0, index)
-        self._views()
-
-    def _views(self) -> None:
-        self.keys = self.buf_k[:, :, : self.length]
-        self.values = self.buf_v[:, :, : self.length]
+    def resize(self, rows: int, cols: int, keep_rows: int, keep_cols: int) -> None:
+        for name in ("buf_k", "buf_v"):
+            old = getattr(self, name)
+            new = old.new_zeros((rows, old.shape[1], cols, old.shape[-1]))
+            new[:keep_rows, :, :keep_cols] = old[:keep_rows, :, :keep_cols]
+            setattr(self, name, new)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized or self.buf_k is None:
-            self.adopt(key_states, value_states, spare=max(16, key_states.shape[-2]))
-            return self.keys, self.values
-        new = key_states.shape[-2]
-        if self.length + new > self.buf_k.shape[-2]:
-            keys, values = self.keys, self.values
-            self.adopt(keys, values, spare=max(new, self.length))  # double
-        self.buf_k[:, :, self.length : self.length + new] = key_states
-        self.buf_v[:, :, self.length : self.length + new] = value_states
-        self.length += new
-        self._views()
+        o = self.owner
+        if self.buf_k is None:
+            self.allocate(key_states, value_states)
+        rows, cols = o.write_at
+        self.buf_k[rows, :, cols] = key_states.transpose(1, 2)
+        self.buf_v[rows, :, cols] = value_states.transpose(1, 2)
+        a, b = o.span
+        self.keys = self.buf_k[a:b, :, : o.attend]
+        self.values = self.buf_v[a:b, :, : o.attend]
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
-        return self.length if self.is_initialized and self.buf_k is not None else 0
-
-
-def new_cache() -> Cache:
-    return Cache(layer_class_to_replicate=GrowingLayer)
+        return self.owner.attend
 
 
 @dataclass
@@ -92,118 +80,116 @@ class SeqKV:
 
 
 class BatchKV:
-    """The running rows' cache (see the module docstring)."""
+    """The running rows' cache (see the module docstring). ``lens[r]``: tokens row r holds."""
 
-    def __init__(self, cache: Cache, mask: torch.Tensor, next_pos: torch.Tensor) -> None:
-        self.cache, self.mask, self.next_pos = cache, mask, next_pos
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.lens: list[int] = []
+        self.rows_cap = self.cols_cap = 0
+        self.cache = Cache(layer_class_to_replicate=lambda: SlotLayer(self))
+        # the plan of the next forward pass (set by ``plan``, read by every layer's ``update``)
+        self.span = (0, 0)
+        self.write_at: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.attend = 0
 
     @property
     def rows(self) -> int:
-        return self.mask.shape[0]
+        return len(self.lens)
 
-    @property
-    def width(self) -> int:
-        return self.mask.shape[1]
-
-    def layers(self) -> list[GrowingLayer]:
+    def layers(self) -> list[SlotLayer]:
         return [layer for layer in self.cache.layers if getattr(layer, "buf_k", None) is not None]
 
-    @classmethod
-    def from_sequences(cls, seqs: list[SeqKV | None], device: torch.device) -> BatchKV:
-        """Rows holding the given sequences (None: an empty row), right-aligned, left-padded."""
-        width = max((s.length for s in seqs if s is not None), default=0)
-        n = len(seqs)
-        mask = torch.zeros((n, width), dtype=torch.long, device=device)
-        next_pos = torch.zeros(n, dtype=torch.long, device=device)
-        cache = new_cache()
-        if width == 0:
-            return cls(cache, mask, next_pos)
-        template = next(s for s in seqs if s is not None)
-        for i, s in enumerate(seqs):
-            if s is not None and s.length:
-                mask[i, width - s.length :] = 1
-                next_pos[i] = s.length
-        spare = max(64, width // 2)  # the new tokens about to be prefilled after it
-        for li in range(len(template.keys)):
-            k0, v0 = template.keys[li], template.values[li]
-            layer = GrowingLayer()
-            layer.is_initialized, layer.device, layer.length = True, k0.device, width
-            layer.buf_k = k0.new_zeros((n, k0.shape[1], width + spare, k0.shape[-1]))
-            layer.buf_v = v0.new_zeros((n, v0.shape[1], width + spare, v0.shape[-1]))
-            for i, s in enumerate(seqs):
-                if s is not None and s.length:
-                    layer.buf_k[i, :, width - s.length : width] = s.keys[li][0]
-                    layer.buf_v[i, :, width - s.length : width] = s.values[li][0]
-            layer._views()
-            cache.layers.append(layer)
-        return cls(cache, mask, next_pos)
-
-    def grow(self, new_mask: torch.Tensor) -> None:
-        """Columns about to be written by a forward pass: ``new_mask`` (rows, n) marks real tokens."""
-        self.mask = torch.cat([self.mask, new_mask], dim=1)
-        self.next_pos = self.next_pos + new_mask.sum(dim=1)
-
-    def select(self, rows: list[int]) -> None:
-        """Keep only ``rows``, in that order (one copy of the kept rows, spare columns included)."""
-        index = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
-        self.mask, self.next_pos = self.mask[index], self.next_pos[index]
+    def _reserve(self, rows: int, cols: int) -> None:
+        """Room for ``rows`` rows of ``cols`` columns, plus the scratch column (doubling)."""
+        cols += 1
+        if rows <= self.rows_cap and cols <= self.cols_cap:
+            return
+        new_rows = self.rows_cap if rows <= self.rows_cap else max(rows, 2 * self.rows_cap)
+        new_cols = self.cols_cap if cols <= self.cols_cap else max(cols, 2 * self.cols_cap, 64)
+        keep_cols = max(self.lens, default=0)
         for layer in self.layers():
-            layer.take_rows(index)
-        self.trim()
+            layer.resize(new_rows, new_cols, self.rows, keep_cols)
+        self.rows_cap, self.cols_cap = new_rows, new_cols
 
-    def trim(self) -> None:
-        """Drop leading columns no row uses (the longest row left)."""
-        if self.width == 0 or self.rows == 0:
-            return
-        used = self.mask.any(dim=0).nonzero()
-        first = int(used[0]) if len(used) else self.width
-        if first < max(8, self.width // 8):
-            return
-        self.mask = self.mask[:, first:]
+    def add(self, seqs: list[SeqKV | None]) -> None:
+        """Rows holding these sequences (None: an empty row) after the running ones."""
+        first = self.rows
+        self._reserve(first + len(seqs), max((s.length for s in seqs if s is not None), default=0))
+        template = next((s for s in seqs if s is not None and s.length), None)
+        if template is not None and not self.cache.layers:
+            for k, v in zip(template.keys, template.values, strict=True):
+                layer = SlotLayer(self)
+                layer.allocate(k, v)
+                self.cache.layers.append(layer)
+        layers = self.layers()
+        for r, s in enumerate(seqs, start=first):
+            self.lens.append(s.length if s is not None else 0)
+            if s is None or not s.length:
+                continue
+            if len(s.keys) != len(layers):
+                raise RuntimeError("a kept sequence has another layer count than the running batch")
+            for layer, k, v in zip(layers, s.keys, s.values, strict=True):
+                layer.buf_k[r, :, : s.length] = k[0]
+                layer.buf_v[r, :, : s.length] = v[0]
+
+    def plan(self, span: tuple[int, int], new: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Set up a forward pass over rows ``span`` whose ``width`` input columns hold each row's
+        ``new[r]`` tokens right-aligned (left padding). Returns the position ids (rows, width) and
+        the boolean attention mask (rows, 1, width, attended columns): a token sees its row's
+        columns up to its own position. Padding writes to the scratch column and sees column 0."""
+        a, b = span
+        device = self.device
+        lens = torch.tensor(self.lens[a:b], dtype=torch.long, device=device)
+        count = torch.tensor(new, dtype=torch.long, device=device)
+        self.attend = int((lens + count).max())
+        self._reserve(b, self.attend)
+        step = torch.arange(width, device=device)
+        pos = lens.unsqueeze(1) + step.unsqueeze(0) - (width - count).unsqueeze(1)
+        real = pos >= lens.unsqueeze(1)
+        cols = torch.where(real, pos, torch.full_like(pos, self.cols_cap - 1))
+        rows = torch.arange(a, b, device=device).unsqueeze(1).expand(-1, width)
+        self.span, self.write_at = (a, b), (rows, cols)
+        pos = pos.clamp(min=0)
+        mask = torch.arange(self.attend, device=device).view(1, 1, -1) <= pos.unsqueeze(2)
+        return pos, mask.unsqueeze(1)
+
+    def commit(self, span: tuple[int, int], new: list[int]) -> None:
+        """The planned pass ran: its rows hold their new tokens."""
+        for r, n in zip(range(*span), new, strict=True):
+            self.lens[r] += n
+
+    def copy_row(self, src: int) -> None:
+        """A new last row holding what row ``src`` holds (identical prompts prefilled once)."""
+        self._reserve(self.rows + 1, 0)
+        n, dst = self.lens[src], self.rows
         for layer in self.layers():
-            layer.adopt(
-                layer.keys[:, :, first:], layer.values[:, :, first:], spare=max(16, layer.length // 4)
-            )
+            layer.buf_k[dst, :, :n] = layer.buf_k[src, :, :n]
+            layer.buf_v[dst, :, :n] = layer.buf_v[src, :, :n]
+        self.lens.append(n)
 
-    def extend(self, other: BatchKV) -> None:
-        """Append ``other``'s rows (both sides left-padded to the wider width)."""
-        if other.rows == 0:
-            return
-        if self.rows == 0:
-            self.cache, self.mask, self.next_pos = other.cache, other.mask, other.next_pos
-            return
-        width = max(self.width, other.width)
-        mine, theirs = self.layers(), other.layers()
-        if len(mine) != len(theirs):
-            raise RuntimeError("cannot join caches of different layer counts")
-        self.mask = torch.cat([_pad_left(self.mask, width), _pad_left(other.mask, width)], dim=0)
-        self.next_pos = torch.cat([self.next_pos, other.next_pos])
-        n = self.rows
-        for a, b in zip(mine, theirs, strict=True):  # one new buffer, each side written once
-            spare = max(64, width // 4)
-            keys = a.keys.new_zeros((n, a.keys.shape[1], width + spare, a.keys.shape[-1]))
-            values = a.values.new_zeros((n, a.values.shape[1], width + spare, a.values.shape[-1]))
-            na = a.keys.shape[0]
-            keys[:na, :, width - a.length : width] = a.keys
-            values[:na, :, width - a.length : width] = a.values
-            keys[na:, :, width - b.length : width] = b.keys
-            values[na:, :, width - b.length : width] = b.values
-            a.buf_k, a.buf_v, a.length = keys, values, width
-            a._views()
+    def remove(self, row: int) -> None:
+        """Row ``row`` leaves; the last row moves into its slot (callers reorder alike)."""
+        last = self.rows - 1
+        if row != last:
+            n = self.lens[last]
+            for layer in self.layers():
+                layer.buf_k[row, :, :n] = layer.buf_k[last, :, :n]
+                layer.buf_v[row, :, :n] = layer.buf_v[last, :, :n]
+            self.lens[row] = n
+        self.lens.pop()
+
+    def truncate(self, rows: int) -> None:
+        """Only the first ``rows`` rows stay (a join that failed half-way is undone)."""
+        del self.lens[rows:]
 
     def sequence(self, row: int, ids: tuple[int, ...], version: int, shared: bool = False) -> SeqKV:
-        """A copy of one row's own columns (its padding left out), for ``PrefixStore``."""
-        own = self.mask[row].bool()
-        if int(own.sum()) != len(ids):
-            raise RuntimeError(f"row {row} holds {int(own.sum())} tokens, not the {len(ids)} named")
-        keys = [layer.keys[row : row + 1][:, :, own].clone() for layer in self.layers()]
-        values = [layer.values[row : row + 1][:, :, own].clone() for layer in self.layers()]
+        """A copy of one row's columns, for ``PrefixStore``."""
+        n = self.lens[row]
+        if n != len(ids):
+            raise RuntimeError(f"row {row} holds {n} tokens, not the {len(ids)} named")
+        keys = [layer.buf_k[row : row + 1, :, :n].clone() for layer in self.layers()]
+        values = [layer.buf_v[row : row + 1, :, :n].clone() for layer in self.layers()]
         return SeqKV(ids, keys, values, version, shared)
-
-
-def _pad_left(mask: torch.Tensor, width: int) -> torch.Tensor:
-    missing = width - mask.shape[1]
-    return mask if missing <= 0 else torch.cat([mask.new_zeros((mask.shape[0], missing)), mask], dim=1)
 
 
 class PrefixStore:

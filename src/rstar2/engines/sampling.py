@@ -46,15 +46,14 @@ def next_tokens(
     tokens = scaled.argmax(dim=-1)
     sample_rows = (~greedy).nonzero().flatten().tolist()
     if sample_rows:
+        every = len(sample_rows) == len(params)
         rows = torch.tensor(sample_rows, device=logits.device)
-        kept = scaled[rows]
-        if any(
-            params[i].top_k > 0 or params[i].top_p < 1 for i in sample_rows
-        ):  # else no sort of the vocabulary
+        if any(params[i].top_k > 0 or params[i].top_p < 1 for i in sample_rows):
             top_k = torch.tensor([params[i].top_k for i in sample_rows], device=logits.device)
             top_p = torch.tensor([params[i].top_p for i in sample_rows], device=logits.device)
-            kept = filter_logits(kept, top_k, top_p)
-        probs = kept.softmax(dim=-1)
+            probs = filter_logits(scaled if every else scaled[rows], top_k, top_p).softmax(dim=-1)
+        else:  # no sort of the vocabulary, no second softmax
+            probs = (logp if every else logp[rows]).exp()
         fresh = torch.rand(len(sample_rows), dtype=torch.float64).tolist()
         u = [
             g.random() if (g := generators[i]) is not None else r

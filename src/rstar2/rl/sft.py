@@ -42,12 +42,19 @@ def sft_batch(examples: list[tuple[list[int], list[int]]], pad_id: int, units: f
 
 
 def sft_step(
-    model, optimizer, lr_schedule, batch: Batch, max_tokens: int, grad_clip: float, world: D.World
+    model,
+    optimizer,
+    lr_schedule,
+    batch: Batch,
+    max_tokens: int,
+    grad_clip: float,
+    world: D.World,
+    compute: str = "auto",
 ) -> dict:
     """Cross-entropy on assistant tokens, token mean over the whole batch (``batch.weights``)."""
 
     def micro_loss(mb: Batch):
-        logp, _ = forward_logprobs(model, mb)
+        logp, _ = forward_logprobs(model, mb, compute=compute)
         return -(logp * mb.weights).sum(), {}
 
     return optimizer_step(
@@ -134,6 +141,7 @@ class SFTTrainer:
                     cfg.optim.micro_batch_tokens,
                     cfg.optim.grad_clip,
                     world,
+                    cfg.model.compute,
                 )
                 self.step_no += 1
                 seconds = time.perf_counter() - t0

@@ -192,7 +192,9 @@ class RLTrainer:
         self._load()
         history: list[dict[str, Any]] = []
         # remote servers, or one in-process engine over the trainer's model (or its copy)
-        self.engines = open_engines(self.cfg.rollout, shared=self.engine_model, name=f"rank{self.world.rank}")
+        self.engines = open_engines(
+            self.cfg.rollout, shared=self.engine_model, name=f"rank{self.world.rank}", compute=self.cfg.model.compute
+        )
         bar = None
         if self.cfg.run.progress and self.world.main:
             from tqdm.auto import tqdm
@@ -388,6 +390,7 @@ class RLTrainer:
             world=self.world,
             ref_model=self.ref_model,
             token_classes=self.token_classes,
+            compute=self.cfg.model.compute,
         )
         self.model.eval()
         return out

@@ -29,14 +29,15 @@ if TYPE_CHECKING:
 _MEANS = ("clip_low", "clip_high", "approx_kl", "entropy", "engine_gap", "ref_kl")
 
 
-def forward_logprobs(model: torch.nn.Module, mb: Batch, with_entropy: bool = False):
+def forward_logprobs(model: torch.nn.Module, mb: Batch, with_entropy: bool = False, compute: str = "auto"):
     """Log-probs of the labels, (rows, T-1), and optionally entropies. Logits are only computed
     from the first position any row learns from: the prompt's vocabulary projections and
-    log-softmaxes are never needed (most of the compute of the head for a long prompt)."""
+    log-softmaxes are never needed (most of the compute of the head for a long prompt).
+    ``compute``: ``model.compute`` (see ``engines.hf.compute_precision``)."""
     width = mb.labels.shape[1]
     learn = mb.mask.any(dim=0).nonzero()
     start = int(learn[0]) if len(learn) else width - 1
-    with compute_precision(mb.input_ids.device):
+    with compute_precision(mb.input_ids.device, compute):
         logits = model(
             input_ids=mb.input_ids,
             attention_mask=mb.attention_mask,
@@ -60,19 +61,23 @@ def plan(batch: Batch, max_tokens: int, world: World) -> list[list[int]]:
 
 
 @torch.no_grad()
-def logprobs_of(model: torch.nn.Module, batch: Batch, max_tokens: int, world: World = LOCAL) -> torch.Tensor:
+def logprobs_of(
+    model: torch.nn.Module, batch: Batch, max_tokens: int, world: World = LOCAL, compute: str = "auto"
+) -> torch.Tensor:
     """(rows, T-1) log-probs of the batch's labels under ``model`` (micro-batched, no grad)."""
     out = torch.zeros_like(batch.mask)
     for rows in plan(batch, max_tokens, world):
-        logp, _ = forward_logprobs(model, take_rows(batch, rows))
+        logp, _ = forward_logprobs(model, take_rows(batch, rows), compute=compute)
         if rows:
             out[torch.tensor(rows), : logp.shape[1]] = logp.float()
     return out
 
 
-def old_logprobs(model: torch.nn.Module, batch: Batch, max_tokens: int, world: World = LOCAL) -> Batch:
+def old_logprobs(
+    model: torch.nn.Module, batch: Batch, max_tokens: int, world: World = LOCAL, compute: str = "auto"
+) -> Batch:
     """The batch with ``old_logp`` from the current weights."""
-    return replace(batch, old_logp=logprobs_of(model, batch, max_tokens, world))
+    return replace(batch, old_logp=logprobs_of(model, batch, max_tokens, world, compute))
 
 
 def optimizer_step(
@@ -138,11 +143,12 @@ def policy_update(
     grad_clip: float = 1.0,
     max_tokens: int = 16384,
     world: World = LOCAL,
+    compute: str = "auto",
 ) -> dict[str, float]:
     """One clipped-policy-gradient step over ``batch`` (whose weights hold the global normaliser)."""
 
     def micro_loss(mb: Batch):
-        logp, entropy = forward_logprobs(model, mb, with_entropy=True)
+        logp, entropy = forward_logprobs(model, mb, with_entropy=True, compute=compute)
         old = mb.old_logp if mb.old_logp is not None else logp.detach()
         loss, stats = policy_loss(
             logp,
@@ -194,6 +200,7 @@ def update_on_rollouts(
     world: World = LOCAL,
     ref_model: torch.nn.Module | None = None,
     token_classes: Callable[[Sequence[int], Sequence[int]], list[int]] | None = None,
+    compute: str = "auto",
 ) -> dict[str, float]:
     """The RL update on the rollouts this process kept (``rows``).
     With ``token_classes`` (response ids, loss mask → a class per token, see
@@ -201,7 +208,8 @@ def update_on_rollouts(
 
     ``optim.mini_batches`` optimizer steps per call, each on a share of the rows and normalised
     over all processes, ``optim.epochs`` passes. A process with no rows (all its groups dropped)
-    still joins the collectives with a zero-weight copy of ``stand_in``.
+    still joins the collectives with a zero-weight copy of ``stand_in``. ``compute``: the
+    passes' precision (``model.compute``).
     """
     if all_sum([len(rows)], world)[0] == 0:
         return {"update/skipped": 1.0}
@@ -221,9 +229,12 @@ def update_on_rollouts(
         units = all_sum([weight_units(b.mask, b.group_index, loss.aggregation)], world)[0]
         batches.append(with_weights(b, loss.aggregation, units).to(world.device))
     if optim.mini_batches > 1 or optim.epochs > 1:
-        batches = [old_logprobs(model, b, optim.micro_batch_tokens, world) for b in batches]
+        batches = [old_logprobs(model, b, optim.micro_batch_tokens, world, compute) for b in batches]
     if loss.kl_coef and ref_model is not None:
-        batches = [replace(b, ref_logp=logprobs_of(ref_model, b, optim.micro_batch_tokens)) for b in batches]
+        batches = [
+            replace(b, ref_logp=logprobs_of(ref_model, b, optim.micro_batch_tokens, compute=compute))
+            for b in batches
+        ]
     loss_cfg = as_dataclass(LossConfig, loss)
     out = [
         policy_update(
@@ -235,6 +246,7 @@ def update_on_rollouts(
             grad_clip=optim.grad_clip,
             max_tokens=optim.micro_batch_tokens,
             world=world,
+            compute=compute,
         )
         for _ in range(optim.epochs)
         for b in batches

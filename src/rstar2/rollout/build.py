@@ -31,6 +31,7 @@ def open_engines(
     *,
     shared: Any = None,
     name: str = "hf",
+    compute: str = "auto",
 ) -> list[Any]:
     """``settings.servers`` as ``OpenAIEngine``s, or one in-process ``HFEngine``: over a loaded
     model the caller keeps training (``shared``: the trainer's, so new weights cost nothing to
@@ -45,6 +46,7 @@ def open_engines(
         "max_batch_size": settings.max_batch_size,
         "capacity_tokens": settings.capacity_tokens,
         "keep_tokens": settings.keep_tokens,
+        "compute": compute,
     }
     if shared is not None:
         return [HFEngine(shared, name=name, **sizes)]
