@@ -332,3 +332,26 @@ def test_a_failed_join_leaves_the_running_rows_as_they_were(model, prompt):
             assert torch.equal(batch.kv.sequence(i, tuple(r.req.prompt_ids), 0).keys[0], before[i])
         batch.step(engine)  # and the batch decodes on
     loop.close()
+
+
+def test_a_finished_batch_frees_its_cache_without_the_garbage_collector(model):
+    """No reference cycle holds a batch's buffers (gigabytes on a real model) once it is dropped."""
+    import gc
+    import weakref
+
+    from rstar2.engines.kv import BatchKV
+
+    kv = BatchKV(max_rows=4)
+    kv.add([None, None])
+    pos, mask = kv.plan((0, 2), [3, 2], 3)
+    with torch.no_grad():
+        model(input_ids=torch.ones((2, 3), dtype=torch.long), attention_mask=mask, position_ids=pos, cache=kv.cache)
+    kv.commit((0, 2), [3, 2])
+    assert kv.layers() and kv.rows_cap == 2
+    buffers = weakref.ref(kv.layers()[0].buf_k)
+    gc.disable()
+    try:
+        del kv
+        assert buffers() is None
+    finally:
+        gc.enable()

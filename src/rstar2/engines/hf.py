@@ -233,7 +233,7 @@ class HFEngine:
 
     def _serve(self) -> None:
         device = next(self.model.parameters()).device
-        batch = _Batch(device)
+        batch = _Batch(device, self.max_batch_size)
         while True:
             new = self._admit(self.max_batch_size - len(batch.rows), wait=not batch.rows)
             if new is None and not batch.rows:
@@ -309,13 +309,13 @@ class _Batch:
     """The running rows (in the order of their cache's rows), their cache, and the logits of each
     row's next token."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    def __init__(self, device: torch.device, max_rows: int | None = None) -> None:
+        self.device, self.max_rows = device, max_rows
         self.reset()
 
     def reset(self) -> None:
         self.rows: list[_Row] = []
-        self.kv = BatchKV(self.device)
+        self.kv = BatchKV(self.device, self.max_rows)
         self.logits: torch.Tensor | None = None
 
     def _prefill(
@@ -392,7 +392,7 @@ class _Batch:
     def refill(self, engine: HFEngine) -> None:
         """Every running row prefilled again from its tokens (the weights changed under it)."""
         rows = self.rows
-        self.kv = BatchKV(self.device)
+        self.kv = BatchKV(self.device, self.max_rows)
         order, self.logits = self._prefill(engine, self.kv, [r.context() for r in rows], [None] * len(rows))
         self.rows = [rows[i] for i in order]
 

@@ -18,6 +18,7 @@ is new, and a prefix computed under other weights is never used.
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -31,9 +32,18 @@ class SlotLayer(DynamicLayer):
 
     def __init__(self, owner: BatchKV) -> None:
         super().__init__()
-        self.owner = owner
+        # a weak reference: a strong one would make a cycle (batch -> cache -> layer -> batch) that
+        # only the cyclic garbage collector frees, holding gigabytes of buffers after the batch ends
+        self._owner = weakref.ref(owner)
         self.buf_k: torch.Tensor | None = None
         self.buf_v: torch.Tensor | None = None
+
+    @property
+    def owner(self) -> BatchKV:
+        owner = self._owner()
+        if owner is None:
+            raise RuntimeError("the batch this cache layer belonged to is gone")
+        return owner
 
     def allocate(self, like_k: torch.Tensor, like_v: torch.Tensor) -> None:
         o = self.owner
@@ -82,11 +92,13 @@ class SeqKV:
 class BatchKV:
     """The running rows' cache (see the module docstring). ``lens[r]``: tokens row r holds."""
 
-    def __init__(self, device: torch.device | str = "cpu") -> None:
+    def __init__(self, device: torch.device | str = "cpu", max_rows: int | None = None) -> None:
         self.device = torch.device(device)
+        self.max_rows = max_rows  # rows are never reserved beyond it (the engine's batch size)
         self.lens: list[int] = []
         self.rows_cap = self.cols_cap = 0
-        self.cache = Cache(layer_class_to_replicate=lambda: SlotLayer(self))
+        me = weakref.ref(self)  # (no cycle through the cache's layer factory either)
+        self.cache = Cache(layer_class_to_replicate=lambda: SlotLayer(me()))
         # the plan of the next forward pass (set by ``plan``, read by every layer's ``update``)
         self.span = (0, 0)
         self.write_at: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -100,12 +112,16 @@ class BatchKV:
         return [layer for layer in self.cache.layers if getattr(layer, "buf_k", None) is not None]
 
     def _reserve(self, rows: int, cols: int) -> None:
-        """Room for ``rows`` rows of ``cols`` columns, plus the scratch column (doubling)."""
+        """Room for ``rows`` rows of ``cols`` columns, plus the scratch column (growing by half, so
+        the copies stay amortised while the spare room stays small: every row pays for the
+        longest one's columns)."""
         cols += 1
         if rows <= self.rows_cap and cols <= self.cols_cap:
             return
         new_rows = self.rows_cap if rows <= self.rows_cap else max(rows, 2 * self.rows_cap)
-        new_cols = self.cols_cap if cols <= self.cols_cap else max(cols, 2 * self.cols_cap, 64)
+        if self.max_rows is not None:
+            new_rows = max(rows, min(new_rows, self.max_rows))
+        new_cols = self.cols_cap if cols <= self.cols_cap else -(-max(cols, self.cols_cap * 3 // 2) // 64) * 64
         keep_cols = max(self.lens, default=0)
         for layer in self.layers():
             layer.resize(new_rows, new_cols, self.rows, keep_cols)
