@@ -355,3 +355,11 @@ def test_a_finished_batch_frees_its_cache_without_the_garbage_collector(model):
         assert buffers() is None
     finally:
         gc.enable()
+
+
+async def test_a_closed_engine_keeps_no_prefixes(model, prompt):
+    engine = HFEngine(model, keep_tokens=4096)
+    await engine.generate(prompt, SamplingParams(max_new_tokens=4, temperature=1.0, seed=0))
+    assert len(engine.store) >= 1  # the finished request's sequence was kept for a next turn
+    await engine.close()
+    assert len(engine.store) == 0 and engine.store.tokens == 0

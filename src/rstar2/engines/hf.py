@@ -194,10 +194,14 @@ class HFEngine:
             self.model.load_state_dict(state_dict, strict=False)
 
     async def close(self) -> None:
+        """Stop the engine's thread and drop the kept prefixes (up to ``keep_tokens`` of KV: a
+        closed engine that something still references must not hold them)."""
         self._closed = True
         if self._thread is not None:
             self._queue.put(None)
             await asyncio.to_thread(self._thread.join, 30)
+        with self.lock:
+            self.store.clear()
 
     # -- the engine's own thread -------------------------------------------------------------
     def _admit(self, free: int, wait: bool) -> list[_Request] | None:
