@@ -88,15 +88,15 @@ def main() -> None:
     ids = torch.randint(0, vocab, (a.batch, a.context), generator=g)
     update_s(model, train_ids, a.learn, False)  # warm-up
     runs: dict[str, list[float]] = {}
-    for order in ("A", "B", "B", "A"):
-        for bf16 in (False, True) if order == "A" else (True, False):
-            tag = "bf16" if bf16 else "fp32"
-            runs.setdefault(f"update {tag}", []).append(update_s(model, train_ids, a.learn, bf16))
-            runs.setdefault(f"decode {tag} autocast" if bf16 else "decode fp32", []).append(
-                decode_s(model, ids, bf16)
-            )
-            runs.setdefault(f"prefill {tag}", []).append(prefill_s(model, ids, bf16))
-        runs.setdefault("decode bf16 weights", []).append(decode_s(weights16, ids, False))
+    for bf16 in (False, True, True, False):  # A-B-B-A
+        tag = "bf16" if bf16 else "fp32"
+        runs.setdefault(f"update {tag}", []).append(update_s(model, train_ids, a.learn, bf16))
+        runs.setdefault("decode bf16 autocast" if bf16 else "decode fp32", []).append(
+            decode_s(model, ids, bf16)
+        )
+        runs.setdefault(f"prefill {tag}", []).append(prefill_s(model, ids, bf16))
+        if bf16:
+            runs.setdefault("decode bf16 weights", []).append(decode_s(weights16, ids, False))
     mean = {k: statistics.mean(v) for k, v in runs.items()}
     print(f"\n{path}, CPU, {torch.get_num_threads()} threads (mean of 2 runs each, A-B-B-A)")
     print(f"{'pass':46s} {'seconds':>9s} {'fp32 / this':>12s}")

@@ -203,7 +203,9 @@ def engines_before_after(model_dir: Path, data: Path, root: Path, a) -> None:
     old = baseline_engine_class(a.baseline_rev)
 
     class Baseline(old):  # type: ignore[misc, valid-type]
-        def __init__(self, model, *, keep_tokens=None, compute="auto", **kw):  # the old engine keeps no prefixes
+        def __init__(
+            self, model, *, keep_tokens=None, compute="auto", **kw
+        ):  # the old engine keeps no prefixes
             super().__init__(model, **kw)
 
     engines = {"baseline": Baseline, "new": hf.HFEngine}

@@ -8,7 +8,8 @@ The baseline is ``src/rstar2/engines/{hf,sampling,base}.py`` as they were at ``-
 (read with ``git show``, imported as a package of their own), the same model object, the same
 requests: A-B-B-A, the two runs of each averaged (this machine is shared and noisy).
 
-1. **Isolated decode**: ``--batch`` prompts through the model's chat template, ``--new-tokens``
+1. **Isolated decode**: ``--batch`` prompts through the model's chat template (with the same chat
+   settings as the rollouts: ``--chat-from-recipe`` applies to both), ``--new-tokens``
    sampled tokens each, all submitted at once: generated tokens/s.
 2. **Tool-using rollouts** (the shape of an RL step): ``--groups`` problems × ``--group-size``
    rollouts, each with the real system prompt and tool schemas through the model's own template,
@@ -254,7 +255,9 @@ def main() -> None:
     ap.add_argument("--think-min", type=int, default=10)
     ap.add_argument("--think-max", type=int, default=60)
     ap.add_argument("--skip-isolated", action="store_true")
-    ap.add_argument("--new-only", action="store_true", help="only the current engine, once (for profiling; no ratio)")
+    ap.add_argument(
+        "--new-only", action="store_true", help="only the current engine, once (for profiling; no ratio)"
+    )
     ap.add_argument(
         "--chat-from-recipe",
         default=None,
@@ -271,15 +274,17 @@ def main() -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
     model, tok, path = load_model(a.model, a.device)
-    Baseline = baseline_engine_class(a.baseline_rev)
-    fmt = ChatFormat(tok)
+    fmt = chat_format(tok, a.chat_from_recipe)  # the isolated decode reads the rollouts' prompts
     prompts = [
         fmt.prompt_ids(f"Problem {i}: what is {i} * {i + 7}? Explain every step.") for i in range(a.batch)
     ]
-    engines = {
-        "baseline": lambda: Baseline(model, max_batch_size=a.batch),
-        "new": lambda: HFEngine(model, max_batch_size=a.batch),
-    }
+    engines: dict[str, Any] = {"new": lambda: HFEngine(model, max_batch_size=a.batch)}
+    order = ["new"]
+    if not a.new_only:
+        Baseline = baseline_engine_class(a.baseline_rev)
+        engines = {"baseline": lambda: Baseline(model, max_batch_size=a.batch), **engines}
+        order = ["baseline", "new", "new", "baseline"]  # A-B-B-A
+    runs_note = "one run" if a.new_only else "mean of 2 runs each, A-B-B-A"
     results: dict[str, dict[str, list[dict]]] = {name: {"isolated": [], "rollouts": []} for name in engines}
 
     async def run(name: str, pool: LocalPool) -> None:
@@ -296,25 +301,21 @@ def main() -> None:
     async def all_runs() -> None:
         async with LocalPool() as pool:
             await pool.run("print(1)")
-            for name in ("new",) if a.new_only else ("baseline", "new", "new", "baseline"):  # A-B-B-A
+            for name in order:
                 await run(name, pool)
 
     asyncio.run(all_runs())
     reference = transformers_batch(model, prompts, a.new_tokens) if a.transformers_cb else None
 
-    if a.new_only:
-        engines.pop("baseline")
-
     def mean(name: str, part: str, key: str) -> float:
         return statistics.mean(r[key] for r in results[name][part])
 
     print(
-        f"\n{path} on {a.device}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters; baseline = engine at {a.baseline_rev}"
+        f"\n{path} on {a.device}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters"
+        + ("" if a.new_only else f"; baseline = engine at {a.baseline_rev}")
     )
     if not a.skip_isolated:
-        print(
-            f"\nIsolated decode: {a.batch} prompts x {a.new_tokens} new tokens (mean of 2 runs each, A-B-B-A)"
-        )
+        print(f"\nIsolated decode: {a.batch} prompts x {a.new_tokens} new tokens ({runs_note})")
         print(f"{'engine':10s} {'tokens/s':>10s} {'ratio':>7s}")
         base = mean(next(iter(engines)), "isolated", "tokens_per_s")
         for name in engines:
@@ -325,7 +326,7 @@ def main() -> None:
             print(f"{'transformers generate_batch (1 run)':10s} {tps:10.1f} {tps / base:6.2f}x")
     print(
         f"\nTool-using rollouts: {a.groups} groups x {a.group_size}, up to {a.turns} turns of {a.think_min}-{a.think_max} "
-        "generated tokens + a sandbox call each (mean of 2 runs each, A-B-B-A)"
+        f"generated tokens + a sandbox call each ({runs_note})"
     )
     cols = (
         "tokens_per_s",

@@ -21,6 +21,10 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# what the passes compute in (``engines.hf.compute_precision``)
+Compute = Literal["auto", "bf16", "fp32"]
+
+
 class ModelSection(_Section):
     path: str  # a local Hugging Face model directory
     tokenizer: str | None = None  # default: the model directory
@@ -28,7 +32,7 @@ class ModelSection(_Section):
     dtype: str = "auto"  # parameters: auto (fp32), float32, bfloat16
     # the passes' precision: auto = bf16 autocast on CUDA, fp32 on CPU; bf16 = autocast on CPU too
     # (the trainer's passes; the in-process engine decodes in fp32 on a CPU); fp32 = never
-    compute: Literal["auto", "bf16", "fp32"] = "auto"
+    compute: Compute = "auto"
     gradient_checkpointing: bool = False
     threads: int | None = None  # torch CPU threads (None: torch's default)
 

@@ -254,7 +254,10 @@ def test_slots_hold_each_rows_own_cache_through_joins_decodes_and_leaves(model):
         for _ in range(12):
             op = rng.choice(["join", "join", "decode", "decode", "leave", "copy"])
             if op == "join" or not tokens:
-                news = [[rng.randrange(vocab) for _ in range(rng.randint(1, 30))] for _ in range(rng.randint(1, 3))]
+                news = [
+                    [rng.randrange(vocab) for _ in range(rng.randint(1, 30))]
+                    for _ in range(rng.randint(1, 3))
+                ]
                 start = kv.rows
                 kv.add([None] * len(news))
                 logits += forward((start, kv.rows), news)
@@ -321,7 +324,9 @@ def test_a_failed_join_leaves_the_running_rows_as_they_were(model, prompt):
     batch = _Batch(torch.device("cpu"))
     with torch.no_grad():
         batch.join(engine, [row(prompt), row(prompt[:7])])
-        before = [batch.kv.sequence(i, tuple(r.req.prompt_ids), 0).keys[0].clone() for i, r in enumerate(batch.rows)]
+        before = [
+            batch.kv.sequence(i, tuple(r.req.prompt_ids), 0).keys[0].clone() for i, r in enumerate(batch.rows)
+        ]
         real = engine._forward
         engine._forward = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
         with pytest.raises(RuntimeError, match="boom"):
@@ -345,7 +350,12 @@ def test_a_finished_batch_frees_its_cache_without_the_garbage_collector(model):
     kv.add([None, None])
     pos, mask = kv.plan((0, 2), [3, 2], 3)
     with torch.no_grad():
-        model(input_ids=torch.ones((2, 3), dtype=torch.long), attention_mask=mask, position_ids=pos, cache=kv.cache)
+        model(
+            input_ids=torch.ones((2, 3), dtype=torch.long),
+            attention_mask=mask,
+            position_ids=pos,
+            cache=kv.cache,
+        )
     kv.commit((0, 2), [3, 2])
     assert kv.layers() and kv.rows_cap == 2
     buffers = weakref.ref(kv.layers()[0].buf_k)

@@ -55,7 +55,7 @@ def compute_precision(device: torch.device, compute: str = "auto") -> contextlib
     """The precision passes compute in (``model.compute``). ``auto``: bf16 autocast on CUDA, full
     precision elsewhere: the trainer's forward passes and the in-process engine (which shares the
     trainer's fp32 parameters) both compute in bf16 on a GPU, as an inference server would, without
-    a second copy of the weights. ``bf16``: autocast on CPU too (the trainer's passes run ~1.8x
+    a second copy of the weights. ``bf16``: autocast on CPU too (the trainer's passes run ~1.6x
     faster on a CPU with AVX512-BF16, see benchmarks/RESULTS.md). ``fp32``: never autocast."""
     if compute not in ("auto", "bf16", "fp32"):
         raise ValueError(f"model.compute must be auto, bf16 or fp32, not {compute!r}")

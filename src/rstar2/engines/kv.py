@@ -121,7 +121,9 @@ class BatchKV:
         new_rows = self.rows_cap if rows <= self.rows_cap else max(rows, 2 * self.rows_cap)
         if self.max_rows is not None:
             new_rows = max(rows, min(new_rows, self.max_rows))
-        new_cols = self.cols_cap if cols <= self.cols_cap else -(-max(cols, self.cols_cap * 3 // 2) // 64) * 64
+        new_cols = (
+            self.cols_cap if cols <= self.cols_cap else _round_up(max(cols, self.cols_cap * 3 // 2), 64)
+        )
         keep_cols = max(self.lens, default=0)
         for layer in self.layers():
             layer.resize(new_rows, new_cols, self.rows, keep_cols)
@@ -206,6 +208,10 @@ class BatchKV:
         keys = [layer.buf_k[row : row + 1, :, :n].clone() for layer in self.layers()]
         values = [layer.buf_v[row : row + 1, :, :n].clone() for layer in self.layers()]
         return SeqKV(ids, keys, values, version, shared)
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
 
 
 class PrefixStore:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..config import ChatSection, ConfigError, RolloutSection, parse_config, read_yaml, validate
+from ..config import ChatSection, Compute, ConfigError, RolloutSection, parse_config, read_yaml, validate
 from .tasks import FAMILIES
 
 
@@ -38,7 +38,7 @@ class ModelSpec(_Spec):
     max_positions: int = 512
     device: str = "auto"
     dtype: str = "auto"
-    compute: Literal["auto", "bf16", "fp32"] = "auto"  # the stages' model.compute
+    compute: Compute = "auto"  # the stages' model.compute
     threads: int | None = None
 
     @model_validator(mode="after")
@@ -200,7 +200,13 @@ def stage_tree(recipe: Recipe, stage: StageSpec, *, model_path: str, train: str,
     m, c = recipe.model, recipe.chat
     tree: dict[str, Any] = {
         "kind": stage.kind,
-        "model": {"path": model_path, "device": m.device, "dtype": m.dtype, "compute": m.compute, "threads": m.threads},
+        "model": {
+            "path": model_path,
+            "device": m.device,
+            "dtype": m.dtype,
+            "compute": m.compute,
+            "threads": m.threads,
+        },
         "data": {"train": train, "limit": stage.data.limit},
         "run": {"out": out, "seed": recipe.seed},
     }

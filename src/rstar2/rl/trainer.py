@@ -193,7 +193,10 @@ class RLTrainer:
         history: list[dict[str, Any]] = []
         # remote servers, or one in-process engine over the trainer's model (or its copy)
         self.engines = open_engines(
-            self.cfg.rollout, shared=self.engine_model, name=f"rank{self.world.rank}", compute=self.cfg.model.compute
+            self.cfg.rollout,
+            shared=self.engine_model,
+            name=f"rank{self.world.rank}",
+            compute=self.cfg.model.compute,
         )
         bar = None
         if self.cfg.run.progress and self.world.main:
