@@ -754,13 +754,19 @@ def view_cmd(
     target: Path = typer.Argument(..., help="A run folder or a trajectories JSONL file."),
     out: Path | None = typer.Option(None, "--out", "-o", help="HTML file (default: view.html beside it)."),
     limit: int = typer.Option(2000, help="At most this many trajectories."),
+    health: str | None = typer.Option(
+        None,
+        "--health",
+        help="Only trajectories showing this tool-use health sign: no_call, unparseable, repeated, output_cut.",
+    ),
 ) -> None:
-    """A static HTML viewer of trajectories (offline): tool calls, outputs, statuses, rewards, RoC."""
+    """A static HTML viewer of trajectories (offline): tool calls, outputs, statuses, rewards, RoC,
+    tool-use health signs."""
     from .analysis.view import view
 
     try:
-        path = view(target, out, limit)
-    except FileNotFoundError as exc:
+        path = view(target, out, limit, health)
+    except (FileNotFoundError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from None
     console.print(f"viewer: {path}")
 

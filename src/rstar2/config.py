@@ -144,6 +144,20 @@ class OptimSection(_Section):
     reset_optimizer: bool = False
 
 
+class HealthSection(_Section):
+    """RL: tool-use health (``rollout/health.py``). Each limit is the largest share of a step's
+    rollouts that may show the sign before the step warns, in the log, ``health.jsonl`` and the
+    recipe's report (null: not watched). The defaults sit well above a healthy run's (SmolLM2's
+    recipe: at most 5% no call, 14% unparseable, 6% repeated) and well below a collapse."""
+
+    no_call: float | None = Field(0.5, ge=0, le=1)  # no tool call at all
+    unparseable: float | None = Field(0.3, ge=0, le=1)  # a call that could not be parsed
+    repeated: float | None = Field(0.3, ge=0, le=1)  # the same call (code and input) twice
+    output_cut: float | None = Field(0.3, ge=0, le=1)  # the model read less than the code printed
+    patience: int = Field(3, ge=1)  # steps in a row over a limit before `stop` acts
+    stop: bool = False  # stop the run (after saving a checkpoint) instead of only warning
+
+
 class RunSection(_Section):
     out: str = "runs/rl"
     steps: int = 100
@@ -163,6 +177,7 @@ class RunSection(_Section):
     # RL: log the mean entropy of reasoning / reflection / code / answer tokens each step; the
     # first `reflection_window` model tokens after a tool response count as reflection; 0 = off.
     reflection_window: int = Field(20, ge=0)
+    health: HealthSection = Field(default_factory=HealthSection)  # RL only
 
 
 class RLConfig(_Section):

@@ -1,7 +1,8 @@
 """``rstar2 view``: one static HTML page of trajectories — the conversation with its tool calls, their
 outputs and statuses, the answer, reward, finish reason and token counts, and for RL steps the RoC
-penalties and whether the trajectory was kept. Filters by reward and status run in the page (no
-server, works offline). Every piece of model or tool text is escaped: it is untrusted."""
+penalties and whether the trajectory was kept, and the tool-use health signs it shows. Filters by
+reward, status, RoC and health sign run in the page (no server, works offline). Every piece of
+model or tool text is escaped: it is untrusted."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ..jsonl import iter_jsonl
+from ..rollout.health import SIGNS, signs
+from ..rollout.trajectory import Trajectory
 
 STATUS_COLOURS = {
     "ok": "#2e7d32",
@@ -35,11 +38,24 @@ def find_files(target: Path) -> list[Path]:
     return files
 
 
-def load(files: list[Path], limit: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+def health_signs(d: dict[str, Any]) -> list[str]:
+    """The tool-use health signs a trajectory shows (``rollout/health.py``); none when the line is
+    not a whole trajectory."""
+    try:
+        shown = signs(Trajectory.from_dict(d))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return []
+    return [s for s in SIGNS if shown[s]]
+
+
+def load(
+    files: list[Path], limit: int | None = None, sign: str | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """Trajectories of ``files``; with ``sign``, only those showing that health sign."""
     out = []
     for f in files:
         for _, d in iter_jsonl(f, strict=False):  # a line cut by a crash is skipped
-            if isinstance(d, dict) and "turns" in d:
+            if isinstance(d, dict) and "turns" in d and (sign is None or sign in health_signs(d)):
                 out.append((str(f), d))
                 if limit is not None and len(out) >= limit:
                     return out
@@ -90,6 +106,9 @@ def trajectory_html(n: int, source: str, d: dict[str, Any]) -> str:
         )
     if "step" in meta:
         facts.append(f"step {_e(meta['step'])}")
+    shown = health_signs(d)
+    if shown:
+        facts.append("health: " + ", ".join(f"<b>{_e(SIGNS[s])}</b>" for s in shown))
     body = []
     for t in turns:
         body.append(f"<pre class='model'>{_e(t.get('text', ''))}</pre>")
@@ -97,7 +116,8 @@ def trajectory_html(n: int, source: str, d: dict[str, Any]) -> str:
     kept_attr = "" if not roc else ("kept" if roc.get("kept") else "dropped")
     return (
         f"<section class='traj' data-reward='{'correct' if reward > 0 else 'incorrect'}' "
-        f"data-statuses='{_e(' '.join(statuses))}' data-kept='{kept_attr}'>"
+        f"data-statuses='{_e(' '.join(statuses))}' data-kept='{kept_attr}' "
+        f"data-health='{_e(' '.join(shown) or 'healthy')}'>"
         f"<details><summary>#{n} · {' · '.join(facts)}</summary>"
         f"<p class='src'>{_e(source)}</p><p class='problem'>{_e(d.get('problem', ''))}</p>"
         f"<p class='ref'>reference: <code>{_e(d.get('reference'))}</code> · {_e(d.get('verdict', ''))}</p>"
@@ -118,11 +138,11 @@ pre{white-space:pre-wrap;margin:.3em 0;padding:.4em;border-radius:4px}
 SCRIPT = """
 function apply(){
   const r=document.getElementById('reward').value, s=document.getElementById('status').value,
-        k=document.getElementById('kept').value;
+        k=document.getElementById('kept').value, h=document.getElementById('health').value;
   let shown=0;
   for(const el of document.querySelectorAll('.traj')){
     const ok=(r==='all'||el.dataset.reward===r)&&(s==='all'||el.dataset.statuses.split(' ').includes(s))
-      &&(k==='all'||el.dataset.kept===k);
+      &&(k==='all'||el.dataset.kept===k)&&(h==='all'||el.dataset.health.split(' ').includes(h));
     el.style.display=ok?'':'none'; if(ok) shown++;
   }
   document.getElementById('count').textContent=shown;
@@ -134,6 +154,13 @@ def render(items: list[tuple[str, dict[str, Any]]], title: str = "rstar2 traject
     statuses = sorted(STATUS_COLOURS)
     options = "".join(f"<option value='{s}'>{s}</option>" for s in statuses)
     correct = sum(float(d.get("reward", 0)) > 0 for _, d in items)
+    counts = {s: 0 for s in SIGNS}
+    for _, d in items:
+        for s in health_signs(d):
+            counts[s] += 1
+    health_options = "".join(
+        f"<option value='{s}'>{_e(words)} ({counts[s]})</option>" for s, words in SIGNS.items()
+    )
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
         f"<style>{STYLE}</style><script>{SCRIPT}</script></head><body onload='apply()'>"
@@ -143,15 +170,20 @@ def render(items: list[tuple[str, dict[str, Any]]], title: str = "rstar2 traject
         f"tool status <select id='status' onchange='apply()'><option value='all'>any</option>{options}</select> "
         "RoC <select id='kept' onchange='apply()'><option value='all'>all</option>"
         "<option value='kept'>kept</option><option value='dropped'>dropped</option></select> "
+        "tool-use health <select id='health' onchange='apply()'><option value='all'>any</option>"
+        f"<option value='healthy'>no sign</option>{health_options}</select> "
         "· showing <span id='count'></span></div>"
         + "".join(trajectory_html(i, src, d) for i, (src, d) in enumerate(items))
         + "</body></html>"
     )
 
 
-def view(target: Path, out: Path | None = None, limit: int | None = 2000) -> Path:
+def view(target: Path, out: Path | None = None, limit: int | None = 2000, sign: str | None = None) -> Path:
+    """``sign``: only trajectories showing that tool-use health sign (``rollout.health.SIGNS``)."""
+    if sign is not None and sign not in SIGNS:
+        raise ValueError(f"unknown health sign {sign!r}: one of {', '.join(SIGNS)}")
     files = find_files(target)
-    items = load(files, limit)
+    items = load(files, limit, sign)
     if out is None:
         out = (target if target.is_dir() else target.parent) / "view.html"
     out.write_text(render(items, f"rstar2 · {target.name}"))

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from ..sandbox.capture import cut_middle
 from ..sandbox.result import ExecResult
 from .prompt import CHATML_TEMPLATE, SYSTEM_PROMPT, USER_PREFIX, problem_messages, tools_section
 from .tags import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
-from .tool_response import DEFAULT_LIMIT_CHARS, TRACEBACK_LINES, render_result
+from .tool_response import DEFAULT_LIMIT_CHARS, TRACEBACK_LINES, output_cut, result_text
 from .tools import PYTHON_TOOL, SESSION_TOOL, ToolCallError, tool_schemas
 
 _MARK = "RSTAR2ASSISTANTTURN"
@@ -164,14 +165,19 @@ class ChatFormat:
     # -- tool turns -------------------------------------------------------------------------
     def tool_text(self, result: ExecResult | ToolCallError) -> str:
         """One tool response, cut in the middle to the character and (optional) token limits."""
-        text = render_result(result, self.tool_limit_chars, self.tool_traceback_lines)
+        return self.tool_response(result)[0]
+
+    def tool_response(self, result: ExecResult | ToolCallError) -> tuple[str, bool]:
+        """``tool_text`` and whether the model reads less than the code printed: cut here to the
+        limits, or already by the code environment (its capture bound, its output limit)."""
+        text, cut = cut_middle(result_text(result, self.tool_traceback_lines), self.tool_limit_chars)
         if self.tool_limit_tokens is not None:
             ids = self.encode(text)
             if len(ids) > self.tool_limit_tokens:
                 keep = max(1, self.tool_limit_tokens // 2)
                 head, tail = self.decode(ids[:keep]), self.decode(ids[-keep:])
-                text = f"{head}\n... [{len(ids) - 2 * keep} tokens cut] ...\n{tail}"
-        return text
+                text, cut = f"{head}\n... [{len(ids) - 2 * keep} tokens cut] ...\n{tail}", True
+        return text, cut or output_cut(result)
 
     def tool_turn_text(self, responses: list[str], model_end: str = "") -> str:
         """The text that follows a generated assistant turn: the rest of the assistant's ending that

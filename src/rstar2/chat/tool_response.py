@@ -34,6 +34,16 @@ def render_result(
     limit_chars: int = DEFAULT_LIMIT_CHARS,
     traceback_lines: int = TRACEBACK_LINES,
 ) -> str:
+    return cut_middle(result_text(result, traceback_lines), limit_chars)[0]
+
+
+def output_cut(result: ExecResult | ToolCallError) -> bool:
+    """The code printed more than the code environment kept (its capture bound or output limit)."""
+    return isinstance(result, ExecResult) and (result.truncated or result.status == "output_limit")
+
+
+def result_text(result: ExecResult | ToolCallError, traceback_lines: int = TRACEBACK_LINES) -> str:
+    """The whole text of a response, before any cut to the model's limit."""
     if isinstance(result, ToolCallError):
         text = f"Tool call failed: {result.message}."
     elif result.ok:
@@ -51,4 +61,4 @@ def render_result(
         if tail:
             parts.append(tail)
         text = "\n".join(parts)
-    return cut_middle(text, limit_chars)[0]
+    return text

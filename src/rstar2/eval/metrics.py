@@ -101,6 +101,7 @@ def summarize(trajs: Sequence[Trajectory], ks: Sequence[int] = (1, 4, 8, 16)) ->
             "tool_error_ratio_correct": d["error_ratio_correct"],
             "finish_reasons": dict(d["finishes"]),
             "tool_statuses": dict(Counter(c.status for t in trajs for c in t.calls)),
+            "tool_health": d["health"],  # shares of trajectories showing each sign (rollout/health.py)
         }
     )
     return out

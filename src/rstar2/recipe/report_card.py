@@ -8,6 +8,7 @@ from typing import Any
 
 from ..eval.metrics import mean_ci95, per_problem_accuracy
 from ..rl.metrics_log import read_metrics
+from ..rollout.health import SIGNS, read_warnings
 from ..rollout.trajectory import read_trajectories
 
 # (metrics.jsonl key, title) of the per-step curves; SFT stages contribute their loss.
@@ -116,6 +117,27 @@ def rl_gain(out: Path, recipe: Any, evals: dict[str, Any]) -> str | None:
     )
 
 
+def health_table(out: Path, recipe: Any, stages: list[tuple[str, list[dict[str, Any]]]]) -> tuple[str, list]:
+    """Tool-use health of each RL stage (mean and worst step of each sign's share), and the
+    warnings its steps raised (``run.health``)."""
+    lines = [
+        "| stage | " + " | ".join(f"{words} (mean / worst)" for words in SIGNS.values()) + " | warnings |",
+        "|---|" + "---|" * (len(SIGNS) + 1),
+    ]
+    warnings = []
+    for n, (stage, (name, rows)) in enumerate(zip(recipe.stages, stages, strict=True), 1):
+        if stage.kind != "rl" or not rows:
+            continue
+        said = read_warnings(out / f"{n:02d}-{name}")
+        warnings += [{"stage": name, **w} for w in said]
+        cells = []
+        for sign in SIGNS:
+            vals = [r[f"health/{sign}"] for r in rows if isinstance(r.get(f"health/{sign}"), (int, float))]
+            cells.append(f"{_pct(sum(vals) / len(vals))} / {_pct(max(vals))}" if vals else "–")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {len(said)} |")
+    return ("\n".join(lines) if len(lines) > 2 else ""), warnings
+
+
 def _plot_steps(out: Path, stages: list[tuple[str, list[dict[str, Any]]]]) -> Path | None:
     import matplotlib
 
@@ -212,6 +234,18 @@ def write_report(out: Path, recipe: Any, state: dict[str, Any]) -> Path:
             f"| {stage.name} | {stage.kind} | {s.get('steps', '–')} | {s.get('stopped_early', '–')} | "
             f"{s.get('checkpoint', 'not run')} |"
         )
+    health, warned = health_table(out, recipe, stages)
+    if health:
+        lines += [
+            "",
+            "Tool-use health of the RL stages (share of a step's rollouts; limits in `run.health`):",
+            "",
+        ]
+        lines += [health, ""]
+        for w in warned[:10]:
+            lines.append(f"- warning, {w['stage']}: {w['message']}")
+        if len(warned) > 10:
+            lines.append(f"- … and {len(warned) - 10} more (each stage's `health.jsonl`)")
     for png in (evals_png, steps_png):
         if png is not None:
             lines += ["", f"![{png.stem}]({png.name})"]
@@ -237,6 +271,7 @@ def write_report(out: Path, recipe: Any, state: dict[str, Any]) -> Path:
                 "also": {s: {k: eval_row(v) for k, v in e.items()} for s, e in state.get("also", {}).items()},
                 "rl_gain": gain,
                 "stages": state.get("stages", {}),
+                "health_warnings": warned,
             },
             indent=2,
         )

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..config import NO_TOOLS, RolloutSection, dump_config, parse_config
 from ..jsonl import read_jsonl, write_jsonl
+from ..memory import release_memory
 from .spec import DataSpec, EvalSpec, FilterSpec, Recipe, StageSpec, stage_rollout, stage_tree
 from .tasks import generate
 
@@ -273,21 +274,6 @@ def _save_state(out: Path, state: dict[str, Any]) -> None:
     tmp = out / (STATE_FILE + ".tmp")
     tmp.write_text(json.dumps(state, indent=2))
     tmp.replace(out / STATE_FILE)
-
-
-def release_memory() -> None:
-    """Give freed tensors back to the OS between stages and evaluations. A recipe runs every stage
-    in one process; without this glibc keeps the arenas of the last trainer (its optimizer state,
-    49K-wide logits) and the next one's peak lands on top (SmolLM2: 9.1 GiB for stages that peak at
-    6.5 GiB alone)."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
-        pass
 
 
 async def train_stage(cfg, resume: bool, services: dict) -> bool:

@@ -21,6 +21,10 @@ PLOT_KEYS = (
     ("response/length_mean", "response tokens (mean)"),
     ("response/truncated_share", "share truncated"),
     (
+        ("health/no_call", "health/unparseable", "health/repeated", "health/output_cut"),
+        "tool-use health (share of rollouts)",
+    ),
+    (
         ("entropy/reasoning", "entropy/reflection", "entropy/code", "entropy/answer"),
         "entropy by token class (nats)",
     ),

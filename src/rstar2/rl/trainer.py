@@ -14,6 +14,7 @@ import asyncio
 import copy
 import json
 import random
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -24,7 +25,8 @@ import torch
 
 from ..chat.token_classes import TokenClasses
 from ..config import RLConfig, as_dataclass
-from ..rollout import stats
+from ..memory import trim_heap
+from ..rollout import health, stats
 from ..rollout.multi_turn import CodeEnvironment, Verifier
 from ..rollout.trajectory import Trajectory
 from . import distributed as D
@@ -73,6 +75,13 @@ def _record(t: Trajectory, kept: bool, p_err: float) -> dict[str, Any]:
     }
 
 
+def _say(line: str) -> None:
+    """A line on stderr that does not break a progress bar."""
+    from tqdm.auto import tqdm
+
+    tqdm.write(line, file=sys.stderr)
+
+
 def fault_message(t: Trajectory) -> str:
     """What spoiled a rollout, in the system's words."""
     if t.fault == "sandbox":
@@ -110,6 +119,8 @@ def step_metrics(all_records: list[dict[str, Any]]) -> dict[str, float]:
     }
     for reason in FINISH_REASONS:
         m[f"finish/{reason}"] = finishes[reason] / n
+    for sign, share in d["health"].items():
+        m[f"health/{sign}"] = share
     return {**m, **faulted, "rollouts": float(len(all_records))}
 
 
@@ -134,6 +145,7 @@ class RLTrainer:
         self.run_dir = Path(cfg.run.out)
         self.world = D.World()
         self.step_no = 0
+        self.warnings: list[health.HealthWarning] = []  # the last step's (rollout/health.py)
 
     # -- set-up ------------------------------------------------------------------------------
     def _load(self) -> None:
@@ -166,6 +178,10 @@ class RLTrainer:
             run.log,
         )
         self.step_no = run.step
+        h = cfg.run.health
+        self.watch = health.Watch({s: getattr(h, s) for s in health.SIGNS}, h.patience, h.stop)
+        if self.world.main:
+            health.keep_warnings_until(self.run_dir, self.step_no)
         self.ref_model = self._reference() if cfg.loss.kl_coef else None
         rows = load_benchmark(cfg.data.train)[: cfg.data.limit]
         self.problems = DataStream(rows, cfg.run.seed, cfg.data.shuffle, run.data_position)
@@ -220,8 +236,11 @@ class RLTrainer:
                             acc=f"{metrics['accuracy']:.2f}", loss=f"{metrics.get('loss', 0.0):.4f}"
                         )
                     last = self.step_no == self.cfg.run.steps
-                    if last or self.step_no % max(1, self.cfg.run.save_every) == 0:
+                    stop = self.watch.stop_reason(self.warnings)
+                    if last or stop or self.step_no % max(1, self.cfg.run.save_every) == 0:
                         self.save(metrics)
+                    if stop:  # every process saw the same gathered records: all stop here
+                        raise RunError(f"RL step {self.step_no}: {stop} (run folder {self.run_dir})")
         except BaseException as exc:
             if self.world.main:
                 write_error(self.run_dir, exc)
@@ -334,6 +353,12 @@ class RLTrainer:
             "time/sync_s": sync_s,
             "time/step_s": time.perf_counter() - t_step,
         }
+        self.warnings = self.watch.observe(step, metrics)
+        metrics["health/warnings"] = float(len(self.warnings))
+        if self.world.main:
+            health.append_warnings(self.run_dir, self.warnings)
+            for w in self.warnings:
+                _say(f"[rstar2] warning: {w.message}")
         self.log.log(step, metrics)
         return metrics
 
@@ -378,6 +403,7 @@ class RLTrainer:
             )
 
     def _update(self, rows: list[Row], trajs: list[Trajectory]) -> dict[str, Any]:
+        trim_heap()  # the rollouts' KV, freed: not under the update's peak (rstar2.memory)
         pad = self.tokenizer.pad_token_id or 0
         # a process without problems this step still joins every collective, with a zero-weight row
         stand_in = trajs[0] if trajs else Trajectory("", None, [pad], [pad], [0], [0.0])
@@ -396,6 +422,7 @@ class RLTrainer:
             compute=self.cfg.model.compute,
         )
         self.model.eval()
+        trim_heap()  # the update's logits and activations, freed: not under the next rollouts' peak
         return out
 
     async def _publish(self, step: int) -> dict[str, float]:

@@ -216,7 +216,8 @@ class Rollout:
 
     async def _call(self, call: Any, key: str) -> ToolCallRecord:
         if not isinstance(call, ToolCall):
-            return ToolCallRecord(call.name, {}, self.fmt.tool_text(call), None, call.message)
+            text, cut = self.fmt.tool_response(call)
+            return ToolCallRecord(call.name, {}, text, None, call.message, cut)
         req = ExecRequest(
             code=call.arguments.get("code", ""),
             input=call.arguments.get("input", ""),
@@ -227,7 +228,8 @@ class Rollout:
             result = await self.code_env.run(req)
         except Exception as exc:  # the environment failed, not the model's code
             result = ExecResult.failure("internal", f"code environment unavailable: {exc}")
-        return ToolCallRecord(call.name, call.arguments, self.fmt.tool_text(result), result)
+        text, cut = self.fmt.tool_response(result)
+        return ToolCallRecord(call.name, call.arguments, text, result, cut=cut)
 
     async def _score(self, traj: Trajectory) -> None:
         if traj.reference is None or self.verifier is None or traj.finish_reason in ("max_length", "error"):

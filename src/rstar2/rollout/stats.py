@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from . import health
 from .trajectory import Trajectory
 
 
@@ -22,6 +23,7 @@ def record(t: Trajectory) -> dict[str, Any]:
         "finish": t.finish_reason,
         "calls": t.num_calls,
         "failed": t.num_failed_calls,
+        **health.signs(t),  # no_call, unparseable, repeated, output_cut
     }
 
 
@@ -49,4 +51,5 @@ def describe(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "error_ratio_correct": tool_error_ratio(correct),
         "correct_with_error_share": mean([float(r["failed"] > 0) for r in correct]),
         "finishes": Counter(r["finish"] for r in records),
+        "health": health.shares(records),
     }

@@ -21,6 +21,7 @@ class ToolCallRecord:
     response: str  # the text the model read
     result: ExecResult | None = None  # None when the call itself was malformed
     error: str | None = None  # why a malformed call could not run
+    cut: bool = False  # the model read less than the code printed (``ChatFormat.tool_response``)
 
     @property
     def failed(self) -> bool:
@@ -49,6 +50,7 @@ class ToolCallRecord:
             response=d.get("response", ""),
             result=ExecResult.from_dict(res) if res else None,
             error=d.get("error"),
+            cut=bool(d.get("cut", False)),
         )
 
 

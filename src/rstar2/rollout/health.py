@@ -1,0 +1,137 @@
+"""Tool-use health: the signs that a run's tool use is going wrong, and the watch that warns on them.
+
+Peer systems' users report the same failures of agentic RL: the policy stops calling the tool
+(zero-call collapse), writes calls that do not parse (a storm of format errors), repeats the call it
+just made, or prints more than it can read back. Each rollout shows each sign or not
+(``signs``); a step's share of rollouts showing it is ``health/<sign>`` in the metrics; ``Watch``
+compares the shares with ``run.health``'s limits, warns on every step over a limit, and asks to
+stop once a sign has stayed over its limit for ``patience`` steps in a row (when ``stop`` is set).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..chat.tool_response import output_cut
+from ..jsonl import read_jsonl, write_jsonl
+from .trajectory import ToolCallRecord, Trajectory
+
+SIGNS: dict[str, str] = {
+    "no_call": "no tool call",
+    "unparseable": "a tool call that could not be parsed",
+    "repeated": "the same tool call repeated",
+    "output_cut": "tool output cut at the limit",
+}
+
+
+def _call_key(c: ToolCallRecord) -> tuple[str, str, str]:
+    """A call as the code environment sees it: whitespace does not make a call new."""
+    args = c.arguments or {}
+    return (c.name or "", " ".join(str(args.get("code", "")).split()), str(args.get("input", "")).strip())
+
+
+def signs(t: Trajectory) -> dict[str, bool]:
+    """Which signs one rollout shows. A call beyond the per-turn maximum (not run) still counts as
+    a call written; a malformed call counts as written but never as a repeat."""
+    calls = t.calls
+    written = len(calls) + sum(turn.skipped_calls for turn in t.turns)
+    parsed = [_call_key(c) for c in calls if c.result is not None]
+    return {
+        "no_call": written == 0,
+        "unparseable": any(c.result is None for c in calls),
+        "repeated": len(set(parsed)) < len(parsed),
+        "output_cut": any(c.cut or (c.result is not None and output_cut(c.result)) for c in calls),
+    }
+
+
+def shares(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The share of ``records`` (``rollout.stats.record``s) showing each sign."""
+    n = len(records)
+    return {s: (sum(bool(r.get(s)) for r in records) / n if n else 0.0) for s in SIGNS}
+
+
+@dataclass
+class HealthWarning:
+    step: int
+    sign: str
+    share: float
+    limit: float
+    steps_over: int  # consecutive steps over the limit, this one included
+
+    @property
+    def message(self) -> str:
+        return (
+            f"tool-use health, step {self.step}: {self.share:.0%} of rollouts show {SIGNS[self.sign]} "
+            f"(run.health.{self.sign} = {self.limit:g}; {self.steps_over} step(s) in a row)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "sign": self.sign,
+            "share": self.share,
+            "limit": self.limit,
+            "steps_over": self.steps_over,
+            "message": self.message,
+        }
+
+
+@dataclass
+class Watch:
+    """``limits``: a sign's largest healthy share (None: not watched); ``patience``: steps in a row
+    over a limit before ``should_stop`` (only when ``stop``)."""
+
+    limits: Mapping[str, float | None]
+    patience: int = 3
+    stop: bool = False
+    over: dict[str, int] = field(default_factory=dict)
+
+    def observe(self, step: int, metrics: Mapping[str, Any]) -> list[HealthWarning]:
+        """The warnings of one step, from its ``health/<sign>`` metrics."""
+        out = []
+        for sign in SIGNS:
+            limit, share = self.limits.get(sign), metrics.get(f"health/{sign}")
+            if limit is None or share is None or share <= limit:
+                self.over[sign] = 0
+                continue
+            self.over[sign] = self.over.get(sign, 0) + 1
+            out.append(HealthWarning(step, sign, float(share), float(limit), self.over[sign]))
+        return out
+
+    def stop_reason(self, warnings: Sequence[HealthWarning]) -> str | None:
+        """Why the run should stop now, or None."""
+        lasting = [w for w in warnings if w.steps_over >= self.patience]
+        if not self.stop or not lasting:
+            return None
+        w = lasting[0]
+        return (
+            f"stopped by run.health: {SIGNS[w.sign]} in {w.share:.0%} of rollouts, over "
+            f"run.health.{w.sign} = {w.limit:g} for {w.steps_over} steps in a row (run.health.patience "
+            f"= {self.patience}); look at the step's samples with `rstar2 view`, or set "
+            "run.health.stop: false to only warn"
+        )
+
+
+HEALTH_FILE = "health.jsonl"  # a run's warnings, one a line, beside metrics.jsonl
+
+
+def read_warnings(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / HEALTH_FILE
+    return read_jsonl(path, strict=False) if path.exists() else []
+
+
+def keep_warnings_until(run_dir: str | Path, step: int) -> None:
+    """On resume: the warnings of steps after the checkpoint are about to be redone."""
+    path = Path(run_dir) / HEALTH_FILE
+    if path.exists():
+        write_jsonl([w for w in read_warnings(run_dir) if w.get("step", 0) <= step], path)
+
+
+def append_warnings(run_dir: str | Path, warnings: Sequence[HealthWarning]) -> None:
+    if warnings:
+        with (Path(run_dir) / HEALTH_FILE).open("a") as f:
+            f.writelines(json.dumps(w.to_dict()) + "\n" for w in warnings)
