@@ -749,6 +749,55 @@ def analyze_entropy(
     console.print(f"report: {out / 'entropy.md'}  tokens: {out / 'tokens.html'}")
 
 
+@app.command("compare")
+def compare_cmd(
+    source: Path = typer.Argument(
+        ..., help="A finished recipe run folder (its SFT checkpoint is the start)."
+    ),
+    out: Path | None = typer.Option(None, "--out", help="Comparison folder (default: SOURCE-compare)."),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="Seeds per variant (run.seed 0..N-1)."),
+    variants: str = typer.Option(
+        "roc,grpo-kept,grpo-all",
+        "--variants",
+        help="Comma-separated: roc, grpo-kept, grpo-all (and roc-uniform).",
+    ),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Override one value of every arm's recipe: stages.rl-192.steps=8 (repeatable)."
+    ),
+    stages: str | None = typer.Option(
+        None, "--stages", help="Comma-separated RL stages of the recipe to run (default: all of them)."
+    ),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
+) -> None:
+    """GRPO-RoC against plain GRPO (on as many rollouts as RoC keeps, and on all 2G), each over
+    seeds, from a recipe run's SFT checkpoint: per-step curves, final accuracy with paired
+    intervals, time and memory (compare.md). Resumes an interrupted comparison."""
+    from .config import ConfigError
+    from .recipe.compare import run_comparison
+    from .rl.launch import RunError
+
+    target = out or source.with_name(source.name + "-compare")
+    try:
+        report = run_comparison(
+            source,
+            target,
+            seeds=range(seeds),
+            variants=[v.strip() for v in variants.split(",") if v.strip()],
+            overrides=set_,
+            stages=None if stages is None else [s.strip() for s in stages.split(",") if s.strip()],
+            progress=progress,
+            log=lambda s: console.print(s, markup=False),
+        )
+    except RunError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(1) from None
+    except (ConfigError, ValueError, OSError) as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None
+    console.print(report.read_text(), markup=False)
+    console.print(f"report: {report}")
+
+
 @app.command("view")
 def view_cmd(
     target: Path = typer.Argument(..., help="A run folder or a trajectories JSONL file."),

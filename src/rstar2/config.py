@@ -108,7 +108,8 @@ NO_TOOLS = {
 class RocSection(_Section):
     enabled: bool = True  # False: plain GRPO on all samples
     keep: int = 8  # G: rollouts kept per problem
-    mode: Literal["lowest", "weighted"] = "lowest"
+    # lowest penalty first (released code), drawn by 1/penalty (paper), or at random (the GRPO control)
+    mode: Literal["lowest", "weighted", "uniform"] = "lowest"
     min_per_class: int = 2
     drop_equal_reward_groups: bool = True
     error_penalty: bool = True

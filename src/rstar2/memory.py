@@ -37,3 +37,30 @@ def release_memory() -> None:
     last trainer's optimizer state and engine are garbage."""
     gc.collect()
     trim_heap()
+
+
+def reset_peak() -> bool:
+    """Start measuring this process's peak resident memory afresh (Linux: ``clear_refs``); whether
+    it could (elsewhere ``peak_bytes`` keeps the peak since the process began)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_bytes() -> int:
+    """This process's peak resident memory since the last ``reset_peak`` (or since it began)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux

@@ -160,7 +160,7 @@ def trajectory(status: str | None, reward: float, kept: bool | None = None) -> d
         "prompt_ids": [1],
         "response_ids": [2, 3, 4],
         "loss_mask": [1, 0, 1],
-        "turns": [{"text": f"I think {EVIL}", "calls": [call]}],
+        "turns": [{"text": f"I think {EVIL}", "model_tokens": 3, "calls": [call]}],
         "finish_reason": "answer",
         "reward": reward,
         "answer": EVIL,
@@ -198,3 +198,31 @@ def test_view_command_on_a_run_folder(tmp_path):
         [*RSTAR2, "view", str(tmp_path / "nothing")], capture_output=True, text=True, timeout=300, env=wide
     )
     assert bad.returncode != 0 and "no such file or folder" in bad.stderr
+
+
+def test_the_viewer_shows_and_filters_tool_use_health(tmp_path):
+    silent = {**trajectory("ok", 1.0), "turns": [{"text": "no call", "model_tokens": 2, "calls": []}]}
+    cut = trajectory("output_limit", 0.0)
+    broken = trajectory(None, 0.0)  # a malformed call
+    page = render([("f", silent), ("f", cut), ("f", broken), ("f", trajectory("ok", 1.0))])
+    assert "data-health='no_call'" in page and "data-health='output_cut'" in page
+    assert "data-health='unparseable'" in page and "data-health='healthy'" in page
+    assert "<select id='health'" in page and "no tool call (1)</option>" in page
+    assert "health: <b>tool output cut at the limit</b>" in page
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps(d) + "\n" for d in (silent, cut, broken, trajectory("ok", 1.0))))
+    r = subprocess.run(
+        [*RSTAR2, "view", str(f), "--health", "no_call"], capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr
+    only = (tmp_path / "view.html").read_text()
+    assert "1 trajectories, 1 correct" in only and "data-health='no_call'" in only
+    wide = {**os.environ, "COLUMNS": "400"}
+    bad = subprocess.run(
+        [*RSTAR2, "view", str(f), "--health", "silence"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=wide,
+    )
+    assert bad.returncode != 0 and "unknown health sign 'silence'" in bad.stderr

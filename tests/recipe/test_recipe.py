@@ -15,6 +15,7 @@ from rstar2.config import ConfigError
 from rstar2.recipe.report_card import paired_change
 from rstar2.recipe.run import run_recipe
 from rstar2.recipe.spec import find_recipe, load_recipe, parse_recipe
+from rstar2.rollout.health import read_warnings
 
 
 def miniature() -> dict:
@@ -96,6 +97,15 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     assert "(after sft) to" in text and "(paired over 3 problems)" in text
     assert (out / "report_steps.png").stat().st_size > 0 and (out / "report_stages.png").stat().st_size > 0
     assert "(view.html)" in text and "RoC: <b>" in (out / "view.html").read_text()  # RL samples are in
+    # tool-use health of each RL stage, from its steps' health/* metrics, and the warnings they raised
+    health = text[text.index("Tool-use health of the RL stages") :]
+    for name in ("rl-64", "rl-128", "rl-hard"):
+        assert f"| {name} | " in health
+    warned = json.loads((out / "report.json").read_text())["health_warnings"]
+    said = [w for n in ("02-rl-64", "03-rl-128", "04-rl-hard") for w in read_warnings(out / n)]
+    assert len(warned) == len(said) and all(
+        f"- warning, {w['stage']}: {w['message']}" in text for w in warned[:10]
+    )
     # the final model's token entropy on its held-out trajectories, linked from the report
     assert "(entropy/entropy.md)" in text and "| reasoning |" in (out / "entropy" / "entropy.md").read_text()
     assert (out / "entropy" / "tokens.html").stat().st_size > 0

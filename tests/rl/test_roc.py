@@ -71,6 +71,31 @@ def test_weighted_takes_zero_penalty_first_then_inverse_penalty():
         assert set(pick_positives([0.0, 0.5, 0.0, 0.0], 2, "weighted", random.Random(seed))) <= {0, 2, 3}
 
 
+def test_uniform_ignores_penalties_and_keeps_as_many_as_roc():
+    penalties = [0.0, 1.0, 0.0, 2.0]
+    counts = dict.fromkeys(range(4), 0)
+    for seed in range(3000):
+        kept = pick_positives(penalties, 2, "uniform", random.Random(seed))
+        assert len(kept) == 2 and kept == sorted(set(kept))
+        for i in kept:
+            counts[i] += 1
+    assert all(c / 3000 == pytest.approx(0.5, abs=0.04) for c in counts.values())  # each kept half the time
+    group = [
+        Scored(1.0, p_err=0.9),
+        Scored(1.0),
+        Scored(0.0),
+        Scored(1.0, p_err=0.5),
+        Scored(0.0),
+        Scored(0.0),
+    ]
+    for seed in range(20):
+        rng = random.Random(seed)
+        lowest = select_group(group, RocConfig(keep=4), rng).kept
+        uniform = select_group(group, RocConfig(keep=4, mode="uniform"), rng).kept
+        assert len(lowest) == len(uniform)  # the same numbers of each class
+        assert sum(group[i].correct for i in lowest) == sum(group[i].correct for i in uniform)
+
+
 def test_one_incorrect_and_31_correct():
     group = [Scored(1.0, p_err=i / 31) for i in range(31)] + [Scored(0.0)]
     group = group[::-1]  # negative first, positives with decreasing penalty

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-Mode = Literal["lowest", "weighted"]
+Mode = Literal["lowest", "weighted", "uniform"]
 
 _ANSWER_PAIR = re.compile(r"<answer>.*?</answer>", re.DOTALL)
 
@@ -48,8 +48,8 @@ class RocConfig:
     def __post_init__(self) -> None:
         if self.keep < 1:
             raise ValueError(f"roc keep must be >= 1, got {self.keep}")
-        if self.mode not in ("lowest", "weighted"):
-            raise ValueError(f"roc mode must be 'lowest' or 'weighted', got {self.mode!r}")
+        if self.mode not in ("lowest", "weighted", "uniform"):
+            raise ValueError(f"roc mode must be 'lowest', 'weighted' or 'uniform', got {self.mode!r}")
         if self.min_per_class < 0:
             raise ValueError(f"roc min_per_class must be >= 0, got {self.min_per_class}")
 
@@ -115,6 +115,8 @@ def pick_positives(penalties: Sequence[float], k: int, mode: Mode, rng: random.R
 
     ``lowest``: ascending penalty, ties in rollout order (the released code).
     ``weighted``: drawn without replacement with probability ∝ 1/penalty (the paper's text).
+    ``uniform``: drawn at random, penalties unread: plain GRPO on as many rollouts as RoC keeps
+    (the control that tells RoC's choice from its downsampling).
     A zero penalty would have infinite weight: zero-penalty rollouts are taken first (uniformly
     among themselves when there are more than k), and only the remaining places are drawn by weight.
     """
@@ -122,6 +124,8 @@ def pick_positives(penalties: Sequence[float], k: int, mode: Mode, rng: random.R
         return list(range(len(penalties)))
     if mode == "lowest":
         return sorted(sorted(range(len(penalties)), key=lambda i: penalties[i])[:k])
+    if mode == "uniform":
+        return sorted(rng.sample(range(len(penalties)), k))
     clean = [i for i, p in enumerate(penalties) if p <= 0]
     if len(clean) >= k:
         return sorted(rng.sample(clean, k))

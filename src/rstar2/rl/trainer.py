@@ -63,12 +63,13 @@ def _seed(*parts: int) -> int:
     return hash(tuple(parts)) % (2**31 - 1)
 
 
-def _record(t: Trajectory, kept: bool, p_err: float) -> dict[str, Any]:
+def _record(t: Trajectory, kept: bool, p_err: float, p_format: float = 0.0) -> dict[str, Any]:
     """What the metrics need of one rollout (small, so processes can exchange it)."""
     return {
         **stats.record(t),
         "kept": kept,
         "p_err": p_err,
+        "p_format": p_format,
         "tool_s": t.tool_seconds,
         "reward_s": float(t.meta.get("reward_s", 0.0)),
         "fault": t.fault,
@@ -114,6 +115,11 @@ def step_metrics(all_records: list[dict[str, Any]]) -> dict[str, float]:
             [r for r in records if r["correct"] and r["kept"]]
         ),
         "tools/correct_with_error_share": d["correct_with_error_share"],
+        # RoC's format fault: no answer, or more than one (p_format > 0), in all and in correct rollouts
+        "format/fault_share": stats.mean([float(r.get("p_format", 0.0) > 0) for r in records]),
+        "format/fault_share_correct": stats.mean(
+            [float(r.get("p_format", 0.0) > 0) for r in records if r["correct"]]
+        ),
         "time/tool_s_per_traj": stats.mean([r["tool_s"] for r in records]),
         "time/reward_s_per_traj": stats.mean([r["reward_s"] for r in records]),
     }
@@ -180,8 +186,11 @@ class RLTrainer:
         self.step_no = run.step
         h = cfg.run.health
         self.watch = health.Watch({s: getattr(h, s) for s in health.SIGNS}, h.patience, h.stop)
-        if self.world.main:
-            health.keep_warnings_until(self.run_dir, self.step_no)
+        if self.world.main:  # every process continues the counts of the file the main one keeps
+            kept = health.keep_warnings_until(self.run_dir, self.step_no)
+        else:
+            kept = [w for w in health.read_warnings(self.run_dir) if w.get("step", 0) <= self.step_no]
+        self.watch.resume(kept, self.step_no)
         self.ref_model = self._reference() if cfg.loss.kl_coef else None
         rows = load_benchmark(cfg.data.train)[: cfg.data.limit]
         self.problems = DataStream(rows, cfg.run.seed, cfg.data.shuffle, run.data_position)
@@ -320,7 +329,7 @@ class RLTrainer:
             penalties = {id(t): s for t, s in zip(g, sc, strict=True)}
             for t in full:
                 s = penalties.get(id(t))
-                records.append(_record(t, id(t) in kept, s.p_err if s else 0.0))
+                records.append(_record(t, id(t) in kept, s.p_err if s else 0.0, s.p_format if s else 0.0))
                 # RoC's penalties and choice (or the fault that left it out), for `rstar2 view`
                 t.meta["roc"] = (
                     {"kept": id(t) in kept, "p_err": s.p_err, "p_format": s.p_format}

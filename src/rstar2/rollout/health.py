@@ -102,6 +102,15 @@ class Watch:
             out.append(HealthWarning(step, sign, float(share), float(limit), self.over[sign]))
         return out
 
+    def resume(self, warnings: Sequence[Mapping[str, Any]], step: int) -> None:
+        """Continue the counts of a run resumed after ``step`` from its ``health.jsonl``."""
+        said = {(w.get("step"), w.get("sign")) for w in warnings}
+        for sign in SIGNS:
+            n = 0
+            while (step - n, sign) in said:
+                n += 1
+            self.over[sign] = n
+
     def stop_reason(self, warnings: Sequence[HealthWarning]) -> str | None:
         """Why the run should stop now, or None."""
         lasting = [w for w in warnings if w.steps_over >= self.patience]
@@ -124,11 +133,14 @@ def read_warnings(run_dir: str | Path) -> list[dict[str, Any]]:
     return read_jsonl(path, strict=False) if path.exists() else []
 
 
-def keep_warnings_until(run_dir: str | Path, step: int) -> None:
-    """On resume: the warnings of steps after the checkpoint are about to be redone."""
+def keep_warnings_until(run_dir: str | Path, step: int) -> list[dict[str, Any]]:
+    """On resume: the warnings of steps after the checkpoint are about to be redone; returns the
+    warnings kept."""
     path = Path(run_dir) / HEALTH_FILE
+    kept = [w for w in read_warnings(run_dir) if w.get("step", 0) <= step]
     if path.exists():
-        write_jsonl([w for w in read_warnings(run_dir) if w.get("step", 0) <= step], path)
+        write_jsonl(kept, path)
+    return kept
 
 
 def append_warnings(run_dir: str | Path, warnings: Sequence[HealthWarning]) -> None:

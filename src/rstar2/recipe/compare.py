@@ -1,0 +1,443 @@
+"""``rstar2 compare``: GRPO-RoC against plain GRPO over seeds, from a finished recipe run's SFT
+checkpoint (the paper's Fig. 4 question, on a model of one's own).
+
+Each variant runs the recipe's RL stages from the same SFT checkpoint, on the same training
+problems and the same held-out sets, once per seed (``run.seed``: which rollouts are sampled and in
+which order problems come):
+
+- ``roc``: GRPO-RoC as the recipe has it: G of the 2G rollouts kept, the correct ones with the
+  fewest tool errors and format faults, the incorrect ones at random;
+- ``grpo-kept``: plain GRPO sampling G and training on all of them (the paper's baseline, Fig. 9:
+  as many trajectories trained on, none chosen);
+- ``grpo-all``: plain GRPO on all 2G (as many sampled);
+- ``roc-uniform`` (not run by default): 2G sampled and as many correct and incorrect rollouts kept
+  as RoC keeps, drawn at random (``roc.mode: uniform``): RoC's downsampling without its choice.
+
+Every (variant, seed) is a recipe run in its own folder, so an interrupted comparison resumes
+where it stopped. The SFT checkpoint is evaluated once on the same sets. The summary
+(``compare.md``, ``compare.json``, one PNG per metric) gives per step the mean and spread over seeds
+of accuracy, the tool-error ratio in correct rollouts (all and kept), response length and format
+faults; after the stages, held-out and ``eval.also`` accuracy with intervals paired over problems.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..config import set_value
+from ..eval.metrics import per_problem_accuracy
+from ..memory import peak_bytes, release_memory, reset_peak
+from ..rl.metrics_log import read_metrics
+from ..rollout.trajectory import read_trajectories
+from .report_card import eval_dir, paired_change, sampled_trajectories
+from .spec import DataSpec, Recipe, parse_recipe
+
+VARIANTS: dict[str, str] = {
+    "roc": "GRPO-RoC as the recipe has it: 2G sampled, G kept",
+    "grpo-kept": "plain GRPO on G sampled, all trained on (the paper's baseline: as many kept)",
+    "grpo-all": "plain GRPO on all 2G sampled",
+    "roc-uniform": "2G sampled, as many correct and incorrect kept as RoC keeps, drawn at random",
+}
+DEFAULT_VARIANTS = ("roc", "grpo-kept", "grpo-all")
+# (metrics.jsonl key, title): the per-step curves, one PNG each
+STEP_KEYS = (
+    ("accuracy", "training accuracy (sampled)"),
+    ("tools/error_ratio_correct_all", "tool-error ratio in correct rollouts (all)"),
+    ("tools/error_ratio_correct_kept", "tool-error ratio in correct rollouts (kept)"),
+    ("response/length_mean", "response tokens (mean)"),
+    ("format/fault_share", "share of rollouts with a format fault"),
+    ("tools/calls_per_traj", "tool calls per rollout"),
+)
+SUMMARY = "compare.json"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One run of the comparison: a variant at a seed, in its own folder."""
+
+    variant: str
+    seed: int
+    folder: Path
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant}-s{self.seed}"
+
+
+def source_run(source: Path) -> tuple[dict[str, Any], Path]:
+    """A finished recipe run's recipe (as a tree) and its last SFT stage's checkpoint."""
+    try:
+        tree = yaml.safe_load((source / "recipe.yaml").read_text())
+        state = json.loads((source / "recipe_state.json").read_text())
+    except FileNotFoundError:
+        raise ValueError(
+            f"{source} is not a recipe run folder (no recipe.yaml / recipe_state.json)"
+        ) from None
+    sft = [s["name"] for s in tree.get("stages", []) if s.get("kind") == "sft"]
+    rl = [s for s in tree.get("stages", []) if s.get("kind") == "rl"]
+    if not sft or sft[-1] not in state.get("stages", {}):
+        raise ValueError(f"{source}: the recipe has no finished SFT stage to start the comparison from")
+    if not rl:
+        raise ValueError(f"{source}: the recipe has no RL stage to compare")
+    return tree, Path(state["stages"][sft[-1]]["checkpoint"])
+
+
+def arm_tree(
+    tree: dict[str, Any],
+    checkpoint: Path,
+    variant: str,
+    seed: int,
+    overrides: Sequence[str] = (),
+    stages: Sequence[str] | None = None,
+) -> dict:
+    """The recipe of one arm: the RL stages (or those named in ``stages``), from ``checkpoint``,
+    with the variant's RoC settings and ``run.seed``; held-out and ``eval.also`` evaluated after
+    the stages as in the recipe (no zero-shot evaluations, no entropy analysis)."""
+    t = copy.deepcopy(tree)
+    model = {k: v for k, v in t["model"].items() if k not in ("source", "build")}
+    t["model"] = {**model, "path": str(checkpoint)}
+    rl = [s for s in t["stages"] if s.get("kind") == "rl"]
+    if stages is not None:
+        unknown = [n for n in stages if n not in {s["name"] for s in rl}]
+        if unknown or not stages:
+            raise ValueError(f"--stages {list(stages)}: the recipe's RL stages are {[s['name'] for s in rl]}")
+        rl = [s for s in rl if s["name"] in stages]
+    t["stages"] = rl
+    t["eval"] = {**t.get("eval", {}), "before": False, "plain_before": False, "entropy_trajectories": 0}
+    rl = t.setdefault("defaults", {}).setdefault("rl", {})
+    rl["run"] = {**rl.get("run", {}), "seed": seed}
+    t["name"] = f"{t.get('name', 'recipe')}-{variant}-s{seed}"
+    for o in overrides:
+        set_value(t, o)
+    for stage in t["stages"]:  # on each stage: its own settings would undo the defaults'
+        apply_variant(stage, rl, variant)
+    return t
+
+
+def _stage_value(stage: dict, defaults: dict, short: str, section: str, key: str, default: int) -> int:
+    """A stage's setting as ``stage_tree`` resolves it: short key, stage section, defaults."""
+    for value in (
+        stage.get(short),
+        (stage.get(section) or {}).get(key),
+        (defaults.get(section) or {}).get(key),
+    ):
+        if value is not None:
+            return int(value)
+    return default
+
+
+def apply_variant(stage: dict, defaults: dict, variant: str) -> None:
+    """Set a stage's rollouts sampled and RoC settings for ``variant`` (``VARIANTS``)."""
+    from ..config import RocSection, RolloutSection
+
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}: choose from {', '.join(VARIANTS)}")
+    keep = _stage_value(stage, defaults, "keep", "roc", "keep", RocSection().keep)
+    roc = dict(stage.get("roc") or {})
+    if variant == "roc":
+        roc["enabled"] = True
+    elif variant == "roc-uniform":
+        roc.update(enabled=True, mode="uniform")
+    else:
+        roc["enabled"] = False
+        if variant == "grpo-kept":
+            stage["samples"] = keep
+        else:
+            stage["samples"] = _stage_value(
+                stage, defaults, "samples", "rollout", "samples", RolloutSection().samples
+            )
+    stage["roc"] = roc
+
+
+def arms(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> list[Arm]:
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}: choose from {', '.join(VARIANTS)}")
+    return [Arm(v, s, out / f"{v}-s{s}") for s in seeds for v in variants]  # seeds outermost: a stop
+    # part-way leaves whole seeds of every variant
+
+
+# -- running ------------------------------------------------------------------------------------
+def _finished(folder: Path) -> bool:
+    return (folder / "report.md").exists()
+
+
+def run_comparison(
+    source: str | Path,
+    out: str | Path,
+    *,
+    seeds: Sequence[int] = (0, 1, 2),
+    variants: Sequence[str] = DEFAULT_VARIANTS,
+    overrides: Sequence[str] = (),
+    stages: Sequence[str] | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Run every arm not yet finished (the SFT checkpoint's evaluation first), then summarize;
+    returns ``compare.md``."""
+    from .run import run_recipe
+
+    source, out = Path(source), Path(out)
+    tree, checkpoint = source_run(source)
+    plan = arms(out, variants, seeds)
+    recipes = {
+        a.name: parse_recipe(arm_tree(tree, checkpoint, a.variant, a.seed, overrides, stages)) for a in plan
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "comparison.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "source": str(source),
+                "checkpoint": str(checkpoint),
+                "seeds": list(seeds),
+                "variants": list(variants),
+                "overrides": list(overrides),
+                "stages": None if stages is None else list(stages),
+            },
+            sort_keys=False,
+        )
+    )
+    costs = _read_costs(out)
+    first = recipes[plan[0].name]
+    if "sft" not in costs:
+        log(f"[rstar2] compare: evaluating the SFT checkpoint {checkpoint}")
+        costs["sft"] = _measured(
+            lambda: asyncio.run(evaluate_start(first, checkpoint, out / "sft", progress))
+        )
+        _write_costs(out, costs)
+    for n, arm in enumerate(plan, 1):
+        if _finished(arm.folder):
+            continue
+        log(f"[rstar2] compare: run {n}/{len(plan)}: {arm.name}")
+        resume = arm.folder.exists() and any(arm.folder.iterdir())
+        recipe = recipes[arm.name]
+        costs[arm.name] = _measured(
+            lambda r=recipe, a=arm, res=resume: run_recipe(
+                r, a.folder, resume=res, progress=progress, log=log
+            )
+        )
+        _write_costs(out, costs)
+    return write_summary(out, first, plan, costs)
+
+
+def _measured(fn: Callable[[], Any]) -> dict[str, float]:
+    release_memory()
+    reset_peak()
+    t0 = time.perf_counter()
+    fn()
+    cost = {"seconds": time.perf_counter() - t0, "peak_gib": peak_bytes() / 2**30}
+    release_memory()
+    return cost
+
+
+def _read_costs(out: Path) -> dict[str, Any]:
+    p = out / "costs.json"
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def _write_costs(out: Path, costs: dict[str, Any]) -> None:
+    (out / "costs.json").write_text(json.dumps(costs, indent=2))
+
+
+async def evaluate_start(recipe: Recipe, checkpoint: Path, folder: Path, progress: bool) -> None:
+    """The SFT checkpoint on the held-out problems and every ``eval.also`` set, sampled as the arms'
+    final evaluations sample (``folder/heldout``, ``folder/<set>``)."""
+    from .run import eval_rows, evaluate_model, open_services, problem_rows
+
+    sets = {"heldout": eval_rows(recipe)}
+    sets.update({Path(n).stem: problem_rows(DataSpec(files=[n]), recipe.seed) for n in recipe.eval.also})
+    async with open_services(recipe) as services:
+        for name, rows in sets.items():
+            if rows:
+                await evaluate_model(recipe, checkpoint, rows, folder / name, services, progress)
+
+
+# -- summarizing --------------------------------------------------------------------------------
+def arm_steps(arm: Arm, recipe: Recipe) -> list[dict[str, Any]]:
+    """The arm's step metrics across its stages, numbered on from stage to stage."""
+    rows, offset = [], 0
+    for n, stage in enumerate(recipe.stages, 1):
+        p = arm.folder / f"{n:02d}-{stage.name}" / "metrics.jsonl"
+        stage_rows = read_metrics(p) if p.exists() else []
+        rows += [{**r, "step": offset + r["step"]} for r in stage_rows]
+        offset += max((r["step"] for r in stage_rows), default=0)
+    return rows
+
+
+def final_accuracy(arm: Arm, recipe: Recipe) -> dict[str, dict[Any, float]]:
+    """Per-problem accuracy after the last stage: ``heldout`` and each ``eval.also`` set."""
+    n, last = len(recipe.stages), recipe.stages[-1].name
+    where = {"heldout": eval_dir(arm.folder, n, last)}
+    where.update({Path(s).stem: eval_dir(arm.folder, n, f"{last}-{Path(s).stem}") for s in recipe.eval.also})
+    return {k: per_problem_accuracy(read_trajectories(sampled_trajectories(d))[0]) for k, d in where.items()}
+
+
+def start_accuracy(out: Path, sets: Sequence[str]) -> dict[str, dict[Any, float]]:
+    return {
+        s: per_problem_accuracy(read_trajectories(sampled_trajectories(out / "sft" / s))[0]) for s in sets
+    }
+
+
+def _mean_over(per_seed: Sequence[dict[Any, float]]) -> dict[Any, float]:
+    """Per-problem accuracy averaged over seeds (the problems every seed evaluated)."""
+    common = set.intersection(*(set(d) for d in per_seed)) if per_seed else set()
+    return {p: sum(d[p] for d in per_seed) / len(per_seed) for p in common}
+
+
+def summarize(out: Path, recipe: Recipe, plan: Sequence[Arm]) -> dict[str, Any]:
+    """Per variant: the per-step curves of every finished seed; final accuracy per seed (mean and
+    spread), its paired change from the SFT checkpoint, and ``roc``'s paired difference from each
+    other variant (problems paired, accuracy averaged over seeds)."""
+    sets = ["heldout", *(Path(s).stem for s in recipe.eval.also)]
+    start = start_accuracy(out, sets) if (out / "sft").exists() else {}
+    done = [a for a in plan if _finished(a.folder)]
+    variants: dict[str, Any] = {}
+    finals: dict[str, dict[str, dict[Any, float]]] = {}
+    for v in dict.fromkeys(a.variant for a in plan):
+        mine = [a for a in done if a.variant == v]
+        if not mine:
+            continue
+        accs = [final_accuracy(a, recipe) for a in mine]
+        entry: dict[str, Any] = {"seeds": [a.seed for a in mine], "steps": {}, "final": {}}
+        for a in mine:
+            entry["steps"][a.seed] = arm_steps(a, recipe)
+        for s in sets:
+            per_seed = [sum(acc[s].values()) / max(1, len(acc[s])) for acc in accs]
+            mean_acc = _mean_over([acc[s] for acc in accs])
+            finals.setdefault(v, {})[s] = mean_acc
+            row = {
+                "per_seed": per_seed,
+                "mean": statistics.fmean(per_seed),
+                "sd": statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0,
+            }
+            if start.get(s):
+                change, half, n = paired_change(start[s], mean_acc)
+                row.update(
+                    start=sum(start[s].values()) / len(start[s]), change=change, change_ci95=half, paired=n
+                )
+            entry["final"][s] = row
+        variants[v] = entry
+    versus = {}
+    if "roc" in finals:
+        for v in finals:
+            if v != "roc":
+                versus[v] = {}
+                for s in sets:
+                    diff, half, n = paired_change(finals[v][s], finals["roc"][s])
+                    versus[v][s] = {"roc_minus": diff, "ci95": half, "paired": n}
+    return {"sets": sets, "variants": variants, "roc_versus": versus}
+
+
+def _tail_mean(rows: list[dict[str, Any]], key: str, last: int = 5) -> float | None:
+    vals = [r[key] for r in rows[-last:] if isinstance(r.get(key), (int, float))]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def write_summary(out: Path, recipe: Recipe, plan: Sequence[Arm], costs: dict[str, Any]) -> Path:
+    s = summarize(out, recipe, plan)
+    pngs = plot_steps(out, s)
+    lines = [
+        f"# GRPO-RoC against plain GRPO: {recipe.name.rsplit('-', 2)[0]}",
+        "",
+        "Each variant runs the recipe's RL stages from the same SFT checkpoint, once per seed. Accuracy "
+        "after the stages: mean ± standard deviation over seeds; change from the SFT checkpoint and "
+        "RoC's difference from the others: problems paired, accuracy averaged over seeds, ± a 95% interval.",
+        "",
+    ]
+    sets = s["sets"]
+    head = "| variant | seeds | " + " | ".join(f"{x} | {x}: change from SFT" for x in sets)
+    head += " | tool-error ratio in correct, all / kept (last 5 steps) | response tokens | format faults | minutes a run | peak GiB |"
+    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+    for v, e in s["variants"].items():
+        cells = [v, str(len(e["seeds"]))]
+        for x in sets:
+            f = e["final"][x]
+            cells.append(f"{_pct(f['mean'])} ± {100 * f['sd']:.1f}")
+            cells.append(
+                f"{100 * f['change']:+.1f} ± {100 * f['change_ci95']:.1f} (from {_pct(f['start'])})"
+                if "change" in f
+                else "–"
+            )
+        steps = list(e["steps"].values())
+        tails = {
+            k: [t for t in (_tail_mean(r, k) for r in steps) if t is not None]
+            for k in (
+                "tools/error_ratio_correct_all",
+                "tools/error_ratio_correct_kept",
+                "response/length_mean",
+                "format/fault_share",
+            )
+        }
+        avg = {k: (sum(v_) / len(v_) if v_ else None) for k, v_ in tails.items()}
+        cells.append(
+            f"{_pct(avg['tools/error_ratio_correct_all'])} / {_pct(avg['tools/error_ratio_correct_kept'])}"
+        )
+        cells.append("–" if avg["response/length_mean"] is None else f"{avg['response/length_mean']:.1f}")
+        cells.append(_pct(avg["format/fault_share"]))
+        spent = [costs[a.name] for a in plan if a.variant == v and a.name in costs]
+        cells.append(f"{statistics.fmean(c['seconds'] for c in spent) / 60:.1f}" if spent else "–")
+        cells.append(f"{max(c['peak_gib'] for c in spent):.1f}" if spent else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    for v, by_set in s["roc_versus"].items():
+        said = ", ".join(
+            f"{x} {100 * d['roc_minus']:+.1f} ± {100 * d['ci95']:.1f} points (paired over {d['paired']})"
+            for x, d in by_set.items()
+        )
+        lines += ["", f"RoC minus {v}: {said}."]
+    total = sum(c["seconds"] for c in costs.values())
+    lines += ["", f"Time spent: {total / 60:.1f} min over {len(costs)} runs (the SFT evaluation included)."]
+    lines += [""] + [f"![{p.stem}]({p.name})" for p in pngs]
+    path = out / "compare.md"
+    path.write_text("\n".join(lines) + "\n")
+    (out / SUMMARY).write_text(json.dumps({**s, "costs": costs}, indent=1, default=str))
+    return path
+
+
+def plot_steps(out: Path, s: dict[str, Any]) -> list[Path]:
+    """One PNG per step metric: each variant's mean over seeds, its min-max band shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for key, title in STEP_KEYS:
+        fig, ax = plt.subplots(figsize=(5.2, 3.4))
+        drawn = False
+        for v, e in s["variants"].items():
+            curves = [
+                {r["step"]: r[key] for r in rows if isinstance(r.get(key), (int, float))}
+                for rows in e["steps"].values()
+            ]
+            steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+            if not steps:
+                continue
+            vals = [[c[t] for c in curves] for t in steps]
+            ax.plot(steps, [statistics.fmean(x) for x in vals], label=f"{v} ({len(curves)} seeds)")
+            ax.fill_between(steps, [min(x) for x in vals], [max(x) for x in vals], alpha=0.2)
+            drawn = True
+        if drawn:
+            ax.set_title(title, fontsize=10)
+            ax.set_xlabel("RL step (all stages)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+            fig.tight_layout()
+            p = out / f"compare_{key.replace('/', '_')}.png"
+            fig.savefig(p, dpi=110)
+            paths.append(p)
+        plt.close(fig)
+    return paths

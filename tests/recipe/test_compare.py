@@ -1,0 +1,112 @@
+"""``rstar2 compare`` end to end on a miniature recipe run: every arm starts from the source run's
+SFT checkpoint with its variant's RoC settings and seed, the summary's numbers are those of the
+arms' own files, and a second call finds everything done."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+import yaml
+
+from rstar2.eval.metrics import per_problem_accuracy
+from rstar2.recipe.compare import DEFAULT_VARIANTS, arm_tree, arms, source_run
+from rstar2.recipe.report_card import eval_dir, sampled_trajectories
+from rstar2.recipe.run import run_recipe
+from rstar2.recipe.spec import parse_recipe
+from rstar2.rl.metrics_log import read_metrics
+from rstar2.rollout.trajectory import read_trajectories
+
+from ..conftest import RSTAR2
+from .test_recipe import miniature
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """A finished miniature recipe run: SFT, then one RL stage; held-out and one other set."""
+    root = tmp_path_factory.mktemp("compare")
+    other = root / "other.jsonl"
+    other.write_text(
+        "".join(json.dumps({"problem": f"Add {i} and {i}.", "answer": str(2 * i)}) + "\n" for i in range(3))
+    )
+    tree = miniature()
+    tree["stages"] = tree["stages"][:2]
+    tree["stages"][1].pop("filter")
+    tree["eval"].update(before=False, plain_before=False, also=[str(other)], entropy_trajectories=0)
+    run_recipe(parse_recipe(tree), root / "run", progress=False, log=lambda s: None)
+    return root / "run"
+
+
+def test_an_arm_is_the_rl_stages_from_the_sft_checkpoint_with_the_variants_roc(source):
+    tree, checkpoint = source_run(source)
+    assert checkpoint.name == "step-000002" and "01-sft" in str(checkpoint)
+    t = arm_tree(tree, checkpoint, "grpo-kept", 4, ["stages.rl-64.steps=3"])  # 2G = 4, G = 2
+    assert t["model"]["path"] == str(checkpoint) and "build" not in t["model"]
+    assert [s["name"] for s in t["stages"]] == ["rl-64"] and t["stages"][0]["steps"] == 3
+    assert t["defaults"]["rl"]["run"]["seed"] == 4
+    assert (t["stages"][0]["samples"], t["stages"][0]["roc"]["enabled"]) == (2, False)  # G sampled, all kept
+    uniform = arm_tree(tree, checkpoint, "roc-uniform", 0)["stages"][0]
+    assert uniform["roc"] == {"enabled": True, "mode": "uniform"} and uniform.get("samples") is None
+    assert t["eval"]["before"] is False and t["eval"]["entropy_trajectories"] == 0
+    assert tree["stages"][0]["kind"] == "sft"  # the source tree is left as it was
+    assert arm_tree(tree, checkpoint, "roc", 0, stages=["rl-64"])["stages"][0]["name"] == "rl-64"
+    with pytest.raises(ValueError, match="the recipe's RL stages are"):
+        arm_tree(tree, checkpoint, "roc", 0, stages=["sft"])
+    with pytest.raises(ValueError, match="unknown variants"):
+        arms(source, ["roc", "ppo"], [0])
+    with pytest.raises(ValueError, match="not a recipe run folder"):
+        source_run(source / "01-sft")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_compare_runs_every_arm_and_summarizes_their_own_numbers(source, tmp_path):
+    out = tmp_path / "cmp"
+    wide = {**os.environ, "COLUMNS": "400"}
+    cmd = [*RSTAR2, "compare", str(source), "--out", str(out), "--seeds", "2", "--no-progress"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1100, env=wide)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _, checkpoint = source_run(source)
+    summary = json.loads((out / "compare.json").read_text())
+    assert list(summary["variants"]) == list(DEFAULT_VARIANTS) and summary["sets"] == ["heldout", "other"]
+    for variant in DEFAULT_VARIANTS:
+        entry = summary["variants"][variant]
+        assert entry["seeds"] == [0, 1]
+        for seed in (0, 1):
+            arm = out / f"{variant}-s{seed}"
+            stage = yaml.safe_load((arm / "01-rl-64" / "config.yaml").read_text())
+            assert stage["model"]["path"] == str(checkpoint) and stage["run"]["seed"] == seed
+            sampled, roc = stage["rollout"]["samples"], stage["roc"]["enabled"]
+            assert (sampled, roc) == {"roc": (4, True), "grpo-kept": (2, False), "grpo-all": (4, False)}[
+                variant
+            ]
+            m = read_metrics(arm / "01-rl-64" / "metrics.jsonl")[0]
+            assert m["rollouts"] == sampled * 2  # 2 problems a step
+            if roc:
+                assert m["rollouts_kept"] <= stage["roc"]["keep"] * m["roc/groups_kept"]
+            else:  # plain GRPO: every rollout of a group with a signal
+                assert m["rollouts_kept"] == sampled * m["roc/groups_kept"]
+            held = per_problem_accuracy(read_trajectories(sampled_trajectories(eval_dir(arm, 1, "rl-64")))[0])
+            assert entry["final"]["heldout"]["per_seed"][seed] == pytest.approx(
+                sum(held.values()) / len(held)
+            )
+            assert [r["step"] for r in entry["steps"][str(seed)]] == [1]
+        start = per_problem_accuracy(read_trajectories(sampled_trajectories(out / "sft" / "heldout"))[0])
+        assert entry["final"]["heldout"]["start"] == pytest.approx(sum(start.values()) / len(start))
+    assert set(summary["roc_versus"]) == {"grpo-kept", "grpo-all"}
+    text = (out / "compare.md").read_text()
+    assert "RoC minus grpo-all: heldout" in text and "| roc | 2 |" in text
+    assert (out / "compare_tools_error_ratio_correct_kept.png").stat().st_size > 0
+    costs = json.loads((out / "costs.json").read_text())
+    assert set(costs) == {"sft"} | {f"{v}-s{s}" for v in DEFAULT_VARIANTS for s in (0, 1)}
+    assert all(c["seconds"] > 0 and c["peak_gib"] > 0 for c in costs.values())
+    # a second call finds every arm done: nothing reruns, the summary is rewritten
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=wide)
+    assert again.returncode == 0 and "compare: run" not in again.stderr and "evaluating" not in again.stderr
+    assert json.loads((out / "costs.json").read_text()) == costs
+    bad = subprocess.run(
+        [*RSTAR2, "compare", str(tmp_path)], capture_output=True, text=True, timeout=300, env=wide
+    )
+    assert bad.returncode == 2 and "not a recipe run folder" in bad.stderr
