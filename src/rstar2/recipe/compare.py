@@ -185,8 +185,11 @@ def run_comparison(
 ) -> Path:
     """Run every arm not yet finished (the SFT checkpoint's evaluation first), then summarize;
     returns ``compare.md``."""
+    from transformers.utils import logging as hf_logging
+
     from .run import run_recipe
 
+    hf_logging.disable_progress_bar()  # one bar per weight load would drown the runs' own lines
     source, out = Path(source), Path(out)
     tree, checkpoint = source_run(source)
     plan = arms(out, variants, seeds)
