@@ -83,7 +83,7 @@ class HealthWarning:
 @dataclass
 class Watch:
     """``limits``: a sign's largest healthy share (None: not watched); ``patience``: steps in a row
-    over a limit before ``should_stop`` (only when ``stop``)."""
+    over a limit before ``stop_reason`` asks to stop (only when ``stop``)."""
 
     limits: Mapping[str, float | None]
     patience: int = 3
