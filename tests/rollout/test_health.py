@@ -109,7 +109,6 @@ def test_tool_responses_say_when_the_model_reads_less_than_was_printed(chatml):
     by_tokens = replace(chatml, tool_limit_chars=100_000, tool_limit_tokens=8)
     text, cut = by_tokens.tool_response(ExecResult("ok", stdout="word " * 50))
     assert cut and "tokens cut" in text
-    assert chatml.tool_text(long) == chatml.tool_response(long)[0]
 
 
 async def test_a_rollout_records_cut_output_and_the_signs(chatml, tiny, pool, verifier):

@@ -172,6 +172,6 @@ def test_long_tool_output_is_cut_in_the_middle_by_tokens(tiny):
     from rstar2.sandbox.result import ExecResult
 
     fmt = ChatFormat(tiny[1], tool_limit_tokens=40)
-    out = fmt.tool_text(ExecResult(status="ok", stdout="START " + "x1 " * 500 + " END\n"))
+    out = fmt.tool_response(ExecResult(status="ok", stdout="START " + "x1 " * 500 + " END\n"))[0]
     assert out.startswith("START") and out.endswith("END") and "tokens cut" in out
     assert len(fmt.encode(out)) < 80

@@ -81,7 +81,8 @@ def _call_html(call: dict[str, Any]) -> str:
     )
 
 
-def trajectory_html(n: int, source: str, d: dict[str, Any]) -> str:
+def trajectory_html(n: int, source: str, d: dict[str, Any], shown: list[str]) -> str:
+    """``shown``: the health signs the trajectory shows (``health_signs``)."""
     turns = d.get("turns") or []
     calls = [c for t in turns for c in t.get("calls", [])]
     statuses = sorted(
@@ -106,7 +107,6 @@ def trajectory_html(n: int, source: str, d: dict[str, Any]) -> str:
         )
     if "step" in meta:
         facts.append(f"step {_e(meta['step'])}")
-    shown = health_signs(d)
     if shown:
         facts.append("health: " + ", ".join(f"<b>{_e(SIGNS[s])}</b>" for s in shown))
     body = []
@@ -154,10 +154,8 @@ def render(items: list[tuple[str, dict[str, Any]]], title: str = "rstar2 traject
     statuses = sorted(STATUS_COLOURS)
     options = "".join(f"<option value='{s}'>{s}</option>" for s in statuses)
     correct = sum(float(d.get("reward", 0)) > 0 for _, d in items)
-    counts = {s: 0 for s in SIGNS}
-    for _, d in items:
-        for s in health_signs(d):
-            counts[s] += 1
+    shown = [health_signs(d) for _, d in items]
+    counts = {s: sum(s in signs_ for signs_ in shown) for s in SIGNS}
     health_options = "".join(
         f"<option value='{s}'>{_e(words)} ({counts[s]})</option>" for s, words in SIGNS.items()
     )
@@ -173,7 +171,7 @@ def render(items: list[tuple[str, dict[str, Any]]], title: str = "rstar2 traject
         "tool-use health <select id='health' onchange='apply()'><option value='all'>any</option>"
         f"<option value='healthy'>no sign</option>{health_options}</select> "
         "· showing <span id='count'></span></div>"
-        + "".join(trajectory_html(i, src, d) for i, (src, d) in enumerate(items))
+        + "".join(trajectory_html(i, src, d, shown[i]) for i, (src, d) in enumerate(items))
         + "</body></html>"
     )
 

@@ -163,13 +163,10 @@ class ChatFormat:
         return problem_messages(problem, self.system_prompt, self.user_prefix)
 
     # -- tool turns -------------------------------------------------------------------------
-    def tool_text(self, result: ExecResult | ToolCallError) -> str:
-        """One tool response, cut in the middle to the character and (optional) token limits."""
-        return self.tool_response(result)[0]
-
     def tool_response(self, result: ExecResult | ToolCallError) -> tuple[str, bool]:
-        """``tool_text`` and whether the model reads less than the code printed: cut here to the
-        limits, or already by the code environment (its capture bound, its output limit)."""
+        """One tool response, cut in the middle to the character and (optional) token limits, and
+        whether the model reads less than the code printed: cut here, or already by the code
+        environment (its capture bound, its output limit)."""
         text, cut = cut_middle(result_text(result, self.tool_traceback_lines), self.tool_limit_chars)
         if self.tool_limit_tokens is not None:
             ids = self.encode(text)

@@ -34,13 +34,13 @@ from typing import Any
 
 import yaml
 
-from ..config import set_value
+from ..config import parse_config, set_value
 from ..eval.metrics import per_problem_accuracy
 from ..memory import peak_bytes, release_memory, reset_peak
 from ..rl.metrics_log import read_metrics
 from ..rollout.trajectory import read_trajectories
 from .report_card import eval_dir, paired_change, sampled_trajectories
-from .spec import DataSpec, Recipe, parse_recipe
+from .spec import DataSpec, Recipe, parse_recipe, stage_tree
 
 VARIANTS: dict[str, str] = {
     "roc": "GRPO-RoC as the recipe has it: 2G sampled, G kept",
@@ -119,30 +119,19 @@ def arm_tree(
     t["name"] = f"{t.get('name', 'recipe')}-{variant}-s{seed}"
     for o in overrides:
         set_value(t, o)
-    for stage in t["stages"]:  # on each stage: its own settings would undo the defaults'
-        apply_variant(stage, rl, variant)
+    resolved = parse_recipe(t, check_paths=False)  # each stage's samples and keep as its run sees them
+    for stage, spec in zip(t["stages"], resolved.stages, strict=True):
+        run = parse_config(stage_tree(resolved, spec, model_path=str(checkpoint), train="-", out="-"))
+        apply_variant(stage, variant, samples=run.rollout.samples, keep=run.roc.keep)
     return t
 
 
-def _stage_value(stage: dict, defaults: dict, short: str, section: str, key: str, default: int) -> int:
-    """A stage's setting as ``stage_tree`` resolves it: short key, stage section, defaults."""
-    for value in (
-        stage.get(short),
-        (stage.get(section) or {}).get(key),
-        (defaults.get(section) or {}).get(key),
-    ):
-        if value is not None:
-            return int(value)
-    return default
-
-
-def apply_variant(stage: dict, defaults: dict, variant: str) -> None:
-    """Set a stage's rollouts sampled and RoC settings for ``variant`` (``VARIANTS``)."""
-    from ..config import RocSection, RolloutSection
-
+def apply_variant(stage: dict, variant: str, *, samples: int, keep: int) -> None:
+    """Set a stage's rollouts sampled and RoC settings for ``variant`` (``VARIANTS``), on the stage
+    itself so that no setting of its own undoes them; ``samples`` (2G) and ``keep`` (G): the
+    stage's resolved settings."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}: choose from {', '.join(VARIANTS)}")
-    keep = _stage_value(stage, defaults, "keep", "roc", "keep", RocSection().keep)
     roc = dict(stage.get("roc") or {})
     if variant == "roc":
         roc["enabled"] = True
@@ -150,12 +139,7 @@ def apply_variant(stage: dict, defaults: dict, variant: str) -> None:
         roc.update(enabled=True, mode="uniform")
     else:
         roc["enabled"] = False
-        if variant == "grpo-kept":
-            stage["samples"] = keep
-        else:
-            stage["samples"] = _stage_value(
-                stage, defaults, "samples", "rollout", "samples", RolloutSection().samples
-            )
+        stage["samples"] = keep if variant == "grpo-kept" else samples
     stage["roc"] = roc
 
 
