@@ -21,7 +21,7 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-# what the passes compute in (``engines.hf.compute_precision``)
+# what the passes compute in (``rstar2.device.resolve_precision``)
 Compute = Literal["auto", "bf16", "fp32"]
 
 
@@ -30,8 +30,9 @@ class ModelSection(_Section):
     tokenizer: str | None = None  # default: the model directory
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # parameters: auto (fp32), float32, bfloat16
-    # the passes' precision: auto = bf16 autocast on CUDA, fp32 on CPU; bf16 = autocast on CPU too
-    # (the trainer's passes; the in-process engine decodes in fp32 on a CPU); fp32 = never
+    # the passes' precision: auto = bf16 autocast where the hardware computes bf16 (CUDA with bf16,
+    # a CPU with AVX512-BF16 or AMX), fp32 elsewhere; bf16 = autocast even where it is emulated
+    # (warned: 73x slower on an AVX2-only CPU); fp32 = never. The in-process engine decodes in fp32 on a CPU.
     compute: Compute = "auto"
     gradient_checkpointing: bool = False
     threads: int | None = None  # torch CPU threads (None: torch's default)

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from rstar2.chat.tools import PYTHON_TOOL
 from rstar2.cli import app
 from rstar2.config import ConfigError
+from rstar2.device import resolve_precision
 from rstar2.recipe.report_card import paired_change
 from rstar2.recipe.run import run_recipe
 from rstar2.recipe.spec import find_recipe, load_recipe, parse_recipe
@@ -96,6 +97,12 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     assert "RL (rl-64, rl-128, rl-hard) took held-out accuracy from" in text
     assert "(after sft) to" in text and "(paired over 3 problems)" in text
     assert (out / "report_steps.png").stat().st_size > 0 and (out / "report_stages.png").stat().st_size > 0
+    # what the training passes computed in on this machine: in the report and recipe.yaml's first line
+    precision = resolve_precision("cpu", "auto").describe()
+    assert state["precision"]["resolved"] in ("bf16", "fp32") and f"Training passes: {precision}." in text
+    assert (
+        (out / "recipe.yaml").read_text().startswith(f"# model.compute resolved on this machine: {precision}")
+    )
     assert "(view.html)" in text and "RoC: <b>" in (out / "view.html").read_text()  # RL samples are in
     # tool-use health of each RL stage, from its steps' health/* metrics, and the warnings they raised
     health = text[text.index("Tool-use health of the RL stages") :]

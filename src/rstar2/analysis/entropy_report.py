@@ -41,7 +41,7 @@ def analyze(
 ) -> Summary:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..engines.hf import pick_device
+    from ..device import pick_device
 
     dev = pick_device(device)
     model = AutoModelForCausalLM.from_pretrained(str(model_path)).to(dev).eval()

@@ -19,7 +19,6 @@ on one bad request, and has no per-request seed, banned ids or finish reason.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import queue
 import random
 import threading
@@ -31,6 +30,7 @@ from typing import Any
 
 import torch
 
+from ..device import compute_precision, decode_compute, max_positions, pick_device
 from .base import Generation, SamplingParams
 from .kv import BatchKV, PrefixStore, SeqKV, common_prefix
 from .sampling import next_tokens
@@ -43,29 +43,6 @@ class _Request:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     arrived: float = 0.0
-
-
-def pick_device(device: str = "auto") -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def compute_precision(device: torch.device, compute: str = "auto") -> contextlib.AbstractContextManager:
-    """The precision passes compute in (``model.compute``). ``auto``: bf16 autocast on CUDA, full
-    precision elsewhere: the trainer's forward passes and the in-process engine (which shares the
-    trainer's fp32 parameters) both compute in bf16 on a GPU, as an inference server would, without
-    a second copy of the weights. ``bf16``: autocast on CPU too (the trainer's passes run ~1.6x
-    faster on a CPU with AVX512-BF16, see benchmarks/RESULTS.md). ``fp32``: never autocast."""
-    if compute not in ("auto", "bf16", "fp32"):
-        raise ValueError(f"model.compute must be auto, bf16 or fp32, not {compute!r}")
-    if compute == "fp32" or (compute == "auto" and device.type != "cuda"):
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
-
-
-def max_positions(model: Any) -> int:
-    return int(getattr(model.config, "max_position_embeddings", 1 << 30))
 
 
 @dataclass
@@ -114,9 +91,7 @@ class HFEngine:
             )
         self._additive_mask = attention == "eager"  # eager attention adds the mask to the scores
         self.gather_s = gather_s
-        # on a CPU the engine decodes in fp32 even where the trainer computes in bf16: a decode
-        # step's small matrix products are slower in bf16 there (benchmarks/RESULTS.md)
-        self.compute = "fp32" if compute == "fp32" else "auto"
+        self.compute = compute  # the trainer's model.compute; decode_compute() picks the engine's
         self.name = name
         self.max_batch_size = max_batch_size
         total = capacity_tokens or max_batch_size * min(max_positions(model), 4096)
@@ -237,13 +212,14 @@ class HFEngine:
 
     def _serve(self) -> None:
         device = next(self.model.parameters()).device
+        compute = decode_compute(device, self.compute)
         batch = _Batch(device, self.max_batch_size)
         while True:
             new = self._admit(self.max_batch_size - len(batch.rows), wait=not batch.rows)
             if new is None and not batch.rows:
                 break
             start = time.perf_counter()
-            with torch.no_grad(), self.lock, compute_precision(device, self.compute):
+            with torch.no_grad(), self.lock, compute_precision(device, compute):
                 version = weights_version(self.model)
                 if version != self._version:  # new weights: nothing computed under the old ones is used
                     self.store.clear()

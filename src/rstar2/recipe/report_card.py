@@ -215,6 +215,12 @@ def write_report(out: Path, recipe: Any, state: dict[str, Any]) -> Path:
         f"Held-out problems: {out / 'heldout.jsonl'} ({recipe.eval.samples} samples each at temperature "
         f"{recipe.eval.temperature}); ± is a 95% interval over problems.",
         "",
+    ]
+    if state.get("precision"):
+        from ..device import Precision
+
+        lines += [f"Training passes: {Precision(**state['precision']).describe()}.", ""]
+    lines += [
         table(evals),
         "",
     ]

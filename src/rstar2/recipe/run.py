@@ -13,10 +13,12 @@ import json
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ..config import NO_TOOLS, RolloutSection, dump_config, parse_config
+from ..device import pick_device, record, resolve_precision
 from ..jsonl import read_jsonl, write_jsonl
 from ..memory import release_memory
 from .spec import DataSpec, EvalSpec, FilterSpec, Recipe, StageSpec, stage_rollout, stage_tree
@@ -342,8 +344,11 @@ async def _stages(
     from ..rl.checkpoint import latest_checkpoint
     from .report_card import eval_dir, sampled_trajectories, write_report
 
-    (out / "recipe.yaml").write_text(dump_config(recipe))
+    precision = resolve_precision(pick_device(recipe.model.device), recipe.model.compute)
+    log(f"[rstar2] recipe {recipe.name}: {precision.describe()}")
+    (out / "recipe.yaml").write_text(record(precision) + dump_config(recipe))
     state = _state(out)
+    state["precision"] = asdict(precision)
     current = prepare_model(recipe, out)
     held_out = eval_rows(recipe)
     if held_out:

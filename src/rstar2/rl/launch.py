@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..config import TrainConfig, dump_config
+from ..device import Precision, record, resolve_precision
 from . import distributed as D
 from .checkpoint import carry_optimizer_state, latest_checkpoint, load_trainer_state
 from .metrics_log import MetricsLog
@@ -27,6 +28,7 @@ class Start:
     tokenizer: Any
     path: str  # where the weights come from: the last checkpoint, run.init_from or model.path
     checkpoint: Path | None
+    precision: Precision  # model.compute on this machine
 
 
 @dataclass
@@ -45,17 +47,20 @@ def begin(cfg: TrainConfig, resume: bool) -> Start:
     if cfg.model.threads:
         torch.set_num_threads(cfg.model.threads)
     world = D.init_world(cfg.model.device)
+    precision = resolve_precision(world.device, cfg.model.compute)  # warns here where bf16 is emulated
+    if world.main:
+        print(f"[rstar2] {cfg.kind} run {cfg.run.out}: {precision.describe()}", flush=True)
     torch.manual_seed(cfg.run.seed)
     ckpt = latest_checkpoint(cfg.run.out) if resume else None
     if resume and ckpt is None and world.main:
         print(f"[rstar2] no checkpoint in {cfg.run.out}/checkpoints: starting from step 0")
     path = str(ckpt or cfg.run.init_from or cfg.model.path)
-    return Start(world, AutoTokenizer.from_pretrained(cfg.model.tokenizer or path), path, ckpt)
+    return Start(world, AutoTokenizer.from_pretrained(cfg.model.tokenizer or path), path, ckpt, precision)
 
 
 def param_dtype(cfg: TrainConfig) -> torch.dtype:
     """The trained parameters' dtype: fp32 unless the config names one (bf16 compute comes from
-    autocast on CUDA)."""
+    autocast, ``model.compute``)."""
     return torch.float32 if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
 
 
@@ -86,7 +91,7 @@ def load_training(
     run_dir = Path(cfg.run.out)
     log = MetricsLog(run_dir, tensorboard=cfg.run.tensorboard, enabled=world.main, resume_step=step)
     if world.main:
-        (run_dir / "config.yaml").write_text(dump_config(cfg))
+        (run_dir / "config.yaml").write_text(record(start.precision) + dump_config(cfg))
     return Training(model, optimizer, lr_schedule, step, position, log)
 
 

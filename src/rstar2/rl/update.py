@@ -16,7 +16,7 @@ import torch
 
 from ..chat.token_classes import CLASSES, NO_CLASS
 from ..config import LossSection, OptimSection, as_dataclass
-from ..engines.hf import compute_precision
+from ..device import compute_precision
 from .batch import Batch, collate, plan_micro_batches, take_rows, with_weights
 from .distributed import LOCAL, World, all_max, all_sum
 from .grpo import LossConfig, policy_loss, token_logprobs, weight_units
@@ -33,7 +33,7 @@ def forward_logprobs(model: torch.nn.Module, mb: Batch, with_entropy: bool = Fal
     """Log-probs of the labels, (rows, T-1), and optionally entropies. Logits are only computed
     from the first position any row learns from: the prompt's vocabulary projections and
     log-softmaxes are never needed (most of the compute of the head for a long prompt).
-    ``compute``: ``model.compute`` (see ``engines.hf.compute_precision``)."""
+    ``compute``: ``model.compute`` (see ``rstar2.device``)."""
     width = mb.labels.shape[1]
     learn = mb.mask.any(dim=0).nonzero()
     start = int(learn[0]) if len(learn) else width - 1

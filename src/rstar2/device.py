@@ -1,0 +1,167 @@
+"""Where a model runs and in what precision: the device, the positions a model takes, and whether
+the hardware computes bf16 itself (``model.compute``). The engine, the trainers and the analysis
+all ask here, so the decision is made once.
+
+bf16 autocast pays only where the hardware multiplies in bf16: a CUDA GPU with bf16, a CPU with
+AVX512-BF16 or AMX. Elsewhere oneDNN emulates it: on a CPU limited to AVX2 one 1024x576 @ 576x1536
+product took 12 ms in fp32 and 908 ms under bf16 autocast (75x slower; 73x on a real AVX2-only EPYC),
+and on AVX-512 without bf16 it was 2.5x slower (benchmarks/RESULTS.md, issue 19). So ``auto``
+resolves to bf16 only where it is native, and an explicit ``bf16`` elsewhere is warned about once.
+
+The instruction-set knobs are honoured, so a machine with AVX512-BF16 can be made to behave like one
+without it: ``ONEDNN_MAX_CPU_ISA`` (or ``DNNL_MAX_CPU_ISA``) below ``AVX512_CORE_BF16`` makes oneDNN
+emulate bf16, and ``ATEN_CPU_CAPABILITY`` below ``avx512`` limits torch's own kernels; either one
+makes bf16 count as not native.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+COMPUTES = ("auto", "bf16", "fp32")
+
+# oneDNN's instruction-set ceilings (ONEDNN_MAX_CPU_ISA) at which it computes bf16 natively
+_ONEDNN_BF16_ISAS = {
+    "AVX512_CORE_BF16",
+    "AVX512_CORE_FP16",
+    "AVX512_CORE_AMX",
+    "AVX512_CORE_AMX_FP16",
+    "AVX10_1_512",
+    "AVX10_1_512_AMX",
+    "AVX10_1_512_AMX_FP16",
+    "AVX10_2_512",
+    "AVX10_2_512_AMX_2",
+    "ALL",
+    "DEFAULT",
+}
+
+# measured on a 2-core AMD EPYC (Zen 3, AVX2 only): the issue that made ``auto`` follow the hardware
+EMULATED_SLOWDOWN = "73x slower than fp32 on an AVX2-only CPU"
+
+
+class PrecisionWarning(UserWarning):
+    """bf16 asked for where the hardware only emulates it."""
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    """``auto``: CUDA when present, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def max_positions(model: Any) -> int:
+    """The longest sequence the model's position embeddings take."""
+    return int(getattr(model.config, "max_position_embeddings", 1 << 30))
+
+
+def cpu_capability() -> str:
+    """torch's name for the CPU's vector instruction set (``AVX2``, ``AVX512``...), as the
+    benchmarks print it beside each figure; honours ``ATEN_CPU_CAPABILITY``."""
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def _cpu_has(flag: str) -> bool:
+    """A CPU feature as torch's cpuinfo sees it (``avx512_bf16``, ``amx_bf16``); unknown = absent."""
+    caps = getattr(torch.cpu, "get_capabilities", None)  # torch >= 2.10; older: the private probes
+    if caps is not None:
+        return bool(caps().get(flag, False))
+    probe = getattr(torch.cpu, {"avx512_bf16": "_is_avx512_bf16_supported"}.get(flag, ""), None)
+    return bool(probe()) if probe is not None else False
+
+
+def cpu_bf16() -> tuple[bool, str]:
+    """Whether this CPU computes bf16 natively, and why in words (for the start-up line)."""
+    capability = cpu_capability()
+    if _cpu_has("amx_bf16"):
+        hardware = "AMX"
+    elif _cpu_has("avx512_bf16"):
+        hardware = "AVX512-BF16"
+    else:
+        return False, f"CPU {capability}, no AVX512-BF16 or AMX"
+    isa = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    if isa and isa not in _ONEDNN_BF16_ISAS:
+        return False, f"CPU {capability} with {hardware}, limited by ONEDNN_MAX_CPU_ISA={isa}"
+    if not capability.upper().startswith(("AVX512", "AMX")):
+        return False, f"CPU {capability} with {hardware}, limited by ATEN_CPU_CAPABILITY"
+    return True, f"CPU {capability} with {hardware}"
+
+
+def native_bf16(device: torch.device) -> tuple[bool, str]:
+    """Whether ``device`` computes bf16 natively, and why in words."""
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return False, "no CUDA device"
+        name = torch.cuda.get_device_name(device)
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            return True, f"{name} with bf16"
+        return False, f"{name} without bf16"
+    if device.type == "cpu":
+        return cpu_bf16()
+    return False, f"{device.type}: bf16 not measured there"
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What ``model.compute`` asked and what the passes compute in on this device."""
+
+    asked: str  # auto | bf16 | fp32
+    resolved: str  # bf16 | fp32
+    device: str
+    why: str  # the hardware, in words
+
+    def describe(self) -> str:
+        how = "bf16 autocast" if self.resolved == "bf16" else "fp32"
+        return f"{how} (model.compute: {self.asked}; {self.device}, {self.why})"
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def resolve_precision(device: torch.device | str, compute: str = "auto") -> Precision:
+    """``auto``: bf16 where ``device`` computes it natively, fp32 elsewhere. ``bf16``: bf16 autocast
+    even so (warned once per process where it is emulated). ``fp32``: never autocast."""
+    if compute not in COMPUTES:
+        raise ValueError(f"model.compute must be auto, bf16 or fp32, not {compute!r}")
+    device = torch.device(device)
+    if compute == "fp32":
+        return Precision("fp32", "fp32", str(device), "asked for")
+    native, why = native_bf16(device)
+    if compute == "auto":
+        return Precision("auto", "bf16" if native else "fp32", str(device), why)
+    if not native and (str(device), why) not in _warned:
+        _warned.add((str(device), why))
+        warnings.warn(
+            f"model.compute is bf16, but this machine has no native bf16 ({device}: {why}), so every "
+            f"bf16 matrix product is emulated: measured {EMULATED_SLOWDOWN}. Set model.compute: auto "
+            f"(fp32 here, bf16 where the hardware computes it).",
+            PrecisionWarning,
+            stacklevel=2,
+        )
+    return Precision("bf16", "bf16", str(device), why)
+
+
+def record(precision: Precision) -> str:
+    """The resolved precision as a YAML comment, the first line of a run's ``config.yaml`` and a
+    recipe's ``recipe.yaml`` (a comment, so the file still loads as the config it records)."""
+    return f"# model.compute resolved on this machine: {precision.describe()}\n"
+
+
+def compute_precision(device: torch.device | str, compute: str = "auto") -> contextlib.AbstractContextManager:
+    """The context the passes run under: bf16 autocast where ``resolve_precision`` says bf16."""
+    device = torch.device(device)
+    bf16 = resolve_precision(device, compute).resolved == "bf16"
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+
+
+def decode_compute(device: torch.device | str, compute: str = "auto") -> str:
+    """The in-process engine's ``model.compute``: fp32 on a CPU whatever the trainer uses (a
+    decode step's small products ran at 0.63x in bf16 autocast even on AVX512-BF16,
+    benchmarks/RESULTS.md), the trainer's precision on a GPU."""
+    return "fp32" if torch.device(device).type == "cpu" else compute
