@@ -5,6 +5,7 @@ teacher-forced pass over the same ids (fp32, CPU: 1e-4)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import time
 
@@ -13,7 +14,7 @@ import torch
 
 from rstar2.engines.base import SamplingParams
 from rstar2.engines.hf import HFEngine
-from rstar2.engines.kv import PrefixStore, SeqKV, common_prefix
+from rstar2.engines.kv import PrefixStore, SeqKV
 
 
 def teacher_forced(model, prompt: list[int], out: list[int], temperature: float = 1.0) -> torch.Tensor:
@@ -135,9 +136,9 @@ def test_the_scheduler_sees_the_capacity_left_after_kept_prefixes(model):
     assert engine.capacity_tokens == 7_500 and engine.store.budget_tokens == 2_500
 
 
-def _seq(ids, version=0, shared=False):
+def _seq(ids, shared=False):
     t = [torch.zeros(1, 1, len(ids), 2)]
-    return SeqKV(tuple(ids), t, t, version, shared)
+    return SeqKV(tuple(ids), t, t, shared)
 
 
 def test_the_prefix_store_keeps_within_its_budget_least_recently_used_first_out():
@@ -146,20 +147,20 @@ def test_the_prefix_store_keeps_within_its_budget_least_recently_used_first_out(
     store.put(_seq([5, 6, 7, 8]))
     store.put(_seq([9, 9, 9, 9]))  # 12 > 10: the oldest goes
     assert len(store) == 2 and store.evicted == 1 and store.tokens == 8
-    assert store.take([1, 2, 3, 4, 5], version=0) is None
-    got = store.take([5, 6, 7, 8, 0], version=0)
+    assert store.take([1, 2, 3, 4, 5]) is None
+    got = store.take([5, 6, 7, 8, 0])
     assert got is not None and got.ids == (5, 6, 7, 8) and len(store) == 1  # consumed by its turn
-    assert store.take([9, 9, 9, 9], version=0) is None  # nothing new after it: not a prefix to reuse
-    assert store.take([9, 9, 9, 9, 1], version=1) is None and len(store) == 0  # other weights: dropped
+    assert store.take([9, 9, 9, 9]) is None  # nothing new after it: not a prefix to reuse
+    store.clear()  # what the engine does when the weights change
+    assert store.take([9, 9, 9, 9, 1]) is None and len(store) == 0 and store.tokens == 0
 
 
 def test_shared_prefixes_serve_many_requests_and_the_longest_prefix_wins():
     store = PrefixStore(budget_tokens=100)
     store.put(_seq([1, 2], shared=True))
     store.put(_seq([1, 2, 3, 4]))
-    assert store.take([1, 2, 3, 4, 5], 0).ids == (1, 2, 3, 4)
-    assert store.take([1, 2, 7], 0).ids == (1, 2) and store.take([1, 2, 8], 0).ids == (1, 2)
-    assert common_prefix([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2 and common_prefix([[1], [2]]) == 0
+    assert store.take([1, 2, 3, 4, 5]).ids == (1, 2, 3, 4)
+    assert store.take([1, 2, 7]).ids == (1, 2) and store.take([1, 2, 8]).ids == (1, 2)
 
 
 class ForcedCalls:
@@ -234,11 +235,11 @@ def test_slots_hold_each_rows_own_cache_through_joins_decodes_and_leaves(model):
     """Rows of different lengths join, decode, leave (the last row moving into the hole) and are
     copied, in a random order: every row's columns then equal a fresh prefill of its tokens, and
     the running batch's next-token logits equal a teacher-forced pass over each row alone."""
-    from rstar2.engines.kv import BatchKV
+    from rstar2.engines.kv import SlotCache
 
     rng = __import__("random").Random(3)
     vocab = model.config.vocab_size
-    kv, tokens, logits = BatchKV(), [], []
+    kv, tokens, logits, labels = SlotCache(), [], [], []  # labels: who occupies each slot
 
     def forward(span, news):
         width = max(len(n) for n in news)
@@ -246,7 +247,7 @@ def test_slots_hold_each_rows_own_cache_through_joins_decodes_and_leaves(model):
         for r, n in enumerate(news):
             ids[r, width - len(n) :] = torch.tensor(n)
         pos, mask = kv.plan(span, [len(n) for n in news], width)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=kv.cache, logits_to_keep=1)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=kv, logits_to_keep=1)
         kv.commit(span, [len(n) for n in news])
         return list(out.logits[:, -1])
 
@@ -259,7 +260,9 @@ def test_slots_hold_each_rows_own_cache_through_joins_decodes_and_leaves(model):
                     for _ in range(rng.randint(1, 3))
                 ]
                 start = kv.rows
-                kv.add([None] * len(news))
+                new_labels = [object() for _ in news]
+                kv.add([None] * len(news), new_labels)
+                labels += new_labels
                 logits += forward((start, kv.rows), news)
                 tokens += news
             elif op == "decode":
@@ -269,19 +272,21 @@ def test_slots_hold_each_rows_own_cache_through_joins_decodes_and_leaves(model):
             elif op == "leave":
                 i = rng.randrange(len(tokens))
                 kv.remove(i)
-                tokens[i], logits[i] = tokens[-1], logits[-1]
+                tokens[i], logits[i], labels[i] = tokens[-1], logits[-1], labels[-1]
+                labels.pop()
                 tokens.pop()
                 logits.pop()
             else:
                 i = rng.randrange(len(tokens))
-                kv.copy_row(i)
+                labels.append(object())
+                kv.copy_row(i, labels[-1])
                 tokens.append(list(tokens[i]))
                 logits.append(logits[i])
-        assert kv.rows == len(tokens) >= 1
+        assert kv.rows == len(tokens) >= 1 and kv.owners == labels  # each slot's owner moved with it
         for r, seq in enumerate(tokens):
             ref = model(input_ids=torch.tensor([seq]), use_cache=True)
             assert torch.allclose(ref.logits[0, -1], logits[r], atol=1e-4)
-            own = kv.sequence(r, tuple(seq), version=0)
+            own = kv.sequence(r, tuple(seq))
             for layer, k in zip(ref.past_key_values.layers, own.keys, strict=True):
                 assert torch.allclose(layer.keys, k, atol=1e-5)
 
@@ -313,29 +318,31 @@ def test_attention_the_engine_cannot_mask_is_refused_up_front(tiny_dir):
 
 def test_a_failed_join_leaves_the_running_rows_as_they_were(model, prompt):
     """A join that fails in its forward pass is undone: the running rows keep their cache."""
-    from rstar2.engines.hf import _Batch, _Request, _Row
+    from rstar2.engines.batch import Request, Row, RunningBatch
+    from rstar2.engines.kv import PrefixStore
 
-    engine = HFEngine(model)
     loop = asyncio.new_event_loop()
 
     def row(ids):
-        return _Row(_Request(ids, SamplingParams(max_new_tokens=4), loop, loop.create_future()), 4, None)
+        return Row(Request(ids, SamplingParams(max_new_tokens=4), loop, loop.create_future()), 4, None)
 
-    batch = _Batch(torch.device("cpu"))
+    stats = collections.defaultdict(float)
+    batch = RunningBatch(model, torch.device("cpu"), 8, 0, PrefixStore(4096), stats)
     with torch.no_grad():
-        batch.join(engine, [row(prompt), row(prompt[:7])])
+        batch.join([row(prompt), row(prompt[:7])])
         before = [
-            batch.kv.sequence(i, tuple(r.req.prompt_ids), 0).keys[0].clone() for i, r in enumerate(batch.rows)
+            batch.kv.sequence(i, tuple(r.req.prompt_ids)).keys[0].clone() for i, r in enumerate(batch.rows)
         ]
-        real = engine._forward
-        engine._forward = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
+        real = batch.forward
+        batch.forward = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
         with pytest.raises(RuntimeError, match="boom"):
-            batch.join(engine, [row(prompt[:9])])
-        engine._forward = real
+            batch.join([row(prompt[:9])])
+        batch.forward = real
         assert batch.kv.rows == len(batch.rows) == 2
         for i, r in enumerate(batch.rows):
-            assert torch.equal(batch.kv.sequence(i, tuple(r.req.prompt_ids), 0).keys[0], before[i])
-        batch.step(engine)  # and the batch decodes on
+            assert torch.equal(batch.kv.sequence(i, tuple(r.req.prompt_ids)).keys[0], before[i])
+        batch.step()  # and the batch decodes on
+    assert stats["steps"] == 1 and stats["row_steps"] == 2
     loop.close()
 
 
@@ -344,21 +351,16 @@ def test_a_finished_batch_frees_its_cache_without_the_garbage_collector(model):
     import gc
     import weakref
 
-    from rstar2.engines.kv import BatchKV
+    from rstar2.engines.kv import SlotCache
 
-    kv = BatchKV(max_rows=4)
-    kv.add([None, None])
+    kv = SlotCache(max_rows=4)
+    kv.add([None, None], ["a", "b"])
     pos, mask = kv.plan((0, 2), [3, 2], 3)
     with torch.no_grad():
-        model(
-            input_ids=torch.ones((2, 3), dtype=torch.long),
-            attention_mask=mask,
-            position_ids=pos,
-            cache=kv.cache,
-        )
+        model(input_ids=torch.ones((2, 3), dtype=torch.long), attention_mask=mask, position_ids=pos, cache=kv)
     kv.commit((0, 2), [3, 2])
-    assert kv.layers() and kv.rows_cap == 2
-    buffers = weakref.ref(kv.layers()[0].buf_k)
+    assert len(kv.buf_k) == model.config.num_hidden_layers and kv.rows_cap == 2
+    buffers = weakref.ref(kv.buf_k[0])
     gc.disable()
     try:
         del kv

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 import torch
 
-from rstar2.engines.base import SamplingParams
 from rstar2.device import resolve_precision
+from rstar2.engines.base import SamplingParams
 from rstar2.engines.hf import HFEngine
 
 pytestmark = pytest.mark.gpu

@@ -1,77 +1,31 @@
 """The KV cache of a continuously batched engine: rows join, leave, and outlive their request.
 
-``BatchKV`` holds the keys and values of every running sequence in one slot (row) each of
-preallocated buffers, ``(rows, heads, columns, head_dim)`` per layer, that grow by doubling. Row r's
-tokens are its columns ``[0, len_r)``: the column is the token's position, so no row is padded
-to line up with the others. A forward pass over a range of rows writes each row's new tokens at
-its own columns (a decode step: one column a row; a prefill: the new tokens, right-aligned in the
-pass, padding written to a scratch column) and attends under a mask built from the rows'
-lengths. A row joins by writing its own columns into the next free slot and leaves by the last
-row moving into its slot: neither copies the rest of the batch (transformers' ``DynamicLayer``
-concatenates the whole cache at every step; a left-padded batch copies it at every join).
+``SlotCache`` is a ``transformers.Cache`` of its own: per layer one key and one value buffer of
+``(rows, heads, columns, head_dim)``, preallocated, growing by half. Each running sequence holds one
+slot (row); row r's tokens are its columns ``[0, len_r)``: the column is the token's position, so no
+row is padded to line up with the others. A forward pass over a range of rows writes each row's
+new tokens at its own columns (a decode step: one column a row; a prefill: the new tokens,
+right-aligned in the pass, padding written to a scratch column) and attends under a mask built
+from the rows' lengths. A row joins by writing its own columns into the next free slot and leaves
+by the last row moving into its slot: neither copies the rest of the batch (transformers'
+``DynamicCache`` concatenates the whole cache at every step; a left-padded batch copies it at every
+join). The cache also holds what occupies each slot (``owners``), moved with the slot, so the
+engine's rows are in the slots' order by construction.
 
 ``PrefixStore`` keeps the cache of a sequence whose request ended (a turn that stopped on a tool
-call) within a token budget, least recently used first out, tagged with the weight version it was
-computed under: the trajectory's next turn, whose prompt extends those tokens, prefills only what
-is new, and a prefix computed under other weights is never used.
+call) within a token budget, least recently used first out: the trajectory's next turn, whose
+prompt extends those tokens, prefills only what is new. The engine empties it when the weights
+change (``engines/hf.py``), so a prefix computed under other weights is never used.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
-
-
-class SlotLayer(DynamicLayer):
-    """One layer of a ``BatchKV``: ``update`` writes the new keys/values where the owner's plan
-    says and hands attention the planned rows' first columns (a view, no copy)."""
-
-    def __init__(self, owner: BatchKV) -> None:
-        super().__init__()
-        # a weak reference: a strong one would make a cycle (batch -> cache -> layer -> batch) that
-        # only the cyclic garbage collector frees, holding gigabytes of buffers after the batch ends
-        self._owner = weakref.ref(owner)
-        self.buf_k: torch.Tensor | None = None
-        self.buf_v: torch.Tensor | None = None
-
-    @property
-    def owner(self) -> BatchKV:
-        owner = self._owner()
-        if owner is None:
-            raise RuntimeError("the batch this cache layer belonged to is gone")
-        return owner
-
-    def allocate(self, like_k: torch.Tensor, like_v: torch.Tensor) -> None:
-        o = self.owner
-        self.buf_k = like_k.new_zeros((o.rows_cap, like_k.shape[-3], o.cols_cap, like_k.shape[-1]))
-        self.buf_v = like_v.new_zeros((o.rows_cap, like_v.shape[-3], o.cols_cap, like_v.shape[-1]))
-        self.is_initialized, self.device = True, like_k.device
-
-    def resize(self, rows: int, cols: int, keep_rows: int, keep_cols: int) -> None:
-        for name in ("buf_k", "buf_v"):
-            old = getattr(self, name)
-            new = old.new_zeros((rows, old.shape[1], cols, old.shape[-1]))
-            new[:keep_rows, :, :keep_cols] = old[:keep_rows, :, :keep_cols]
-            setattr(self, name, new)
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        o = self.owner
-        if self.buf_k is None:
-            self.allocate(key_states, value_states)
-        rows, cols = o.write_at
-        self.buf_k[rows, :, cols] = key_states.transpose(1, 2)
-        self.buf_v[rows, :, cols] = value_states.transpose(1, 2)
-        a, b = o.span
-        self.keys = self.buf_k[a:b, :, : o.attend]
-        self.values = self.buf_v[a:b, :, : o.attend]
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.owner.attend
+from transformers.cache_utils import Cache
 
 
 @dataclass
@@ -81,24 +35,26 @@ class SeqKV:
     ids: tuple[int, ...]
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
-    version: int
-    shared: bool = False  # a prefix many requests start with (the system prompt): not consumed by use
+    shared: bool = False  # a prefix many requests start with (a group's prompt): not consumed by use
 
     @property
     def length(self) -> int:
         return len(self.ids)
 
 
-class BatchKV:
-    """The running rows' cache (see the module docstring). ``lens[r]``: tokens row r holds."""
+class SlotCache(Cache):
+    """The running rows' cache (see the module docstring). ``lens[r]``: tokens row r holds;
+    ``owners[r]``: what occupies row r (the engine's row, or None)."""
 
     def __init__(self, device: torch.device | str = "cpu", max_rows: int | None = None) -> None:
+        super().__init__(layers=[])  # the buffers are this object's own, not per-layer objects
         self.device = torch.device(device)
         self.max_rows = max_rows  # rows are never reserved beyond it (the engine's batch size)
+        self.buf_k: list[torch.Tensor] = []  # one per model layer
+        self.buf_v: list[torch.Tensor] = []
         self.lens: list[int] = []
+        self.owners: list[Any] = []
         self.rows_cap = self.cols_cap = 0
-        me = weakref.ref(self)  # (no cycle through the cache's layer factory either)
-        self.cache = Cache(layer_class_to_replicate=lambda: SlotLayer(me()))
         # the plan of the next forward pass (set by ``plan``, read by every layer's ``update``)
         self.span = (0, 0)
         self.write_at: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -108,8 +64,28 @@ class BatchKV:
     def rows(self) -> int:
         return len(self.lens)
 
-    def layers(self) -> list[SlotLayer]:
-        return [layer for layer in self.cache.layers if getattr(layer, "buf_k", None) is not None]
+    # -- what the model calls ---------------------------------------------------------------
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Write the layer's new keys/values where the plan says; hand attention the planned rows'
+        first ``attend`` columns (a view, no copy)."""
+        if layer_idx == len(self.buf_k):
+            self._allocate(key_states)
+        rows, cols = self.write_at
+        k, v = self.buf_k[layer_idx], self.buf_v[layer_idx]
+        k[rows, :, cols] = key_states.transpose(1, 2)
+        v[rows, :, cols] = value_states.transpose(1, 2)
+        a, b = self.span
+        return k[a:b, :, : self.attend], v[a:b, :, : self.attend]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.attend
+
+    # -- the engine's side ------------------------------------------------------------------
+    def _allocate(self, like: torch.Tensor) -> None:
+        """The next layer's buffers, shaped after its keys (batch, heads, tokens, head_dim)."""
+        shape = (self.rows_cap, like.shape[-3], self.cols_cap, like.shape[-1])
+        self.buf_k.append(like.new_zeros(shape))
+        self.buf_v.append(like.new_zeros(shape))
 
     def _reserve(self, rows: int, cols: int) -> None:
         """Room for ``rows`` rows of ``cols`` columns, plus the scratch column (growing by half, so
@@ -125,30 +101,32 @@ class BatchKV:
             self.cols_cap if cols <= self.cols_cap else _round_up(max(cols, self.cols_cap * 3 // 2), 64)
         )
         keep_cols = max(self.lens, default=0)
-        for layer in self.layers():
-            layer.resize(new_rows, new_cols, self.rows, keep_cols)
+        for bufs in (self.buf_k, self.buf_v):
+            for i, old in enumerate(bufs):
+                new = old.new_zeros((new_rows, old.shape[1], new_cols, old.shape[-1]))
+                new[: self.rows, :, :keep_cols] = old[: self.rows, :, :keep_cols]
+                bufs[i] = new
         self.rows_cap, self.cols_cap = new_rows, new_cols
 
-    def add(self, seqs: list[SeqKV | None]) -> None:
-        """Rows holding these sequences (None: an empty row) after the running ones."""
+    def add(self, seqs: list[SeqKV | None], owners: list[Any]) -> None:
+        """Rows holding these sequences (None: an empty row), occupied by ``owners``, after the
+        running ones."""
         first = self.rows
         self._reserve(first + len(seqs), max((s.length for s in seqs if s is not None), default=0))
         template = next((s for s in seqs if s is not None and s.length), None)
-        if template is not None and not self.cache.layers:
-            for k, v in zip(template.keys, template.values, strict=True):
-                layer = SlotLayer(self)
-                layer.allocate(k, v)
-                self.cache.layers.append(layer)
-        layers = self.layers()
-        for r, s in enumerate(seqs, start=first):
+        if template is not None and not self.buf_k:
+            for k in template.keys:
+                self._allocate(k)
+        for r, (s, owner) in enumerate(zip(seqs, owners, strict=True), start=first):
             self.lens.append(s.length if s is not None else 0)
+            self.owners.append(owner)
             if s is None or not s.length:
                 continue
-            if len(s.keys) != len(layers):
+            if len(s.keys) != len(self.buf_k):
                 raise RuntimeError("a kept sequence has another layer count than the running batch")
-            for layer, k, v in zip(layers, s.keys, s.values, strict=True):
-                layer.buf_k[r, :, : s.length] = k[0]
-                layer.buf_v[r, :, : s.length] = v[0]
+            for buf_k, buf_v, k, v in zip(self.buf_k, self.buf_v, s.keys, s.values, strict=True):
+                buf_k[r, :, : s.length] = k[0]
+                buf_v[r, :, : s.length] = v[0]
 
     def plan(self, span: tuple[int, int], new: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Set up a forward pass over rows ``span`` whose ``width`` input columns hold each row's
@@ -176,38 +154,41 @@ class BatchKV:
         for r, n in zip(range(*span), new, strict=True):
             self.lens[r] += n
 
-    def copy_row(self, src: int) -> None:
-        """A new last row holding what row ``src`` holds (identical prompts prefilled once)."""
+    def _move(self, src: int, dst: int) -> None:
+        n = self.lens[src]
+        for bufs in (self.buf_k, self.buf_v):
+            for buf in bufs:
+                buf[dst, :, :n] = buf[src, :, :n]
+
+    def copy_row(self, src: int, owner: Any) -> None:
+        """A new last row, occupied by ``owner``, holding what row ``src`` holds (identical
+        prompts prefilled once)."""
         self._reserve(self.rows + 1, 0)
-        n, dst = self.lens[src], self.rows
-        for layer in self.layers():
-            layer.buf_k[dst, :, :n] = layer.buf_k[src, :, :n]
-            layer.buf_v[dst, :, :n] = layer.buf_v[src, :, :n]
-        self.lens.append(n)
+        self._move(src, self.rows)
+        self.lens.append(self.lens[src])
+        self.owners.append(owner)
 
     def remove(self, row: int) -> None:
-        """Row ``row`` leaves; the last row moves into its slot (callers reorder alike)."""
+        """Row ``row`` leaves; the last row (cache and owner) moves into its slot."""
         last = self.rows - 1
         if row != last:
-            n = self.lens[last]
-            for layer in self.layers():
-                layer.buf_k[row, :, :n] = layer.buf_k[last, :, :n]
-                layer.buf_v[row, :, :n] = layer.buf_v[last, :, :n]
-            self.lens[row] = n
+            self._move(last, row)
+            self.lens[row], self.owners[row] = self.lens[last], self.owners[last]
         self.lens.pop()
+        self.owners.pop()
 
     def truncate(self, rows: int) -> None:
         """Only the first ``rows`` rows stay (a join that failed half-way is undone)."""
-        del self.lens[rows:]
+        del self.lens[rows:], self.owners[rows:]
 
-    def sequence(self, row: int, ids: tuple[int, ...], version: int, shared: bool = False) -> SeqKV:
+    def sequence(self, row: int, ids: tuple[int, ...], shared: bool = False) -> SeqKV:
         """A copy of one row's columns, for ``PrefixStore``."""
         n = self.lens[row]
         if n != len(ids):
             raise RuntimeError(f"row {row} holds {n} tokens, not the {len(ids)} named")
-        keys = [layer.buf_k[row : row + 1, :, :n].clone() for layer in self.layers()]
-        values = [layer.buf_v[row : row + 1, :, :n].clone() for layer in self.layers()]
-        return SeqKV(ids, keys, values, version, shared)
+        keys = [buf[row : row + 1, :, :n].clone() for buf in self.buf_k]
+        values = [buf[row : row + 1, :, :n].clone() for buf in self.buf_v]
+        return SeqKV(ids, keys, values, shared)
 
 
 def _round_up(n: int, step: int) -> int:
@@ -242,16 +223,11 @@ class PrefixStore:
             self.tokens -= old.length
             self.evicted += 1
 
-    def take(self, prompt: list[int], version: int) -> SeqKV | None:
+    def take(self, prompt: list[int]) -> SeqKV | None:
         """The longest kept sequence that ``prompt`` extends (at least one new token after it),
-        removed from the store unless it is shared; entries of another weight version are
-        dropped on the way."""
+        removed from the store unless it is shared."""
         best_key, best = None, None
-        for key, seq in list(self._entries.items()):
-            if seq.version != version:
-                del self._entries[key]
-                self.tokens -= seq.length
-                continue
+        for key, seq in self._entries.items():
             n = seq.length
             if n < len(prompt) and (best is None or n > best.length) and tuple(prompt[:n]) == seq.ids:
                 best_key, best = key, seq
@@ -262,16 +238,3 @@ class PrefixStore:
                 del self._entries[best_key]
                 self.tokens -= best.length
         return best
-
-
-def common_prefix(seqs: list[list[int]]) -> int:
-    """Length of the longest prefix all of ``seqs`` share."""
-    if not seqs:
-        return 0
-    first, n = seqs[0], min(len(q) for q in seqs)
-    for other in seqs[1:]:
-        i = 0
-        while i < n and other[i] == first[i]:
-            i += 1
-        n = i
-    return n

@@ -130,14 +130,14 @@ async def publish(
     world: D.World,
     folder: Path,
     *,
-    shared: bool,
+    same_model: bool,
     probe_prompt: list[int],
     pad_id: int,
     step: int,
 ) -> dict[str, float]:
     """Send the trainer's weights to ``engines`` and check them; returns ``sync/*`` metrics.
-    ``shared``: the engine is the trainer's own model object (one process, nothing to do)."""
-    if shared:
+    ``same_model``: the engine holds the trainer's own model object (one process, nothing to do)."""
+    if same_model:
         return {}
     weights = D.full_state_dict(model, world)
     if settings.servers:

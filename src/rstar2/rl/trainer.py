@@ -219,7 +219,7 @@ class RLTrainer:
         # remote servers, or one in-process engine over the trainer's model (or its copy)
         self.engines = open_engines(
             self.cfg.rollout,
-            shared=self.engine_model,
+            trainer_model=self.engine_model,
             name=f"rank{self.world.rank}",
             compute=self.cfg.model.compute,
         )
@@ -442,7 +442,7 @@ class RLTrainer:
             self.cfg.rollout,
             self.world,
             self.run_dir / "weights-latest",
-            shared=not self.cfg.rollout.servers and not self.world.distributed,
+            same_model=not self.cfg.rollout.servers and not self.world.distributed,
             probe_prompt=self.rollout.fmt.prompt_ids(PROBE_PROBLEM),
             pad_id=self.tokenizer.pad_token_id or 0,
             step=step,

@@ -29,12 +29,12 @@ def open_engines(
     device: str = "auto",
     dtype: str = "auto",
     *,
-    shared: Any = None,
+    trainer_model: Any = None,
     name: str = "hf",
     compute: str = "auto",
 ) -> list[Any]:
     """``settings.servers`` as ``OpenAIEngine``s, or one in-process ``HFEngine``: over a loaded
-    model the caller keeps training (``shared``: the trainer's, so new weights cost nothing to
+    model the caller keeps training (``trainer_model``, so new weights cost nothing to
     publish), else loaded from the directory ``model``."""
     from ..engines.openai import OpenAIEngine
 
@@ -48,8 +48,8 @@ def open_engines(
         "keep_tokens": settings.keep_tokens,
         "compute": compute,
     }
-    if shared is not None:
-        return [HFEngine(shared, name=name, **sizes)]
+    if trainer_model is not None:
+        return [HFEngine(trainer_model, name=name, **sizes)]
     if not model:
         raise ValueError("give either a model directory (--model) or one or more servers (--server)")
     return [HFEngine.from_pretrained(model, device=device, dtype=dtype, **sizes)]

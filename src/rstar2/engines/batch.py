@@ -1,0 +1,242 @@
+"""The running batch of ``HFEngine``: its rows, their slots in the cache, and the kept prefixes.
+
+Given the model, the pad id, the prefix store and the engine's counters when built, it never
+reaches back into the engine. Rows live in the cache's ``owners`` (``engines/kv.py``), so a row and
+its slot move together: a row that leaves takes its slot's contents with it, and the last row moves
+into the hole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .base import Generation, SamplingParams
+from .kv import PrefixStore, SeqKV, SlotCache
+from .sampling import next_tokens
+
+MIN_SHARED_PREFIX = 16  # tokens a group's prompts must share before the prefix is prefilled once
+
+
+@dataclass
+class Request:
+    """A caller's request, answered from the engine's thread through ``settle``."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    arrived: float = 0.0
+
+    def settle(self, result: Generation | BaseException) -> None:
+        self.loop.call_soon_threadsafe(_settle, self.future, result)
+
+
+def _settle(fut: asyncio.Future, result: Any) -> None:
+    if fut.done():
+        return
+    if isinstance(result, BaseException):
+        fut.set_exception(result)
+    else:
+        fut.set_result(result)
+
+
+@dataclass
+class Row:
+    """A request in the running batch: what it generated so far; its slot holds the prompt and
+    every generated id but the last (the last is fed at the next decode step)."""
+
+    req: Request
+    budget: int
+    rng: random.Random | None
+    out_ids: list[int] = field(default_factory=list)
+    out_lp: list[float] = field(default_factory=list)
+    finish: str = "length"
+
+    def context(self) -> list[int]:
+        return self.req.prompt_ids + self.out_ids
+
+
+class RunningBatch:
+    """The rows being decoded, their cache, and the logits of each row's next token."""
+
+    def __init__(
+        self,
+        model: Any,
+        device: torch.device,
+        max_rows: int,
+        pad_token_id: int,
+        store: PrefixStore | None,
+        stats: dict[str, Any],
+    ) -> None:
+        self.model, self.device, self.max_rows = model, device, max_rows
+        self.pad_token_id, self.store, self.stats = pad_token_id, store, stats
+        # eager attention adds the mask to the scores; sdpa takes it as booleans
+        self.additive_mask = getattr(model.config, "_attn_implementation", None) == "eager"
+        self.reset()
+
+    @property
+    def rows(self) -> list[Row]:
+        """The running rows, in the order of their slots."""
+        return self.kv.owners
+
+    def reset(self) -> None:
+        self.kv = SlotCache(self.device, self.max_rows)
+        self.logits: torch.Tensor | None = None
+
+    def guarded(self, rows: list[Row], action: Callable[[], None], fail: bool = True) -> bool:
+        """Run ``action``; if it fails, its rows fail with the error (the whole batch when the
+        failure may have left it half-changed; ``fail=False``: new rows are left to retry) and the
+        batch is ready for the next step. True when the action ran."""
+        try:
+            action()
+            return True
+        except Exception as exc:  # noqa: BLE001 - one bad request must not stop the engine
+            running = {id(r) for r in self.rows}
+            if any(id(r) in running for r in rows):
+                failed = list(self.rows) + [r for r in rows if id(r) not in running]
+                self.reset()
+            elif fail:
+                failed = list(rows)
+            else:
+                return False
+            for row in failed:
+                row.req.settle(exc)
+            return False
+
+    def forward(
+        self, ids: torch.Tensor, kv: SlotCache, span: tuple[int, int], new: list[int]
+    ) -> torch.Tensor:
+        """One pass over ``ids`` (rows ``span`` of ``kv``; row r's ``new[r]`` tokens right-aligned)
+        appended to those rows' caches; the logits of each row's last token."""
+        positions, mask = kv.plan(span, new, ids.shape[1])
+        if self.additive_mask:
+            dtype = self.model.dtype
+            mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+                ~mask, torch.finfo(dtype).min
+            )
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, cache=kv, logits_to_keep=1
+        )
+        kv.commit(span, new)
+        return out.logits[:, -1]
+
+    def _prefill(
+        self, kv: SlotCache, contexts: list[list[int]], kept: list[SeqKV | None], owners: list[Any]
+    ) -> torch.Tensor:
+        """Rows for ``contexts`` (occupied by ``owners``) added to ``kv``, holding their kept
+        prefixes, and the rest of each prefilled; identical contexts (after no prefix or a shared
+        one) prefilled once and copied. Returns the new rows' next-token logits, in slot order."""
+        unique: dict[Any, int] = {}
+        index = []
+        for i, (ctx, seq) in enumerate(zip(contexts, kept, strict=True)):
+            key = tuple(ctx) if seq is None or seq.shared else i
+            index.append(unique.setdefault(key, len(unique)))
+        firsts = [index.index(u) for u in range(len(unique))]  # the first row of each distinct context
+        start = kv.rows
+        kv.add([kept[i] for i in firsts], [owners[i] for i in firsts])
+        news = [contexts[i][kept[i].length if kept[i] is not None else 0 :] for i in firsts]
+        width = max(len(n) for n in news)
+        ids = torch.full((len(news), width), self.pad_token_id, dtype=torch.long)
+        for r, n in enumerate(news):
+            ids[r, width - len(n) :] = torch.tensor(n, dtype=torch.long)
+        span = (start, start + len(firsts))
+        logits = self.forward(ids.to(self.device), kv, span, [len(n) for n in news])
+        self.stats["prefill_tokens"] += sum(len(n) for n in news)
+        self.stats["shared_tokens"] += sum(  # identical contexts prefilled once
+            len(contexts[i]) - (kept[i].length if kept[i] is not None else 0) for i in range(len(contexts))
+        ) - sum(len(n) for n in news)
+        copies = [i for i in range(len(contexts)) if firsts[index[i]] != i]
+        for i in copies:
+            kv.copy_row(start + index[i], owners[i])
+        if copies:
+            logits = torch.cat([logits, logits[torch.tensor([index[i] for i in copies], device=self.device)]])
+        return logits
+
+    def join(self, rows: list[Row]) -> None:
+        """New rows join the batch: a kept prefix of the same trajectory taken from the store; a
+        prefix the others share (the system prompt, a group's problem) prefilled once; the rest
+        prefilled together. The running rows' caches are not touched (a failed join is undone)."""
+        prompts = [r.req.prompt_ids for r in rows]
+        kept = [self.store.take(p) if self.store is not None else None for p in prompts]
+        fresh = [i for i, seq in enumerate(kept) if seq is None or seq.shared]
+        # (one token short of the shortest prompt: each row prefills at least its last token)
+        common = (
+            min(
+                len(os.path.commonprefix([prompts[i] for i in fresh])),
+                min(len(prompts[i]) for i in fresh) - 1,
+            )
+            if len(fresh) > 1
+            else 0
+        )
+        longest_kept = max((kept[i].length for i in fresh if kept[i] is not None), default=0)
+        if common >= max(MIN_SHARED_PREFIX, longest_kept + 1):
+            ids = prompts[fresh[0]][:common]
+            alone = SlotCache(self.device)
+            self._prefill(alone, [ids], [kept[fresh[0]]], [None])
+            prefix = alone.sequence(0, tuple(ids), shared=True)
+            if self.store is not None:
+                self.store.put(prefix)
+            for i in fresh:
+                kept[i] = prefix
+        for seq in kept:
+            if seq is not None:
+                self.stats["shared_tokens" if seq.shared else "reused_tokens"] += seq.length
+        running = self.kv.rows
+        try:
+            logits = self._prefill(self.kv, prompts, kept, rows)
+        except BaseException:
+            self.kv.truncate(running)
+            raise
+        self.stats["batches"] += 1
+        self.logits = logits if self.logits is None else torch.cat([self.logits, logits])
+
+    def refill(self) -> None:
+        """Every running row prefilled again from its tokens (the weights changed under it)."""
+        rows = list(self.rows)
+        self.reset()
+        try:
+            self.logits = self._prefill(self.kv, [r.context() for r in rows], [None] * len(rows), rows)
+        except BaseException:
+            self.reset()  # every row fails with the error (``guarded``)
+            raise
+
+    def step(self) -> None:
+        """Sample each row's next token; rows that end leave (their cache kept); the rest decode."""
+        rows = self.rows
+        tokens, logps = next_tokens(self.logits, [r.req.params for r in rows], [r.rng for r in rows])
+        ids = tokens.tolist()
+        done: list[int] = []
+        for i, (row, tok, lp) in enumerate(zip(rows, ids, logps.tolist(), strict=True)):
+            row.out_ids.append(tok)
+            row.out_lp.append(lp)
+            if tok in row.req.params.stop_token_ids:
+                row.finish = "stop"
+            elif len(row.out_ids) < row.budget:
+                continue
+            self._finish(i, row)
+            done.append(i)
+        self.stats["steps"] += 1
+        self.stats["row_steps"] += len(rows)
+        if len(done) == len(rows):
+            self.reset()
+            return
+        for i in reversed(done):  # the last row (and its slot) moves into each finished row's place
+            self.kv.remove(i)
+            ids[i] = ids[-1]
+            ids.pop()
+        n = len(ids)
+        column = torch.tensor(ids, dtype=torch.long).unsqueeze(1).to(self.device)
+        self.logits = self.forward(column, self.kv, (0, n), [1] * n)
+
+    def _finish(self, i: int, row: Row) -> None:
+        if self.store is not None:
+            self.store.put(self.kv.sequence(i, tuple(row.req.prompt_ids + row.out_ids[:-1])))
+        self.stats["generated_tokens"] += len(row.out_ids)
+        row.req.settle(Generation(row.out_ids, row.out_lp, row.finish))  # type: ignore[arg-type]
