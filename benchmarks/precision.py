@@ -117,8 +117,11 @@ def main() -> None:
     ap.add_argument("--learn", type=int, default=128, help="update: positions with logits (the response)")
     ap.add_argument("--batch", type=int, default=64, help="decode/prefill: rows")
     ap.add_argument("--context", type=int, default=200, help="decode/prefill: tokens a row")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (the tiny recipe uses 1)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     model, _, path = load_model(tiny_model_dir() if a.model == "tiny" else a.model, "cpu")
     weights16 = copy.deepcopy(model).to(torch.bfloat16)
     vocab = model.config.vocab_size

@@ -14,7 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .chat.tool_response import DEFAULT_LIMIT_CHARS, TRACEBACK_LINES
+DEFAULT_LIMIT_CHARS = 2048  # a longer tool output is cut in the middle
+TRACEBACK_LINES = 12  # the end of a traceback the model reads (1: just `NameError: ...`)
 
 
 class _Section(BaseModel):
@@ -80,11 +81,12 @@ class RolloutSection(ChatSection):
     # engines
     servers: list[str] = Field(default_factory=list)  # OpenAI-compatible servers; empty: in-process
     max_batch_size: int = Field(64, ge=1)  # in-process engine: requests generated together
-    # in-process engine: KV tokens kept for trajectories' next turns (None: a quarter of its capacity;
-    # 0: none); they come out of the capacity the scheduler grants
+    # in-process engine: KV tokens kept for trajectories' next turns (None: KEEP_HELP; 0: none); they
+    # come out of the capacity the scheduler grants
     keep_tokens: int | None = Field(None, ge=0)
     scheduler: Literal["kv", "least_requests", "static"] = "kv"  # which engine serves each turn
-    capacity_tokens: int | None = None  # KV tokens per engine; None: what each engine reports
+    # KV tokens per engine; None: what each server reports, CAPACITY_HELP for the in-process engine
+    capacity_tokens: int | None = None
     grant_tokens: int | None = None  # kv: new tokens per admitted request (None: 512 or capacity/64)
     engine_retries: int = Field(2, ge=0)  # a turn whose engine failed is retried on another
     # new weights to remote servers after each update (training)
@@ -93,6 +95,31 @@ class RolloutSection(ChatSection):
     # After a reload, the engine's logprobs of a short sampled sequence must match the trainer's
     # (mean absolute difference, nats); None: only the server's own answer is checked.
     weight_check_tol: float | None = Field(0.1, ge=0)
+
+
+DEFAULT_ROLLOUT = RolloutSection()
+
+# The in-process engine's KV budget when the settings leave it open (``engine_budget``)
+CONTEXT_CAP = 4096  # tokens a row is budgeted at most, whatever the model's context
+CAPACITY_HELP = f"batch size × min(model context, {CONTEXT_CAP})"
+KEEP_HELP = "a quarter of the capacity"
+
+
+def engine_budget(
+    max_batch_size: int, context: int, capacity_tokens: int | None = None, keep_tokens: int | None = None
+) -> tuple[int, int]:
+    """(tokens the scheduler may grant, tokens kept for trajectories' next turns) of an in-process
+    engine: ``capacity_tokens`` in all (default CAPACITY_HELP), ``keep_tokens`` of it kept (default
+    KEEP_HELP)."""
+    total = capacity_tokens or max_batch_size * min(context, CONTEXT_CAP)
+    keep = total // 4 if keep_tokens is None else keep_tokens
+    return max(1, total - keep), keep
+
+
+# The paper's evaluation (P §5.1): what `rstar2 eval` samples with unless told otherwise; `rstar2 chat`
+# takes it with a shorter budget
+EVAL_ROLLOUT = {"temperature": 0.6, "max_response_tokens": 30000, "max_turns": 30}
+CHAT_ROLLOUT = {**EVAL_ROLLOUT, "max_response_tokens": 8192}
 
 
 # A model never taught the tool format, evaluated fairly: the bare problem, no tool schemas, one turn
@@ -305,3 +332,22 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 def dump_config(cfg: BaseModel) -> str:
     """A config (or a recipe) as YAML, every default written out."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def rollout_settings(
+    file_tree: dict[str, Any] | None,
+    sets: list[str],
+    preset: dict[str, Any],
+    no_tools: bool = False,
+    **options: Any,
+) -> RolloutSection:
+    """One ``RolloutSection`` from, in rising priority: its defaults, ``preset`` (when no file is
+    given), a file's settings (``file_tree``), ``NO_TOOLS``, ``--set`` values and the options given
+    on the command line (None: not given)."""
+    tree = dict(file_tree) if file_tree is not None else dict(preset)
+    if no_tools:  # a model without tool use: the bare problem, one turn, nothing run, lenient
+        tree.update(NO_TOOLS)
+    for item in sets:
+        set_value(tree, item.removeprefix("rollout."))
+    tree.update({k: v for k, v in options.items() if v is not None and v != []})
+    return validate(RolloutSection, tree, "rollout settings")

@@ -15,7 +15,7 @@ BENCHMARKS = {
     "hmmt_feb_2025": "hmmt_feb_2025.jsonl",
     "math500": "math500.jsonl",
     "amc2023": "amc2023.jsonl",
-    "paraphrased": "paraphrased.jsonl",  # rstar2.recipe.paraphrased: new wording for the generator's skills
+    "paraphrased": "paraphrased.jsonl",  # new wording for the generator's skills, each row with its program
 }
 ALIASES = {"aime24": "aime2024", "aime25": "aime2025", "hmmt25": "hmmt_feb_2025", "amc23": "amc2023"}
 

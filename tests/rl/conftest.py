@@ -15,6 +15,7 @@ def tool_caller(tiny_dir, tmp_path_factory):
     from rstar2.rl.sft import SFTTrainer
 
     from .test_sft import conversation
+    from .test_trainer import FP32
 
     root = tmp_path_factory.mktemp("caller")
     rows = [{"messages": conversation(a, b)} for a in range(2, 6) for b in range(3, 7)]
@@ -23,7 +24,7 @@ def tool_caller(tiny_dir, tmp_path_factory):
         {
             "kind": "sft",
             "chat": {"system_prompt": "Answer.", "tools_in_prompt": False},
-            "model": {"path": str(tiny_dir), "threads": 1},
+            "model": {"path": str(tiny_dir), "threads": 1, **FP32},
             "data": {"train": str(root / "sft.jsonl")},
             "optim": {"lr": 1e-2, "warmup_steps": 2},
             "run": {"out": str(root / "run"), "steps": 60, "batch_size": 8, "progress": False},

@@ -22,7 +22,7 @@ from rstar2.rl.checkpoint import latest_checkpoint
 from rstar2.rl.metrics_log import read_metrics
 
 from ..conftest import ROOT, free_port, start_cli, stop, wait_http
-from .test_trainer import rl_config
+from .test_trainer import FP32, rl_config
 
 _PATH = os.pathsep.join(p for p in (str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")) if p)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": _PATH}
@@ -181,7 +181,7 @@ def test_sft_under_torchrun_ends_with_the_parameters_of_one_process(tiny_dir, tm
         tree = {
             "kind": "sft",
             "chat": {"system_prompt": "Answer.", "tools_in_prompt": False},
-            "model": {"path": str(tiny_dir), "threads": 1},
+            "model": {"path": str(tiny_dir), "threads": 1, **FP32},
             "data": {"train": str(data)},
             "optim": {"lr": 1e-3, "warmup_steps": 0},
             "run": {"out": str(out), "steps": 3, "batch_size": 3, "progress": False},

@@ -26,11 +26,18 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 6
 
 
+# fp32, not `auto`: these runs are compared with each other (one process against torchrun, the
+# engine's logprobs against the trainer's, to 1e-4) and teach a 64-wide model in a few steps; under
+# the bf16 autocast `auto` picks on an AVX512-BF16 CPU they would depend on the CI machine's CPU.
+# tests/test_device.py covers `auto`; the recipe tests run it.
+FP32 = {"compute": "fp32"}
+
+
 def rl_config(model_dir: Path, data: Path, out: Path) -> dict:
     return {
         "kind": "rl",
         "reward": "tests.rl.rewards:first_token_even",
-        "model": {"path": str(model_dir), "threads": 1},
+        "model": {"path": str(model_dir), "threads": 1, **FP32},
         "data": {"train": str(data)},
         "rollout": {
             "samples": 8,

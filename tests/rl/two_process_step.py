@@ -4,7 +4,9 @@ Run by test_distributed.py: ``python two_process_step.py MODEL OUT`` and
 ``torchrun --nproc-per-node 2 two_process_step.py MODEL OUT``. Each process takes whole groups
 (group % world size == rank), as the trainer does; rank 0 saves the full parameters afterwards.
 SGD keeps the parameters a linear function of the gradient (AdamW's first step is lr·sign(g), which
-would turn float rounding of near-zero gradients into visible differences).
+would turn float rounding of near-zero gradients into visible differences), and the passes compute
+in fp32 (``compute="fp32"``): bf16 autocast, which ``auto`` picks on a CPU with AVX512-BF16, rounds
+differently when the batch is split another way, and this compares the split, not the precision.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def main(model_dir: str, out: str) -> None:
         optim=OptimSection(mini_batches=2, micro_batch_tokens=40),
         loss=LossSection(),
         world=world,
+        compute="fp32",
     )
     weights = D.full_state_dict(model, world)
     if world.main:

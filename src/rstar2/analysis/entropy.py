@@ -72,6 +72,14 @@ class Summary:
     def high_total(self) -> int:
         return sum(self.high.values())
 
+    def lines(self) -> list[str]:
+        """Per class, one line: its tokens, its high-entropy share, its share of all high ones."""
+        return [
+            f"{r['class']:>10}: {r['tokens']:>7} tokens, {r['high_share_in_class']:6.1%} high-entropy, "
+            f"{r['share_of_high']:6.1%} of all high"
+            for r in self.rows()
+        ]
+
     def rows(self) -> list[dict[str, Any]]:
         """Per class: its tokens, the share of them that are high-entropy, its share of all high ones."""
         total = max(1, self.high_total)

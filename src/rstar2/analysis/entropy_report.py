@@ -43,6 +43,12 @@ def analyze(
 
     from ..device import pick_device
 
+    if not Path(model_path).is_dir():
+        raise ValueError(f"--model {model_path}: no such directory")
+    if not Path(trajectories).is_file():
+        raise ValueError(f"--trajectories {trajectories}: no such file")
+    if not 0 < top <= 1:
+        raise ValueError(f"--top must be in (0, 1], got {top}")
     dev = pick_device(device)
     model = AutoModelForCausalLM.from_pretrained(str(model_path)).to(dev).eval()
     tok = AutoTokenizer.from_pretrained(str(model_path))

@@ -7,12 +7,10 @@ beginning and the end, where the answer and the error usually are, survive.
 
 from __future__ import annotations
 
+from ..config import DEFAULT_LIMIT_CHARS, TRACEBACK_LINES
 from ..sandbox.capture import cut_middle
 from ..sandbox.result import ExecResult
 from .tools import ToolCallError
-
-DEFAULT_LIMIT_CHARS = 2048
-TRACEBACK_LINES = 12  # the end of a traceback the model reads (1: just `NameError: ...`)
 
 _HEADERS = {
     "error": "Tool call failed: the code raised an error.",

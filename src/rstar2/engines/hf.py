@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from ..config import DEFAULT_ROLLOUT, engine_budget
 from ..device import compute_precision, decode_compute, max_positions, pick_device
 from .base import Generation, SamplingParams
 from .batch import Request, Row, RunningBatch
@@ -52,7 +53,7 @@ class HFEngine:
         model: Any,
         *,
         name: str = "hf",
-        max_batch_size: int = 64,
+        max_batch_size: int = DEFAULT_ROLLOUT.max_batch_size,
         capacity_tokens: int | None = None,
         keep_tokens: int | None = None,
         pad_token_id: int | None = None,
@@ -70,10 +71,10 @@ class HFEngine:
         self.compute = compute  # the trainer's model.compute; decode_compute() picks the engine's
         self.name = name
         self.max_batch_size = max_batch_size
-        total = capacity_tokens or max_batch_size * min(max_positions(model), 4096)
         # the kept prefixes' budget comes out of the capacity the scheduler may grant
-        self.keep_tokens = total // 4 if keep_tokens is None else keep_tokens
-        self.capacity_tokens = max(1, total - self.keep_tokens)
+        self.capacity_tokens, self.keep_tokens = engine_budget(
+            max_batch_size, max_positions(model), capacity_tokens, keep_tokens
+        )
         self.prefix_cache = self.keep_tokens > 0
         self.store = PrefixStore(self.keep_tokens)
         self.pad_token_id = pad_token_id if pad_token_id is not None else (model.config.pad_token_id or 0)

@@ -1,7 +1,7 @@
 """The KV cache of a continuously batched engine: rows join, leave, and outlive their request.
 
 ``SlotCache`` is a ``transformers.Cache`` of its own: per layer one key and one value buffer of
-``(rows, heads, columns, head_dim)``, preallocated, growing by half. Each running sequence holds one
+``(rows, heads, columns, head_dim)``, preallocated (rows growing by doubling up to the batch size, columns by half). Each running sequence holds one
 slot (row); row r's tokens are its columns ``[0, len_r)``: the column is the token's position, so no
 row is padded to line up with the others. A forward pass over a range of rows writes each row's
 new tokens at its own columns (a decode step: one column a row; a prefill: the new tokens,

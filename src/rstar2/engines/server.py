@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, HTTPException
+from fastapi import APIRouter, FastAPI, HTTPException
 from pydantic import BaseModel, Field
 
 from ..chat.format import end_of_turn_ids, ensure_chat_template
@@ -56,30 +56,34 @@ class ChatRequest(_Sampling):
     logprobs: bool | None = None  # type: ignore[assignment]
 
 
-def create_app(engine: HFEngine, tokenizer: Any, model_name: str) -> FastAPI:
-    ensure_chat_template(tokenizer)
-    app = FastAPI(title="rstar2 serve", version="1")
-    default_stops = end_of_turn_ids(tokenizer)
-    dtype = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
-    weights: dict[str, Any] = {"version": 0, "path": None, "fingerprint": None, "keys": None}
+class Served:
+    """What every route shares: the engine, its tokenizer and name, and the weights it holds."""
 
-    def held_weights() -> dict[str, Any]:
+    def __init__(self, engine: HFEngine, tokenizer: Any, model_name: str) -> None:
+        ensure_chat_template(tokenizer)
+        self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
+        self.default_stops = end_of_turn_ids(tokenizer)
+        self.dtype = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
+        # loads so far (weights_version), the folder of the last, and the fingerprint of what it named
+        self.weights: dict[str, Any] = {"version": 0, "path": None, "fingerprint": None, "keys": None}
+
+    def held_weights(self) -> dict[str, Any]:
         """What the served model holds: load count, folder, and a fingerprint of the tensors the last
         load named, read back from the model (computed when first asked)."""
-        if weights["fingerprint"] is None:
-            with engine.lock:
-                held = engine.model.state_dict()
-                keys = weights["keys"] or list(held)
-                weights["fingerprint"] = weights_fingerprint({k: held[k] for k in keys})
+        w = self.weights
+        if w["fingerprint"] is None:
+            with self.engine.lock:
+                held = self.engine.model.state_dict()
+                w["fingerprint"] = weights_fingerprint({k: held[k] for k in w["keys"] or list(held)})
         return {
-            "weights_version": weights["version"],
-            "weights_path": weights["path"],
-            "weights_fingerprint": weights["fingerprint"],
-            "dtype": dtype,
+            "weights_version": w["version"],
+            "weights_path": w["path"],
+            "weights_fingerprint": w["fingerprint"],
+            "dtype": self.dtype,
         }
 
-    def params(req: _Sampling, i: int) -> SamplingParams:
-        stops = () if req.ignore_eos else default_stops
+    def params(self, req: _Sampling, i: int) -> SamplingParams:
+        stops = () if req.ignore_eos else self.default_stops
         try:
             return SamplingParams(
                 max_new_tokens=req.max_tokens,
@@ -92,44 +96,56 @@ def create_app(engine: HFEngine, tokenizer: Any, model_name: str) -> FastAPI:
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from exc
 
-    async def generate(prompt_ids: list[int], req: _Sampling) -> list[Any]:
+    async def generate(self, prompt_ids: list[int], req: _Sampling) -> list[Any]:
+        """``req.n`` generations of one prompt; a request the engine refuses is a 400."""
         try:
-            return await asyncio.gather(*(engine.generate(prompt_ids, params(req, i)) for i in range(req.n)))
+            return await asyncio.gather(
+                *(self.engine.generate(prompt_ids, self.params(req, i)) for i in range(req.n))
+            )
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from exc
 
-    def text_of(ids: list[int], stops: tuple[int, ...], skip_special: bool) -> str:
+    def text_of(self, ids: list[int], stops: tuple[int, ...], skip_special: bool) -> str:
         ids = [i for i in ids if i not in stops]
-        return tokenizer.decode(ids, skip_special_tokens=skip_special, clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(
+            ids, skip_special_tokens=skip_special, clean_up_tokenization_spaces=False
+        )
 
-    def response(kind: str, prefix: str, choices: list[dict], prompt: int, gens: list[Any]) -> dict[str, Any]:
+    def response(
+        self, kind: str, prefix: str, choices: list[dict], prompt: int, gens: list[Any]
+    ) -> dict[str, Any]:
         done = sum(len(g.token_ids) for g in gens)
         return {
             "id": f"{prefix}-{uuid.uuid4().hex[:24]}",
             "object": kind,
             "created": int(time.time()),
-            "model": model_name,
+            "model": self.model_name,
             "choices": choices,
             "usage": {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done},
         }
 
-    @app.get("/health")
+
+def server_routes(s: Served) -> APIRouter:
+    """Health, KV capacity (SGLang's server info), the model list, and loading new weights."""
+    router = APIRouter()
+
+    @router.get("/health")
     async def health() -> dict[str, Any]:
         return {
             "status": "ok",
-            "model": model_name,
-            "in_flight": engine.in_flight,
-            "busy_s": engine.stats["busy_s"],  # seconds spent generating (idle share = 1 - busy/wall)
-            "generated_tokens": engine.stats["generated_tokens"],
+            "model": s.model_name,
+            "in_flight": s.engine.in_flight,
+            "busy_s": s.engine.stats["busy_s"],  # seconds spent generating (idle share = 1 - busy/wall)
+            "generated_tokens": s.engine.stats["generated_tokens"],
         }
 
-    @app.get("/get_server_info")
+    @router.get("/get_server_info")
     async def server_info() -> dict[str, Any]:
         """KV capacity in tokens, under SGLang's key, for the rollout scheduler's ``kv`` policy."""
-        info = {"model": model_name, "max_total_num_tokens": engine.capacity_tokens}
-        return {**info, **await asyncio.to_thread(held_weights)}
+        info = {"model": s.model_name, "max_total_num_tokens": s.engine.capacity_tokens}
+        return {**info, **await asyncio.to_thread(s.held_weights)}
 
-    @app.post("/update_weights_from_disk")
+    @router.post("/update_weights_from_disk")
     async def update_weights_from_disk(body: _WeightsPath) -> dict[str, Any]:
         """Load new weights (a checkpoint folder) into the served model (the RL trainer's call).
         The answer states the fingerprint of what the model now holds, for the trainer to check."""
@@ -141,41 +157,46 @@ def create_app(engine: HFEngine, tokenizer: Any, model_name: str) -> FastAPI:
         state: dict[str, Any] = {}
         for f in files:
             state.update(load_file(str(f)))
-        own = engine.model.state_dict()
-        unknown = sorted(set(state) - set(own))
+        unknown = sorted(set(state) - set(s.engine.model.state_dict()))
         if unknown:
             raise HTTPException(
                 400, f"{body.model_path} holds tensors this model does not have: {unknown[:5]}"
             )
-        await asyncio.to_thread(engine.update_weights, state)
-        weights.update(
-            version=weights["version"] + 1, path=body.model_path, fingerprint=None, keys=list(state)
+        await asyncio.to_thread(s.engine.update_weights, state)
+        s.weights.update(
+            version=s.weights["version"] + 1, path=body.model_path, fingerprint=None, keys=list(state)
         )
-        held = await asyncio.to_thread(held_weights)
+        held = await asyncio.to_thread(s.held_weights)
         return {"success": True, "message": f"loaded {len(state)} tensors from {body.model_path}", **held}
 
-    @app.get("/v1/models")
+    @router.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "rstar2"}]}
+        return {"object": "list", "data": [{"id": s.model_name, "object": "model", "owned_by": "rstar2"}]}
 
-    @app.post("/v1/completions")
+    return router
+
+
+def completion_routes(s: Served) -> APIRouter:
+    """``/v1/completions``: text or token ids in; text, token ids and logprobs out (vLLM's extras)."""
+    router = APIRouter()
+
+    @router.post("/v1/completions")
     async def completions(req: CompletionRequest) -> dict[str, Any]:
+        tok = s.tokenizer
         prompt_ids = (
-            req.prompt
-            if isinstance(req.prompt, list)
-            else tokenizer.encode(req.prompt, add_special_tokens=False)
+            req.prompt if isinstance(req.prompt, list) else tok.encode(req.prompt, add_special_tokens=False)
         )
         if not prompt_ids:
             raise HTTPException(400, "the prompt is empty")
-        if any(not 0 <= t < len(tokenizer) for t in prompt_ids):
-            raise HTTPException(400, f"prompt token ids must be in [0, {len(tokenizer)})")
-        gens = await generate(list(prompt_ids), req)
-        stops = default_stops + tuple(req.stop_token_ids or ())
+        if any(not 0 <= t < len(tok) for t in prompt_ids):
+            raise HTTPException(400, f"prompt token ids must be in [0, {len(tok)})")
+        gens = await s.generate(list(prompt_ids), req)
+        stops = s.default_stops + tuple(req.stop_token_ids or ())
         choices = []
         for i, g in enumerate(gens):
             choice: dict[str, Any] = {
                 "index": i,
-                "text": text_of(g.token_ids, stops, req.skip_special_tokens),
+                "text": s.text_of(g.token_ids, stops, req.skip_special_tokens),
                 "finish_reason": g.finish_reason,
                 "logprobs": None,
             }
@@ -183,49 +204,90 @@ def create_app(engine: HFEngine, tokenizer: Any, model_name: str) -> FastAPI:
                 tokens = (
                     [f"token_id:{t}" for t in g.token_ids]
                     if req.return_tokens_as_token_ids
-                    else tokenizer.convert_ids_to_tokens(g.token_ids)
+                    else tok.convert_ids_to_tokens(g.token_ids)
                 )
                 choice["logprobs"] = {"tokens": tokens, "token_logprobs": g.logprobs, "top_logprobs": None}
             if req.return_token_ids:
                 choice["token_ids"] = g.token_ids
                 choice["prompt_token_ids"] = list(prompt_ids)
             choices.append(choice)
-        return response("text_completion", "cmpl", choices, len(prompt_ids), gens)
+        return s.response("text_completion", "cmpl", choices, len(prompt_ids), gens)
 
-    @app.post("/v1/chat/completions")
+    return router
+
+
+def chat_routes(s: Served) -> APIRouter:
+    """``/v1/chat/completions``: messages (and tools) through the chat template; tool calls returned
+    in the OpenAI shape."""
+    router = APIRouter()
+
+    @router.post("/v1/chat/completions")
     async def chat(req: ChatRequest) -> dict[str, Any]:
         try:
-            text = tokenizer.apply_chat_template(
+            text = s.tokenizer.apply_chat_template(
                 req.messages, tools=req.tools, tokenize=False, add_generation_prompt=True
             )
         except Exception as exc:  # a template error names what is wrong with the messages
             raise HTTPException(400, f"cannot render the messages: {exc}") from exc
-        prompt_ids = tokenizer.encode(text, add_special_tokens=False)
-        gens = await generate(prompt_ids, req)
+        prompt_ids = s.tokenizer.encode(text, add_special_tokens=False)
+        gens = await s.generate(prompt_ids, req)
         names = tuple(t.get("function", t).get("name", "") for t in req.tools or ())
         choices = []
         for i, g in enumerate(gens):
-            content = text_of(g.token_ids, default_stops, False)
-            message: dict[str, Any] = {"role": "assistant", "content": content}
-            finish = g.finish_reason
-            if names and TOOL_CALL_OPEN in content:
-                calls = [
-                    c
-                    for c in parse_tool_calls(content, tools=names, max_calls=16).calls
-                    if isinstance(c, ToolCall)
-                ]
-                if calls:
-                    message["content"] = content.split(TOOL_CALL_OPEN)[0].rstrip() or None
-                    message["tool_calls"] = [
-                        {
-                            "id": f"call_{uuid.uuid4().hex[:16]}",
-                            "type": "function",
-                            "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
-                        }
-                        for c in calls
-                    ]
-                    finish = "tool_calls"
-            choices.append({"index": i, "message": message, "finish_reason": finish})
-        return response("chat.completion", "chatcmpl", choices, len(prompt_ids), gens)
+            message, finish = _assistant_message(s.text_of(g.token_ids, s.default_stops, False), names)
+            choices.append({"index": i, "message": message, "finish_reason": finish or g.finish_reason})
+        return s.response("chat.completion", "chatcmpl", choices, len(prompt_ids), gens)
 
+    return router
+
+
+def _assistant_message(content: str, tools: tuple[str, ...]) -> tuple[dict[str, Any], str | None]:
+    """The OpenAI assistant message of a generated text: its tool calls split out (finish reason
+    ``tool_calls``) when tools were offered and it called them."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if not tools or TOOL_CALL_OPEN not in content:
+        return message, None
+    calls = [c for c in parse_tool_calls(content, tools=tools, max_calls=16).calls if isinstance(c, ToolCall)]
+    if not calls:
+        return message, None
+    message["content"] = content.split(TOOL_CALL_OPEN)[0].rstrip() or None
+    message["tool_calls"] = [
+        {
+            "id": f"call_{uuid.uuid4().hex[:16]}",
+            "type": "function",
+            "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+        }
+        for c in calls
+    ]
+    return message, "tool_calls"
+
+
+def create_app(engine: HFEngine, tokenizer: Any, model_name: str) -> FastAPI:
+    served = Served(engine, tokenizer, model_name)
+    app = FastAPI(title="rstar2 serve", version="1")
+    for routes in (server_routes, completion_routes, chat_routes):
+        app.include_router(routes(served))
     return app
+
+
+def serve(
+    model_dir: Path,
+    host: str,
+    port: int,
+    *,
+    name: str | None,
+    device: str,
+    dtype: str,
+    log: Any = print,
+    **sizes: Any,
+) -> None:
+    """``rstar2 serve``: load the model into an ``HFEngine`` (``sizes``: its batch and KV budget)
+    and serve it until interrupted."""
+    import uvicorn
+    from transformers import AutoTokenizer
+
+    engine = HFEngine.from_pretrained(model_dir, device=device, dtype=dtype, **sizes)
+    model_name = name or model_dir.name
+    log(f"serving {model_name} on http://{host}:{port}/v1 ({engine.model.device})")
+    app = create_app(engine, AutoTokenizer.from_pretrained(str(model_dir)), model_name)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

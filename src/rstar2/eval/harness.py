@@ -4,11 +4,13 @@ Markdown) and plots (PNG)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..config import RolloutSection
 from ..jsonl import write_jsonl
 from ..problems import ALIASES, load_benchmark
 from ..rollout.multi_turn import Rollout
@@ -110,6 +112,42 @@ async def evaluate(
     (out / "summary.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     (out / "summary.md").write_text(summary_markdown(summaries, settings or {}), encoding="utf-8")
     return summaries
+
+
+SHOWN = ("temperature", "top_p", "top_k", "max_response_tokens", "max_turns", "verify_mode")
+
+
+def run_eval(
+    settings: RolloutSection,
+    benches: Sequence[str],
+    out_dir: Path,
+    *,
+    model: str | None = None,
+    tokenizer: str | None = None,
+    device: str = "auto",
+    samples: int = 16,
+    limit: int | None = None,
+    seed: int = 0,
+) -> dict[str, dict[str, Any]]:
+    """``rstar2 eval``: the benchmarks (names or JSONL paths, checked first) on a local model or
+    servers, summaries, tables and plots in ``out_dir``; rerunning resumes."""
+    from ..rollout.build import check_engine_choice, open_rollout
+
+    for b in benches:
+        load_benchmark(b)  # a bad name or file fails before anything starts
+    check_engine_choice(model, settings, tokenizer)
+    shown = {"model": model or ",".join(settings.servers), "samples": samples}
+    shown.update({k: getattr(settings, k) for k in SHOWN})
+    if settings.banned_tokens:
+        shown["banned_tokens"] = settings.banned_tokens
+
+    async def go() -> dict[str, dict[str, Any]]:
+        async with open_rollout(settings, model=model, tokenizer=tokenizer, device=device) as rollout:
+            return await evaluate(
+                rollout, benches, out_dir, samples=samples, limit=limit, seed=seed, settings=shown
+            )
+
+    return asyncio.run(go())
 
 
 def _ks(samples: int) -> list[int]:

@@ -315,6 +315,28 @@ def run_recipe(
     return asyncio.run(_run(recipe, out, resume, progress, log))
 
 
+def run_named(
+    name: str,
+    out: str | None,
+    resume: bool,
+    overrides: list[str],
+    progress: bool,
+    log: Callable[[str], None] = print,
+) -> str:
+    """``rstar2 train --recipe`` and ``rstar2 demo``: a shipped recipe's name or a YAML path, run
+    into ``out`` (default ``runs/NAME``); returns what the command ends with: the evaluation
+    table, the RL gain and the report's path."""
+    from .report_card import table
+    from .spec import find_recipe, load_recipe
+
+    recipe = load_recipe(find_recipe(name), overrides)
+    out_dir = Path(out or f"runs/{recipe.name}")
+    report = run_recipe(recipe, out_dir, resume=resume, progress=progress, log=log)
+    state = json.loads((out_dir / STATE_FILE).read_text())
+    gain = json.loads((out_dir / "report.json").read_text()).get("rl_gain")
+    return "\n".join([table(state.get("evals", {})), *([gain] if gain else []), f"report: {report}"])
+
+
 @asynccontextmanager
 async def open_services(recipe: Recipe) -> AsyncIterator[dict[str, Any]]:
     """One code environment and one verifier pool for the whole run (starting them per stage and

@@ -309,3 +309,12 @@ def find_recipe(name: str) -> Path:
     if shipped.exists():
         return shipped
     raise ConfigError(f"no recipe {name!r}: give a YAML path, or a name in {shipped.parent}")
+
+
+def rollout_from_file(path: Path) -> dict[str, Any]:
+    """The rollout settings a file describes, as a tree: an RL config's ``rollout:`` section, or a
+    recipe's last RL stage (which its held-out evaluations use); an SFT config has none."""
+    tree = read_yaml(path, "config")
+    if "stages" in tree:
+        return stage_rollout(parse_recipe(tree, path.parent, check_paths=False)).model_dump()
+    return parse_config(tree).rollout.model_dump() if tree.get("kind", "rl") == "rl" else {}

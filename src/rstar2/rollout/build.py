@@ -23,6 +23,18 @@ def load_tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
+def check_engine_choice(model: str | None, settings: RolloutSection, tokenizer: str | None) -> None:
+    """A local model directory or servers, not both; with servers, a tokenizer."""
+    from pathlib import Path
+
+    if bool(model) == bool(settings.servers):
+        raise ValueError("give either --model PATH or --server URL")
+    if model and not Path(model).is_dir():
+        raise ValueError(f"--model {model}: no such directory (models are loaded from local files)")
+    if settings.servers and not (tokenizer or model):
+        raise ValueError("with --server, give --tokenizer PATH (the served model's tokenizer)")
+
+
 def open_engines(
     settings: RolloutSection,
     model: str | None = None,

@@ -1,0 +1,256 @@
+"""``rstar2 sandbox run | info | serve | worker | bench``: the code environment's commands, and
+what each does (the ``rstar2`` command adds them as its ``sandbox`` group)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .request import ExecRequest, Limits
+from .result import ExecResult
+from .zygote import PRELOAD
+
+app = typer.Typer(help="The code environment: isolated, fast Python execution.", no_args_is_help=True)
+console = Console(stderr=True)
+
+
+def parse_preload(text: str | None) -> list[str] | None:
+    """Comma-separated module names; ``default`` stands for the default list."""
+    if not text:
+        return None
+    names: list[str] = []
+    for name in (m.strip() for m in text.split(",")):
+        names.extend(PRELOAD if name == "default" else [name] if name else [])
+    return names
+
+
+def run_once(req: ExecRequest, url: str | None = None) -> ExecResult:
+    """One call: on the service at ``url``, else in a one-worker local pool."""
+    from .client import Client
+    from .local_pool import LocalPool
+
+    async def go() -> ExecResult:
+        if url:
+            async with Client(url) as client:
+                return await client.run(req)
+        async with LocalPool(workers=1) as pool:
+            return await pool.run(req)
+
+    return asyncio.run(go())
+
+
+def isolation_report() -> dict[str, Any]:
+    """What a started worker says of the isolation layers active on this machine."""
+    from .isolation import IsolationConfig
+    from .worker_handle import WorkerHandle
+
+    async def go() -> dict[str, Any]:
+        handle = WorkerHandle(0, Limits(), IsolationConfig())
+        await handle.start()
+        try:
+            return dict(handle.hello)
+        finally:
+            await handle.close()
+
+    return asyncio.run(go())
+
+
+def serve(
+    host: str,
+    port: int,
+    *,
+    redis: str | None,
+    workers: int | None,
+    limits: Limits,
+    preload: list[str] | None,
+    deadline_s: float,
+) -> None:
+    """The HTTP service over a local pool, or over Redis worker nodes (``redis``)."""
+    import uvicorn
+
+    from .service import create_app
+
+    if redis:
+        from .redis_queue import RedisBackend
+
+        backend: Any = RedisBackend(redis, deadline_s=deadline_s)
+    else:
+        from .local_pool import LocalPool
+
+        backend = LocalPool(workers=workers, limits=limits, preload=preload)
+    uvicorn.run(create_app(backend), host=host, port=port, log_level="warning")
+
+
+def run_worker_node(
+    redis: str,
+    *,
+    workers: int | None,
+    limits: Limits,
+    preload: list[str] | None,
+    lease_s: float,
+    name: str | None,
+    log: Callable[[str], None] = print,
+) -> None:
+    """A worker node: take calls from Redis, run them in a local pool, send the results back,
+    until SIGINT or SIGTERM."""
+    from .local_pool import LocalPool
+    from .redis_queue import RedisWorker
+
+    async def go() -> None:
+        pool = LocalPool(workers=workers, limits=limits, preload=preload)
+        worker = RedisWorker(redis, pool, lease_s=lease_s, name=name)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, worker.stop)
+        log(f"worker {worker.name}: {pool.size} sandbox workers, Redis {redis}")
+        await worker.run()
+
+    asyncio.run(go())
+
+
+# -- the commands ----------------------------------------------------------------------------
+def _limits(timeout_s: float | None = None, memory_mb: int | None = None) -> Limits:
+    return Limits().merged(timeout_s, memory_mb)
+
+
+PRELOAD_HELP = (
+    "Modules each worker imports once, comma-separated (default: math, fractions, itertools, "
+    "collections, ..., numpy, sympy; 'default' stands for that list). Fewer modules make a smaller "
+    "worker and a cheaper fork; add rstar2.reward.equivalence to check answers on the workers."
+)
+
+
+@app.command("run")
+def sandbox_run(
+    file: str = typer.Argument(..., help="Python file to run, or - for standard input."),
+    input: str = typer.Option("", "--input", "-i", help="Text given to the code on its standard input."),
+    input_file: Path | None = typer.Option(None, help="File whose content is the code's standard input."),
+    timeout_s: float = typer.Option(10.0, "--timeout", help="Wall-clock limit in seconds."),
+    memory_mb: int = typer.Option(1024, "--memory-mb", help="Memory limit in MiB."),
+    as_json: bool = typer.Option(False, "--json", help="Print the whole result as JSON."),
+    url: str | None = typer.Option(None, help="Run on a sandbox service at this URL instead of locally."),
+) -> None:
+    """Run one piece of code in the sandbox and show what came back."""
+
+    code = sys.stdin.read() if file == "-" else Path(file).read_text()
+    stdin = input_file.read_text() if input_file else input
+    result = run_once(ExecRequest(code=code, input=stdin, timeout_s=timeout_s, memory_mb=memory_mb), url)
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        sys.stdout.write(result.stdout)
+        if result.value is not None:
+            print(result.value)
+        sys.stderr.write(result.stderr)
+        extra = f" ({result.reason})" if result.reason else ""
+        console.print(
+            f"[bold]status[/bold]: {result.status}{extra}  [dim]{result.duration_s * 1000:.1f} ms[/dim]"
+        )
+    raise typer.Exit(0 if result.ok else 1)
+
+
+@app.command("info")
+def sandbox_info(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Show which isolation layers are active on this machine, and why others are not."""
+    hello = isolation_report()
+    if as_json:
+        print(json.dumps(hello, indent=2))
+        return
+    table = Table(title="rstar2 sandbox isolation on this machine")
+    table.add_column("layer")
+    table.add_column("active")
+    table.add_column("detail")
+    for layer in hello["layers"]:
+        table.add_row(
+            layer["name"], "[green]yes[/green]" if layer["active"] else "[red]no[/red]", layer["detail"]
+        )
+    Console().print(table)
+    Console().print(f"pre-imported modules: {', '.join(hello.get('preloaded', []))}")
+
+
+@app.command("serve")
+def sandbox_serve(
+    host: str = typer.Option(
+        "127.0.0.1", help="Address to bind. It runs untrusted code: keep it on loopback."
+    ),
+    port: int = typer.Option(8088, help="Port."),
+    workers: int = typer.Option(
+        0, help="Local sandbox workers (0 = one per CPU core). Ignored with --redis."
+    ),
+    redis: str | None = typer.Option(
+        None, "--redis", help="Enqueue calls to Redis worker nodes at this URL."
+    ),
+    timeout_s: float = typer.Option(10.0, "--timeout", help="Default wall-clock limit per call."),
+    memory_mb: int = typer.Option(1024, "--memory-mb", help="Default memory limit per call."),
+    deadline_s: float = typer.Option(600.0, help="Redis mode: a call gets a failure after this long."),
+    preload: str | None = typer.Option(None, help=PRELOAD_HELP),
+) -> None:
+    """Serve the sandbox over HTTP (POST /run, /run_batch; GET /health, /metrics)."""
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(
+            f"[yellow]warning[/yellow]: binding {host}: this service runs untrusted code; "
+            "never expose it to a network you do not control."
+        )
+    limits, modules = _limits(timeout_s, memory_mb), parse_preload(preload)
+    serve(
+        host,
+        port,
+        redis=redis,
+        workers=workers or None,
+        limits=limits,
+        preload=modules,
+        deadline_s=deadline_s,
+    )
+
+
+@app.command("worker")
+def sandbox_worker(
+    redis: str = typer.Option(..., "--redis", help="Redis URL, e.g. redis://head-node:6379/0"),
+    workers: int = typer.Option(0, help="Local sandbox workers (0 = one per CPU core)."),
+    lease_s: float = typer.Option(60.0, help="A task held this long by a silent worker is given to another."),
+    timeout_s: float = typer.Option(10.0, "--timeout", help="Default wall-clock limit per call."),
+    memory_mb: int = typer.Option(1024, "--memory-mb", help="Default memory limit per call."),
+    preload: str | None = typer.Option(None, help=PRELOAD_HELP),
+    name: str | None = typer.Option(None, help="Consumer name in Redis (default: host-pid-random)."),
+) -> None:
+    """Run a worker node: take calls from Redis, run them in isolation, send the results back."""
+    run_worker_node(
+        redis,
+        workers=workers or None,
+        limits=_limits(timeout_s, memory_mb),
+        preload=parse_preload(preload),
+        lease_s=lease_s,
+        name=name,
+        log=console.print,
+    )
+
+
+@app.command("bench")
+def sandbox_bench(
+    quick: bool = typer.Option(False, help="A short run (a minute or two) instead of the full table."),
+    modes: str = typer.Option(
+        "baseline,pool,http,redis", help="Comma-separated: baseline, pool, http, redis."
+    ),
+    workloads: str = typer.Option("trivial,sympy,loop", help="Comma-separated: trivial, sympy, loop."),
+    concurrency: str = typer.Option("1,8,64,256", help="Calls in flight, comma-separated."),
+    out: Path | None = typer.Option(None, help="Also write the results as JSON here."),
+) -> None:
+    """Benchmark throughput and latency against a fresh `python3 -c` per call (same run)."""
+    from .bench import main as bench_main
+
+    bench_main(
+        quick=quick,
+        modes=modes.split(","),
+        workloads=workloads.split(","),
+        concurrency=[int(c) for c in concurrency.split(",")],
+        out=out,
+    )
