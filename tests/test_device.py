@@ -153,3 +153,13 @@ def test_train_says_and_records_the_resolved_precision_and_warns_where_bf16_is_e
     record = (tmp_path / "run" / "config.yaml").read_text()
     assert record.splitlines()[0].startswith(f"# model.compute resolved on this machine: {resolved} ")
     assert load_config(tmp_path / "run" / "config.yaml").model.compute == compute  # still a loadable config
+
+
+def test_no_shipped_recipe_asks_for_bf16_where_the_hardware_may_only_emulate_it():
+    """`auto` (bf16 only where native) or `fp32`: never slower than fp32 because of the setting."""
+    from rstar2.recipe.spec import find_recipe, load_recipe
+
+    computes = {name: load_recipe(find_recipe(name)).model.compute for name in ("tiny", "smollm2-135m")}
+    assert computes == {"tiny": "fp32", "smollm2-135m": "auto"}
+    paper = yaml.safe_load(find_recipe("qwen3-14b").read_text())
+    assert paper["model"]["compute"] == "auto"

@@ -98,7 +98,7 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     assert "(after sft) to" in text and "(paired over 3 problems)" in text
     assert (out / "report_steps.png").stat().st_size > 0 and (out / "report_stages.png").stat().st_size > 0
     # what the training passes computed in on this machine: in the report and recipe.yaml's first line
-    precision = resolve_precision("cpu", "auto").describe()
+    precision = resolve_precision("cpu", recipe.model.compute).describe()
     assert state["precision"]["resolved"] in ("bf16", "fp32") and f"Training passes: {precision}." in text
     assert (
         (out / "recipe.yaml").read_text().startswith(f"# model.compute resolved on this machine: {precision}")

@@ -101,9 +101,11 @@ async def probe_engines(
     *,
     pad_id: int,
     seed: int,
+    compute: str = "auto",
 ) -> list[float]:
-    """Mean |engine logprob - trainer logprob| over ``PROBE_TOKENS`` sampled tokens, per engine.
-    Every process calls this with its own engines (a forward under FSDP is a collective)."""
+    """Mean |engine logprob - trainer logprob| over ``PROBE_TOKENS`` sampled tokens, per engine,
+    the trainer's computed in its own precision (``compute``: ``model.compute``). Every process
+    calls this with its own engines (a forward under FSDP is a collective)."""
     params = SamplingParams(max_new_tokens=PROBE_TOKENS, temperature=1.0, seed=seed)
     gens = [await e.generate(list(prompt_ids), params) for e in engines]
     seqs = [(list(prompt_ids), g.token_ids, [1] * len(g.token_ids), g.logprobs) for g in gens]
@@ -113,7 +115,7 @@ async def probe_engines(
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        mine = logprobs_of(model, batch, max_tokens=1 << 20, world=world).cpu()
+        mine = logprobs_of(model, batch, max_tokens=1 << 20, world=world, compute=compute).cpu()
     model.train(was_training)
     diffs = []
     for row in range(len(gens)):
@@ -134,6 +136,7 @@ async def publish(
     probe_prompt: list[int],
     pad_id: int,
     step: int,
+    compute: str = "auto",
 ) -> dict[str, float]:
     """Send the trainer's weights to ``engines`` and check them; returns ``sync/*`` metrics.
     ``same_model``: the engine holds the trainer's own model object (one process, nothing to do)."""
@@ -157,7 +160,9 @@ async def publish(
     else:
         for e in engines:
             e.update_weights({k: v.to(e.model.dtype) for k, v in weights.items()})
-    diffs = await probe_engines(engines, model, probe_prompt, world, pad_id=pad_id, seed=step)
+    diffs = await probe_engines(
+        engines, model, probe_prompt, world, pad_id=pad_id, seed=step, compute=compute
+    )
     named = [(e.name, d) for e, d in zip(engines, diffs, strict=True)]
     every = [x for part in D.all_gather_objects(named, world) for x in part]  # the same on every rank
     worst = max((d for _, d in every), default=0.0)

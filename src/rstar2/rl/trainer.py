@@ -446,6 +446,7 @@ class RLTrainer:
             probe_prompt=self.rollout.fmt.prompt_ids(PROBE_PROBLEM),
             pad_id=self.tokenizer.pad_token_id or 0,
             step=step,
+            compute=self.cfg.model.compute,
         )
 
 
