@@ -4,8 +4,8 @@
     python benchmarks/rollout.py --baseline-rev 79f1a95 --groups 6 --group-size 8 --turns 3
     python benchmarks/rollout.py --model runs/x/model --device cuda
 
-The baseline is ``src/rstar2/engines/{hf,sampling,base}.py`` as they were at ``--baseline-rev``
-(read with ``git show``, imported as a package of their own), the same model object, the same
+The baseline is ``src/rstar2/engines/*.py`` as they were at ``--baseline-rev`` (read with ``git
+show``, imported as a package of their own), the same model object, the same
 requests: A-B-B-A, the two runs of each averaged (this machine is shared and noisy).
 
 1. **Isolated decode**: ``--batch`` prompts through the model's chat template (with the same chat
@@ -60,14 +60,20 @@ def baseline_engine_class(rev: str) -> type:
     pkg = Path(tempfile.mkdtemp(prefix="rstar2-baseline-")) / "baseline_engines"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    for name in ("hf", "sampling", "base"):
+    names = subprocess.run(  # every module of the engines folder at that commit (kv.py, batch.py...)
+        ["git", "-C", str(ROOT), "ls-tree", "--name-only", rev, "src/rstar2/engines/"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    for name in (Path(n).name for n in names if n.endswith(".py") and not n.endswith("__init__.py")):
         text = subprocess.run(
-            ["git", "-C", str(ROOT), "show", f"{rev}:src/rstar2/engines/{name}.py"],
+            ["git", "-C", str(ROOT), "show", f"{rev}:src/rstar2/engines/{name}"],
             check=True,
             capture_output=True,
             text=True,
         ).stdout
-        (pkg / f"{name}.py").write_text(text)
+        (pkg / name).write_text(text)
     spec = importlib.util.spec_from_file_location("baseline_engines", pkg / "__init__.py")
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules["baseline_engines"] = module
