@@ -163,3 +163,12 @@ def test_no_shipped_recipe_asks_for_bf16_where_the_hardware_may_only_emulate_it(
     assert computes == {"tiny": "fp32", "smollm2-135m": "auto"}
     paper = yaml.safe_load(find_recipe("qwen3-14b").read_text())
     assert paper["model"]["compute"] == "auto"
+
+
+def test_engines_hold_bf16_weights_only_on_a_gpu_that_computes_bf16(monkeypatch):
+    assert D.engine_dtype("cpu") == torch.float32  # even on AVX512-BF16: decode is slower in bf16
+    assert D.engine_dtype("cpu", "bfloat16") == torch.bfloat16  # as named
+    monkeypatch.setattr(D, "native_bf16", lambda device: (True, "H100 with bf16"))
+    assert D.engine_dtype("cuda") == torch.bfloat16
+    monkeypatch.setattr(D, "native_bf16", lambda device: (False, "V100 without bf16"))
+    assert D.engine_dtype("cuda") == torch.float32

@@ -128,7 +128,7 @@ def serve(
     port: int = typer.Option(8000, help="Port."),
     device: str = typer.Option("auto", help="cpu, cuda, cuda:1, ... (auto: CUDA when present)."),
     dtype: str = typer.Option(
-        "auto", help="Parameters: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16."
+        "auto", help="Weights: auto (bf16 on a GPU that computes it, else fp32), float32, bfloat16."
     ),
     max_batch_size: int = typer.Option(
         DEFAULT_ROLLOUT.max_batch_size, help="Requests generated together in one batch."

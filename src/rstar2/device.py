@@ -160,6 +160,16 @@ def compute_precision(device: torch.device | str, compute: str = "auto") -> cont
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
 
 
+def engine_dtype(device: torch.device | str, dtype: str = "auto") -> torch.dtype:
+    """The dtype an inference engine holds its weights in (``--dtype``): ``auto`` is bf16 on a GPU
+    that computes bf16 (as an inference server would), fp32 on a CPU (a decode step measured slower
+    in bf16 there) and on a GPU without bf16; else the dtype named (float32, bfloat16, float16)."""
+    device = torch.device(device)
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    return torch.bfloat16 if device.type == "cuda" and native_bf16(device)[0] else torch.float32
+
+
 def decode_compute(device: torch.device | str, compute: str = "auto") -> str:
     """The in-process engine's ``model.compute``: fp32 on a CPU whatever the trainer uses (a
     decode step's small products ran at 0.63x in bf16 autocast even on AVX512-BF16,

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from ..config import DEFAULT_ROLLOUT, engine_budget
-from ..device import compute_precision, decode_compute, max_positions, pick_device
+from ..device import compute_precision, decode_compute, engine_dtype, max_positions, pick_device
 from .base import Generation, SamplingParams
 from .batch import Request, Row, RunningBatch
 from .kv import PrefixStore
@@ -107,11 +107,7 @@ class HFEngine:
         from transformers import AutoModelForCausalLM
 
         dev = pick_device(device)
-        if dtype == "auto":
-            torch_dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-        else:
-            torch_dtype = getattr(torch, dtype)
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype).to(dev)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=engine_dtype(dev, dtype)).to(dev)
         return cls(model, name=kw.pop("name", Path(path).name), **kw)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:

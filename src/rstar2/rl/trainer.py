@@ -25,6 +25,7 @@ import torch
 
 from ..chat.token_classes import TokenClasses
 from ..config import RLConfig, as_dataclass
+from ..device import engine_dtype
 from ..memory import trim_heap
 from ..rollout import health, stats
 from ..rollout.multi_turn import CodeEnvironment, Verifier
@@ -171,9 +172,7 @@ class RLTrainer:
             if not self.world.distributed:
                 self.engine_model = model
             else:
-                self.engine_model = copy.deepcopy(model)
-                if self.world.device.type == "cuda":
-                    self.engine_model = self.engine_model.to(torch.bfloat16)
+                self.engine_model = copy.deepcopy(model).to(engine_dtype(self.world.device))
 
         updates = cfg.run.steps * cfg.optim.mini_batches * cfg.optim.epochs
         run = load_training(cfg, start, updates, before_shard=engine_copy)
