@@ -58,23 +58,15 @@ def matmul_s(bf16: bool, repeats: int = 3) -> float:
 
 
 def tiny_model_dir() -> str:
-    """The tiny recipe's model (recipes/tiny.yaml's sizes), built and saved once in a temp folder."""
+    """The tiny recipe's model, built as a recipe run builds it, once, in a temp folder."""
     import tempfile
 
-    from rstar2.recipe.corpus import tiny_corpus
+    from rstar2.recipe.run import prepare_model
     from rstar2.recipe.spec import find_recipe, load_recipe
-    from rstar2.recipe.tiny_model import build_model, build_tokenizer, save_pretrained
 
-    path = Path(tempfile.gettempdir()) / "rstar2-bench-tiny"
-    if not (path / "config.json").exists():
-        recipe = load_recipe(find_recipe("tiny"))
-        m = recipe.model
-        tok = build_tokenizer(tiny_corpus(recipe), m.vocab)
-        model = build_model(
-            tok, hidden=m.hidden, layers=m.layers, heads=m.heads, mlp=m.mlp, max_positions=m.max_positions
-        )
-        save_pretrained(model, tok, path)
-    return str(path)
+    folder = Path(tempfile.gettempdir()) / "rstar2-bench-tiny"
+    folder.mkdir(exist_ok=True)
+    return str(prepare_model(load_recipe(find_recipe("tiny")), folder))
 
 
 def update_s(model, ids: torch.Tensor, learn: int, bf16: bool) -> float:

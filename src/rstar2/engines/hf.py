@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from ..config import DEFAULT_ROLLOUT, engine_budget
-from ..device import compute_precision, decode_compute, engine_dtype, max_positions, pick_device
+from ..device import decode_compute, engine_dtype, max_positions, pick_device, resolve_precision
 from .base import Generation, SamplingParams
 from .batch import Request, Row, RunningBatch
 from .kv import PrefixStore
@@ -185,7 +185,8 @@ class HFEngine:
 
     def _serve(self) -> None:
         device = next(self.model.parameters()).device
-        compute = decode_compute(device, self.compute)
+        # resolved once: the hardware does not change while the engine serves
+        bf16 = resolve_precision(device, decode_compute(device, self.compute)).resolved == "bf16"
         store = self.store if self.prefix_cache else None
         batch = RunningBatch(self.model, device, self.max_batch_size, self.pad_token_id, store, self.stats)
         while True:
@@ -193,7 +194,7 @@ class HFEngine:
             if new is None and not batch.rows:
                 break
             start = time.perf_counter()
-            with torch.no_grad(), self.lock, compute_precision(device, compute):
+            with torch.no_grad(), self.lock, torch.autocast(device.type, torch.bfloat16, enabled=bf16):
                 stamp = weights_stamp(self.model)
                 if stamp != self._stamp:  # new weights: nothing computed under the old ones is used
                     self.store.clear()

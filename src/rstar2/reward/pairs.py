@@ -13,13 +13,15 @@ from .equivalence import Verdict
 from .verifier_pool import VerifierPool
 
 
-def grade_one(reference: str, response: str, extracted: bool, **pool: Any) -> Verdict:
-    """One pair's verdict (``pool``: the ``VerifierPool``'s workers, timeout_s and mode)."""
-    with VerifierPool(pool.pop("workers"), **pool) as checker:
+def grade_one(reference: str, response: str, extracted: bool, workers: int | None, **pool: Any) -> Verdict:
+    """One pair's verdict (``workers``, ``pool``: the ``VerifierPool``'s size, timeout_s and mode)."""
+    with VerifierPool(workers, **pool) as checker:
         return checker.check(reference, response, extracted=extracted)
 
 
-def grade_file(path: Path, output: Path | TextIO, extracted: bool, console: Any, **pool: Any) -> Any:
+def grade_file(
+    path: Path, output: Path | TextIO, extracted: bool, console: Any, workers: int | None, **pool: Any
+) -> Any:
     """Every pair of ``path`` graded with a progress bar on ``console``, a verdict a line written
     to ``output`` (its label carried over); returns the summary as a rich ``Table``."""
     from rich.progress import Progress
@@ -27,7 +29,7 @@ def grade_file(path: Path, output: Path | TextIO, extracted: bool, console: Any,
 
     rows = read_pairs(path)
     with (
-        VerifierPool(pool.pop("workers"), **pool) as checker,
+        VerifierPool(workers, **pool) as checker,
         Progress(console=console, transient=True) as bar,
     ):
         task = bar.add_task("verifying", total=len(rows))
