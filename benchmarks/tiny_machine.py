@@ -25,9 +25,9 @@ from rstar2.config import OptimSection
 from rstar2.recipe.corpus import tiny_corpus
 from rstar2.recipe.spec import find_recipe, load_recipe
 from rstar2.recipe.tiny_model import build_model, build_tokenizer
-from rstar2.rl.distributed import LOCAL
 from rstar2.rl.optim import build_optimizer
 from rstar2.rl.sft import sft_batch, sft_step
+from rstar2.rl.update import Learner
 
 PROTOTYPE_SFT_STEP_S = 0.68
 SYNTHETIC = "SFT step, batch {batch} x {length} tokens (s)"
@@ -107,11 +107,12 @@ def sft_step_bench(recipe, steps: int, batch: int, length: int) -> tuple[dict[st
         MICRO: (demo, 2048),
     }
     samples: dict[str, list] = {k: [] for k in settings}
+    learner = Learner(model, opt, sched)
     for b, tokens in settings.values():  # warm-up
-        sft_step(model, opt, sched, b, tokens, 1.0, LOCAL)
+        sft_step(learner, b, tokens, 1.0)
     for _ in range(steps):
         for name, (b, tokens) in settings.items():
-            samples[name] += timed(lambda b=b, t=tokens: sft_step(model, opt, sched, b, t, 1.0, LOCAL), 1)
+            samples[name] += timed(lambda b=b, t=tokens: sft_step(learner, b, t, 1.0), 1)
     return samples, demo.attention_mask.sum(dim=1).tolist()
 
 

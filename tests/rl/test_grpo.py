@@ -189,7 +189,7 @@ def test_kl_to_a_reference_model_enters_the_update(tiny):
 
     from rstar2.config import OptimSection
     from rstar2.rl.optim import build_optimizer
-    from rstar2.rl.update import logprobs_of, policy_update
+    from rstar2.rl.update import Learner, logprobs_of, policy_update
 
     model, _ = tiny
     seqs = [([5, 6, 7], [8 + i, 9 + i, 10 + i], [1, 1, 1], [0.0] * 3) for i in range(4)]
@@ -204,7 +204,7 @@ def test_kl_to_a_reference_model_enters_the_update(tiny):
         m = copy.deepcopy(model)
         opt, sched = build_optimizer(m, OptimSection(lr=0.0, warmup_steps=0), total_steps=1)
         b = batch if ref is None else replace(batch, ref_logp=logprobs_of(ref, batch, 4096))
-        return policy_update(m, opt, sched, b, cfg)
+        return policy_update(Learner(m, opt, sched), b, cfg)
 
     plain, same, moved = loss_with(None), loss_with(model), loss_with(other)
     assert "update/ref_kl" not in plain
@@ -220,7 +220,7 @@ def test_entropy_by_class_is_the_mean_entropy_of_each_class_tokens(tiny):
     from rstar2.chat.token_classes import CLASSES
     from rstar2.config import OptimSection
     from rstar2.rl.optim import build_optimizer
-    from rstar2.rl.update import class_entropy_means, policy_update
+    from rstar2.rl.update import Learner, class_entropy_means, policy_update
 
     model, _ = tiny
     prompts = [[5, 6, 7], [5, 9]]
@@ -230,7 +230,7 @@ def test_entropy_by_class_is_the_mean_entropy_of_each_class_tokens(tiny):
     seqs = [(p, r, m, [0.0] * len(r)) for p, r, m in zip(prompts, responses, masks, strict=True)]
     batch = with_weights(collate(seqs, [1.0, -1.0], [0, 0], classes=classes), "token-mean")
     opt, sched = build_optimizer(model, OptimSection(lr=0.0, warmup_steps=0), total_steps=1)
-    stats = class_entropy_means(policy_update(model, opt, sched, batch, LossConfig()))
+    stats = class_entropy_means(policy_update(Learner(model, opt, sched), batch, LossConfig()))
 
     expected: dict[str, list[float]] = {c: [] for c in CLASSES}
     with torch.no_grad():

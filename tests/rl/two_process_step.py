@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 from rstar2.config import LossSection, OptimSection
 from rstar2.rl import distributed as D
 from rstar2.rl.grpo import group_advantages
-from rstar2.rl.update import Row, update_on_rollouts
+from rstar2.rl.update import Learner, Row, update_on_rollouts
 from rstar2.rollout.trajectory import Trajectory
 
 
@@ -53,15 +53,12 @@ def main(model_dir: str, out: str) -> None:
     # two mini-batches: the second one runs off-policy, so the clipped ratio and recomputed old
     # logprobs are part of what must agree
     stats = update_on_rollouts(
-        model,
-        opt,
-        sched,
+        Learner(model, opt, sched, world),
         mine,
         rows[0].trajectory,
         pad_id=0,
         optim=OptimSection(mini_batches=2, micro_batch_tokens=40),
         loss=LossSection(),
-        world=world,
         compute="fp32",
     )
     weights = D.full_state_dict(model, world)

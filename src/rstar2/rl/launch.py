@@ -18,9 +18,10 @@ import torch
 from ..config import TrainConfig, dump_config
 from ..device import Precision, record, resolve_precision
 from . import distributed as D
-from .checkpoint import carry_optimizer_state, latest_checkpoint, load_trainer_state
+from .checkpoint import carry_optimizer_state, latest_checkpoint, load_trainer_state, save_checkpoint
 from .metrics_log import MetricsLog
 from .optim import build_optimizer
+from .update import Learner
 
 
 @dataclass
@@ -34,12 +35,22 @@ class Start:
 
 @dataclass
 class Training:
-    model: torch.nn.Module  # sharded under torchrun
-    optimizer: torch.optim.Optimizer
-    lr_schedule: Any
+    """What a run trains and keeps: the model (sharded under torchrun), its optimizer and schedule,
+    the metrics log, and where a resumed run stands."""
+
+    learner: Learner
     step: int
     data_position: int
     log: MetricsLog
+    start: Start
+    run_dir: Path
+    keep: int  # run.keep_checkpoints
+
+    def save(self, step: int, state: dict[str, Any]) -> Path:
+        """Checkpoint ``step``; every process calls it (the weights are gathered), rank 0 writes."""
+        model, optimizer, lr_schedule, world = self.learner
+        parts = (model, optimizer, lr_schedule, self.start.tokenizer, state, world)
+        return save_checkpoint(self.run_dir, step, *parts, keep=self.keep)
 
 
 def begin(cfg: TrainConfig, resume: bool) -> Start:
@@ -93,7 +104,8 @@ def load_training(
     log = MetricsLog(run_dir, tensorboard=cfg.run.tensorboard, enabled=world.main, resume_step=step)
     if world.main:
         (run_dir / "config.yaml").write_text(record(start.precision) + dump_config(cfg))
-    return Training(model, optimizer, lr_schedule, step, position, log)
+    learner = Learner(model, optimizer, lr_schedule, world)
+    return Training(learner, step, position, log, start, run_dir, cfg.run.keep_checkpoints)
 
 
 def train_config(cfg: TrainConfig, resume: bool) -> str:

@@ -18,10 +18,9 @@ from ..config import SFTConfig
 from ..jsonl import iter_jsonl
 from . import distributed as D
 from .batch import Batch, collate, with_weights
-from .checkpoint import save_checkpoint
 from .data import DataStream
 from .launch import RunError, begin, load_training, quietly, write_error
-from .update import forward_logprobs, optimizer_step
+from .update import Learner, forward_logprobs, optimizer_step
 
 
 def read_conversations(path: str | Path) -> list[list[dict[str, Any]]]:
@@ -42,31 +41,15 @@ def sft_batch(examples: list[tuple[list[int], list[int]]], pad_id: int, units: f
 
 
 def sft_step(
-    model,
-    optimizer,
-    lr_schedule,
-    batch: Batch,
-    max_tokens: int,
-    grad_clip: float,
-    world: D.World,
-    compute: str = "auto",
+    learner: Learner, batch: Batch, max_tokens: int, grad_clip: float, compute: str = "auto"
 ) -> dict:
     """Cross-entropy on assistant tokens, token mean over the whole batch (``batch.weights``)."""
 
     def micro_loss(mb: Batch):
-        logp, _ = forward_logprobs(model, mb, compute=compute)
+        logp, _ = forward_logprobs(learner.model, mb, compute=compute)
         return -(logp * mb.weights).sum(), {}
 
-    return optimizer_step(
-        model,
-        optimizer,
-        lr_schedule,
-        batch,
-        micro_loss,
-        grad_clip=grad_clip,
-        max_tokens=max_tokens,
-        world=world,
-    )
+    return optimizer_step(learner, batch, micro_loss, grad_clip=grad_clip, max_tokens=max_tokens)
 
 
 class SFTTrainer:
@@ -97,13 +80,7 @@ class SFTTrainer:
             self.total = max(1, math.ceil(cfg.sft.epochs * len(examples) / cfg.run.batch_size))
         else:
             self.total = cfg.run.steps
-        run = load_training(cfg, start, self.total)
-        self.model, self.optimizer, self.lr_schedule, self.log = (
-            run.model,
-            run.optimizer,
-            run.lr_schedule,
-            run.log,
-        )
+        self.run = run = load_training(cfg, start, self.total)
         self.step_no = run.step
         self.data = DataStream(examples, cfg.run.seed, cfg.data.shuffle, run.data_position)
 
@@ -134,13 +111,10 @@ class SFTTrainer:
                 if not share:
                     batch.weights.zero_()  # a stand-in row: this process still joins the collectives
                 m = sft_step(
-                    self.model,
-                    self.optimizer,
-                    self.lr_schedule,
+                    self.run.learner,
                     batch,
                     cfg.optim.micro_batch_tokens,
                     cfg.optim.grad_clip,
-                    world,
                     cfg.model.compute,
                 )
                 self.step_no += 1
@@ -148,7 +122,7 @@ class SFTTrainer:
                 m.update({"tokens_per_s": tokens / seconds, "time/step_s": seconds})
                 if self.step_no == 1:
                     m["examples"], m["examples_dropped"] = float(len(self.data.rows)), float(self.dropped)
-                self.log.log(self.step_no, m)
+                self.run.log.log(self.step_no, m)
                 history.append(m)
                 if bar is not None:
                     bar.update(1)
@@ -161,17 +135,7 @@ class SFTTrainer:
                 )
                 self.stopped_early = stop
                 if stop or self.step_no == self.total or self.step_no % max(1, cfg.run.save_every) == 0:
-                    save_checkpoint(
-                        self.run_dir,
-                        self.step_no,
-                        self.model,
-                        self.optimizer,
-                        self.lr_schedule,
-                        self.tokenizer,
-                        {"data_position": self.data.position, "metrics": m},
-                        world,
-                        keep=cfg.run.keep_checkpoints,
-                    )
+                    self.run.save(self.step_no, {"data_position": self.data.position, "metrics": m})
                 if stop:
                     break
         except Exception as exc:
@@ -180,7 +144,10 @@ class SFTTrainer:
                 write_error(self.run_dir, exc)
             raise error from exc
         finally:
-            for close in ([bar.close] if bar is not None else []) + [self.log.close, lambda: D.close(world)]:
+            for close in ([bar.close] if bar is not None else []) + [
+                self.run.log.close,
+                lambda: D.close(world),
+            ]:
                 with quietly():
                     close()
         return history

@@ -31,7 +31,6 @@ from ..rollout import health, stats
 from ..rollout.multi_turn import CodeEnvironment, Verifier
 from ..rollout.trajectory import Trajectory
 from . import distributed as D
-from .checkpoint import save_checkpoint
 from .data import DataStream
 from .grpo import group_advantages
 from .launch import RunError, begin, load_training, param_dtype, quietly, write_error
@@ -175,14 +174,8 @@ class RLTrainer:
                 self.engine_model = copy.deepcopy(model).to(engine_dtype(self.world.device))
 
         updates = cfg.run.steps * cfg.optim.mini_batches * cfg.optim.epochs
-        run = load_training(cfg, start, updates, before_shard=engine_copy)
-        self.model, self.optimizer, self.lr_schedule, self.log = (
-            run.model,
-            run.optimizer,
-            run.lr_schedule,
-            run.log,
-        )
-        self.step_no = run.step
+        self.run = run = load_training(cfg, start, updates, before_shard=engine_copy)
+        self.model, self.log, self.step_no = run.learner.model, run.log, run.step
         h = cfg.run.health
         self.watch = health.Watch({s: getattr(h, s) for s in health.SIGNS}, h.patience, h.stop)
         if self.world.main:  # every process continues the counts of the file the main one keeps
@@ -266,17 +259,7 @@ class RLTrainer:
 
     def save(self, metrics: dict[str, Any] | None = None) -> Path:
         state = {"data_position": self.problems.position, "metrics": metrics or {}}
-        return save_checkpoint(
-            self.run_dir,
-            self.step_no,
-            self.model,
-            self.optimizer,
-            self.lr_schedule,
-            self.tokenizer,
-            state,
-            self.world,
-            keep=self.cfg.run.keep_checkpoints,
-        )
+        return self.run.save(self.step_no, state)
 
     # -- one step ----------------------------------------------------------------------------
     async def step(self) -> dict[str, Any]:
@@ -416,15 +399,12 @@ class RLTrainer:
         # a process without problems this step still joins every collective, with a zero-weight row
         stand_in = trajs[0] if trajs else Trajectory("", None, [pad], [pad], [0], [0.0])
         out = update_on_rollouts(
-            self.model,
-            self.optimizer,
-            self.lr_schedule,
+            self.run.learner,
             rows,
             stand_in,
             pad_id=pad,
             optim=self.cfg.optim,
             loss=self.cfg.loss,
-            world=self.world,
             ref_model=self.ref_model,
             token_classes=self.token_classes,
             compute=self.cfg.model.compute,

@@ -26,6 +26,16 @@ if TYPE_CHECKING:
 
     from ..rollout.trajectory import Trajectory
 
+
+class Learner(NamedTuple):
+    """The model being trained, its optimizer and schedule, and the processes that share it."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    lr_schedule: LRScheduler
+    world: World = LOCAL
+
+
 _MEANS = ("clip_low", "clip_high", "approx_kl", "entropy", "engine_gap", "ref_kl")
 
 
@@ -81,19 +91,17 @@ def old_logprobs(
 
 
 def optimizer_step(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    lr_schedule: LRScheduler,
+    learner: Learner,
     batch: Batch,
     micro_loss: Callable[[Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]],
     *,
     grad_clip: float = 1.0,
     max_tokens: int = 16384,
-    world: World = LOCAL,
 ) -> dict[str, float]:
     """Gradient accumulation over micro-batches, clipping, one optimizer and learning-rate step (the
     loop SFT and RL share). ``micro_loss`` returns a micro-batch's loss, already weighted for the
     whole batch, and sums for metrics; both come back summed over micro-batches and processes."""
+    model, optimizer, lr_schedule, world = learner
     model.train()
     optimizer.zero_grad(set_to_none=True)
     sums: dict[str, float] = {"loss": 0.0}
@@ -134,21 +142,18 @@ def class_entropy_means(stats: dict[str, float]) -> dict[str, float]:
 
 
 def policy_update(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    lr_schedule: LRScheduler,
+    learner: Learner,
     batch: Batch,
     loss_cfg: LossConfig,
     *,
     grad_clip: float = 1.0,
     max_tokens: int = 16384,
-    world: World = LOCAL,
     compute: str = "auto",
 ) -> dict[str, float]:
     """One clipped-policy-gradient step over ``batch`` (whose weights hold the global normaliser)."""
 
     def micro_loss(mb: Batch):
-        logp, entropy = forward_logprobs(model, mb, with_entropy=True, compute=compute)
+        logp, entropy = forward_logprobs(learner.model, mb, with_entropy=True, compute=compute)
         old = mb.old_logp if mb.old_logp is not None else logp.detach()
         loss, stats = policy_loss(
             logp,
@@ -164,16 +169,7 @@ def policy_update(
             stats.update(class_entropy_sums(entropy.detach(), mb.token_class))
         return loss, stats
 
-    out = optimizer_step(
-        model,
-        optimizer,
-        lr_schedule,
-        batch,
-        micro_loss,
-        grad_clip=grad_clip,
-        max_tokens=max_tokens,
-        world=world,
-    )
+    out = optimizer_step(learner, batch, micro_loss, grad_clip=grad_clip, max_tokens=max_tokens)
     w = out.pop("weight") or 1.0  # weighted sums → means over the batch's tokens
     means = {f"update/{k}": out.pop(k) / w for k in _MEANS if k in out}
     return {**out, **means}
@@ -188,16 +184,13 @@ class Row(NamedTuple):
 
 
 def update_on_rollouts(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    lr_schedule: LRScheduler,
+    learner: Learner,
     rows: Sequence[Row],
     stand_in: Trajectory,
     *,
     pad_id: int,
     optim: OptimSection,
     loss: LossSection,
-    world: World = LOCAL,
     ref_model: torch.nn.Module | None = None,
     token_classes: Callable[[Sequence[int], Sequence[int]], list[int]] | None = None,
     compute: str = "auto",
@@ -211,6 +204,7 @@ def update_on_rollouts(
     still joins the collectives with a zero-weight copy of ``stand_in``. ``compute``: the
     passes' precision (``model.compute``).
     """
+    model, world = learner.model, learner.world
     if all_sum([len(rows)], world)[0] == 0:
         return {"update/skipped": 1.0}
     parts = [list(rows[i :: optim.mini_batches]) for i in range(optim.mini_batches)]
@@ -236,18 +230,9 @@ def update_on_rollouts(
             for b in batches
         ]
     loss_cfg = as_dataclass(LossConfig, loss)
+    clip, tokens = optim.grad_clip, optim.micro_batch_tokens
     out = [
-        policy_update(
-            model,
-            optimizer,
-            lr_schedule,
-            b,
-            loss_cfg,
-            grad_clip=optim.grad_clip,
-            max_tokens=optim.micro_batch_tokens,
-            world=world,
-            compute=compute,
-        )
+        policy_update(learner, b, loss_cfg, grad_clip=clip, max_tokens=tokens, compute=compute)
         for _ in range(optim.epochs)
         for b in batches
     ]
