@@ -115,26 +115,27 @@ async def sft_rows(
 
 
 async def _sample(
+    recipe: Recipe,
     settings: RolloutSection,
     model_dir: Path,
-    services: dict,
     rows: list[dict[str, Any]],
+    out_dir: Path,
+    *,
     samples: int,
     seed: int,
-    out_dir: Path,
+    services: dict,
     progress: bool,
-    device: str = "auto",
-    dtype: str = "auto",
 ) -> dict:
     """Eval-style sampling through ``rstar2 eval``'s harness: ``samples`` rollouts per problem, on
-    the in-process engine over ``model_dir`` or on the recipe's servers once they have loaded it."""
+    the in-process engine over ``model_dir`` (on ``model.device``) or on the recipe's servers once
+    they have loaded it."""
     from ..eval.harness import evaluate
     from ..rl.sync import load_into_servers
     from ..rollout.build import open_engines, open_rollout
 
     out_dir.mkdir(parents=True, exist_ok=True)
     problems = write_jsonl(rows, out_dir / "problems.jsonl")
-    engines = open_engines(settings, str(model_dir), device, dtype)
+    engines = open_engines(settings, str(model_dir), recipe.model.device, recipe.model.dtype)
     try:
         if settings.servers:
             await load_into_servers(engines, model_dir, settings)
@@ -164,19 +165,8 @@ async def filter_problems(
     from .report_card import sampled_trajectories
 
     settings = stage_rollout(recipe, stage, temperature=flt.temperature)  # the stage's own sampling
-    m = recipe.model
-    await _sample(
-        settings,
-        model_dir,
-        services,
-        rows,
-        flt.samples,
-        recipe.seed + 17,
-        out_dir,
-        progress,
-        m.device,
-        m.dtype,
-    )
+    sampling = {"samples": flt.samples, "seed": recipe.seed + 17, "services": services, "progress": progress}
+    await _sample(recipe, settings, model_dir, rows, out_dir, **sampling)
     trajs, _ = read_trajectories(sampled_trajectories(out_dir))
     solved = [0] * len(rows)
     for t in trajs:
@@ -251,19 +241,8 @@ async def evaluate_model(
         "max_response_tokens": spec.max_response_tokens or (base.max_response_tokens if has_rl else 1024),
     }
     settings = stage_rollout(recipe, **{**overrides, **(NO_TOOLS if plain else {})})
-    m = recipe.model
-    return await _sample(
-        settings,
-        model_dir,
-        services,
-        rows,
-        spec.samples,
-        recipe.seed + 1,
-        out_dir,
-        progress,
-        m.device,
-        m.dtype,
-    )
+    sampling = {"samples": spec.samples, "seed": recipe.seed + 1, "services": services, "progress": progress}
+    return await _sample(recipe, settings, model_dir, rows, out_dir, **sampling)
 
 
 # -- the run ------------------------------------------------------------------------------------

@@ -10,11 +10,17 @@ so any two generated sets of different splits are disjoint whatever their seeds 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from ..problems import DATA_DIR
 
 HELDOUT_SHARE = 0.1  # the share of all possible problems reserved for evaluation
 
@@ -49,7 +55,9 @@ class Numbers:
         return f"{', '.join(map(self, xs[:-1]))} and {self(xs[-1])}"
 
 
-def _write(rng: random.Random, varied: bool, wordings: Sequence[str], **values: int | list[int]) -> str:
+def _write(
+    rng: random.Random, varied: bool, wordings: Sequence[str], values: dict[str, int | list[int]]
+) -> str:
     """The first wording (the plain generator's), or (varied) any of them, with ``values`` written
     in: a list as "a, b and c", large numbers now and then with thousands separators."""
     text = rng.choice(wordings) if varied else wordings[0]
@@ -57,148 +65,53 @@ def _write(rng: random.Random, varied: bool, wordings: Sequence[str], **values: 
     return text.format(**{k: w.listed(v) if isinstance(v, list) else w(v) for k, v in values.items()})
 
 
-def _product(rng, digits, varied=False):
+# Each family draws its numbers and returns them (named as in its wordings), the answer and the
+# program that prints it; the words are data (``data/wordings.yaml``).
+Drawn = tuple[dict[str, Any], int, str]
+
+
+def _product(rng: random.Random, digits: tuple[int, int]) -> Drawn:
     a, b = number(rng, digits), number(rng, digits)
-    text = _write(
-        rng,
-        varied,
-        [
-            "A shop has {a} boxes with {b} pens in each box. How many pens does it have?",
-            "There are {a} rows of seats with {b} seats in each row. How many seats are there in total?",
-            "{a} students each bring {b} pencils. How many pencils do they bring altogether?",
-            "A bakery bakes {b} loaves every day for {a} days. How many loaves does it bake?",
-            "Multiply {a} by {b}.",
-            "What is the product of {a} and {b}?",
-        ],
-        a=a,
-        b=b,
-    )
-    return text, a * b, f"print({a} * {b})"
+    return {"a": a, "b": b}, a * b, f"print({a} * {b})"
 
 
-def _sum(rng, digits, varied=False):
+def _sum(rng: random.Random, digits: tuple[int, int]) -> Drawn:
     xs = [number(rng, digits) for _ in range(rng.randint(3, 4))]
-    text = _write(
-        rng,
-        varied,
-        [
-            "What is the sum of {items}?",
-            "Add {items}.",
-            "Find the total of {items}.",
-            "A library received {items} books in successive months. How many books did it receive in all?",
-            "The shelves of a storeroom hold {items} jars. How many jars are there altogether?",
-        ],
-        items=xs,
-    )
-    return text, sum(xs), f"print({' + '.join(map(str, xs))})"
+    return {"items": xs}, sum(xs), f"print({' + '.join(map(str, xs))})"
 
 
-def _remainder(rng, digits, varied=False):
+def _remainder(rng: random.Random, digits: tuple[int, int]) -> Drawn:
     a, b = number(rng, (digits[0] + 1, digits[1] + 1)), max(2, number(rng, digits))
-    text = _write(
-        rng,
-        varied,
-        [
-            "What is the remainder when {a} is divided by {b}?",
-            "Find {a} mod {b}.",
-            "{a} marbles are shared equally among {b} children, as many as possible each. How many marbles are left over?",
-            "What is left over when {a} is split into groups of {b}?",
-        ],
-        a=a,
-        b=b,
-    )
-    return text, a % b, f"print({a} % {b})"
+    return {"a": a, "b": b}, a % b, f"print({a} % {b})"
 
 
-def _quotient(rng, digits, varied=False):
+def _quotient(rng: random.Random, digits: tuple[int, int]) -> Drawn:
     a, b = number(rng, (digits[0] + 1, digits[1] + 1)), max(2, number(rng, digits))
-    text = _write(
-        rng,
-        varied,
-        [
-            "{a} eggs are packed in cartons of {b}. How many cartons are completely filled?",
-            "How many full groups of {b} can be made from {a} chairs?",
-            "A bus holds {b} people. How many buses can be filled completely with {a} people?",
-            "What is the whole-number part of {a} divided by {b}?",
-        ],
-        a=a,
-        b=b,
-    )
-    return text, a // b, f"print({a} // {b})"
+    return {"a": a, "b": b}, a // b, f"print({a} // {b})"
 
 
-def _two_step(rng, digits, varied=False):
+def _two_step(rng: random.Random, digits: tuple[int, int]) -> Drawn:
     a, b, c = number(rng, digits), number(rng, digits), number(rng, digits)
-    text = _write(
-        rng,
-        varied,
-        [
-            "Compute {a} times {b}, minus {c}.",
-            "Multiply {a} by {b}, then subtract {c}.",
-            "A cinema sold {a} seats at {b} dollars each and paid {c} dollars for cleaning. How many dollars remain?",
-            "What do you get if you take {c} away from the product of {a} and {b}?",
-        ],
-        a=a,
-        b=b,
-        c=c,
-    )
-    return text, a * b - c, f"print({a} * {b} - {c})"
+    return {"a": a, "b": b, "c": c}, a * b - c, f"print({a} * {b} - {c})"
 
 
-def _power_mod(rng, digits, varied=False):
+def _power_mod(rng: random.Random, digits: tuple[int, int]) -> Drawn:
     a, e, n = number(rng, digits), rng.randint(2, 9 + 3 * digits[1]), max(2, number(rng, digits))
-    text = _write(
-        rng,
-        varied,
-        [
-            "What is {a} to the power {e}, modulo {n}?",
-            "Find the remainder of {a}^{e} divided by {n}.",
-            "What is {a}^{e} mod {n}?",
-            "When {a} is raised to the power {e} and divided by {n}, what remainder is left?",
-        ],
-        a=a,
-        e=e,
-        n=n,
-    )
-    return text, pow(a, e, n), f"print(pow({a}, {e}, {n}))"
+    return {"a": a, "e": e, "n": n}, pow(a, e, n), f"print(pow({a}, {e}, {n}))"
 
 
-def _multiples(rng, digits, varied=False):
+def _multiples(rng: random.Random, digits: tuple[int, int]) -> Drawn:
     n, k = number(rng, (digits[0] + 1, digits[1] + 1)), max(2, number(rng, (1, max(1, digits[1] - 1))))
-    text = _write(
-        rng,
-        varied,
-        [
-            "How many numbers from 1 to {n} are multiples of {k}?",
-            "How many positive integers up to {n} are divisible by {k}?",
-            "Count the multiples of {k} between 1 and {n}.",
-            "Among the whole numbers 1 through {n}, how many can be divided evenly by {k}?",
-        ],
-        n=n,
-        k=k,
-    )
-    return text, n // k, f"print({n} // {k})"
+    return {"n": n, "k": k}, n // k, f"print({n} // {k})"
 
 
-def _choose(rng, digits, varied=False):
+def _choose(rng: random.Random, digits: tuple[int, int]) -> Drawn:
     n = rng.randint(5, 6 + 4 * digits[1])
     k = rng.randint(2, n // 2)
-    text = _write(
-        rng,
-        varied,
-        [
-            "In how many ways can a team of {k} be chosen from {n} people?",
-            "How many different groups of {k} can be picked from {n} students?",
-            "A committee of {k} is formed from {n} candidates. How many committees are possible?",
-            "Compute the binomial coefficient C({n}, {k}).",
-        ],
-        n=n,
-        k=k,
-    )
-    return text, math.comb(n, k), f"import math\nprint(math.comb({n}, {k}))"
+    return {"n": n, "k": k}, math.comb(n, k), f"import math\nprint(math.comb({n}, {k}))"
 
 
-FAMILIES: dict[str, Callable[..., tuple[str, int, str]]] = {
+FAMILIES: dict[str, Callable[[random.Random, tuple[int, int]], Drawn]] = {
     "product": _product,
     "sum": _sum,
     "remainder": _remainder,
@@ -209,6 +122,12 @@ FAMILIES: dict[str, Callable[..., tuple[str, int, str]]] = {
     "choose": _choose,
 }
 WORDINGS = ("plain", "varied")
+
+
+@functools.cache
+def wordings() -> dict[str, list[str]]:
+    """Each family's wordings (``data/wordings.yaml``), the plain one first."""
+    return yaml.safe_load((DATA_DIR / "wordings.yaml").read_text())
 
 
 def is_heldout(problem: str) -> bool:
@@ -250,7 +169,8 @@ def generate(
         if tries > 200 * count + 1000:
             raise ValueError(f"cannot find {count} distinct {split} problems with digits {digits}")
         family = names[tries % len(names)]
-        text, answer, code = FAMILIES[family](rng, digits, varied)
+        values, answer, code = FAMILIES[family](rng, digits)
+        text = _write(rng, varied, wordings()[family], values)
         if text in seen or is_heldout(text) != (split == "heldout"):
             continue
         seen.add(text)

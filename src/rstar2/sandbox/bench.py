@@ -224,23 +224,9 @@ class RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             return None
-        self.proc = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                self.dir,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        self.proc = subprocess.Popen([binary, *args, "--dir", self.dir], **quiet)
         time.sleep(0.5)
         return f"redis://127.0.0.1:{self.port}/0"
 
@@ -302,19 +288,8 @@ async def measure(runner, workload: str, in_flight: int, calls: int) -> Cell:
     cpu = runner.cpu_s() - cpu0
     latencies.sort()
     pct = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000  # noqa: E731
-    return Cell(
-        runner.name,
-        workload,
-        in_flight,
-        calls,
-        wall,
-        calls / wall,
-        pct(0.5),
-        pct(0.99),
-        cpu / calls * 1000,
-        correct,
-        statuses,
-    )
+    measured = (calls, wall, calls / wall, pct(0.5), pct(0.99), cpu / calls * 1000)
+    return Cell(runner.name, workload, in_flight, *measured, correct, statuses)
 
 
 async def run_bench(
@@ -354,38 +329,30 @@ async def run_bench(
     return cells
 
 
+COLUMNS = {  # header: how a cell shows it
+    "mode": lambda c: c.mode,
+    "workload": lambda c: c.workload,
+    "in flight": lambda c: str(c.in_flight),
+    "calls": lambda c: str(c.calls),
+    "calls/s": lambda c: f"{c.calls_per_s:.1f}",
+    "× baseline": lambda c: "—" if c.ratio is None else f"{c.ratio:.1f}×",
+    "p50 ms": lambda c: f"{c.p50_ms:.1f}",
+    "p99 ms": lambda c: f"{c.p99_ms:.1f}",
+    "server CPU ms/call": lambda c: f"{c.server_cpu_ms:.1f}",
+    "correct": lambda c: f"{c.correct}/{c.calls}",
+    "statuses": lambda c: " ".join(f"{k}:{v}" for k, v in sorted(c.statuses.items())),
+}
+
+
 def print_table(cells: list[Cell], workers: int) -> None:
-    table = Table(
-        title=f"rstar2 sandbox benchmark ({os.cpu_count()} cores, {workers} workers; ratio = calls/s vs baseline)"
+    title = (
+        f"rstar2 sandbox benchmark ({os.cpu_count()} cores, {workers} workers; ratio = calls/s vs baseline)"
     )
-    for col in (
-        "mode",
-        "workload",
-        "in flight",
-        "calls",
-        "calls/s",
-        "× baseline",
-        "p50 ms",
-        "p99 ms",
-        "server CPU ms/call",
-        "correct",
-        "statuses",
-    ):
-        table.add_column(col, justify="right" if col not in ("mode", "workload", "statuses") else "left")
+    table = Table(title=title)
+    for col in COLUMNS:
+        table.add_column(col, justify="left" if col in ("mode", "workload", "statuses") else "right")
     for c in cells:
-        table.add_row(
-            c.mode,
-            c.workload,
-            str(c.in_flight),
-            str(c.calls),
-            f"{c.calls_per_s:.1f}",
-            "—" if c.ratio is None else f"{c.ratio:.1f}×",
-            f"{c.p50_ms:.1f}",
-            f"{c.p99_ms:.1f}",
-            f"{c.server_cpu_ms:.1f}",
-            f"{c.correct}/{c.calls}",
-            " ".join(f"{k}:{v}" for k, v in sorted(c.statuses.items())),
-        )
+        table.add_row(*(show(c) for show in COLUMNS.values()))
     Console(width=200).print(table)
 
 
