@@ -375,3 +375,23 @@ async def test_a_closed_engine_keeps_no_prefixes(model, prompt):
     assert len(engine.store) >= 1  # the finished request's sequence was kept for a next turn
     await engine.close()
     assert len(engine.store) == 0 and engine.store.tokens == 0
+
+
+async def test_weights_written_through_param_data_count_once_announced(model, prompt):
+    """torch does not count writes through ``param.data``: the stamp alone misses them, so the
+    trainer announces each update (``weights_changed``) and nothing computed before is reused."""
+    from rstar2.engines.hf import weights_stamp
+
+    engine = HFEngine(model, max_batch_size=8)
+    first = await engine.generate(prompt, SamplingParams(max_new_tokens=10, seed=5))
+    before = weights_stamp(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data.add_(0.05 * torch.randn_like(p))
+    assert weights_stamp(model) == before  # the miss this guards against
+    engine.weights_changed()
+    nxt = prompt + first.token_ids + [3, 4]
+    second = await engine.generate(nxt, SamplingParams(max_new_tokens=10, seed=6))
+    assert engine.stats["reused_tokens"] == 0
+    assert_matches(model, nxt, second)
+    await engine.close()

@@ -272,3 +272,51 @@ def test_token_classes_decode_each_id_once_and_follow_classify():
     assert got[:4] == [CLASSES.index("code")] * 3 + [NO_CLASS]
     assert got[4] == CLASSES.index("reflection") and got[-1] == CLASSES.index("reasoning")
     assert sorted(calls) == sorted(set(ids))  # each id decoded once
+
+
+@pytest.mark.parametrize("temperature", [0.6, 1.4])
+async def test_the_update_takes_logprobs_at_the_sampling_temperature(tiny, temperature):
+    """The engine reports log-probs of logits / T; every pass of the update takes them the same way,
+    so at T != 1 the engine's and the trainer's log-probs of the same tokens agree (engine_gap ~ 0),
+    where a pass at T = 1 would not."""
+    import copy
+
+    from rstar2.config import LossSection, OptimSection
+    from rstar2.engines.base import SamplingParams
+    from rstar2.engines.hf import HFEngine
+    from rstar2.rl.optim import build_optimizer
+    from rstar2.rl.update import Learner, Row, update_on_rollouts
+    from rstar2.rollout.trajectory import Trajectory
+
+    model, tok = tiny
+    engine = HFEngine(model, max_batch_size=4)
+    prompts = [tok.encode(f"question {i}: what is {i} + {i}?", add_special_tokens=False) for i in range(4)]
+    try:
+        gens = [
+            await engine.generate(p, SamplingParams(max_new_tokens=10, temperature=temperature, seed=i))
+            for i, p in enumerate(prompts)
+        ]
+    finally:
+        await engine.close()
+    rows = [
+        Row(Trajectory("", None, p, g.token_ids, [1] * len(g.token_ids), g.logprobs), adv, i // 2)
+        for i, (p, g, adv) in enumerate(zip(prompts, gens, [1.0, -1.0, 0.5, -0.5], strict=True))
+    ]
+
+    def gap(at: float) -> float:
+        m = copy.deepcopy(model)
+        opt, sched = build_optimizer(m, OptimSection(lr=0.0, warmup_steps=0), total_steps=1)
+        stats = update_on_rollouts(
+            Learner(m, opt, sched),
+            rows,
+            rows[0].trajectory,
+            pad_id=tok.pad_token_id or 0,
+            optim=OptimSection(),
+            loss=LossSection(),
+            compute="fp32",
+            temperature=at,
+        )
+        return stats["update/engine_gap"]
+
+    assert gap(temperature) < 1e-4
+    assert gap(1.0) > 100 * max(gap(temperature), 1e-6)

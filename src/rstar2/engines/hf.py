@@ -10,8 +10,8 @@ request ends, its sequence's keys and values are kept (``engines/kv.py``: a toke
 recently used out) so that the trajectory's next turn, whose prompt extends them by the tool's
 response, prefills only the new tokens. The weights rule, checked here and nowhere else before
 every step: parameters changed in place (an optimizer step on the shared model, a
-``load_state_dict``) empty the prefix store and re-prefill the running rows, so nothing computed
-under old weights is used.
+``load_state_dict``, or any write announced by ``weights_changed``) empty the prefix store and
+re-prefill the running rows, so nothing computed under old weights is used.
 
 transformers' own continuous-batching manager (``generate_batch``/``init_continuous_batching``)
 was measured first (benchmarks/RESULTS.md, issue 15) and not used: on CPU it ran at 0.28× this
@@ -41,7 +41,8 @@ from .kv import PrefixStore
 
 def weights_stamp(model: Any) -> int:
     """Changes whenever a parameter is written in place (optimizer step, ``load_state_dict``) or
-    replaced: torch counts in-place writes per tensor."""
+    replaced: torch counts in-place writes per tensor, except those through ``param.data``
+    (``HFEngine.weights_changed`` is for those)."""
     return hash(tuple((p.data_ptr(), p._version) for p in model.parameters()))
 
 
@@ -84,7 +85,8 @@ class HFEngine:
         self.in_flight = 0
         self._thread: threading.Thread | None = None
         self._closed = False
-        self._stamp: int | None = None  # weights_stamp() of the weights the batch was computed under
+        self._written = 0  # writes torch does not count, told by weights_changed()
+        self._stamp: tuple[int, int] | None = None  # (_written, weights_stamp) the batch was computed under
         self.stats = {
             "batches": 0,  # admissions: groups of requests that joined together
             "requests": 0,
@@ -140,6 +142,13 @@ class HFEngine:
         """New policy weights (not needed when the engine shares the trainer's model object)."""
         with self.lock:
             self.model.load_state_dict(state_dict, strict=False)
+            self._written += 1
+
+    def weights_changed(self) -> None:
+        """The weights were written in a way torch does not count (through ``param.data``, by
+        another library): the next step treats them as new. The trainer says so after each update."""
+        with self.lock:
+            self._written += 1
 
     async def close(self) -> None:
         """Stop the engine's thread and drop the kept prefixes (up to ``keep_tokens`` of KV: a
@@ -195,7 +204,7 @@ class HFEngine:
                 break
             start = time.perf_counter()
             with torch.no_grad(), self.lock, torch.autocast(device.type, torch.bfloat16, enabled=bf16):
-                stamp = weights_stamp(self.model)
+                stamp = (self._written, weights_stamp(self.model))
                 if stamp != self._stamp:  # new weights: nothing computed under the old ones is used
                     self.store.clear()
                     self._stamp = stamp

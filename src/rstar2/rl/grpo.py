@@ -76,11 +76,14 @@ def weight_units(mask: torch.Tensor, group_index: torch.Tensor | None, aggregati
 
 
 def token_logprobs(
-    logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool = False
+    logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool = False, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(label) per position, in fp32 at least (and the entropy of each position's distribution)."""
+    """log p(label) per position, in fp32 at least (and the entropy of each position's distribution),
+    under ``logits / temperature``: the distribution the engine sampled from (0 = greedy: unscaled)."""
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
+    if temperature > 0 and temperature != 1:
+        logits = logits / temperature
     logp_all = F.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None

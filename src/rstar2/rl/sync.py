@@ -140,7 +140,9 @@ async def publish(
 ) -> dict[str, float]:
     """Send the trainer's weights to ``engines`` and check them; returns ``sync/*`` metrics.
     ``same_model``: the engine holds the trainer's own model object (one process, nothing to do)."""
-    if same_model:
+    if same_model:  # the engine reads the trainer's parameters; say they changed (torch does not
+        for e in engines:  # count every kind of write, e.g. through param.data)
+            e.weights_changed()
         return {}
     weights = D.full_state_dict(model, world)
     if settings.servers:

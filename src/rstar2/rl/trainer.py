@@ -408,6 +408,7 @@ class RLTrainer:
             ref_model=self.ref_model,
             token_classes=self.token_classes,
             compute=self.cfg.model.compute,
+            temperature=self.cfg.rollout.temperature,
         )
         self.model.eval()
         trim_heap()  # the update's logits and activations, freed: not under the next rollouts' peak

@@ -39,11 +39,18 @@ class Learner(NamedTuple):
 _MEANS = ("clip_low", "clip_high", "approx_kl", "entropy", "engine_gap", "ref_kl")
 
 
-def forward_logprobs(model: torch.nn.Module, mb: Batch, with_entropy: bool = False, compute: str = "auto"):
+def forward_logprobs(
+    model: torch.nn.Module,
+    mb: Batch,
+    with_entropy: bool = False,
+    compute: str = "auto",
+    temperature: float = 1.0,
+):
     """Log-probs of the labels, (rows, T-1), and optionally entropies. Logits are only computed
     from the first position any row learns from: the prompt's vocabulary projections and
     log-softmaxes are never needed (most of the compute of the head for a long prompt).
-    ``compute``: ``model.compute`` (see ``rstar2.device``)."""
+    ``compute``: ``model.compute`` (see ``rstar2.device``); ``temperature``: the rollouts' sampling
+    temperature, so that the policy trained on is the one that sampled (logits / T)."""
     width = mb.labels.shape[1]
     learn = mb.mask.any(dim=0).nonzero()
     start = int(learn[0]) if len(learn) else width - 1
@@ -54,7 +61,7 @@ def forward_logprobs(model: torch.nn.Module, mb: Batch, with_entropy: bool = Fal
             use_cache=False,
             logits_to_keep=width + 1 - start,
         ).logits
-    logp, entropy = token_logprobs(logits[:, :-1], mb.labels[:, start:], with_entropy)
+    logp, entropy = token_logprobs(logits[:, :-1], mb.labels[:, start:], with_entropy, temperature)
     if start:
         pad = logp.new_zeros(logp.shape[0], start)
         logp = torch.cat([pad, logp], dim=1)
@@ -72,22 +79,20 @@ def plan(batch: Batch, max_tokens: int, world: World) -> list[list[int]]:
 
 @torch.no_grad()
 def logprobs_of(
-    model: torch.nn.Module, batch: Batch, max_tokens: int, world: World = LOCAL, compute: str = "auto"
+    model: torch.nn.Module,
+    batch: Batch,
+    max_tokens: int,
+    world: World = LOCAL,
+    compute: str = "auto",
+    temperature: float = 1.0,
 ) -> torch.Tensor:
     """(rows, T-1) log-probs of the batch's labels under ``model`` (micro-batched, no grad)."""
     out = torch.zeros_like(batch.mask)
     for rows in plan(batch, max_tokens, world):
-        logp, _ = forward_logprobs(model, take_rows(batch, rows), compute=compute)
+        logp, _ = forward_logprobs(model, take_rows(batch, rows), compute=compute, temperature=temperature)
         if rows:
             out[torch.tensor(rows), : logp.shape[1]] = logp.float()
     return out
-
-
-def old_logprobs(
-    model: torch.nn.Module, batch: Batch, max_tokens: int, world: World = LOCAL, compute: str = "auto"
-) -> Batch:
-    """The batch with ``old_logp`` from the current weights."""
-    return replace(batch, old_logp=logprobs_of(model, batch, max_tokens, world, compute))
 
 
 def optimizer_step(
@@ -149,11 +154,13 @@ def policy_update(
     grad_clip: float = 1.0,
     max_tokens: int = 16384,
     compute: str = "auto",
+    temperature: float = 1.0,
 ) -> dict[str, float]:
-    """One clipped-policy-gradient step over ``batch`` (whose weights hold the global normaliser)."""
+    """One clipped-policy-gradient step over ``batch`` (whose weights hold the global normaliser),
+    the policy's log-probs under ``logits / temperature`` (the rollouts' sampling temperature)."""
 
     def micro_loss(mb: Batch):
-        logp, entropy = forward_logprobs(learner.model, mb, with_entropy=True, compute=compute)
+        logp, entropy = forward_logprobs(learner.model, mb, True, compute, temperature)
         old = mb.old_logp if mb.old_logp is not None else logp.detach()
         loss, stats = policy_loss(
             logp,
@@ -194,6 +201,7 @@ def update_on_rollouts(
     ref_model: torch.nn.Module | None = None,
     token_classes: Callable[[Sequence[int], Sequence[int]], list[int]] | None = None,
     compute: str = "auto",
+    temperature: float = 1.0,
 ) -> dict[str, float]:
     """The RL update on the rollouts this process kept (``rows``).
     With ``token_classes`` (response ids, loss mask → a class per token, see
@@ -202,7 +210,8 @@ def update_on_rollouts(
     ``optim.mini_batches`` optimizer steps per call, each on a share of the rows and normalised
     over all processes, ``optim.epochs`` passes. A process with no rows (all its groups dropped)
     still joins the collectives with a zero-weight copy of ``stand_in``. ``compute``: the
-    passes' precision (``model.compute``).
+    passes' precision (``model.compute``); ``temperature``: the rollouts' sampling temperature,
+    under which every pass (policy, old, reference) takes its log-probs.
     """
     model, world = learner.model, learner.world
     if all_sum([len(rows)], world)[0] == 0:
@@ -222,20 +231,24 @@ def update_on_rollouts(
             b = collate(seqs, [0.0], [0], pad_id, classes)
         units = all_sum([weight_units(b.mask, b.group_index, loss.aggregation)], world)[0]
         batches.append(with_weights(b, loss.aggregation, units).to(world.device))
-    if optim.mini_batches > 1 or optim.epochs > 1:
-        batches = [old_logprobs(model, b, optim.micro_batch_tokens, world, compute) for b in batches]
+    tokens = optim.micro_batch_tokens
+    if optim.mini_batches > 1 or optim.epochs > 1:  # the old policy: the weights before the first step
+        batches = [
+            replace(b, old_logp=logprobs_of(model, b, tokens, world, compute, temperature)) for b in batches
+        ]
     if loss.kl_coef and ref_model is not None:
         batches = [
-            replace(b, ref_logp=logprobs_of(ref_model, b, optim.micro_batch_tokens, compute=compute))
+            replace(b, ref_logp=logprobs_of(ref_model, b, tokens, LOCAL, compute, temperature))
             for b in batches
         ]
     loss_cfg = as_dataclass(LossConfig, loss)
-    clip, tokens = optim.grad_clip, optim.micro_batch_tokens
-    out = [
-        policy_update(learner, b, loss_cfg, grad_clip=clip, max_tokens=tokens, compute=compute)
-        for _ in range(optim.epochs)
-        for b in batches
-    ]
+    passes = {
+        "grad_clip": optim.grad_clip,
+        "max_tokens": tokens,
+        "compute": compute,
+        "temperature": temperature,
+    }
+    out = [policy_update(learner, b, loss_cfg, **passes) for _ in range(optim.epochs) for b in batches]
     summed = {k for k in out[0] if k.startswith(("entropy_sum/", "entropy_tokens/"))}
     stats = {k: sum(o[k] for o in out) / (1 if k in summed else len(out)) for k in out[0]}
     return class_entropy_means(stats)
