@@ -89,6 +89,9 @@ class RolloutSection(ChatSection):
     capacity_tokens: int | None = None
     grant_tokens: int | None = None  # kv: new tokens per admitted request (None: 512 or capacity/64)
     engine_retries: int = Field(2, ge=0)  # a turn whose engine failed is retried on another
+    # training: a token may be sampled by a policy at most this many updates older than the one it
+    # trains (rl/staleness.py); 0 = the synchronous loop. > 0 needs loss.tis_cap (the correction)
+    max_staleness: int = Field(0, ge=0)
     # new weights to remote servers after each update (training)
     reload_path: str = "/update_weights_from_disk"  # server endpoint that loads a checkpoint folder
     reload_retries: int = Field(2, ge=0)  # a refused weight update is retried, then the run stops
@@ -227,6 +230,12 @@ class RLConfig(_Section):
             raise ValueError(
                 f"roc.keep ({self.roc.keep}) cannot exceed rollout.samples ({self.rollout.samples}): "
                 "RoC keeps G of the 2G sampled rollouts"
+            )
+        if self.rollout.max_staleness and self.loss.tis_cap is None:
+            raise ValueError(
+                f"rollout.max_staleness={self.rollout.max_staleness} trains on tokens sampled by older "
+                "policies and needs the off-policy correction: set loss.tis_cap (the cap on the "
+                "importance weight pi_prox/mu of the decoupled objective, e.g. 2.0), or max_staleness: 0"
             )
         return self
 

@@ -41,6 +41,7 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
+    versions: list[int] | None = None  # the policy version that sampled each token, where known
 
 
 @runtime_checkable

@@ -57,6 +57,7 @@ class Row:
     rng: random.Random | None
     out_ids: list[int] = field(default_factory=list)
     out_lp: list[float] = field(default_factory=list)
+    out_ver: list[int] = field(default_factory=list)  # the weights' version that sampled each id
     finish: str = "length"
 
     def context(self) -> list[int]:
@@ -77,6 +78,7 @@ class RunningBatch:
     ) -> None:
         self.model, self.device, self.max_rows = model, device, max_rows
         self.pad_token_id, self.store, self.stats = pad_token_id, store, stats
+        self.version = 0  # the policy version of the weights the logits come from (set by the engine)
         # eager attention adds the mask to the scores; sdpa takes it as booleans
         self.additive_mask = getattr(model.config, "_attn_implementation", None) == "eager"
         self.reset()
@@ -216,6 +218,7 @@ class RunningBatch:
         for i, (row, tok, lp) in enumerate(zip(rows, ids, logps.tolist(), strict=True)):
             row.out_ids.append(tok)
             row.out_lp.append(lp)
+            row.out_ver.append(self.version)
             if tok in row.req.params.stop_token_ids:
                 row.finish = "stop"
             elif len(row.out_ids) < row.budget:
@@ -239,4 +242,4 @@ class RunningBatch:
         if self.store is not None:
             self.store.put(self.kv.sequence(i, tuple(row.req.prompt_ids + row.out_ids[:-1])))
         self.stats["generated_tokens"] += len(row.out_ids)
-        row.req.settle(Generation(row.out_ids, row.out_lp, row.finish))  # type: ignore[arg-type]
+        row.req.settle(Generation(row.out_ids, row.out_lp, row.finish, row.out_ver))  # type: ignore[arg-type]

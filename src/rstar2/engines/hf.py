@@ -85,7 +85,8 @@ class HFEngine:
         self.in_flight = 0
         self._thread: threading.Thread | None = None
         self._closed = False
-        self._written = 0  # writes torch does not count, told by weights_changed()
+        self._written = 0  # weight writes told to the engine (update_weights, weights_changed)
+        self.version = 0  # the policy version of its weights (the trainer's updates so far), as told
         self._stamp: tuple[int, int] | None = None  # (_written, weights_stamp) the batch was computed under
         self.stats = {
             "batches": 0,  # admissions: groups of requests that joined together
@@ -138,17 +139,23 @@ class HFEngine:
         finally:
             self.in_flight -= 1
 
-    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """New policy weights (not needed when the engine shares the trainer's model object)."""
+    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> None:
+        """New policy weights (not needed when the engine shares the trainer's model object), of
+        policy ``version`` (the trainer's update count). Requests in flight continue under them."""
         with self.lock:
             self.model.load_state_dict(state_dict, strict=False)
-            self._written += 1
+            self._told(version)
 
-    def weights_changed(self) -> None:
+    def weights_changed(self, version: int | None = None) -> None:
         """The weights were written in a way torch does not count (through ``param.data``, by
-        another library): the next step treats them as new. The trainer says so after each update."""
+        another library): the next step treats them as new. The trainer says so after each update,
+        with the new ``version``."""
         with self.lock:
-            self._written += 1
+            self._told(version)
+
+    def _told(self, version: int | None) -> None:
+        self._written += 1
+        self.version = self.version + 1 if version is None else version
 
     async def close(self) -> None:
         """Stop the engine's thread and drop the kept prefixes (up to ``keep_tokens`` of KV: a
@@ -208,6 +215,7 @@ class HFEngine:
                 if stamp != self._stamp:  # new weights: nothing computed under the old ones is used
                     self.store.clear()
                     self._stamp = stamp
+                    batch.version = self.version
                     if batch.rows:
                         self.stats["reprefills"] += len(batch.rows)
                         batch.guarded(list(batch.rows), batch.refill)

@@ -88,12 +88,13 @@ def all_sum(values: Sequence[float], world: World) -> list[float]:
     return t.tolist()
 
 
-def all_max(value: int, world: World) -> int:
+def all_max(value: float, world: World) -> Any:
+    """The largest ``value`` over the processes, of its own type (int or float)."""
     if not world.distributed:
         return value
-    t = torch.tensor([value], dtype=torch.long, device=world.device)
+    t = torch.tensor([value], dtype=torch.float64, device=world.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    return type(value)(t.item())
 
 
 def all_gather_objects(obj: Any, world: World) -> list[Any]:

@@ -138,11 +138,12 @@ async def publish(
     step: int,
     compute: str = "auto",
 ) -> dict[str, float]:
-    """Send the trainer's weights to ``engines`` and check them; returns ``sync/*`` metrics.
-    ``same_model``: the engine holds the trainer's own model object (one process, nothing to do)."""
+    """Send the trainer's weights of policy version ``step`` to ``engines`` and check them; returns
+    ``sync/*`` metrics. ``same_model``: the engine holds the trainer's own model object (one
+    process, nothing to send)."""
     if same_model:  # the engine reads the trainer's parameters; say they changed (torch does not
         for e in engines:  # count every kind of write, e.g. through param.data)
-            e.weights_changed()
+            e.weights_changed(step)
         return {}
     weights = D.full_state_dict(model, world)
     if settings.servers:
@@ -161,7 +162,7 @@ async def publish(
             raise WeightSyncError(f"rank 0 could not publish the weights of step {step}: {failed[0]}")
     else:
         for e in engines:
-            e.update_weights({k: v.to(e.model.dtype) for k, v in weights.items()})
+            e.update_weights({k: v.to(e.model.dtype) for k, v in weights.items()}, step)
     diffs = await probe_engines(
         engines, model, probe_prompt, world, pad_id=pad_id, seed=step, compute=compute
     )

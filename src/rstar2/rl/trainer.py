@@ -1,5 +1,10 @@
 """The RL trainer: one step = problems → 2G rollouts → rewards → RoC → advantages → update → sync.
 
+Rollouts come from a ``GroupFeed`` (rl/staleness.py): with ``rollout.max_staleness: k > 0`` the
+groups of up to k steps ahead keep generating while the trainer updates (the in-process engine then
+holds a copy of the weights, refreshed after each update), and the loss is the decoupled objective
+(``loss.tis_cap``); at k = 0 each step's groups start after the previous update, as ``step()`` does.
+
 Rollouts go through the same ``Rollout`` as evaluation. In one process the in-process engine
 shares the trainer's model object, so new weights cost nothing to publish; under torchrun every
 process keeps a full copy for its own rollouts and reloads it after each update; remote servers
@@ -17,7 +22,7 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +40,7 @@ from .data import DataStream
 from .grpo import group_advantages
 from .launch import RunError, begin, load_training, param_dtype, quietly, write_error
 from .roc import RocConfig, roc_select, score
+from .staleness import GroupFeed, staleness_metrics
 from .sync import publish
 from .update import Row, update_on_rollouts
 
@@ -141,10 +147,14 @@ class RLTrainer:
         reward_fn: RewardFn | None = None,
         code_env: CodeEnvironment | None = None,
         verifier: Verifier | None = None,
+        lockstep: bool = False,
     ):
         """``code_env``/``verifier``: a running code environment and verifier pool to use (and leave
-        open) instead of starting them from ``cfg.rollout``."""
+        open) instead of starting them from ``cfg.rollout``. ``lockstep``: run ``step()`` after
+        ``step()`` (each step's rollouts, then its update), the plain synchronous loop that the fed
+        one equals at ``max_staleness: 0``."""
         self.cfg = cfg
+        self.lockstep = lockstep
         self.services = {"code_env": code_env, "verifier": verifier}
         self.reward_fn = reward_fn or (load_reward(cfg.reward) if cfg.reward else None)
         self.resume = resume
@@ -160,15 +170,21 @@ class RLTrainer:
         cfg = self.cfg
         start = begin(cfg, self.resume)
         self.world, self.tokenizer = start.world, start.tokenizer
+        if cfg.rollout.max_staleness and self.world.distributed:
+            raise ValueError(
+                "rollout.max_staleness > 0 runs in one process for now (the in-process engine or "
+                "rollout.servers); under torchrun set it to 0"
+            )
         self.engine_model = None
         window = cfg.run.reflection_window
         self.token_classes = TokenClasses(self.tokenizer, window) if window else None
 
         def engine_copy(model: torch.nn.Module) -> None:
-            # The in-process engine shares the model in one process; with several it needs its own copy.
+            # The in-process engine shares the model in one synchronous process; it needs its own
+            # copy with several processes, or when it generates while the update writes the weights.
             if cfg.rollout.servers:
                 return
-            if not self.world.distributed:
+            if not self.world.distributed and not cfg.rollout.max_staleness:
                 self.engine_model = model
             else:
                 self.engine_model = copy.deepcopy(model).to(engine_dtype(self.world.device))
@@ -176,6 +192,7 @@ class RLTrainer:
         updates = cfg.run.steps * cfg.optim.mini_batches * cfg.optim.epochs
         self.run = run = load_training(cfg, start, updates, before_shard=engine_copy)
         self.model, self.log, self.step_no = run.learner.model, run.log, run.step
+        self.first_step, self.first_position = run.step, run.data_position
         h = cfg.run.health
         self.watch = health.Watch({s: getattr(h, s) for s in health.SIGNS}, h.patience, h.stop)
         if self.world.main:  # every process continues the counts of the file the main one keeps
@@ -221,14 +238,24 @@ class RLTrainer:
 
             bar = tqdm(total=self.cfg.run.steps, initial=self.step_no, desc="rl steps", unit="step")
         try:
+            if not self.cfg.rollout.servers:  # the in-process engine's weights are this version
+                for e in self.engines:
+                    e.weights_changed(self.step_no)
             async with open_rollout(
                 self.cfg.rollout, tokenizer=self.tokenizer, engines=self.engines, **self.services
             ) as rollout:
                 self.rollout = rollout
+                self.feed = GroupFeed(
+                    self._launch_group,
+                    first_step=self.step_no,
+                    batch_size=self.cfg.run.batch_size,
+                    max_staleness=self.cfg.rollout.max_staleness,
+                )
                 while self.step_no < self.cfg.run.steps:
                     try:
-                        metrics = await self.step()
+                        metrics = await (self.step() if self.lockstep else self._fed_step())
                     except Exception as exc:
+                        await self.feed.close()
                         raise RunError.at(f"RL step {self.step_no + 1}", self.run_dir, exc) from exc
                     history.append(metrics)
                     if bar is not None:
@@ -241,7 +268,9 @@ class RLTrainer:
                     if last or stop or self.step_no % max(1, self.cfg.run.save_every) == 0:
                         self.save(metrics)
                     if stop:  # every process saw the same gathered records: all stop here
+                        await self.feed.close()
                         raise RunError(f"RL step {self.step_no}: {stop} (run folder {self.run_dir})")
+                await self.feed.close()
         except BaseException as exc:
             if self.world.main:
                 write_error(self.run_dir, exc)
@@ -258,37 +287,87 @@ class RLTrainer:
         return history
 
     def save(self, metrics: dict[str, Any] | None = None) -> Path:
-        state = {"data_position": self.problems.position, "metrics": metrics or {}}
+        # the problems of the steps trained so far (the feed may have taken later steps' already)
+        position = self.first_position + (self.step_no - self.first_step) * self.cfg.run.batch_size
+        state = {"data_position": position, "metrics": metrics or {}}
         return self.run.save(self.step_no, state)
 
     # -- one step ----------------------------------------------------------------------------
+    def _items(self, step: int, g: int, problem: dict[str, Any]) -> list[dict[str, Any]]:
+        """The ``rollout.samples`` rollouts of group ``g`` of ``step``; their seeds derive from
+        (seed, step, group, sample), whatever the order they run in."""
+        cfg = self.cfg
+        return [
+            {
+                "problem": problem["problem"],
+                "answer": None if self.reward_fn else str(problem["answer"]),
+                "seed": _seed(cfg.run.seed, step, g, k),
+                "meta": {"group": g, "sample": k},
+            }
+            for k in range(cfg.rollout.samples)
+        ]
+
     async def step(self) -> dict[str, Any]:
+        """One synchronous step: this step's rollouts, then the update on them."""
         cfg, world = self.cfg, self.world
         step = self.step_no + 1
         t_step = time.perf_counter()
         problems = self.problems.take(cfg.run.batch_size)
         mine = list(range(world.rank, len(problems), world.size))  # this process's share, whole groups
-        items = [
-            {
-                "problem": problems[g]["problem"],
-                "answer": None if self.reward_fn else str(problems[g]["answer"]),
-                "seed": _seed(cfg.run.seed, step, g, k),
-                "meta": {"group": g, "sample": k},
-            }
-            for g in mine
-            for k in range(cfg.rollout.samples)
-        ]
+        items = [item for g in mine for item in self._items(step, g, problems[g])]
         self.model.eval()
         t0 = time.perf_counter()
         trajs = await self.rollout.run_many(items, on_done=self._progress(len(items)))
-        rollout_s = time.perf_counter() - t0
+        S = cfg.rollout.samples
+        sampled = [trajs[i * S : (i + 1) * S] for i in range(len(mine))]
+        return await self._train_on(step, mine, sampled, time.perf_counter() - t0, t_step)
+
+    def _launch_group(self, i: int) -> Awaitable[list[Trajectory]]:
+        """Group ``i`` of the run, admitted now: its problem taken from the data stream (groups are
+        admitted in order), its rollouts started; model tokens whose sampler the engine does not
+        report are given the version at admission (a lower bound)."""
+        B = self.cfg.run.batch_size
+        step, g = i // B + 1, i % B
+        problem = self.problems.take(1)[0]
+        if g % self.world.size != self.world.rank:  # another process's group
+            return asyncio.sleep(0, result=[])
+        items, admitted = self._items(step, g, problem), self.step_no
+
+        async def run() -> list[Trajectory]:
+            trajs = await self.rollout.run_many(items)
+            for t in trajs:
+                t.meta["admitted_version"] = admitted
+                t.versions = [
+                    admitted if v < 0 and m else v for v, m in zip(t.versions, t.loss_mask, strict=True)
+                ]
+            return trajs
+
+        return run()
+
+    async def _fed_step(self) -> dict[str, Any]:
+        """The next step's groups from the feed (started up to ``max_staleness`` updates ago), then
+        the update on them; the feed starts the groups the new version lets in."""
+        t_step = time.perf_counter()
+        self.feed.advance(self.step_no)
+        groups = await self.feed.step(self.step_no)
+        mine = [g for g in range(len(groups)) if g % self.world.size == self.world.rank]
+        sampled = [groups[g] for g in mine]
+        return await self._train_on(self.step_no + 1, mine, sampled, time.perf_counter() - t_step, t_step)
+
+    async def _train_on(
+        self, step: int, mine: list[int], sampled: list[list[Trajectory]], rollout_s: float, t_step: float
+    ) -> dict[str, Any]:
+        """RoC, advantages, the update, the new weights to the engines and the step's metrics, on
+        this process's groups ``mine`` (their rollouts ``sampled``; ``rollout_s``: the time the step
+        waited for them)."""
+        cfg, world = self.cfg, self.world
+        trajs = [t for g in sampled for t in g]
         self._check_faults(trajs)
         if self.reward_fn is not None:
             for t in trajs:
                 t.reward = float(self.reward_fn(t))  # a custom reward sees every rollout, truncated ones too
 
         S = cfg.rollout.samples
-        sampled = [trajs[i * S : (i + 1) * S] for i in range(len(mine))]
         groups = [[t for t in g if t.fault is None] for g in sampled]  # faults reach neither RoC nor the loss
         roc_cfg = as_dataclass(RocConfig, cfg.roc, keep=cfg.roc.keep if cfg.roc.enabled else S)
         r = cfg.roc
@@ -333,16 +412,21 @@ class RLTrainer:
 
         self.step_no = step
         gen_tokens = sum(r["model_tokens"] for r in all_records)
+        step_s = time.perf_counter() - t_step
+        # synchronous: the rollouts' own rate; asynchronous, they overlap the update: per step's time
+        per = step_s if cfg.rollout.max_staleness else rollout_s
+        trained = [r.trajectory.model_versions for r in rows]
         metrics = {
             **step_metrics(all_records),
             **dict(zip(_ROC_COUNTS, roc_counts, strict=True)),
             **update,
             **sync,
-            "tokens_per_s": gen_tokens / rollout_s if rollout_s > 0 else 0.0,
+            **staleness_metrics(trained, trained_by=step - 1),
+            "tokens_per_s": gen_tokens / per if per > 0 else 0.0,
             "time/rollout_s": rollout_s,
             "time/update_s": update_s,
             "time/sync_s": sync_s,
-            "time/step_s": time.perf_counter() - t_step,
+            "time/step_s": step_s,
         }
         self.warnings = self.watch.observe(step, metrics)
         metrics["health/warnings"] = float(len(self.warnings))
@@ -409,6 +493,7 @@ class RLTrainer:
             token_classes=self.token_classes,
             compute=self.cfg.model.compute,
             temperature=self.cfg.rollout.temperature,
+            proximal=self.cfg.rollout.max_staleness > 0,
         )
         self.model.eval()
         trim_heap()  # the update's logits and activations, freed: not under the next rollouts' peak
@@ -422,7 +507,7 @@ class RLTrainer:
             self.cfg.rollout,
             self.world,
             self.run_dir / "weights-latest",
-            same_model=not self.cfg.rollout.servers and not self.world.distributed,
+            same_model=self.engine_model is self.model,
             probe_prompt=self.rollout.fmt.prompt_ids(PROBE_PROBLEM),
             pad_id=self.tokenizer.pad_token_id or 0,
             step=step,

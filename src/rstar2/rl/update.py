@@ -202,6 +202,7 @@ def update_on_rollouts(
     token_classes: Callable[[Sequence[int], Sequence[int]], list[int]] | None = None,
     compute: str = "auto",
     temperature: float = 1.0,
+    proximal: bool = False,
 ) -> dict[str, float]:
     """The RL update on the rollouts this process kept (``rows``).
     With ``token_classes`` (response ids, loss mask → a class per token, see
@@ -211,7 +212,10 @@ def update_on_rollouts(
     over all processes, ``optim.epochs`` passes. A process with no rows (all its groups dropped)
     still joins the collectives with a zero-weight copy of ``stand_in``. ``compute``: the
     passes' precision (``model.compute``); ``temperature``: the rollouts' sampling temperature,
-    under which every pass (policy, old, reference) takes its log-probs.
+    under which every pass (policy, old, reference) takes its log-probs. ``proximal``: take the old
+    policy's log-probs in a pass before the first step even for one mini-batch and one epoch (the
+    proximal policy of the decoupled objective: asynchronous rollouts were sampled by older weights,
+    their engine log-probs are the behaviour policy's).
     """
     model, world = learner.model, learner.world
     if all_sum([len(rows)], world)[0] == 0:
@@ -232,7 +236,9 @@ def update_on_rollouts(
         units = all_sum([weight_units(b.mask, b.group_index, loss.aggregation)], world)[0]
         batches.append(with_weights(b, loss.aggregation, units).to(world.device))
     tokens = optim.micro_batch_tokens
-    if optim.mini_batches > 1 or optim.epochs > 1:  # the old policy: the weights before the first step
+    if (
+        optim.mini_batches > 1 or optim.epochs > 1 or proximal
+    ):  # the old policy: the weights before the first step
         batches = [
             replace(b, old_logp=logprobs_of(model, b, tokens, world, compute, temperature)) for b in batches
         ]
@@ -241,6 +247,7 @@ def update_on_rollouts(
             replace(b, ref_logp=logprobs_of(ref_model, b, tokens, LOCAL, compute, temperature))
             for b in batches
         ]
+    weights = importance_weights(batches, loss.tis_cap, world) if loss.tis_cap is not None else {}
     loss_cfg = as_dataclass(LossConfig, loss)
     passes = {
         "grad_clip": optim.grad_clip,
@@ -251,4 +258,23 @@ def update_on_rollouts(
     out = [policy_update(learner, b, loss_cfg, **passes) for _ in range(optim.epochs) for b in batches]
     summed = {k for k in out[0] if k.startswith(("entropy_sum/", "entropy_tokens/"))}
     stats = {k: sum(o[k] for o in out) / (1 if k in summed else len(out)) for k in out[0]}
-    return class_entropy_means(stats)
+    return {**class_entropy_means(stats), **weights}
+
+
+def importance_weights(batches: Sequence[Batch], cap: float, world: World) -> dict[str, float]:
+    """pi_old / mu over the trained tokens (old: the policy at the start of the update; mu: the
+    engine that sampled them): the mean, the largest and the share truncated at ``cap``."""
+    total = count = over = 0.0
+    top = 0.0
+    for b in batches:
+        if b.old_logp is None:
+            continue
+        w = (b.old_logp - b.engine_logp)[b.mask.bool()].clamp(-20.0, 20.0).exp()
+        if w.numel():
+            total, count = total + float(w.sum()), count + w.numel()
+            over, top = over + float((w > cap).sum()), max(top, float(w.max()))
+    top = all_max(top, world)
+    total, count, over = all_sum([total, count, over], world)
+    if not count:
+        return {}
+    return {"update/tis_mean": total / count, "update/tis_max": top, "update/tis_truncated": over / count}

@@ -120,6 +120,7 @@ class Rollout:
                 traj.response_ids += ids
                 traj.loss_mask += [1] * len(ids)
                 traj.logprobs += list(gen.logprobs)
+                traj.versions += gen.versions or [-1] * len(ids)
                 emit("generation", {"turn": turn_no, "text": text})
                 if gen.finish_reason == "length":
                     traj.finish_reason = "max_length"
@@ -152,6 +153,7 @@ class Rollout:
                 traj.response_ids += tool_ids
                 traj.loss_mask += [0] * len(tool_ids)
                 traj.logprobs += [0.0] * len(tool_ids)
+                traj.versions += [-1] * len(tool_ids)
             else:
                 traj.finish_reason = "max_turns"
         except Exception as exc:  # an engine failure ends this trajectory, never the batch
@@ -179,6 +181,7 @@ class Rollout:
         cfg = self.config
         ids: list[int] = []
         logprobs: list[float] = []
+        versions: list[int] = []
         failures = piece = 0
         while True:
             context = traj.prompt_ids + traj.response_ids + ids
@@ -209,10 +212,11 @@ class Rollout:
             engine = used
             ids += gen.token_ids
             logprobs += gen.logprobs
+            versions += gen.versions or [-1] * len(gen.token_ids)
             piece += 1
             cut_short = gen.finish_reason == "length" and len(gen.token_ids) < grant  # model's positions
             if gen.finish_reason == "stop" or len(ids) >= budget or cut_short:
-                return Generation(ids, logprobs, gen.finish_reason), engine
+                return Generation(ids, logprobs, gen.finish_reason, versions), engine
 
     async def _call(self, call: Any, key: str) -> ToolCallRecord:
         if not isinstance(call, ToolCall):

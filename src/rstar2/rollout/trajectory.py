@@ -71,7 +71,9 @@ class Turn:
 @dataclass
 class Trajectory:
     """Prompt and response ids; ``loss_mask`` is 1 on the model's tokens and 0 on tool-turn tokens;
-    ``logprobs`` are the engine's for model tokens (0.0 on tool tokens)."""
+    ``logprobs`` are the engine's for model tokens (0.0 on tool tokens), the behaviour policy's;
+    ``versions`` the policy version that sampled each model token (-1 on tool tokens, or where the
+    engine does not say)."""
 
     problem: str
     reference: str | None
@@ -79,6 +81,7 @@ class Trajectory:
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
     finish_reason: FinishReason = "max_turns"
     reward: float = 0.0
@@ -108,6 +111,11 @@ class Trajectory:
     @property
     def num_faulted_calls(self) -> int:
         return sum(c.fault for c in self.calls)
+
+    @property
+    def model_versions(self) -> list[int]:
+        """The policy versions that sampled the model's tokens (empty where none were recorded)."""
+        return [v for v, m in zip(self.versions, self.loss_mask, strict=False) if m]
 
     @property
     def model_text(self) -> str:

@@ -1,0 +1,78 @@
+"""Asynchronous RL with bounded staleness: which groups of rollouts may start, the feed that starts
+them while the trainer updates, and how old the trained tokens were.
+
+Group ``i`` of a run (counted from its first step, ``batch_size`` groups a step) is trained at step
+``i // batch_size`` by the policy of that version (the number of updates before it). It may start
+sampling while the policy is at version ``v`` only if ``i // batch_size - v <= k``
+(``rollout.max_staleness``): every token it samples, under any version ``>= v``, is then at most
+``k`` updates older than the policy it trains. The bound is kept at admission; no finished rollout
+is thrown away. At ``k = 0`` a step's groups start only after the previous update: the synchronous
+loop, the same tokens and weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+
+def admissible(group: int, *, version: int, batch_size: int, max_staleness: int) -> bool:
+    """May group ``group`` start while the policy is at ``version``?"""
+    return group // batch_size - version <= max_staleness
+
+
+def staleness_metrics(versions: Sequence[Sequence[int]], trained_by: int) -> dict[str, float]:
+    """Per trained trajectory, the versions that sampled its model tokens (-1: a tool token);
+    ``trained_by``: the version the update starts from. The mean and largest lag over tokens, and
+    the share of trajectories whose tokens span two or more versions."""
+    lags = [trained_by - v for vs in versions for v in vs if v >= 0]
+    spans = [len({v for v in vs if v >= 0}) > 1 for vs in versions]
+    return {
+        "staleness/mean": statistics.fmean(lags) if lags else 0.0,
+        "staleness/max": float(max(lags, default=0)),
+        "staleness/multi_version_share": statistics.fmean(spans) if spans else 0.0,
+    }
+
+
+class GroupFeed:
+    """Starts groups as the bound allows and hands each step its own groups, in order, once they
+    have all finished; groups of later steps keep generating while the trainer updates.
+    ``launch(i)`` is called when group ``i`` is admitted (in order: it may take its problem from
+    the data stream there) and returns what to await for its rollouts."""
+
+    def __init__(
+        self,
+        launch: Callable[[int], Awaitable[Any]],
+        *,
+        first_step: int,
+        batch_size: int,
+        max_staleness: int,
+    ) -> None:
+        self.launch, self.batch_size, self.max_staleness = launch, batch_size, max_staleness
+        self.next = first_step * batch_size  # the next group to start
+        self.version = first_step
+        self.running: dict[int, asyncio.Task] = {}
+
+    def advance(self, version: int) -> None:
+        """The policy is now at ``version``: start every group the bound lets in."""
+        self.version = version
+        while admissible(
+            self.next, version=self.version, batch_size=self.batch_size, max_staleness=self.max_staleness
+        ):
+            self.running[self.next] = asyncio.ensure_future(self.launch(self.next))
+            self.next += 1
+
+    async def step(self, step: int) -> list[Any]:
+        """The groups of ``step`` (0-based), each the result of its ``launch``."""
+        self.advance(self.version)
+        groups = range(step * self.batch_size, (step + 1) * self.batch_size)
+        return list(await asyncio.gather(*(self.running.pop(i) for i in groups)))
+
+    async def close(self) -> None:
+        """Cancel the groups started for steps that will not run (a resumed run redoes them)."""
+        for task in self.running.values():
+            task.cancel()
+        await asyncio.gather(*self.running.values(), return_exceptions=True)
+        self.running.clear()

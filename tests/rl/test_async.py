@@ -1,0 +1,201 @@
+"""Asynchronous RL with bounded staleness (``rollout.max_staleness``): k = 0 is the synchronous loop
+byte for byte; admission keeps every trained token within k updates of its sampler; tokens record
+the policy version that sampled them; k > 0 needs the off-policy correction."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import torch
+
+from rstar2.config import ConfigError, parse_config
+from rstar2.engines.base import SamplingParams
+from rstar2.engines.hf import HFEngine
+from rstar2.rl.checkpoint import latest_checkpoint
+from rstar2.rl.metrics_log import read_metrics
+from rstar2.rl.staleness import admissible, staleness_metrics
+from rstar2.rl.trainer import RLTrainer
+from tests.rl.test_trainer import rl_config
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("async")
+    rows = [{"problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(12)]
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def _config(tiny_dir, root, out, steps=3, **rollout):
+    tree = rl_config(tiny_dir, root / "train.jsonl", root / out)
+    tree["run"].update(steps=steps, save_every=steps)
+    tree["rollout"].update(rollout)
+    if rollout.get("max_staleness"):
+        tree["loss"] = {"tis_cap": 2.0}
+    return parse_config(tree)
+
+
+def _train(cfg, **options):
+    threads = torch.get_num_threads()
+    try:
+        return asyncio.run(RLTrainer(cfg, **options).train())
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_staleness_without_a_correction_is_refused(tiny_dir, data):
+    tree = rl_config(tiny_dir, data / "train.jsonl", data / "refused")
+    tree["rollout"]["max_staleness"] = 1
+    with pytest.raises(ConfigError, match="loss.tis_cap"):
+        parse_config(tree)
+    tree["loss"] = {"tis_cap": 2.0}
+    assert parse_config(tree).rollout.max_staleness == 1
+
+
+def test_admission_keeps_every_group_within_k_updates():
+    """Group i is trained at step i // B; it may start while the policy is at version v only if
+    i // B - v <= k. At k = 0 only the current step's groups may start."""
+    B = 4
+    assert [admissible(i, version=0, batch_size=B, max_staleness=0) for i in range(9)] == [True] * 4 + [
+        False
+    ] * 5
+    assert [admissible(i, version=2, batch_size=B, max_staleness=1) for i in range(8, 17)] == [True] * 8 + [
+        False
+    ]
+    for k in range(3):
+        for version in range(4):
+            for i in range(40):
+                if admissible(i, version=version, batch_size=B, max_staleness=k):
+                    assert i // B - version <= k
+
+
+def test_staleness_metrics_by_hand():
+    # trained by version 5: tokens sampled by 5, 4 and 3 (tool tokens, -1, carry no version)
+    versions = [[5, 5, -1, 4], [3, 3, 3], [4, 5]]
+    m = staleness_metrics(versions, trained_by=5)
+    assert m["staleness/max"] == 2
+    assert m["staleness/mean"] == pytest.approx((0 + 0 + 1 + 2 + 2 + 2 + 1 + 0) / 8)
+    assert m["staleness/multi_version_share"] == pytest.approx(2 / 3)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_k0_is_the_synchronous_loop_byte_for_byte(tiny_dir, data):
+    """The asynchronous loop at max_staleness 0 against the plain synchronous one (rollouts, then
+    the update, step by step): the same tokens and the same weights, to the byte."""
+    _train(_config(tiny_dir, data, "k0"))
+    _train(_config(tiny_dir, data, "sync"), lockstep=True)
+    a, b = latest_checkpoint(data / "k0"), latest_checkpoint(data / "sync")
+    assert a.name == b.name == "step-000003"
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+    for step in (1, 2, 3):
+        name = f"step_{step:06d}.jsonl"
+        ta = [
+            json.loads(x)["response_ids"] for x in (data / "k0" / "samples" / name).read_text().splitlines()
+        ]
+        tb = [
+            json.loads(x)["response_ids"] for x in (data / "sync" / "samples" / name).read_text().splitlines()
+        ]
+        assert ta == tb, step
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_k1_trains_tokens_at_most_one_update_old_and_records_their_versions(tiny_dir, data):
+    cfg = _config(tiny_dir, data, "k1", steps=4, max_staleness=1)
+    history = _train(cfg)
+    assert len(history) == 4
+    rows = read_metrics(data / "k1" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["staleness/max"] <= 1 for r in rows)
+    assert all("update/tis_mean" in r for r in rows if "loss" in r)
+    # step 2's groups were started with step 1's, before its update (they generated during it)
+    second = (data / "k1" / "samples" / "step_000002.jsonl").read_text().splitlines()
+    assert {json.loads(x)["meta"]["admitted_version"] for x in second} == {0}
+    # every trained model token carries the version that sampled it; none is older than k
+    for r in rows:
+        lines = (data / "k1" / "samples" / f"step_{r['step']:06d}.jsonl").read_text().splitlines()
+        for t in map(json.loads, lines):
+            model = [v for v, m in zip(t["versions"], t["loss_mask"], strict=True) if m]
+            assert model and all(0 <= r["step"] - 1 - v <= 1 for v in model), (r["step"], model)
+
+
+async def test_a_generation_across_a_weight_update_records_both_versions(tiny):
+    """A request decoding when the weights change is neither lost nor restarted: its rows are
+    prefilled again under the new weights, and each token says which version sampled it."""
+    import copy
+
+    model, tok = copy.deepcopy(tiny[0]), tiny[1]  # its weights change here
+    engine = HFEngine(model, max_batch_size=4)
+    prompt = tok.encode("count: one two three", add_special_tokens=False)
+    task = asyncio.create_task(engine.generate(prompt, SamplingParams(max_new_tokens=120, seed=1)))
+    while engine.stats["steps"] < 10:
+        await asyncio.sleep(0.001)
+    changed = {k: v + 0.01 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    await asyncio.to_thread(engine.update_weights, changed, 7)
+    g = await task
+    await engine.close()
+    assert len(g.versions) == len(g.token_ids) == 120
+    first_new = g.versions.index(7)
+    assert first_new >= 10 and set(g.versions[:first_new]) == {0} and set(g.versions[first_new:]) == {7}
+    assert engine.stats["reprefills"] == 1
+
+
+class _HeldTool:
+    """The real code environment, whose answers are held until the test lets them go."""
+
+    def __init__(self, pool):
+        self.pool, self.called, self.release = pool, asyncio.Event(), asyncio.Event()
+
+    async def run(self, request):
+        result = await self.pool.run(request)
+        self.called.set()
+        await self.release.wait()
+        return result
+
+
+@pytest.mark.slow
+async def test_a_tool_call_in_flight_across_an_update_completes_and_the_trajectory_goes_on(
+    tool_caller, pool, verifier
+):
+    """A trajectory waiting on its tool when the weights change is neither lost nor restarted: the
+    tool's result is appended and the next turn is sampled by the new version."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rstar2.chat.format import ChatFormat
+    from rstar2.config import RolloutSection
+    from rstar2.rollout import Rollout
+
+    model = AutoModelForCausalLM.from_pretrained(tool_caller)
+    fmt = ChatFormat(
+        AutoTokenizer.from_pretrained(tool_caller), system_prompt="Answer.", tools_in_prompt=False
+    )
+    engine = HFEngine(model, max_batch_size=4)
+    tool = _HeldTool(pool)
+    settings = RolloutSection(max_turns=4, max_response_tokens=400, top_k=1)
+    rollout = Rollout(engine, fmt, tool, verifier, settings)
+    task = asyncio.create_task(rollout.run("What is 4 * 5?", "20", seed=0))
+    await asyncio.wait_for(tool.called.wait(), 120)
+    same = {k: v.clone() for k, v in model.state_dict().items()}  # new weights (here equal in value)
+    await asyncio.to_thread(engine.update_weights, same, 3)
+    tool.release.set()
+    t = await asyncio.wait_for(task, 120)
+    await engine.close()
+    held = next(i for i, turn in enumerate(t.turns) if any(c.result is not None for c in turn.calls))
+    call = next(c for c in t.turns[held].calls if c.result is not None)
+    assert call.result.status == "ok" and call.response == call.result.stdout.strip()  # appended
+    assert len(t.turns) > held + 1, "the trajectory did not go on after the update"
+    spans, at = [], 0
+    for turn in t.turns:  # (model tokens, tool tokens) of each turn, in the response
+        spans.append(
+            (
+                t.versions[at : at + turn.model_tokens],
+                t.versions[at + turn.model_tokens : at + turn.model_tokens + turn.tool_tokens],
+            )
+        )
+        at += turn.model_tokens + turn.tool_tokens
+    assert all(set(model) == {0} for model, _ in spans[: held + 1])  # sampled before the update
+    assert all(set(model) == {3} for model, _ in spans[held + 1 :])  # after it: the new version
+    assert all(set(tool) <= {-1} for _, tool in spans)
