@@ -1,0 +1,162 @@
+"""Asynchronous RL (``rollout.max_staleness``) against the synchronous loop, in-process, same run.
+
+Each arm runs the RL trainer for ``--steps`` steps from the same model, data and seed, with the
+in-process engine and the real code environment and verifier; only ``rollout.max_staleness`` (k)
+differs (k > 0 with the decoupled objective, ``loss.tis_cap: 2``). The first step is a warm-up and
+is not counted. Arms run in the order given, then reversed (A-B-C-C-B-A with ``--repeat 2``), and
+the table shows means: wall seconds per trained rollout, model tokens per second, the update's
+seconds, the seconds a step waited for its rollouts, the engine's occupancy (rows a decode step
+held / its rows), staleness. Ratios are against k = 0 of the same run.
+
+    python benchmarks/async_rl.py --model /tmp/rstar2-bench-smollm2 [--steps 4] [--staleness 0,1,2]
+    python benchmarks/async_rl.py            # the tiny recipe's model shape, built here
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from rstar2.config import parse_config
+from rstar2.recipe.tasks import generate
+from rstar2.rl.trainer import RLTrainer
+
+
+def problems(root: Path, n: int) -> Path:
+    rows = [t.row() for t in generate(n, seed=7)]
+    path = root / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def tiny_model(root: Path) -> Path:
+    from rstar2.recipe.corpus import tiny_corpus
+    from rstar2.recipe.spec import find_recipe, load_recipe
+    from rstar2.recipe.tiny_model import build_model, build_tokenizer, save_pretrained
+
+    recipe = load_recipe(find_recipe("tiny"))
+    m = recipe.model
+    tok = build_tokenizer(tiny_corpus(recipe), m.vocab)
+    model = build_model(
+        tok, hidden=m.hidden, layers=m.layers, heads=m.heads, mlp=m.mlp, max_positions=m.max_positions
+    )
+    return save_pretrained(model, tok, root / "tiny")
+
+
+def run_arm(model: Path, data: Path, out: Path, k: int, a) -> dict:
+    tree = {
+        "kind": "rl",
+        "model": {"path": str(model), "compute": "fp32"},
+        "data": {"train": str(data), "shuffle": False},
+        "rollout": {
+            "samples": a.samples,
+            "max_turns": a.max_turns,
+            "max_response_tokens": a.max_response_tokens,
+            "max_batch_size": a.batch_rows,
+            "max_staleness": k,
+            "sandbox_workers": 1,
+            "verifier_workers": 1,
+        },
+        "roc": {"keep": max(1, a.samples // 2)},
+        "optim": {"lr": 1e-6, "warmup_steps": 0},
+        "run": {
+            "out": str(out),
+            "steps": a.steps,
+            "batch_size": a.problems,
+            "seed": 0,
+            "save_every": 10_000,
+            "tensorboard": False,
+            "progress": False,
+            "samples_per_step": 0,
+        },
+    }
+    if k:
+        tree["loss"] = {"tis_cap": 2.0}
+    trainer = RLTrainer(parse_config(tree))
+    trainer.save = lambda metrics=None: None  # time steps, not checkpoints
+    t0 = time.perf_counter()
+    history = asyncio.run(trainer.train())
+    wall = time.perf_counter() - t0
+    stats = trainer.engines[0].stats
+    counted = history[1:]
+    seconds = sum(m["time/step_s"] for m in counted)
+    rollouts = sum(m["rollouts"] for m in counted)
+    return {
+        "k": k,
+        "wall_s": wall,
+        "s_per_rollout": seconds / rollouts,
+        # model tokens per wall second of the steps (the trainer reports them per rollout time at
+        # k = 0, per step time at k > 0)
+        "tokens_per_s": sum(m["tokens_per_s"] * m["time/step_s" if k else "time/rollout_s"] for m in counted)
+        / seconds,
+        "update_s": statistics.fmean(m["time/update_s"] for m in counted),
+        "wait_s": statistics.fmean(m["time/rollout_s"] for m in counted),
+        "occupancy": stats["row_steps"] / max(1, stats["steps"]) / a.batch_rows,
+        "staleness_mean": statistics.fmean(m["staleness/mean"] for m in counted),
+        "staleness_max": max(m["staleness/max"] for m in counted),
+        "accuracy": statistics.fmean(m["accuracy"] for m in counted),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, default=None, help="a model folder (default: the tiny shape)")
+    ap.add_argument("--staleness", default="0,1,2")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--problems", type=int, default=4, help="problems a step")
+    ap.add_argument("--samples", type=int, default=8, help="rollouts a problem (2G)")
+    ap.add_argument("--max-turns", type=int, default=3)
+    ap.add_argument("--max-response-tokens", type=int, default=256)
+    ap.add_argument("--batch-rows", type=int, default=32, help="the engine's max_batch_size")
+    ap.add_argument("--repeat", type=int, default=2, help="1: A-B-C; 2: A-B-C-C-B-A")
+    ap.add_argument("--out", type=Path, default=None, help="write the raw numbers as JSON")
+    a = ap.parse_args()
+    ks = [int(x) for x in a.staleness.split(",")]
+    order = ks + (ks[::-1] if a.repeat > 1 else [])
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        model = a.model or tiny_model(root)
+        data = problems(root, a.problems * (a.steps + max(ks) + 1))
+        runs = [run_arm(model, data, root / f"run-{i}-k{k}", k, a) for i, k in enumerate(order)]
+    by_k = {k: [r for r in runs if r["k"] == k] for k in ks}
+    mean = {k: {key: statistics.fmean(r[key] for r in rs) for key in rs[0]} for k, rs in by_k.items()}
+    base = mean[ks[0]]
+    table = Table(
+        title=f"asynchronous RL, in-process ({model.name if a.model else 'tiny'}; CPU "
+        f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads; "
+        f"{a.problems}x{a.samples} rollouts a step, {a.steps - 1} steps counted, means of {a.repeat})"
+    )
+    cols = ("k", "s / trained rollout", "× k=0 (speed)", "model tokens/s", "update s", "wait s")
+    cols += ("occupancy", "staleness mean / max", "accuracy")
+    for c in cols:
+        table.add_column(c, justify="right")
+    for k, m in mean.items():
+        table.add_row(
+            str(k),
+            f"{m['s_per_rollout']:.3f}",
+            f"{base['s_per_rollout'] / m['s_per_rollout']:.2f}×",
+            f"{m['tokens_per_s']:.1f}",
+            f"{m['update_s']:.2f}",
+            f"{m['wait_s']:.2f}",
+            f"{100 * m['occupancy']:.0f}%",
+            f"{m['staleness_mean']:.2f} / {m['staleness_max']:.0f}",
+            f"{100 * m['accuracy']:.1f}%",
+        )
+    Console(width=160).print(table)
+    if a.out:
+        a.out.write_text(
+            json.dumps({"runs": runs, "args": {k: str(v) for k, v in vars(a).items()}}, indent=1)
+        )
+
+
+if __name__ == "__main__":
+    main()
