@@ -2,8 +2,9 @@
 
 Each arm runs the RL trainer for ``--steps`` steps from the same model, data and seed, with the
 in-process engine and the real code environment and verifier; only ``rollout.max_staleness`` (k)
-differs (k > 0 with the decoupled objective, ``loss.tis_cap: 2``). The first step is a warm-up and
-is not counted. Arms run in the order given, then reversed (A-B-C-C-B-A with ``--repeat 2``), and
+differs (k > 0 with the decoupled objective, ``loss.tis_cap: 2``). The reward is the parity of the
+first sampled token (groups of mixed rewards, so every step updates whatever the model knows: this
+measures time, not learning). The first step is a warm-up and is not counted. Arms run in the order given, then reversed (A-B-C-C-B-A with ``--repeat 2``), and
 the table shows means: wall seconds per trained rollout, model tokens per second, the update's
 seconds, the seconds a step waited for its rollouts, the engine's occupancy (rows a decode step
 held / its rows), staleness. Ratios are against k = 0 of the same run.
@@ -31,6 +32,10 @@ from rstar2.recipe.tasks import generate
 from rstar2.rl.trainer import RLTrainer
 
 
+def first_token_even(traj) -> float:
+    return float(bool(traj.response_ids) and traj.response_ids[0] % 2 == 0)
+
+
 def problems(root: Path, n: int) -> Path:
     rows = [t.row() for t in generate(n, seed=7)]
     path = root / "train.jsonl"
@@ -52,17 +57,31 @@ def tiny_model(root: Path) -> Path:
     return save_pretrained(model, tok, root / "tiny")
 
 
-def run_arm(model: Path, data: Path, out: Path, k: int, a) -> dict:
+def chat_settings(recipe: str) -> dict:
+    """The chat format of a shipped recipe (system prompt, tools in the prompt, tool output limits),
+    read from its YAML (the recipe's model need not be installed)."""
+    import yaml
+
+    from rstar2.recipe.spec import find_recipe
+
+    return yaml.safe_load(find_recipe(recipe).read_text()).get("chat", {})
+
+
+def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
+    """``arm``: k, or k + "keep" (``rollout.keep_stale_kv``: no prefill again on new weights)."""
+    k, keep = int(arm.removesuffix("keep")), arm.endswith("keep")
     tree = {
         "kind": "rl",
         "model": {"path": str(model), "compute": "fp32"},
         "data": {"train": str(data), "shuffle": False},
         "rollout": {
+            **chat_settings(a.chat_from_recipe),
             "samples": a.samples,
             "max_turns": a.max_turns,
             "max_response_tokens": a.max_response_tokens,
             "max_batch_size": a.batch_rows,
             "max_staleness": k,
+            "keep_stale_kv": keep,
             "sandbox_workers": 1,
             "verifier_workers": 1,
         },
@@ -81,7 +100,7 @@ def run_arm(model: Path, data: Path, out: Path, k: int, a) -> dict:
     }
     if k:
         tree["loss"] = {"tis_cap": 2.0}
-    trainer = RLTrainer(parse_config(tree))
+    trainer = RLTrainer(parse_config(tree), reward_fn=first_token_even)
     trainer.save = lambda metrics=None: None  # time steps, not checkpoints
     t0 = time.perf_counter()
     history = asyncio.run(trainer.train())
@@ -91,7 +110,8 @@ def run_arm(model: Path, data: Path, out: Path, k: int, a) -> dict:
     seconds = sum(m["time/step_s"] for m in counted)
     rollouts = sum(m["rollouts"] for m in counted)
     return {
-        "k": k,
+        "k": arm,
+        "reprefills": stats["reprefills"],
         "wall_s": wall,
         "s_per_rollout": seconds / rollouts,
         # model tokens per wall second of the steps (the trainer reports them per rollout time at
@@ -101,8 +121,8 @@ def run_arm(model: Path, data: Path, out: Path, k: int, a) -> dict:
         "update_s": statistics.fmean(m["time/update_s"] for m in counted),
         "wait_s": statistics.fmean(m["time/rollout_s"] for m in counted),
         "occupancy": stats["row_steps"] / max(1, stats["steps"]) / a.batch_rows,
-        "staleness_mean": statistics.fmean(m["staleness/mean"] for m in counted),
-        "staleness_max": max(m["staleness/max"] for m in counted),
+        "staleness_mean": statistics.fmean(m.get("staleness/mean", 0.0) for m in counted),
+        "staleness_max": max(m.get("staleness/max", 0.0) for m in counted),
         "accuracy": statistics.fmean(m["accuracy"] for m in counted),
     }
 
@@ -110,7 +130,12 @@ def run_arm(model: Path, data: Path, out: Path, k: int, a) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=None, help="a model folder (default: the tiny shape)")
-    ap.add_argument("--staleness", default="0,1,2")
+    ap.add_argument(
+        "--chat-from-recipe",
+        default=None,
+        help="whose chat format (default: tiny, or smollm2-135m with --model)",
+    )
+    ap.add_argument("--staleness", default="0,1,2", help="arms: k, or k followed by 'keep' (keep_stale_kv)")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--problems", type=int, default=4, help="problems a step")
     ap.add_argument("--samples", type=int, default=8, help="rollouts a problem (2G)")
@@ -120,15 +145,19 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="1: A-B-C; 2: A-B-C-C-B-A")
     ap.add_argument("--out", type=Path, default=None, help="write the raw numbers as JSON")
     a = ap.parse_args()
-    ks = [int(x) for x in a.staleness.split(",")]
+    ks = a.staleness.split(",")
+    a.chat_from_recipe = a.chat_from_recipe or ("smollm2-135m" if a.model else "tiny")
     order = ks + (ks[::-1] if a.repeat > 1 else [])
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model = a.model or tiny_model(root)
-        data = problems(root, a.problems * (a.steps + max(ks) + 1))
+        data = problems(root, a.problems * (a.steps + max(int(k.removesuffix("keep")) for k in ks) + 1))
         runs = [run_arm(model, data, root / f"run-{i}-k{k}", k, a) for i, k in enumerate(order)]
     by_k = {k: [r for r in runs if r["k"] == k] for k in ks}
-    mean = {k: {key: statistics.fmean(r[key] for r in rs) for key in rs[0]} for k, rs in by_k.items()}
+    mean = {
+        k: {key: statistics.fmean(r[key] for r in rs) for key in rs[0] if key != "k"}
+        for k, rs in by_k.items()
+    }
     base = mean[ks[0]]
     table = Table(
         title=f"asynchronous RL, in-process ({model.name if a.model else 'tiny'}; CPU "
@@ -141,7 +170,7 @@ def main() -> None:
         table.add_column(c, justify="right")
     for k, m in mean.items():
         table.add_row(
-            str(k),
+            k,
             f"{m['s_per_rollout']:.3f}",
             f"{base['s_per_rollout'] / m['s_per_rollout']:.2f}×",
             f"{m['tokens_per_s']:.1f}",

@@ -92,6 +92,9 @@ class RolloutSection(ChatSection):
     # training: a token may be sampled by a policy at most this many updates older than the one it
     # trains (rl/staleness.py); 0 = the synchronous loop. > 0 needs loss.tis_cap (the correction)
     max_staleness: int = Field(0, ge=0)
+    # in-process engine, on new weights: keep the keys and values computed under the old ones (as
+    # PipelineRL does: no recompute, tokens then read stale context) instead of prefilling again
+    keep_stale_kv: bool = False
     # new weights to remote servers after each update (training)
     reload_path: str = "/update_weights_from_disk"  # server endpoint that loads a checkpoint folder
     reload_retries: int = Field(2, ge=0)  # a refused weight update is retried, then the run stops

@@ -199,3 +199,80 @@ async def test_a_tool_call_in_flight_across_an_update_completes_and_the_trajecto
     assert all(set(model) == {0} for model, _ in spans[: held + 1])  # sampled before the update
     assert all(set(model) == {3} for model, _ in spans[held + 1 :])  # after it: the new version
     assert all(set(tool) <= {-1} for _, tool in spans)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_an_asynchronous_run_killed_resumes_from_its_checkpoint_and_trains_each_step_once(tiny_dir, data):
+    """kill -9 while groups of later steps are in flight: the resumed run regenerates them from the
+    checkpoint's data position; every step is trained exactly once and the run ends."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    from tests.rl.test_trainer import ROOT
+
+    out = data / "killed"
+    tree = rl_config(tiny_dir, data / "train.jsonl", out)
+    tree["run"].update(steps=6, save_every=2)
+    tree["rollout"]["max_staleness"] = 2
+    tree["loss"] = {"tis_cap": 2.0}
+    (data / "killed.yaml").write_text(yaml.safe_dump(tree))
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rstar2", "train", str(data / "killed.yaml")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (out / "checkpoints" / "step-000002" / "state.json").exists():
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read()[-2000:]}"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    saved = latest_checkpoint(out)
+    assert saved.name in ("step-000002", "step-000004")
+    position = json.loads((saved / "state.json").read_text())["data_position"]
+    assert position == int(saved.name.split("-")[1]) * 4  # the trained steps' problems, not the feed's
+    resumed = _train(parse_config(tree), resume=True)
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]  # each step once
+    assert len(resumed) == 6 - int(saved.name.split("-")[1])
+    assert all(r["staleness/max"] <= 2 for r in rows)
+    assert latest_checkpoint(out).name == "step-000006"
+
+
+async def test_keep_stale_kv_keeps_the_old_keys_and_values_across_an_update(tiny):
+    """``rollout.keep_stale_kv``: no prefill again and the kept prefixes stay; the token sampled
+    from logits computed before the change still counts as the old version's."""
+    import copy
+
+    model, tok = copy.deepcopy(tiny[0]), tiny[1]
+    engine = HFEngine(model, max_batch_size=4, keep_stale_kv=True)
+    prompt = tok.encode("count: one two three", add_special_tokens=False)
+    first = await engine.generate(prompt, SamplingParams(max_new_tokens=8, seed=2))
+    task = asyncio.create_task(engine.generate(prompt[:5], SamplingParams(max_new_tokens=120, seed=1)))
+    while engine.stats["steps"] < 20:
+        await asyncio.sleep(0.001)
+    changed = {k: v + 0.01 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    await asyncio.to_thread(engine.update_weights, changed, 7)
+    g = await task
+    nxt = await engine.generate(prompt + first.token_ids + [3], SamplingParams(max_new_tokens=4, seed=3))
+    await engine.close()
+    assert engine.stats["reprefills"] == 0
+    assert engine.stats["reused_tokens"] >= len(prompt)  # the prefix kept under the old weights
+    first_new = g.versions.index(7)
+    assert set(g.versions[:first_new]) == {0} and set(g.versions[first_new:]) == {7}
+    assert nxt.versions == [7] * len(nxt.token_ids)

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -115,6 +116,91 @@ def test_rl_on_a_served_engine_keeps_the_server_on_the_trainers_weights(served, 
     final = final_weights(out)
     assert info["weights_fingerprint"] == pytest.approx(weights_fingerprint(final), rel=1e-12)
     assert start["weights_fingerprint"] != pytest.approx(info["weights_fingerprint"], rel=1e-9)  # they moved
+
+
+@pytest.fixture
+def second_server(tiny_dir):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_cli(["serve", "--model", str(tiny_dir), "--port", str(port), "--device", "cpu"], env=ENV)
+    try:
+        wait_http(url, proc)
+        yield url
+    finally:
+        stop(proc)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_versioned_weight_update_reaches_two_served_engines_mid_generation(
+    served, second_server, tiny_dir, tmp_path
+):
+    """New weights pushed while each server decodes a long request: the requests are neither lost
+    nor restarted, and each says which version sampled each of its tokens."""
+    import concurrent.futures
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    model.save_pretrained(tmp_path / "new")
+    body = {"prompt": [5, 6, 7, 8], "max_tokens": 1500, "temperature": 1.0, "seed": 1, "ignore_eos": True}
+    body |= {"logprobs": 0, "return_token_ids": True}
+
+    def long_request(url: str) -> dict:
+        return httpx.post(url + "/v1/completions", json=body, timeout=300).json()["choices"][0]
+
+    urls = [served, second_server]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        running = [pool.submit(long_request, u) for u in urls]
+        for u in urls:  # each server is decoding its request before the load
+            deadline = time.monotonic() + 120
+            while httpx.get(u + "/get_server_info").json()["engine"]["steps"] < 20:
+                assert time.monotonic() < deadline, f"{u} never started decoding"
+                time.sleep(0.01)
+        for u in urls:
+            r = httpx.post(
+                u + "/update_weights_from_disk",
+                json={"model_path": str(tmp_path / "new"), "weight_version": "5"},
+                timeout=120,
+            )
+            assert r.status_code == 200 and r.json()["success"], r.text
+        choices = [f.result() for f in running]
+    for u, choice in zip(urls, choices, strict=True):
+        versions = choice["token_versions"]
+        assert len(choice["token_ids"]) == len(versions) == 1500, u
+        assert versions[0] == 0 and versions[-1] == 5, (u, versions[:3], versions[-3:])
+        first_new = versions.index(5)
+        assert set(versions[:first_new]) == {0} and set(versions[first_new:]) == {5}, u
+        info = httpx.get(u + "/get_server_info").json()
+        assert info["weights_version"] == 1 and info["engine"]["policy_version"] == 5
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_asynchronous_rl_on_two_served_engines(served, second_server, tiny_dir, problems, tmp_path):
+    """rollout.max_staleness 1 through the CLI with two `rstar2 serve` engines: every step once,
+    the servers end on the trainer's weights, and every trained token is at most one update old
+    (the servers say which version sampled it)."""
+    out = tmp_path / "run"
+    tree = small_rl(tiny_dir, problems, out, steps=3, servers=[served, second_server], max_staleness=1)
+    tree["loss"] = {"tis_cap": 2.0}
+    ok(cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))]))
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["staleness/max"] <= 1 for r in rows) and all(r["sync/logprob_diff"] < 1e-4 for r in rows)
+    final = final_weights(out)
+    for url in (served, second_server):
+        info = httpx.get(url + "/get_server_info").json()
+        assert info["weights_version"] == 3
+        assert info["weights_fingerprint"] == pytest.approx(weights_fingerprint(final), rel=1e-12)
+    for r in rows:
+        lines = (out / "samples" / f"step_{r['step']:06d}.jsonl").read_text().splitlines()
+        for t in map(json.loads, lines):
+            model = [v for v, m in zip(t["versions"], t["loss_mask"], strict=True) if m]
+            assert model and all(0 <= r["step"] - 1 - v <= 1 for v in model), (r["step"], model)
 
 
 @pytest.mark.slow

@@ -58,6 +58,7 @@ class Row:
     out_ids: list[int] = field(default_factory=list)
     out_lp: list[float] = field(default_factory=list)
     out_ver: list[int] = field(default_factory=list)  # the weights' version that sampled each id
+    next_version: int = 0  # the version of the weights its next-token logits came from
     finish: str = "length"
 
     def context(self) -> list[int]:
@@ -78,7 +79,7 @@ class RunningBatch:
     ) -> None:
         self.model, self.device, self.max_rows = model, device, max_rows
         self.pad_token_id, self.store, self.stats = pad_token_id, store, stats
-        self.version = 0  # the policy version of the weights the logits come from (set by the engine)
+        self.version = 0  # the policy version of the weights the next forward uses (set by the engine)
         # eager attention adds the mask to the scores; sdpa takes it as booleans
         self.additive_mask = getattr(model.config, "_attn_implementation", None) == "eager"
         self.reset()
@@ -198,6 +199,8 @@ class RunningBatch:
             raise
         self.stats["batches"] += 1
         self.logits = logits if self.logits is None else torch.cat([self.logits, logits])
+        for row in rows:
+            row.next_version = self.version
 
     def refill(self) -> None:
         """Every running row prefilled again from its tokens (the weights changed under it)."""
@@ -205,6 +208,8 @@ class RunningBatch:
         self.reset()
         try:
             self.logits = self._prefill(self.kv, [r.context() for r in rows], [None] * len(rows), rows)
+            for row in rows:
+                row.next_version = self.version
         except BaseException:
             self.reset()  # every row fails with the error (``guarded``)
             raise
@@ -218,7 +223,7 @@ class RunningBatch:
         for i, (row, tok, lp) in enumerate(zip(rows, ids, logps.tolist(), strict=True)):
             row.out_ids.append(tok)
             row.out_lp.append(lp)
-            row.out_ver.append(self.version)
+            row.out_ver.append(row.next_version)
             if tok in row.req.params.stop_token_ids:
                 row.finish = "stop"
             elif len(row.out_ids) < row.budget:
@@ -237,6 +242,8 @@ class RunningBatch:
         n = len(ids)
         column = torch.tensor(ids, dtype=torch.long).unsqueeze(1).to(self.device)
         self.logits = self.forward(column, self.kv, (0, n), [1] * n)
+        for row in self.rows:
+            row.next_version = self.version
 
     def _finish(self, i: int, row: Row) -> None:
         if self.store is not None:

@@ -60,8 +60,10 @@ class HFEngine:
         pad_token_id: int | None = None,
         gather_s: float = 0.01,
         compute: str = "auto",
+        keep_stale_kv: bool = False,
     ) -> None:
         self.model = model.eval()
+        self.keep_stale_kv = keep_stale_kv  # on new weights, keep the old KV instead of prefilling again
         attention = getattr(model.config, "_attn_implementation", None) or "sdpa"
         if attention not in ("sdpa", "eager"):
             raise ValueError(
@@ -212,13 +214,14 @@ class HFEngine:
             start = time.perf_counter()
             with torch.no_grad(), self.lock, torch.autocast(device.type, torch.bfloat16, enabled=bf16):
                 stamp = (self._written, weights_stamp(self.model))
-                if stamp != self._stamp:  # new weights: nothing computed under the old ones is used
-                    self.store.clear()
+                if stamp != self._stamp:  # new weights
                     self._stamp = stamp
                     batch.version = self.version
-                    if batch.rows:
-                        self.stats["reprefills"] += len(batch.rows)
-                        batch.guarded(list(batch.rows), batch.refill)
+                    if not self.keep_stale_kv:  # nothing computed under the old ones is used
+                        self.store.clear()
+                        if batch.rows:
+                            self.stats["reprefills"] += len(batch.rows)
+                            batch.guarded(list(batch.rows), batch.refill)
                 if new:
                     t0 = time.perf_counter()
                     rows = [self._row(r) for r in new]

@@ -149,23 +149,32 @@ class OpenAIEngine:
                 float(x) for x in ((choice.get("logprobs") or {}).get("token_logprobs") or [0.0] * len(ids))
             ]
             finish = "length" if choice.get("finish_reason") == "length" else "stop"
-            return Generation(ids, logprobs, finish)  # type: ignore[arg-type]
+            versions = choice.get("token_versions")  # rstar2 serve says which policy sampled each
+            if not (isinstance(versions, list) and len(versions) == len(ids)):
+                versions = None
+            return Generation(ids, logprobs, finish, versions)  # type: ignore[arg-type]
         finally:
             self.in_flight -= 1
 
     async def update_weights(
-        self, model_dir: str, endpoint: str = "/update_weights_from_disk"
+        self, model_dir: str, endpoint: str = "/update_weights_from_disk", version: int | None = None
     ) -> dict[str, Any]:
         """Ask the server to load new weights from ``model_dir`` (a checkpoint folder it can read);
         returns the server's answer (``rstar2 serve`` adds ``weights_fingerprint`` and ``dtype``).
 
         The endpoint is SGLang's (``POST /update_weights_from_disk`` with ``{"model_path": …}``),
-        which ``rstar2 serve`` also offers. A vLLM server has no such endpoint: restart it on the
-        checkpoint, or set ``rollout.reload_path`` to your own route. A refusal (an error status,
-        or ``"success": false`` as SGLang answers) raises ``ServerError``."""
+        which ``rstar2 serve`` also offers; ``version`` (the trainer's update count) goes as SGLang's
+        ``weight_version``, and ``rstar2 serve`` then says which version sampled each token. A vLLM
+        server has no such endpoint: restart it on the checkpoint, or set ``rollout.reload_path`` to
+        your own route. A refusal (an error status, or ``"success": false`` as SGLang answers)
+        raises ``ServerError``. Requests in flight on ``rstar2 serve`` continue under the new
+        weights."""
         what = f"{self.base_url}{endpoint} could not load {model_dir}"
+        body: dict[str, Any] = {"model_path": str(model_dir)}
+        if version is not None:
+            body["weight_version"] = str(version)
         try:
-            resp = await self._client.post(endpoint, json={"model_path": str(model_dir)})
+            resp = await self._client.post(endpoint, json=body)
         except httpx.HTTPError as exc:
             raise ServerError(f"{what}: {type(exc).__name__}: {exc}") from exc
         if resp.status_code != 200:

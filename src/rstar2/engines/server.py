@@ -28,6 +28,7 @@ from .hf import HFEngine
 
 class _WeightsPath(BaseModel):
     model_path: str
+    weight_version: str | None = None  # SGLang's field: the trainer's policy version (its update count)
 
 
 class _Sampling(BaseModel):
@@ -143,7 +144,8 @@ def server_routes(s: Served) -> APIRouter:
     async def server_info() -> dict[str, Any]:
         """KV capacity in tokens, under SGLang's key, for the rollout scheduler's ``kv`` policy."""
         info = {"model": s.model_name, "max_total_num_tokens": s.engine.capacity_tokens}
-        return {**info, **await asyncio.to_thread(s.held_weights)}
+        engine = {"policy_version": s.engine.version, **s.engine.stats}  # decode steps, tokens, reprefills
+        return {**info, **await asyncio.to_thread(s.held_weights), "engine": engine}
 
     @router.post("/update_weights_from_disk")
     async def update_weights_from_disk(body: _WeightsPath) -> dict[str, Any]:
@@ -162,7 +164,8 @@ def server_routes(s: Served) -> APIRouter:
             raise HTTPException(
                 400, f"{body.model_path} holds tensors this model does not have: {unknown[:5]}"
             )
-        await asyncio.to_thread(s.engine.update_weights, state)
+        version = int(body.weight_version) if (body.weight_version or "").isdigit() else None
+        await asyncio.to_thread(s.engine.update_weights, state, version)
         s.weights.update(
             version=s.weights["version"] + 1, path=body.model_path, fingerprint=None, keys=list(state)
         )
@@ -210,6 +213,7 @@ def completion_routes(s: Served) -> APIRouter:
             if req.return_token_ids:
                 choice["token_ids"] = g.token_ids
                 choice["prompt_token_ids"] = list(prompt_ids)
+                choice["token_versions"] = g.versions  # rstar2's: the policy version of each token
             choices.append(choice)
         return s.response("text_completion", "cmpl", choices, len(prompt_ids), gens)
 

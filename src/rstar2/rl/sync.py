@@ -36,12 +36,15 @@ class WeightSyncError(RuntimeError):
     """An engine did not take, or does not serve, the trainer's new weights."""
 
 
-async def reload_server(engine: Any, path: Path, settings: RolloutSection) -> dict[str, Any]:
-    """One server loads ``path``; retried with back-off, then a ``WeightSyncError`` naming it."""
+async def reload_server(
+    engine: Any, path: Path, settings: RolloutSection, version: int | None = None
+) -> dict[str, Any]:
+    """One server loads ``path`` (policy ``version``); retried with back-off, then a
+    ``WeightSyncError`` naming it."""
     delay, attempt = 1.0, 0
     while True:
         try:
-            return await engine.update_weights(str(path.resolve()), settings.reload_path)
+            return await engine.update_weights(str(path.resolve()), settings.reload_path, version)
         except Exception as exc:
             attempt += 1
             if attempt > settings.reload_retries:
@@ -82,12 +85,17 @@ def check_fingerprint(engine_name: str, answer: dict[str, Any], sent: dict[str, 
 
 
 async def load_into_servers(
-    engines: list[Any], folder: Path, settings: RolloutSection, weights: dict[str, torch.Tensor] | None = None
+    engines: list[Any],
+    folder: Path,
+    settings: RolloutSection,
+    weights: dict[str, torch.Tensor] | None = None,
+    version: int | None = None,
 ) -> None:
-    """Every server loads the model folder and, where it says what it holds, is checked against it."""
+    """Every server loads the model folder (policy ``version``) and, where it says what it holds,
+    is checked against it."""
     sent = None
     for e in engines:
-        answer = await reload_server(e, folder, settings)
+        answer = await reload_server(e, folder, settings, version)
         if answer.get("weights_fingerprint") is not None:
             sent = sent if sent is not None else saved_tensors(folder, weights)
             check_fingerprint(e.name, answer, sent)
@@ -152,7 +160,7 @@ async def publish(
             try:
                 cpu = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
                 model.save_pretrained(folder, state_dict=cpu, safe_serialization=True)
-                await load_into_servers(engines, folder, settings, cpu)
+                await load_into_servers(engines, folder, settings, cpu, version=step)
             except BaseException as exc:  # told to every process below, so none waits forever
                 error = exc
         failed = D.all_gather_objects(None if error is None else f"{type(error).__name__}: {error}", world)

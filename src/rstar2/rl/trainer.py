@@ -155,6 +155,7 @@ class RLTrainer:
         one equals at ``max_staleness: 0``."""
         self.cfg = cfg
         self.lockstep = lockstep
+        self._bars: dict[int, Callable[[Trajectory], None]] = {}  # rollout progress, per step
         self.services = {"code_env": code_env, "verifier": verifier}
         self.reward_fn = reward_fn or (load_reward(cfg.reward) if cfg.reward else None)
         self.resume = resume
@@ -317,7 +318,7 @@ class RLTrainer:
         items = [item for g in mine for item in self._items(step, g, problems[g])]
         self.model.eval()
         t0 = time.perf_counter()
-        trajs = await self.rollout.run_many(items, on_done=self._progress(len(items)))
+        trajs = await self.rollout.run_many(items, on_done=self._progress(step, len(items)))
         S = cfg.rollout.samples
         sampled = [trajs[i * S : (i + 1) * S] for i in range(len(mine))]
         return await self._train_on(step, mine, sampled, time.perf_counter() - t0, t_step)
@@ -332,9 +333,11 @@ class RLTrainer:
         if g % self.world.size != self.world.rank:  # another process's group
             return asyncio.sleep(0, result=[])
         items, admitted = self._items(step, g, problem), self.step_no
+        mine = len(range(self.world.rank, B, self.world.size))
+        on_done = self._progress(step, mine * self.cfg.rollout.samples)
 
         async def run() -> list[Trajectory]:
-            trajs = await self.rollout.run_many(items)
+            trajs = await self.rollout.run_many(items, on_done=on_done)
             for t in trajs:
                 t.meta["admitted_version"] = admitted
                 t.versions = [
@@ -416,12 +419,13 @@ class RLTrainer:
         # synchronous: the rollouts' own rate; asynchronous, they overlap the update: per step's time
         per = step_s if cfg.rollout.max_staleness else rollout_s
         trained = [r.trajectory.model_versions for r in rows]
+        lag = staleness_metrics(trained, trained_by=step - 1) if cfg.rollout.max_staleness else {}
         metrics = {
             **step_metrics(all_records),
             **dict(zip(_ROC_COUNTS, roc_counts, strict=True)),
             **update,
             **sync,
-            **staleness_metrics(trained, trained_by=step - 1),
+            **lag,
             "tokens_per_s": gen_tokens / per if per > 0 else 0.0,
             "time/rollout_s": rollout_s,
             "time/update_s": update_s,
@@ -449,18 +453,24 @@ class RLTrainer:
             n += len(g)
         (folder / f"step_{step:06d}.jsonl").write_text("\n".join(lines) + "\n")
 
-    def _progress(self, total: int) -> Callable[[Trajectory], None] | None:
+    def _progress(self, step: int, total: int) -> Callable[[Trajectory], None] | None:
+        """A bar of ``step``'s ``total`` rollouts (the fed loop's groups of a step share one)."""
         if not (self.cfg.run.progress and self.world.main) or total < 2:
             return None
+        bars = self._bars
+        if step in bars:
+            return bars[step]
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=total, desc=f"rollouts step {self.step_no + 1}", unit="traj", leave=False)
+        bar = tqdm(total=total, desc=f"rollouts step {step}", unit="traj", leave=False)
 
         def done(_: Trajectory) -> None:
             bar.update(1)
             if bar.n >= total:
                 bar.close()
+                bars.pop(step, None)
 
+        bars[step] = done
         return done
 
     def _check_faults(self, trajs: list[Trajectory]) -> None:

@@ -59,6 +59,7 @@ def open_engines(
         "capacity_tokens": settings.capacity_tokens,
         "keep_tokens": settings.keep_tokens,
         "compute": compute,
+        "keep_stale_kv": settings.keep_stale_kv,
     }
     if trainer_model is not None:
         return [HFEngine(trainer_model, name=name, **sizes)]
