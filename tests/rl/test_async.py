@@ -206,15 +206,9 @@ async def test_a_tool_call_in_flight_across_an_update_completes_and_the_trajecto
 def test_an_asynchronous_run_killed_resumes_from_its_checkpoint_and_trains_each_step_once(tiny_dir, data):
     """kill -9 while groups of later steps are in flight: the resumed run regenerates them from the
     checkpoint's data position; every step is trained exactly once and the run ends."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
     import yaml
 
-    from tests.rl.test_trainer import ROOT
+    from tests.rl.test_trainer import train_until_killed
 
     out = data / "killed"
     tree = rl_config(tiny_dir, data / "train.jsonl", out)
@@ -222,26 +216,7 @@ def test_an_asynchronous_run_killed_resumes_from_its_checkpoint_and_trains_each_
     tree["rollout"]["max_staleness"] = 2
     tree["loss"] = {"tis_cap": 2.0}
     (data / "killed.yaml").write_text(yaml.safe_dump(tree))
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rstar2", "train", str(data / "killed.yaml")],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        deadline = time.monotonic() + 400
-        while time.monotonic() < deadline and proc.poll() is None:
-            if (out / "checkpoints" / "step-000002" / "state.json").exists():
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read()[-2000:]}"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    train_until_killed(data / "killed.yaml", out)
     saved = latest_checkpoint(out)
     assert saved.name in ("step-000002", "step-000004")
     position = json.loads((saved / "state.json").read_text())["data_position"]

@@ -82,8 +82,8 @@ def small_rl(model: Path, data: Path, out: Path, steps: int = 2, **rollout) -> d
 
 
 # -- a remote engine --------------------------------------------------------------------------
-@pytest.fixture
-def served(tiny_dir):
+def serve_tiny(tiny_dir: Path):
+    """``rstar2 serve`` on the tiny model in its own process: yields its URL, stops it after."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = start_cli(["serve", "--model", str(tiny_dir), "--port", str(port), "--device", "cpu"], env=ENV)
@@ -92,6 +92,11 @@ def served(tiny_dir):
         yield url
     finally:
         stop(proc)
+
+
+@pytest.fixture
+def served(tiny_dir):
+    yield from serve_tiny(tiny_dir)
 
 
 @pytest.mark.slow
@@ -120,14 +125,7 @@ def test_rl_on_a_served_engine_keeps_the_server_on_the_trainers_weights(served, 
 
 @pytest.fixture
 def second_server(tiny_dir):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = start_cli(["serve", "--model", str(tiny_dir), "--port", str(port), "--device", "cpu"], env=ENV)
-    try:
-        wait_http(url, proc)
-        yield url
-    finally:
-        stop(proc)
+    yield from serve_tiny(tiny_dir)
 
 
 @pytest.mark.slow

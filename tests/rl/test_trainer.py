@@ -114,16 +114,11 @@ def test_reward_rises_and_the_run_folder_is_complete(uninterrupted):
     assert any(d["meta"]["roc"]["kept"] for d in first) and all(d["meta"]["step"] == 1 for d in first)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)  # a training subprocess killed and restarted
-def test_a_killed_run_resumes_exactly(setup, tiny_dir, uninterrupted):
-    run_a, history = uninterrupted
-    run_b = setup / "b"
-    cfg_path = setup / "b.yaml"
-    cfg_path.write_text(yaml.safe_dump(rl_config(tiny_dir, setup / "train.jsonl", run_b)))
+def train_until_killed(config: Path, run: Path) -> None:
+    """``rstar2 train CONFIG`` in a subprocess, killed with SIGKILL once step 2's checkpoint is saved."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rstar2", "train", str(cfg_path)],
+        [sys.executable, "-m", "rstar2", "train", str(config)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -132,7 +127,7 @@ def test_a_killed_run_resumes_exactly(setup, tiny_dir, uninterrupted):
     try:
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline and proc.poll() is None:
-            if (run_b / "checkpoints" / "step-000002" / "state.json").exists():
+            if (run / "checkpoints" / "step-000002" / "state.json").exists():
                 break
             time.sleep(0.05)
         assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read()[-2000:]}"
@@ -141,6 +136,16 @@ def test_a_killed_run_resumes_exactly(setup, tiny_dir, uninterrupted):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a training subprocess killed and restarted
+def test_a_killed_run_resumes_exactly(setup, tiny_dir, uninterrupted):
+    run_a, history = uninterrupted
+    run_b = setup / "b"
+    cfg_path = setup / "b.yaml"
+    cfg_path.write_text(yaml.safe_dump(rl_config(tiny_dir, setup / "train.jsonl", run_b)))
+    train_until_killed(cfg_path, run_b)
     assert latest_checkpoint(run_b).name in ("step-000002", "step-000004")
     threads = torch.get_num_threads()
     try:
