@@ -11,6 +11,12 @@ held / its rows), staleness. Ratios are against k = 0 of the same run.
 
     python benchmarks/async_rl.py --model /tmp/rstar2-bench-smollm2 [--steps 4] [--staleness 0,1,2]
     python benchmarks/async_rl.py            # the tiny recipe's model shape, built here
+    python benchmarks/async_rl.py --model /tmp/rstar2-bench-smollm2 --disaggregated
+
+``--disaggregated``: the field's layout on one 2-core machine: the engine is ``rstar2 serve`` in
+its own process pinned to core 0 (one thread; restarted for each arm, on the starting weights), the
+trainer (and its code environment and verifier) pinned to core 1 with one thread — stand-ins for an
+inference GPU and a training GPU. The trainer pushes its weights to the server after each update.
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -67,9 +76,37 @@ def chat_settings(recipe: str) -> dict:
     return yaml.safe_load(find_recipe(recipe).read_text()).get("chat", {})
 
 
+def start_server(model: Path, rows: int) -> tuple[subprocess.Popen, str]:
+    """``rstar2 serve`` on core 0 with one thread; returns the process and its URL once it answers."""
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = ["taskset", "-c", "0", sys.executable, "-m", "rstar2", "serve", "--model", str(model)]
+    cmd += ["--port", str(port), "--device", "cpu", "--max-batch-size", str(rows)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("rstar2 serve did not start")
+
+
 def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
     """``arm``: k, or k + "keep" (``rollout.keep_stale_kv``: no prefill again on new weights)."""
     k, keep = int(arm.removesuffix("keep")), arm.endswith("keep")
+    server = None
+    if a.disaggregated:
+        server, url = start_server(model, a.batch_rows)
     tree = {
         "kind": "rl",
         "model": {"path": str(model), "compute": "fp32"},
@@ -82,6 +119,7 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
             "max_batch_size": a.batch_rows,
             "max_staleness": k,
             "keep_stale_kv": keep,
+            **({"servers": [url], "weight_check_tol": None} if server else {}),
             "sandbox_workers": 1,
             "verifier_workers": 1,
         },
@@ -103,9 +141,19 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
     trainer = RLTrainer(parse_config(tree), reward_fn=first_token_even)
     trainer.save = lambda metrics=None: None  # time steps, not checkpoints
     t0 = time.perf_counter()
-    history = asyncio.run(trainer.train())
-    wall = time.perf_counter() - t0
-    stats = trainer.engines[0].stats
+    try:
+        history = asyncio.run(trainer.train())
+        wall = time.perf_counter() - t0
+        if server is None:
+            stats = trainer.engines[0].stats
+        else:
+            import httpx
+
+            stats = httpx.get(url + "/get_server_info").json()["engine"]
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(30)
     counted = history[1:]
     seconds = sum(m["time/step_s"] for m in counted)
     rollouts = sum(m["rollouts"] for m in counted)
@@ -144,7 +192,11 @@ def main() -> None:
     ap.add_argument("--batch-rows", type=int, default=32, help="the engine's max_batch_size")
     ap.add_argument("--repeat", type=int, default=2, help="1: A-B-C; 2: A-B-C-C-B-A")
     ap.add_argument("--out", type=Path, default=None, help="write the raw numbers as JSON")
+    ap.add_argument("--disaggregated", action="store_true", help="engine on core 0, trainer on core 1")
     a = ap.parse_args()
+    if a.disaggregated:  # this process (the trainer, its sandbox and verifier) on core 1
+        os.sched_setaffinity(0, {1})
+        torch.set_num_threads(1)
     ks = a.staleness.split(",")
     a.chat_from_recipe = a.chat_from_recipe or ("smollm2-135m" if a.model else "tiny")
     order = ks + (ks[::-1] if a.repeat > 1 else [])
@@ -160,7 +212,7 @@ def main() -> None:
     }
     base = mean[ks[0]]
     table = Table(
-        title=f"asynchronous RL, in-process ({model.name if a.model else 'tiny'}; CPU "
+        title=f"asynchronous RL, {'disaggregated: serve on core 0, trainer on core 1' if a.disaggregated else 'in-process'} ({model.name if a.model else 'tiny'}; CPU "
         f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads; "
         f"{a.problems}x{a.samples} rollouts a step, {a.steps - 1} steps counted, means of {a.repeat})"
     )
