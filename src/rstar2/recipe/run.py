@@ -165,8 +165,17 @@ async def filter_problems(
     from .report_card import sampled_trajectories
 
     settings = stage_rollout(recipe, stage, temperature=flt.temperature)  # the stage's own sampling
-    sampling = {"samples": flt.samples, "seed": recipe.seed + 17, "services": services, "progress": progress}
-    await _sample(recipe, settings, model_dir, rows, out_dir, **sampling)
+    await _sample(
+        recipe,
+        settings,
+        model_dir,
+        rows,
+        out_dir,
+        samples=flt.samples,
+        seed=recipe.seed + 17,
+        services=services,
+        progress=progress,
+    )
     trajs, _ = read_trajectories(sampled_trajectories(out_dir))
     solved = [0] * len(rows)
     for t in trajs:
@@ -241,8 +250,17 @@ async def evaluate_model(
         "max_response_tokens": spec.max_response_tokens or (base.max_response_tokens if has_rl else 1024),
     }
     settings = stage_rollout(recipe, **{**overrides, **(NO_TOOLS if plain else {})})
-    sampling = {"samples": spec.samples, "seed": recipe.seed + 1, "services": services, "progress": progress}
-    return await _sample(recipe, settings, model_dir, rows, out_dir, **sampling)
+    return await _sample(
+        recipe,
+        settings,
+        model_dir,
+        rows,
+        out_dir,
+        samples=spec.samples,
+        seed=recipe.seed + 1,
+        services=services,
+        progress=progress,
+    )
 
 
 # -- the run ------------------------------------------------------------------------------------

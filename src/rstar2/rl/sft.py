@@ -144,10 +144,8 @@ class SFTTrainer:
                 write_error(self.run_dir, exc)
             raise error from exc
         finally:
-            for close in ([bar.close] if bar is not None else []) + [
-                self.run.log.close,
-                lambda: D.close(world),
-            ]:
+            closers = [bar.close] if bar is not None else []
+            for close in [*closers, self.run.log.close, lambda: D.close(world)]:
                 with quietly():
                     close()
         return history

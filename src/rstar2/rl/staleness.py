@@ -65,8 +65,9 @@ class GroupFeed:
             self.next += 1
 
     async def step(self, step: int) -> list[Any]:
-        """The groups of ``step`` (0-based), each the result of its ``launch``."""
-        self.advance(self.version)
+        """The groups of ``step`` (0-based: the policy has had ``step`` updates, its version), each
+        the result of its ``launch``; first starts every group that version lets in."""
+        self.advance(step)
         groups = range(step * self.batch_size, (step + 1) * self.batch_size)
         return list(await asyncio.gather(*(self.running.pop(i) for i in groups)))
 

@@ -5,8 +5,8 @@ groups of up to k steps ahead keep generating while the trainer updates (the in-
 holds a copy of the weights, refreshed after each update), and the loss is the decoupled objective
 (``loss.tis_cap``); at k = 0 each step's groups start after the previous update, as ``step()`` does.
 
-Rollouts go through the same ``Rollout`` as evaluation. In one process the in-process engine
-shares the trainer's model object, so new weights cost nothing to publish; under torchrun every
+Rollouts go through the same ``Rollout`` as evaluation. In one synchronous process the in-process
+engine shares the trainer's model object, so new weights cost nothing to publish; under torchrun every
 process keeps a full copy for its own rollouts and reloads it after each update; remote servers
 are told to load the newest weights from disk. Everything a step needs to be redone identically
 (sampling seeds, RoC's choices, the data order) derives from (seed, step), so a resumed run
@@ -252,26 +252,10 @@ class RLTrainer:
                     batch_size=self.cfg.run.batch_size,
                     max_staleness=self.cfg.rollout.max_staleness,
                 )
-                while self.step_no < self.cfg.run.steps:
-                    try:
-                        metrics = await (self.step() if self.lockstep else self._fed_step())
-                    except Exception as exc:
-                        await self.feed.close()
-                        raise RunError.at(f"RL step {self.step_no + 1}", self.run_dir, exc) from exc
-                    history.append(metrics)
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix(
-                            acc=f"{metrics['accuracy']:.2f}", loss=f"{metrics.get('loss', 0.0):.4f}"
-                        )
-                    last = self.step_no == self.cfg.run.steps
-                    stop = self.watch.stop_reason(self.warnings)
-                    if last or stop or self.step_no % max(1, self.cfg.run.save_every) == 0:
-                        self.save(metrics)
-                    if stop:  # every process saw the same gathered records: all stop here
-                        await self.feed.close()
-                        raise RunError(f"RL step {self.step_no}: {stop} (run folder {self.run_dir})")
-                await self.feed.close()
+                try:
+                    await self._loop(history, bar)
+                finally:  # groups started for steps that will not run here (a resume redoes them)
+                    await self.feed.close()
         except BaseException as exc:
             if self.world.main:
                 write_error(self.run_dir, exc)
@@ -286,6 +270,25 @@ class RLTrainer:
             with quietly():
                 D.close(self.world)
         return history
+
+    async def _loop(self, history: list[dict[str, Any]], bar: Any) -> None:
+        """The remaining steps: each step, its metrics, its checkpoint when due, and the stop a
+        health limit asks for."""
+        while self.step_no < self.cfg.run.steps:
+            try:
+                metrics = await (self.step() if self.lockstep else self._fed_step())
+            except Exception as exc:
+                raise RunError.at(f"RL step {self.step_no + 1}", self.run_dir, exc) from exc
+            history.append(metrics)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(acc=f"{metrics['accuracy']:.2f}", loss=f"{metrics.get('loss', 0.0):.4f}")
+            last = self.step_no == self.cfg.run.steps
+            stop = self.watch.stop_reason(self.warnings)
+            if last or stop or self.step_no % max(1, self.cfg.run.save_every) == 0:
+                self.save(metrics)
+            if stop:  # every process saw the same gathered records: all stop here
+                raise RunError(f"RL step {self.step_no}: {stop} (run folder {self.run_dir})")
 
     def save(self, metrics: dict[str, Any] | None = None) -> Path:
         # the problems of the steps trained so far (the feed may have taken later steps' already)
@@ -351,7 +354,6 @@ class RLTrainer:
         """The next step's groups from the feed (started up to ``max_staleness`` updates ago), then
         the update on them; the feed starts the groups the new version lets in."""
         t_step = time.perf_counter()
-        self.feed.advance(self.step_no)
         groups = await self.feed.step(self.step_no)
         mine = [g for g in range(len(groups)) if g % self.world.size == self.world.rank]
         sampled = [groups[g] for g in mine]

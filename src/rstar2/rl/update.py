@@ -236,9 +236,7 @@ def update_on_rollouts(
         units = all_sum([weight_units(b.mask, b.group_index, loss.aggregation)], world)[0]
         batches.append(with_weights(b, loss.aggregation, units).to(world.device))
     tokens = optim.micro_batch_tokens
-    if (
-        optim.mini_batches > 1 or optim.epochs > 1 or proximal
-    ):  # the old policy: the weights before the first step
+    if optim.mini_batches > 1 or optim.epochs > 1 or proximal:  # the weights before the first step
         batches = [
             replace(b, old_logp=logprobs_of(model, b, tokens, world, compute, temperature)) for b in batches
         ]

@@ -120,7 +120,7 @@ class Rollout:
                 traj.response_ids += ids
                 traj.loss_mask += [1] * len(ids)
                 traj.logprobs += list(gen.logprobs)
-                traj.versions += gen.versions or [-1] * len(ids)
+                traj.versions += gen.versions or []  # one a token: _generate_turn fills the unknown
                 emit("generation", {"turn": turn_no, "text": text})
                 if gen.finish_reason == "length":
                     traj.finish_reason = "max_length"
