@@ -395,3 +395,22 @@ async def test_weights_written_through_param_data_count_once_announced(model, pr
     assert engine.stats["reused_tokens"] == 0
     assert_matches(model, nxt, second)
     await engine.close()
+
+
+async def test_short_of_rows_the_engine_admits_by_priority_then_arrival(model, prompt):
+    """A trajectory's next turn (lower priority value) goes ahead of new requests when the rows
+    are full; equal priorities keep their arrival order."""
+    engine = HFEngine(model, max_batch_size=1)
+    order: list[str] = []
+
+    async def ask(name: str, priority: int) -> None:
+        params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=len(order), priority=priority)
+        await engine.generate(prompt, params)
+        order.append(name)
+
+    # arrival order a, b, c, d, e (one burst); one row: admitted one at a time, by priority
+    await asyncio.gather(ask("a", 5), ask("b", 9), ask("c", 1), ask("d", 9), ask("e", -3))
+    assert order == ["e", "c", "a", "b", "d"]
+    counters = engine.counters()
+    assert counters["rows"] == 1 and counters["requests"] == 5 and counters["evictions"] >= 0
+    await engine.close()

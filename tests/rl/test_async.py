@@ -16,7 +16,7 @@ from rstar2.engines.hf import HFEngine
 from rstar2.rl.checkpoint import latest_checkpoint
 from rstar2.rl.metrics_log import read_metrics
 from rstar2.rl.staleness import admissible, staleness_metrics
-from rstar2.rl.trainer import RLTrainer
+from rstar2.rl.trainer import RLTrainer, engine_metrics
 from tests.rl.test_trainer import rl_config
 
 
@@ -78,6 +78,44 @@ def test_staleness_metrics_by_hand():
     assert m["staleness/max"] == 2
     assert m["staleness/mean"] == pytest.approx((0 + 0 + 1 + 2 + 2 + 2 + 1 + 0) / 8)
     assert m["staleness/multi_version_share"] == pytest.approx(2 / 3)
+
+
+def test_engine_metrics_by_hand():
+    """Two engines' counters at a step's start and end (10 s); a third without counters is left out."""
+    c = dict(steps=0, row_steps=0, busy_s=0.0, prefill_s=0.0, evictions=0, reprefills=0)
+    c.update(queue_wait_s=0.0, requests=0)
+    before = [{**c, "rows": 8}, {**c, "rows": 4, "steps": 5, "row_steps": 20}, None]
+    after = [
+        {
+            **c,
+            "rows": 8,
+            "steps": 10,
+            "row_steps": 60,
+            "busy_s": 6.0,
+            "prefill_s": 1.5,
+            "requests": 4,
+            "queue_wait_s": 2.0,
+            "evictions": 3,
+        },
+        {
+            **c,
+            "rows": 4,
+            "steps": 15,
+            "row_steps": 50,
+            "busy_s": 4.0,
+            "prefill_s": 0.5,
+            "requests": 1,
+            "reprefills": 2,
+        },
+        None,
+    ]
+    m = engine_metrics(before, after, wall_s=10.0)
+    assert m["engine/occupancy"] == pytest.approx((60 + 30) / (8 * 10 + 4 * 10))
+    assert m["engine/join_share"] == pytest.approx(2.0 / 10.0)
+    assert m["engine/busy_share"] == pytest.approx(10.0 / 20.0)
+    assert m["engine/evictions"] == 3 and m["engine/reprefills"] == 2
+    assert m["engine/queue_wait_s"] == pytest.approx(2.0 / 5)
+    assert engine_metrics([None], [None], 1.0) == {}
 
 
 @pytest.mark.slow

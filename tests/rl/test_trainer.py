@@ -92,8 +92,13 @@ def test_reward_rises_and_the_run_folder_is_complete(uninterrupted):
         "tokens_per_s",
         "time/rollout_s",
         "time/update_s",
+        "engine/occupancy",
+        "engine/join_share",
+        "engine/evictions",
     ):
         assert key in rows[0], key
+    for r in rows:  # the in-process engine's rows held and time in joins, per step
+        assert 0 < r["engine/occupancy"] <= 1 and 0 < r["engine/join_share"] < 1, r
     assert (run / "metrics.png").stat().st_size > 0
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     ckpt = latest_checkpoint(run)

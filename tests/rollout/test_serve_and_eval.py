@@ -158,3 +158,61 @@ def test_vllm_kv_capacity_is_read_from_its_metrics():
     )
     assert capacity_from_vllm_metrics(metrics) == 32768
     assert capacity_from_vllm_metrics("vllm:num_requests_running 3\n") is None
+
+
+async def test_priority_goes_to_rstar2_serve_only_and_its_counters_come_back(server, tiny):
+    """vLLM refuses a priority unless started with ``--scheduling-policy priority``: the client
+    sends one only to a server that says it is ``rstar2 serve``, which reports its engine's
+    counters (the trainer's per-step ``engine/*`` metrics)."""
+    remote = OpenAIEngine(server)
+    params = SamplingParams(max_new_tokens=4, priority=-7)
+    try:
+        assert "priority" not in remote.body([1, 2], params, "m")
+        await remote.probe_capacity()
+        assert remote.send_priority and remote.body([1, 2], params, "m")["priority"] == -7
+        before = await remote.counters()
+        await remote.generate([5, 6, 7], params)
+        after = await remote.counters()
+        assert after["requests"] == before["requests"] + 1 and after["rows"] == 8
+        assert after["steps"] > before["steps"] and after["row_steps"] >= after["steps"]
+    finally:
+        await remote.close()
+
+
+async def test_vllm_weight_transfer_is_paused_kept_started_sent_finished_and_resumed():
+    """The control plane of vLLM's weight transfer as its documentation gives it (no vLLM here to
+    run it against): the calls, their order and bodies, the trainer's send run beside the update
+    call, and a resume even when a step fails."""
+    calls: list[tuple[str, str, dict]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else {}
+        calls.append((request.url.path, str(request.url.query, "ascii"), body))
+        if request.url.path == "/finish_weight_update" and fail["finish"]:
+            return httpx.Response(500, text="boom")
+        return httpx.Response(200, json={})
+
+    fail = {"finish": False}
+    engine = OpenAIEngine("http://vllm:8000")
+    engine._client = httpx.AsyncClient(base_url=engine.base_url, transport=httpx.MockTransport(handler))
+    sent: list[int] = []
+    info = {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[2, 2]]}
+    await engine.init_weight_transfer({"master_address": "10.0.0.1", "master_port": 29600})
+    await engine.transfer_weights(info, lambda: sent.append(1))
+    assert [c[0] for c in calls] == [
+        "/init_weight_transfer_engine",
+        "/pause",
+        "/start_weight_update",
+        "/update_weights",
+        "/finish_weight_update",
+        "/resume",
+    ]
+    assert calls[0][2] == {"init_info": {"master_address": "10.0.0.1", "master_port": 29600}}
+    assert calls[1][1] == "mode=keep&clear_cache=true"
+    assert calls[3][2] == {"update_info": info} and sent == [1]
+    calls.clear()
+    fail["finish"] = True
+    with pytest.raises(Exception, match="finish_weight_update answered 500"):
+        await engine.transfer_weights(info, lambda: None, keep_kv=True)
+    assert calls[0][1] == "mode=keep&clear_cache=false" and calls[-1][0] == "/resume"
+    await engine.close()

@@ -19,6 +19,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     banned_token_ids: tuple[int, ...] = ()  # never sampled (pad, role tags the model must not write)
+    # admission order when rows are short: lower first, then arrival (vLLM's convention); the
+    # rollout puts a trajectory's next turn ahead of new ones and earlier steps ahead of later
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

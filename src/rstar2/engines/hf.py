@@ -155,6 +155,16 @@ class HFEngine:
         with self.lock:
             self._told(version)
 
+    def counters(self) -> dict[str, Any]:
+        """Its counters since it started (``stats``), the kept prefixes evicted and its rows: what
+        the trainer's per-step ``engine/*`` metrics are differences of."""
+        return {**self.stats, "evictions": self.store.evicted, "rows": self.max_batch_size}
+
+    def invalidate(self, version: int | None = None) -> None:
+        """Treat the weights as new however they were written (kept prefixes dropped, running rows
+        prefilled again unless ``keep_stale_kv``): the same as ``weights_changed``."""
+        self.weights_changed(version)
+
     def _told(self, version: int | None) -> None:
         self._written += 1
         self.version = self.version + 1 if version is None else version
@@ -196,6 +206,8 @@ class HFEngine:
                 self._queue.put(None)  # seen again once the running rows are done
                 break
             self._pending.append(nxt)
+        if len(self._pending) > free:  # short of rows: by priority, then arrival (a stable sort)
+            self._pending = deque(sorted(self._pending, key=lambda r: r.params.priority))
         taken = [self._pending.popleft() for _ in range(min(free, len(self._pending)))]
         now = time.perf_counter()
         self.stats["queue_wait_s"] += sum(now - r.arrived for r in taken)

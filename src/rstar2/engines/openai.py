@@ -69,18 +69,25 @@ class OpenAIEngine:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, headers=headers)
         self.in_flight = 0
+        self.send_priority = False  # SamplingParams.priority sent (set by probe_capacity)
 
     async def probe_capacity(self) -> int:
         """The server's KV capacity in tokens, unless the config set one: SGLang's (and ``rstar2
         serve``'s) ``/get_server_info`` ``max_total_num_tokens``, else vLLM's ``/metrics``; if neither
-        answers, the default stays (and ``capacity_source`` says so)."""
-        if self.capacity_source != "default":
-            return self.capacity_tokens
+        answers, the default stays (and ``capacity_source`` says so). Also learns whether the server
+        takes ``SamplingParams.priority`` (``rstar2 serve`` does)."""
         try:
             resp = await self._client.get("/get_server_info")
-            if resp.status_code == 200 and resp.json().get("max_total_num_tokens"):
+            info = resp.json() if resp.status_code == 200 else {}
+            info = info if isinstance(info, dict) else {}
+            # rstar2 serve orders its queue by priority; vLLM refuses one unless started with
+            # --scheduling-policy priority, so it is sent only where the server says it is ours
+            self.send_priority = "engine" in info
+            if self.capacity_source != "default":
+                return self.capacity_tokens
+            if info.get("max_total_num_tokens"):
                 self.capacity_tokens, self.capacity_source = (
-                    int(resp.json()["max_total_num_tokens"]),
+                    int(info["max_total_num_tokens"]),
                     "server info",
                 )
                 return self.capacity_tokens
@@ -120,6 +127,8 @@ class OpenAIEngine:
             body["seed"] = params.seed
         if params.banned_token_ids:
             body["logit_bias"] = {str(t): -100 for t in params.banned_token_ids}
+        if self.send_priority and params.priority:
+            body["priority"] = params.priority
         return body
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
@@ -156,6 +165,15 @@ class OpenAIEngine:
         finally:
             self.in_flight -= 1
 
+    async def counters(self) -> dict[str, Any] | None:
+        """The server's engine counters (``rstar2 serve``'s ``/health``), or None where it has none."""
+        try:
+            resp = await self._client.get("/health")
+            found = resp.json().get("engine") if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        return found if isinstance(found, dict) else None
+
     async def update_weights(
         self, model_dir: str, endpoint: str = "/update_weights_from_disk", version: int | None = None
     ) -> dict[str, Any]:
@@ -187,6 +205,51 @@ class OpenAIEngine:
         if answer.get("success") is False:
             raise ServerError(f"{what}: {answer.get('message', answer)}")
         return answer
+
+    # -- vLLM's weight transfer (vLLM >= 0.16 with VLLM_SERVER_DEV_MODE=1; untested here: no vLLM) ---
+    async def _post(self, path: str, **kw: Any) -> dict[str, Any]:
+        try:
+            resp = await self._client.post(path, **kw)
+        except httpx.HTTPError as exc:
+            raise ServerError(f"{self.base_url}{path}: {type(exc).__name__}: {exc}") from exc
+        if resp.status_code != 200:
+            raise ServerError(f"{self.base_url}{path} answered {resp.status_code}: {resp.text[:300]}")
+        try:
+            answer = resp.json()
+        except ValueError:
+            return {}
+        return answer if isinstance(answer, dict) else {}
+
+    async def pause(self, mode: str = "keep", clear_cache: bool = True) -> None:
+        """vLLM's ``POST /pause``: ``keep`` freezes the requests in flight (they continue after
+        ``resume``, under the new weights); ``clear_cache`` drops KV computed under the old ones."""
+        await self._post("/pause", params={"mode": mode, "clear_cache": str(clear_cache).lower()})
+
+    async def resume(self) -> None:
+        await self._post("/resume")
+
+    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        """Once, before the first update: the server joins the transport its
+        ``--weight-transfer-config`` names (NCCL or CUDA IPC) with ``init_info``."""
+        await self._post("/init_weight_transfer_engine", json={"init_info": init_info})
+
+    async def transfer_weights(
+        self, update_info: dict[str, Any], send: Any, *, keep_kv: bool = False
+    ) -> None:
+        """New weights through vLLM's weight transfer, requests in flight kept: pause (``keep``),
+        ``start_weight_update``, ``update_weights`` with ``update_info`` (names, dtypes, shapes)
+        while ``send()`` (the trainer's side of the transport, e.g. vLLM's
+        ``TrainerWeightTransferEngine.send_weights``, run in a thread) pushes the tensors,
+        ``finish_weight_update``, resume. A failure resumes the server before it is raised."""
+        await self.pause("keep", clear_cache=not keep_kv)
+        try:
+            await self._post("/start_weight_update")
+            await asyncio.gather(
+                self._post("/update_weights", json={"update_info": update_info}), asyncio.to_thread(send)
+            )
+            await self._post("/finish_weight_update")
+        finally:
+            await self.resume()
 
     async def close(self) -> None:
         await self._client.aclose()

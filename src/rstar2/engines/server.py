@@ -43,6 +43,7 @@ class _Sampling(BaseModel):
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    priority: int = 0  # admission order when rows are short: lower first (vLLM's convention)
 
 
 class CompletionRequest(_Sampling):
@@ -93,6 +94,7 @@ class Served:
                 top_k=max(0, req.top_k),
                 stop_token_ids=tuple(req.stop_token_ids or ()) + tuple(stops),
                 seed=None if req.seed is None else req.seed + i,
+                priority=req.priority,
             )
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from exc
@@ -138,13 +140,14 @@ def server_routes(s: Served) -> APIRouter:
             "in_flight": s.engine.in_flight,
             "busy_s": s.engine.stats["busy_s"],  # seconds spent generating (idle share = 1 - busy/wall)
             "generated_tokens": s.engine.stats["generated_tokens"],
+            "engine": s.engine.counters(),  # decode steps, rows, joins, evictions (the trainer's engine/*)
         }
 
     @router.get("/get_server_info")
     async def server_info() -> dict[str, Any]:
         """KV capacity in tokens, under SGLang's key, for the rollout scheduler's ``kv`` policy."""
         info = {"model": s.model_name, "max_total_num_tokens": s.engine.capacity_tokens}
-        engine = {"policy_version": s.engine.version, **s.engine.stats}  # decode steps, tokens, reprefills
+        engine = {"policy_version": s.engine.version, **s.engine.counters()}
         return {**info, **await asyncio.to_thread(s.held_weights), "engine": engine}
 
     @router.post("/update_weights_from_disk")

@@ -28,6 +28,10 @@ PLOT_KEYS = (
         ("entropy/reasoning", "entropy/reflection", "entropy/code", "entropy/answer"),
         "entropy by token class (nats)",
     ),
+    (
+        ("engine/occupancy", "engine/join_share", "engine/busy_share"),
+        "engine: rows held, joins, busy (share)",
+    ),
     # asynchronous runs (rollout.max_staleness > 0)
     (("staleness/mean", "staleness/max"), "staleness of trained tokens (updates)"),
     (("update/tis_mean", "update/tis_max", "update/tis_truncated"), "importance weight pi_old/mu"),

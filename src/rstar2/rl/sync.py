@@ -114,7 +114,8 @@ async def probe_engines(
     """Mean |engine logprob - trainer logprob| over ``PROBE_TOKENS`` sampled tokens, per engine,
     the trainer's computed in its own precision (``compute``: ``model.compute``). Every process
     calls this with its own engines (a forward under FSDP is a collective)."""
-    params = SamplingParams(max_new_tokens=PROBE_TOKENS, temperature=1.0, seed=seed)
+    # ahead of every queued rollout: the trainer waits on it
+    params = SamplingParams(max_new_tokens=PROBE_TOKENS, temperature=1.0, seed=seed, priority=-(2**31))
     gens = [await e.generate(list(prompt_ids), params) for e in engines]
     seqs = [(list(prompt_ids), g.token_ids, [1] * len(g.token_ids), g.logprobs) for g in gens]
     if not seqs:  # this process has no engine: join the collective forward with a stand-in row

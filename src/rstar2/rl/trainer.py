@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import json
 import random
 import sys
@@ -136,6 +137,41 @@ def step_metrics(all_records: list[dict[str, Any]]) -> dict[str, float]:
     return {**m, **faulted, "rollouts": float(len(all_records))}
 
 
+def engine_metrics(
+    before: list[dict[str, Any] | None], after: list[dict[str, Any] | None], wall_s: float
+) -> dict[str, float]:
+    """The engines' work over a step, from their counters (``HFEngine.counters``) read at its start
+    and end: the share of rows a decode step held, the share of busy time spent on joins (prefill),
+    the share of the step they were busy, prefixes evicted, rows prefilled again after new weights,
+    and the mean wait of a request for a row. Engines without counters are left out."""
+    pairs = [(b, a) for b, a in zip(before, after, strict=True) if b and a]
+    if not pairs:
+        return {}
+
+    def d(key: str) -> float:
+        return float(sum(a.get(key, 0) - b.get(key, 0) for b, a in pairs))
+
+    row_capacity = sum(a["rows"] * (a["steps"] - b["steps"]) for b, a in pairs)
+    busy = d("busy_s")
+    return {
+        "engine/occupancy": d("row_steps") / row_capacity if row_capacity else 0.0,
+        "engine/join_share": d("prefill_s") / busy if busy > 0 else 0.0,
+        "engine/busy_share": busy / (wall_s * len(pairs)) if wall_s > 0 else 0.0,
+        "engine/evictions": d("evictions"),
+        "engine/reprefills": d("reprefills"),
+        "engine/queue_wait_s": d("queue_wait_s") / max(1.0, d("requests")),
+    }
+
+
+async def read_counters(engines: list[Any]) -> list[dict[str, Any] | None]:
+    """Each engine's counters: in-process ones directly, servers over HTTP (None: it has none)."""
+    out = []
+    for e in engines:
+        found = e.counters() if hasattr(e, "counters") else None
+        out.append(await found if inspect.isawaitable(found) else found)
+    return out
+
+
 class RLTrainer:
     """Build with a config; ``await trainer.train()`` runs ``run.steps`` steps (resuming if asked)."""
 
@@ -246,6 +282,7 @@ class RLTrainer:
                 self.cfg.rollout, tokenizer=self.tokenizer, engines=self.engines, **self.services
             ) as rollout:
                 self.rollout = rollout
+                self._counters = (time.perf_counter(), await read_counters(self.engines))
                 self.feed = GroupFeed(
                     self._launch_group,
                     first_step=self.step_no,
@@ -306,6 +343,7 @@ class RLTrainer:
                 "problem": problem["problem"],
                 "answer": None if self.reward_fn else str(problem["answer"]),
                 "seed": _seed(cfg.run.seed, step, g, k),
+                "priority": step,  # an engine short of rows serves earlier steps first
                 "meta": {"group": g, "sample": k},
             }
             for k in range(cfg.rollout.samples)
@@ -434,6 +472,9 @@ class RLTrainer:
             "time/sync_s": sync_s,
             "time/step_s": step_s,
         }
+        t_then, then = self._counters
+        self._counters = (time.perf_counter(), await read_counters(self.engines))
+        metrics.update(engine_metrics(then, self._counters[1], self._counters[0] - t_then))
         self.warnings = self.watch.observe(step, metrics)
         metrics["health/warnings"] = float(len(self.warnings))
         if self.world.main:

@@ -25,6 +25,7 @@ from .scheduler import Request, Scheduler
 from .trajectory import ToolCallRecord, Trajectory, Turn
 
 Event = Callable[[str, dict[str, Any]], None]
+TURNS_SPAN = 1000  # request priority = trajectory priority x this - turn: a next turn before new ones
 # Verdicts the verifier's service caused, not the answer: its workers could not run the check
 # ("error"), or the machine starved it past its wall-clock backstop ("stalled").
 VERIFIER_FAULT_PATHS = ("error", "stalled")
@@ -94,7 +95,10 @@ class Rollout:
         meta: dict[str, Any] | None = None,
         on_event: Event | None = None,
         prompt_ids: list[int] | None = None,
+        priority: int = 0,
     ) -> Trajectory:
+        """One trajectory. ``priority``: its requests' place in an engine's queue when rows are short
+        (lower first; the trainer gives the step it trains at); a later turn goes ahead of earlier ones."""
         cfg = self.config
         emit = on_event or (lambda kind, data: None)
         started = time.perf_counter()
@@ -112,7 +116,15 @@ class Rollout:
                     break
                 budget = min(left, cfg.max_tokens_per_turn or left)
                 t0 = time.perf_counter()
-                gen, engine = await self._generate_turn(traj, key, turn_no, budget, engine, seed)
+                gen, engine = await self._generate_turn(
+                    traj,
+                    key,
+                    turn_no,
+                    budget,
+                    engine,
+                    seed,
+                    priority * TURNS_SPAN - min(turn_no, TURNS_SPAN - 1),
+                )
                 ids = list(gen.token_ids)
                 text = self.fmt.decode([i for i in ids if i not in self.stop_ids])
                 turn = Turn(text, len(ids), gen_s=time.perf_counter() - t0, engine=engine.name)
@@ -173,7 +185,14 @@ class Rollout:
         return traj
 
     async def _generate_turn(
-        self, traj: Trajectory, key: str, turn_no: int, budget: int, engine: Engine | None, seed: int | None
+        self,
+        traj: Trajectory,
+        key: str,
+        turn_no: int,
+        budget: int,
+        engine: Engine | None,
+        seed: int | None,
+        priority: int = 0,
     ) -> tuple[Generation, Engine]:
         """One model turn of up to ``budget`` tokens, in as many requests as the scheduler's grants
         need (each continues from the ids so far). An engine that fails is taken out of rotation
@@ -196,6 +215,7 @@ class Rollout:
                 stop_token_ids=self.stop_ids,
                 banned_token_ids=self.banned_ids,
                 seed=None if seed is None else seed * 1000 + turn_no + 1_000_003 * piece,
+                priority=priority,
             )
             try:
                 gen = await used.generate(context, params)
@@ -260,7 +280,7 @@ class Rollout:
         concurrency: int | None = None,
         on_done: Callable[[Trajectory], None] | None = None,
     ) -> list[Trajectory]:
-        """Items are dicts with ``problem`` and optional ``answer``, ``seed``, ``meta``; results keep
+        """Items are dicts with ``problem`` and optional ``answer``, ``seed``, ``meta``, ``priority``; results keep
         their order. ``on_done`` sees each trajectory as soon as it finishes."""
         gate = asyncio.Semaphore(concurrency or max(1, len(items)))
 
@@ -271,6 +291,7 @@ class Rollout:
                     item.get("answer"),
                     seed=item.get("seed"),
                     meta=item.get("meta"),
+                    priority=item.get("priority", 0),
                 )
             if on_done is not None:
                 on_done(traj)
