@@ -6,8 +6,9 @@ differs (k > 0 with the decoupled objective, ``loss.tis_cap: 2``). The reward is
 first sampled token (groups of mixed rewards, so every step updates whatever the model knows: this
 measures time, not learning). The first step is a warm-up and is not counted. Arms run in the order given, then reversed (A-B-C-C-B-A with ``--repeat 2``), and
 the table shows means: wall seconds per trained rollout, model tokens per second, the update's
-seconds, the seconds a step waited for its rollouts, the engine's occupancy (rows a decode step
-held / its rows), staleness. Ratios are against k = 0 of the same run.
+and weight sync's seconds, the seconds a step waited for its rollouts, the engine's busy share of
+the step, its occupancy (rows a decode step held / its rows) and the share of its busy time spent
+joining requests (prefill), staleness. Ratios are against k = 0 of the same run.
 
     python benchmarks/async_rl.py --model /tmp/rstar2-bench-smollm2 [--steps 4] [--staleness 0,1,2]
     python benchmarks/async_rl.py            # the tiny recipe's model shape, built here
@@ -102,8 +103,10 @@ def start_server(model: Path, rows: int) -> tuple[subprocess.Popen, str]:
 
 
 def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
-    """``arm``: k, or k + "keep" (``rollout.keep_stale_kv``: no prefill again on new weights)."""
-    k, keep = int(arm.removesuffix("keep")), arm.endswith("keep")
+    """``arm``: k, or k + "keep" (``rollout.keep_stale_kv``: no prefill again on new weights), or
+    k + "pause" (in-process: the engine waits while the update runs instead of decoding beside it)."""
+    keep, pause = arm.endswith("keep"), arm.endswith("pause")
+    k = int(arm.removesuffix("keep").removesuffix("pause"))
     server = None
     if a.disaggregated:
         server, url = start_server(model, a.batch_rows)
@@ -140,6 +143,14 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
         tree["loss"] = {"tis_cap": 2.0}
     trainer = RLTrainer(parse_config(tree), reward_fn=first_token_even)
     trainer.save = lambda metrics=None: None  # time steps, not checkpoints
+    if pause:  # the engine steps under its lock: holding it for the update stops it in between
+        update = trainer._update
+
+        def paused(rows, trajs):
+            with trainer.engines[0].lock:
+                return update(rows, trajs)
+
+        trainer._update = paused
     t0 = time.perf_counter()
     try:
         history = asyncio.run(trainer.train())
@@ -167,8 +178,12 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
         "tokens_per_s": sum(m["tokens_per_s"] * m["time/step_s" if k else "time/rollout_s"] for m in counted)
         / seconds,
         "update_s": statistics.fmean(m["time/update_s"] for m in counted),
+        "sync_s": statistics.fmean(m["time/sync_s"] for m in counted),
         "wait_s": statistics.fmean(m["time/rollout_s"] for m in counted),
-        "occupancy": stats["row_steps"] / max(1, stats["steps"]) / a.batch_rows,
+        # the trainer's per-step engine metrics (rstar2.rl.trainer.engine_metrics), counted steps
+        "occupancy": statistics.fmean(m["engine/occupancy"] for m in counted),
+        "join_share": statistics.fmean(m["engine/join_share"] for m in counted),
+        "busy_share": statistics.fmean(m["engine/busy_share"] for m in counted),
         "staleness_mean": statistics.fmean(m.get("staleness/mean", 0.0) for m in counted),
         "staleness_max": max(m.get("staleness/max", 0.0) for m in counted),
         "accuracy": statistics.fmean(m["accuracy"] for m in counted),
@@ -183,7 +198,11 @@ def main() -> None:
         default=None,
         help="whose chat format (default: tiny, or smollm2-135m with --model)",
     )
-    ap.add_argument("--staleness", default="0,1,2", help="arms: k, or k followed by 'keep' (keep_stale_kv)")
+    ap.add_argument(
+        "--staleness",
+        default="0,1,2",
+        help="arms: k, or k followed by 'keep' (keep_stale_kv) or 'pause' (the engine stops for the update)",
+    )
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--problems", type=int, default=4, help="problems a step")
     ap.add_argument("--samples", type=int, default=8, help="rollouts a problem (2G)")
@@ -203,7 +222,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model = a.model or tiny_model(root)
-        data = problems(root, a.problems * (a.steps + max(int(k.removesuffix("keep")) for k in ks) + 1))
+        most = max(int(k.removesuffix("keep").removesuffix("pause")) for k in ks)
+        data = problems(root, a.problems * (a.steps + most + 1))
         runs = [run_arm(model, data, root / f"run-{i}-k{k}", k, a) for i, k in enumerate(order)]
     by_k = {k: [r for r in runs if r["k"] == k] for k in ks}
     mean = {
@@ -216,8 +236,8 @@ def main() -> None:
         f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads; "
         f"{a.problems}x{a.samples} rollouts a step, {a.steps - 1} steps counted, means of {a.repeat})"
     )
-    cols = ("k", "s / trained rollout", "× k=0 (speed)", "model tokens/s", "update s", "wait s")
-    cols += ("occupancy", "staleness mean / max", "accuracy")
+    cols = ("k", "s / trained rollout", "× k=0 (speed)", "model tokens/s", "update s", "sync s", "wait s")
+    cols += ("engine busy", "occupancy", "join share", "staleness mean / max", "accuracy")
     for c in cols:
         table.add_column(c, justify="right")
     for k, m in mean.items():
@@ -227,8 +247,11 @@ def main() -> None:
             f"{base['s_per_rollout'] / m['s_per_rollout']:.2f}×",
             f"{m['tokens_per_s']:.1f}",
             f"{m['update_s']:.2f}",
+            f"{m['sync_s']:.2f}",
             f"{m['wait_s']:.2f}",
+            f"{100 * m['busy_share']:.0f}%",
             f"{100 * m['occupancy']:.0f}%",
+            f"{100 * m['join_share']:.0f}%",
             f"{m['staleness_mean']:.2f} / {m['staleness_max']:.0f}",
             f"{100 * m['accuracy']:.1f}%",
         )

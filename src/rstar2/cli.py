@@ -390,7 +390,8 @@ def compare_cmd(
     variants: str = typer.Option(
         "roc,grpo-kept,grpo-all",
         "--variants",
-        help="Comma-separated: roc, grpo-kept, grpo-all (and roc-uniform).",
+        help="Comma-separated: roc, grpo-kept, grpo-all (and roc-uniform; asynchronous: async-k1, "
+        "async-k2, async-k4, async-k4-none).",
     ),
     set_: list[str] = typer.Option(
         [], "--set", help="Override one value of every arm's recipe: stages.rl-192.steps=8 (repeatable)."
@@ -400,9 +401,10 @@ def compare_cmd(
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
 ) -> None:
-    """GRPO-RoC against plain GRPO (on as many rollouts as RoC keeps, and on all 2G), each over
-    seeds, from a recipe run's SFT checkpoint: per-step curves, final accuracy with paired
-    intervals, time and memory (compare.md). Resumes an interrupted comparison."""
+    """GRPO-RoC against plain GRPO (on as many rollouts as RoC keeps, and on all 2G), or the
+    synchronous loop against asynchronous ones, each over seeds, from a recipe run's SFT checkpoint:
+    per-step curves, final accuracy with paired intervals, time and memory (compare.md). Resumes an
+    interrupted comparison."""
     from .recipe.compare import run_comparison
 
     with _failures():

@@ -161,6 +161,11 @@ class LossSection(_Section):
     kl_coef: float = 0.0  # >0: k3 KL to a frozen reference, the policy this run (stage) started from
     entropy_coef: float = 0.0
     tis_cap: float | None = None
+    # rollout.max_staleness > 0: "decoupled" (clip against the proximal policy, the weights at the
+    # update's start; importance weight pi_prox/mu truncated at tis_cap) or "none" (no importance
+    # weights: stale tokens trained as if on-policy; only to measure what the correction does,
+    # AReaL saw it collapse)
+    correction: Literal["decoupled", "none"] = "decoupled"
 
 
 class OptimSection(_Section):
@@ -234,11 +239,17 @@ class RLConfig(_Section):
                 f"roc.keep ({self.roc.keep}) cannot exceed rollout.samples ({self.rollout.samples}): "
                 "RoC keeps G of the 2G sampled rollouts"
             )
-        if self.rollout.max_staleness and self.loss.tis_cap is None:
+        decoupled = self.loss.correction == "decoupled"
+        if self.rollout.max_staleness and decoupled and self.loss.tis_cap is None:
             raise ValueError(
                 f"rollout.max_staleness={self.rollout.max_staleness} trains on tokens sampled by older "
                 "policies and needs the off-policy correction: set loss.tis_cap (the cap on the "
-                "importance weight pi_prox/mu of the decoupled objective, e.g. 2.0), or max_staleness: 0"
+                "importance weight pi_prox/mu of the decoupled objective, e.g. 2.0), or max_staleness: 0 "
+                "(loss.correction: none leaves the correction out, for an ablation)"
+            )
+        if not decoupled and self.loss.tis_cap is not None:
+            raise ValueError(
+                "loss.correction: none trains without importance weights: it takes no loss.tis_cap"
             )
         return self
 

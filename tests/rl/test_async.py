@@ -52,6 +52,12 @@ def test_staleness_without_a_correction_is_refused(tiny_dir, data):
         parse_config(tree)
     tree["loss"] = {"tis_cap": 2.0}
     assert parse_config(tree).rollout.max_staleness == 1
+    # the correction left out on purpose (an ablation) is said, not defaulted; it takes no cap
+    tree["loss"] = {"correction": "none"}
+    assert parse_config(tree).loss.correction == "none"
+    tree["loss"] = {"correction": "none", "tis_cap": 2.0}
+    with pytest.raises(ConfigError, match="correction: none"):
+        parse_config(tree)
 
 
 def test_admission_keeps_every_group_within_k_updates():

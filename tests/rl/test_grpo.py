@@ -320,3 +320,69 @@ async def test_the_update_takes_logprobs_at_the_sampling_temperature(tiny, tempe
 
     assert gap(temperature) < 1e-4
     assert gap(1.0) > 100 * max(gap(temperature), 1e-6)
+
+
+async def test_the_decoupled_weights_come_from_the_steps_own_pass_and_match_a_separate_one(tiny):
+    """With one optimizer step per update the proximal policy is the weights before that step:
+    its log-probs come from the step's own pass, no pass before it. The importance weights
+    pi_prox/mu reported are those of a separate pass over the same weights, mu being each token's
+    own behaviour log-prob (here the engine's, shifted per token)."""
+    import copy
+
+    from rstar2.config import LossSection, OptimSection
+    from rstar2.engines.base import SamplingParams
+    from rstar2.engines.hf import HFEngine
+    from rstar2.rl import update as U
+    from rstar2.rl.optim import build_optimizer
+    from rstar2.rollout.trajectory import Trajectory
+
+    model, tok = tiny
+    engine = HFEngine(model, max_batch_size=4)
+    prompts = [tok.encode(f"question {i}: what is {i} * 3?", add_special_tokens=False) for i in range(3)]
+    try:
+        gens = [
+            await engine.generate(p, SamplingParams(max_new_tokens=8, seed=i)) for i, p in enumerate(prompts)
+        ]
+    finally:
+        await engine.close()
+    # behaviour log-probs of an older policy: each token off by its own amount
+    shift = [[0.05 * ((i + j) % 7) - 0.15 for j in range(len(g.token_ids))] for i, g in enumerate(gens)]
+    rows = [
+        U.Row(
+            Trajectory(
+                "",
+                None,
+                p,
+                g.token_ids,
+                [1] * len(g.token_ids),
+                [a + d for a, d in zip(g.logprobs, s, strict=True)],
+            ),
+            adv,
+            i,
+        )
+        for i, (p, g, s, adv) in enumerate(zip(prompts, gens, shift, [1.0, -1.0, 0.5], strict=True))
+    ]
+    ratios = [torch.tensor([-d for d in s]) for s in shift]  # log pi_prox/mu, pi_prox = the engine's weights
+    want = U.importance_weights(ratios, 1.1, U.LOCAL)
+    passes = []
+    real = U.logprobs_of
+    U.logprobs_of = lambda *a, **k: passes.append(1) or real(*a, **k)
+    try:
+        m = copy.deepcopy(model)
+        opt, sched = build_optimizer(m, OptimSection(lr=1e-3, warmup_steps=0), total_steps=1)
+        got = U.update_on_rollouts(
+            U.Learner(m, opt, sched),
+            rows,
+            rows[0].trajectory,
+            pad_id=tok.pad_token_id or 0,
+            optim=OptimSection(),
+            loss=LossSection(tis_cap=1.1),
+            compute="fp32",
+            proximal=True,
+        )
+    finally:
+        U.logprobs_of = real
+    assert passes == []  # no pass before the step
+    for key in ("update/tis_mean", "update/tis_max", "update/tis_truncated"):
+        assert got[key] == pytest.approx(want[key], abs=1e-4), key
+    assert 0 < want["update/tis_truncated"] < 1 and want["update/tis_max"] > 1.1

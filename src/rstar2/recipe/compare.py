@@ -11,7 +11,10 @@ which order problems come):
   as many trajectories trained on, none chosen);
 - ``grpo-all``: plain GRPO on all 2G (as many sampled);
 - ``roc-uniform`` (not run by default): 2G sampled and as many correct and incorrect rollouts kept
-  as RoC keeps, drawn at random (``roc.mode: uniform``): RoC's downsampling without its choice.
+  as RoC keeps, drawn at random (``roc.mode: uniform``): RoC's downsampling without its choice;
+- ``async-k1``, ``async-k2``, ``async-k4`` (not run by default): ``roc`` with rollouts up to k
+  updates stale (``rollout.max_staleness``) and the decoupled correction; ``async-k4-none`` without
+  the correction (what it prevents).
 
 Every (variant, seed) is a recipe run in its own folder, so an interrupted comparison resumes
 where it stopped. The SFT checkpoint is evaluated once on the same sets. The summary
@@ -47,6 +50,11 @@ VARIANTS: dict[str, str] = {
     "grpo-kept": "plain GRPO on G sampled, all trained on (the paper's baseline: as many kept)",
     "grpo-all": "plain GRPO on all 2G sampled",
     "roc-uniform": "2G sampled, as many correct and incorrect kept as RoC keeps, drawn at random",
+    # asynchronous RL (rl/staleness.py) against "roc", the synchronous loop of the same recipe
+    "async-k1": "GRPO-RoC, rollouts up to 1 update stale, the decoupled correction (tis_cap 2)",
+    "async-k2": "GRPO-RoC, rollouts up to 2 updates stale, the decoupled correction (tis_cap 2)",
+    "async-k4": "GRPO-RoC, rollouts up to 4 updates stale, the decoupled correction (tis_cap 2)",
+    "async-k4-none": "GRPO-RoC, rollouts up to 4 updates stale, no correction (AReaL's ablation)",
 }
 DEFAULT_VARIANTS = ("roc", "grpo-kept", "grpo-all")
 # (metrics.jsonl key, title): the per-step curves, one PNG each
@@ -133,7 +141,7 @@ def apply_variant(stage: dict, variant: str, *, samples: int, keep: int) -> None
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}: choose from {', '.join(VARIANTS)}")
     roc = dict(stage.get("roc") or {})
-    if variant == "roc":
+    if variant == "roc" or variant.startswith("async-"):
         roc["enabled"] = True
     elif variant == "roc-uniform":
         roc.update(enabled=True, mode="uniform")
@@ -141,6 +149,13 @@ def apply_variant(stage: dict, variant: str, *, samples: int, keep: int) -> None
         roc["enabled"] = False
         stage["samples"] = keep if variant == "grpo-kept" else samples
     stage["roc"] = roc
+    if variant.startswith("async-k"):
+        k, _, none = variant.removeprefix("async-k").partition("-")
+        stage["rollout"] = {**stage.get("rollout", {}), "max_staleness": int(k)}
+        loss = (
+            {"correction": "none", "tis_cap": None} if none else {"correction": "decoupled", "tis_cap": 2.0}
+        )
+        stage["loss"] = {**stage.get("loss", {}), **loss}
 
 
 def arms(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> list[Arm]:

@@ -155,13 +155,18 @@ def policy_update(
     max_tokens: int = 16384,
     compute: str = "auto",
     temperature: float = 1.0,
+    ratios: list[torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """One clipped-policy-gradient step over ``batch`` (whose weights hold the global normaliser),
-    the policy's log-probs under ``logits / temperature`` (the rollouts' sampling temperature)."""
+    the policy's log-probs under ``logits / temperature`` (the rollouts' sampling temperature).
+    ``ratios``: where the batch has no old log-probs (the weights before this step are the old
+    policy), gets log pi_old/mu of each trained token, for ``importance_weights``."""
 
     def micro_loss(mb: Batch):
         logp, entropy = forward_logprobs(learner.model, mb, True, compute, temperature)
         old = mb.old_logp if mb.old_logp is not None else logp.detach()
+        if ratios is not None and mb.old_logp is None:
+            ratios.append((old - mb.engine_logp)[mb.mask.bool()])
         loss, stats = policy_loss(
             logp,
             old,
@@ -212,10 +217,11 @@ def update_on_rollouts(
     over all processes, ``optim.epochs`` passes. A process with no rows (all its groups dropped)
     still joins the collectives with a zero-weight copy of ``stand_in``. ``compute``: the
     passes' precision (``model.compute``); ``temperature``: the rollouts' sampling temperature,
-    under which every pass (policy, old, reference) takes its log-probs. ``proximal``: take the old
-    policy's log-probs in a pass before the first step even for one mini-batch and one epoch (the
-    proximal policy of the decoupled objective: asynchronous rollouts were sampled by older weights,
-    their engine log-probs are the behaviour policy's).
+    under which every pass (policy, old, reference) takes its log-probs. ``proximal``: the
+    rollouts were sampled by older weights (asynchronous RL): the old policy is the proximal one of
+    the decoupled objective, the behaviour policy is the engine's log-probs, and the importance
+    weights pi_prox/mu are reported. With one optimizer step per update the proximal log-probs come
+    from that step's own pass (the weights before it); with several, from a pass before the first.
     """
     model, world = learner.model, learner.world
     if all_sum([len(rows)], world)[0] == 0:
@@ -236,7 +242,9 @@ def update_on_rollouts(
         units = all_sum([weight_units(b.mask, b.group_index, loss.aggregation)], world)[0]
         batches.append(with_weights(b, loss.aggregation, units).to(world.device))
     tokens = optim.micro_batch_tokens
-    if optim.mini_batches > 1 or optim.epochs > 1 or proximal:  # the weights before the first step
+    # The old policy (of the clip; the proximal one of the decoupled objective) is the weights before
+    # the first optimizer step: with one step per update, the step's own pass computes it
+    if optim.mini_batches > 1 or optim.epochs > 1:
         batches = [
             replace(b, old_logp=logprobs_of(model, b, tokens, world, compute, temperature)) for b in batches
         ]
@@ -245,34 +253,38 @@ def update_on_rollouts(
             replace(b, ref_logp=logprobs_of(ref_model, b, tokens, LOCAL, compute, temperature))
             for b in batches
         ]
-    weights = importance_weights(batches, loss.tis_cap, world) if loss.tis_cap is not None else {}
+    ratios = [(b.old_logp - b.engine_logp)[b.mask.bool()] for b in batches if b.old_logp is not None]
     loss_cfg = as_dataclass(LossConfig, loss)
     passes = {
         "grad_clip": optim.grad_clip,
         "max_tokens": tokens,
         "compute": compute,
         "temperature": temperature,
+        "ratios": ratios if proximal or loss.tis_cap is not None else None,  # for the metrics
     }
     out = [policy_update(learner, b, loss_cfg, **passes) for _ in range(optim.epochs) for b in batches]
     summed = {k for k in out[0] if k.startswith(("entropy_sum/", "entropy_tokens/"))}
     stats = {k: sum(o[k] for o in out) / (1 if k in summed else len(out)) for k in out[0]}
+    weights = importance_weights(ratios, loss.tis_cap, world) if proximal or loss.tis_cap is not None else {}
     return {**class_entropy_means(stats), **weights}
 
 
-def importance_weights(batches: Sequence[Batch], cap: float, world: World) -> dict[str, float]:
-    """pi_old / mu over the trained tokens (old: the policy at the start of the update; mu: the
-    engine that sampled them): the mean, the largest and the share truncated at ``cap``."""
+def importance_weights(
+    log_ratios: Sequence[torch.Tensor], cap: float | None, world: World
+) -> dict[str, float]:
+    """pi_old / mu over the trained tokens, from their log-ratios (old: the policy at the start of
+    the update; mu: the engine that sampled them): the mean, the largest and the share truncated
+    at ``cap`` (None: no truncation, and none reported)."""
     total = count = over = 0.0
     top = 0.0
-    for b in batches:
-        if b.old_logp is None:
-            continue
-        w = (b.old_logp - b.engine_logp)[b.mask.bool()].clamp(-20.0, 20.0).exp()
+    for r in log_ratios:
+        w = r.detach().clamp(-20.0, 20.0).exp()
         if w.numel():
             total, count = total + float(w.sum()), count + w.numel()
-            over, top = over + float((w > cap).sum()), max(top, float(w.max()))
+            over, top = over + float((w > cap).sum()) if cap else over, max(top, float(w.max()))
     top = all_max(top, world)
     total, count, over = all_sum([total, count, over], world)
     if not count:
         return {}
-    return {"update/tis_mean": total / count, "update/tis_max": top, "update/tis_truncated": over / count}
+    out = {"update/tis_mean": total / count, "update/tis_max": top}
+    return {**out, "update/tis_truncated": over / count} if cap else out
