@@ -212,7 +212,7 @@ async def test_vllm_weight_transfer_is_paused_kept_started_sent_finished_and_res
     assert calls[3][2] == {"update_info": info} and sent == [1]
     calls.clear()
     fail["finish"] = True
-    with pytest.raises(Exception, match="finish_weight_update answered 500"):
+    with pytest.raises(Exception, match="finish_weight_update: answered 500"):
         await engine.transfer_weights(info, lambda: None, keep_kv=True)
     assert calls[0][1] == "mode=keep&clear_cache=false" and calls[-1][0] == "/resume"
     await engine.close()

@@ -191,34 +191,28 @@ class OpenAIEngine:
         body: dict[str, Any] = {"model_path": str(model_dir)}
         if version is not None:
             body["weight_version"] = str(version)
-        try:
-            resp = await self._client.post(endpoint, json=body)
-        except httpx.HTTPError as exc:
-            raise ServerError(f"{what}: {type(exc).__name__}: {exc}") from exc
-        if resp.status_code != 200:
-            raise ServerError(f"{what}: {resp.status_code} {resp.text[:300]}")
-        try:
-            answer = resp.json()
-        except ValueError:
-            answer = {}
-        answer = answer if isinstance(answer, dict) else {}
+        answer = await self._post(endpoint, what, json=body)
         if answer.get("success") is False:
             raise ServerError(f"{what}: {answer.get('message', answer)}")
         return answer
 
-    # -- vLLM's weight transfer (vLLM >= 0.16 with VLLM_SERVER_DEV_MODE=1; untested here: no vLLM) ---
-    async def _post(self, path: str, **kw: Any) -> dict[str, Any]:
+    async def _post(self, path: str, what: str | None = None, **kw: Any) -> dict[str, Any]:
+        """POST ``path``; its JSON object answer ({} if none). No answer, or an error status, is a
+        ``ServerError`` that starts with ``what`` (default: the URL)."""
+        what = what or f"{self.base_url}{path}"
         try:
             resp = await self._client.post(path, **kw)
         except httpx.HTTPError as exc:
-            raise ServerError(f"{self.base_url}{path}: {type(exc).__name__}: {exc}") from exc
+            raise ServerError(f"{what}: {type(exc).__name__}: {exc}") from exc
         if resp.status_code != 200:
-            raise ServerError(f"{self.base_url}{path} answered {resp.status_code}: {resp.text[:300]}")
+            raise ServerError(f"{what}: answered {resp.status_code}: {resp.text[:300]}")
         try:
             answer = resp.json()
         except ValueError:
             return {}
         return answer if isinstance(answer, dict) else {}
+
+    # -- vLLM's weight transfer (vLLM >= 0.16 with VLLM_SERVER_DEV_MODE=1; untested here: no vLLM) ---
 
     async def pause(self, mode: str = "keep", clear_cache: bool = True) -> None:
         """vLLM's ``POST /pause``: ``keep`` freezes the requests in flight (they continue after
