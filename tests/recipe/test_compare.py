@@ -105,9 +105,9 @@ def test_compare_runs_every_arm_and_summarizes_their_own_numbers(source, tmp_pat
             assert [r["step"] for r in entry["steps"][str(seed)]] == [1]
         start = per_problem_accuracy(read_trajectories(sampled_trajectories(out / "sft" / "heldout"))[0])
         assert entry["final"]["heldout"]["start"] == pytest.approx(sum(start.values()) / len(start))
-    assert set(summary["roc_versus"]) == {"grpo-kept", "grpo-all"}
+    assert summary["reference"] == "roc" and set(summary["versus"]) == {"grpo-kept", "grpo-all"}
     text = (out / "compare.md").read_text()
-    assert "RoC minus grpo-all: heldout" in text and "| roc | 2 |" in text
+    assert "roc minus grpo-all: heldout" in text and "| roc | 2 |" in text
     assert (out / "compare_tools_error_ratio_correct_kept.png").stat().st_size > 0
     costs = json.loads((out / "costs.json").read_text())
     assert set(costs) == {"sft"} | {f"{v}-s{s}" for v in DEFAULT_VARIANTS for s in (0, 1)}

@@ -298,8 +298,8 @@ def _mean_over(per_seed: Sequence[dict[Any, float]]) -> dict[Any, float]:
 
 def summarize(out: Path, recipe: Recipe, plan: Sequence[Arm]) -> dict[str, Any]:
     """Per variant: the per-step curves of every finished seed; final accuracy per seed (mean and
-    spread), its paired change from the SFT checkpoint, and ``roc``'s paired difference from each
-    other variant (problems paired, accuracy averaged over seeds)."""
+    spread), its paired change from the SFT checkpoint, and the first variant's (``roc`` by
+    default) paired difference from each other one (problems paired, accuracy averaged over seeds)."""
     sets = ["heldout", *(Path(s).stem for s in recipe.eval.also)]
     start = start_accuracy(out, sets) if (out / "sft").exists() else {}
     done = [a for a in plan if _finished(a.folder)]
@@ -329,15 +329,18 @@ def summarize(out: Path, recipe: Recipe, plan: Sequence[Arm]) -> dict[str, Any]:
                 )
             entry["final"][s] = row
         variants[v] = entry
-    versus = {}
-    if "roc" in finals:
-        for v in finals:
-            if v != "roc":
-                versus[v] = {}
-                for s in sets:
-                    diff, half, n = paired_change(finals[v][s], finals["roc"][s])
-                    versus[v][s] = {"roc_minus": diff, "ci95": half, "paired": n}
-    return {"sets": sets, "variants": variants, "roc_versus": versus}
+    first = next(iter(finals), None)  # the reference: the first variant asked for (roc by default)
+    versus = {
+        v: {
+            s: dict(
+                zip(("minus", "ci95", "paired"), paired_change(finals[v][s], finals[first][s]), strict=True)
+            )
+            for s in sets
+        }
+        for v in finals
+        if v != first
+    }
+    return {"sets": sets, "variants": variants, "reference": first, "versus": versus}
 
 
 def _tail_mean(rows: list[dict[str, Any]], key: str, last: int = 5) -> float | None:
@@ -352,12 +355,16 @@ def _pct(x: float | None) -> str:
 def write_summary(out: Path, recipe: Recipe, plan: Sequence[Arm], costs: dict[str, Any]) -> Path:
     s = summarize(out, recipe, plan)
     pngs = plot_steps(out, s)
+    name = recipe.name
+    for a in plan:  # the arms' recipes are named RECIPE-VARIANT-sSEED
+        name = name.removesuffix(f"-{a.variant}-s{a.seed}")
     lines = [
-        f"# GRPO-RoC against plain GRPO: {recipe.name.rsplit('-', 2)[0]}",
+        f"# RL variants over seeds: {name} ({', '.join(dict.fromkeys(a.variant for a in plan))})",
         "",
         "Each variant runs the recipe's RL stages from the same SFT checkpoint, once per seed. Accuracy "
         "after the stages: mean ± standard deviation over seeds; change from the SFT checkpoint and "
-        "RoC's difference from the others: problems paired, accuracy averaged over seeds, ± a 95% interval.",
+        "the first variant's difference from the others: problems paired, accuracy averaged over seeds, "
+        "± a 95% interval.",
         "",
     ]
     sets = s["sets"]
@@ -394,12 +401,12 @@ def write_summary(out: Path, recipe: Recipe, plan: Sequence[Arm], costs: dict[st
         cells.append(f"{statistics.fmean(c['seconds'] for c in spent) / 60:.1f}" if spent else "–")
         cells.append(f"{max(c['peak_gib'] for c in spent):.1f}" if spent else "–")
         lines.append("| " + " | ".join(cells) + " |")
-    for v, by_set in s["roc_versus"].items():
+    for v, by_set in s["versus"].items():
         said = ", ".join(
-            f"{x} {100 * d['roc_minus']:+.1f} ± {100 * d['ci95']:.1f} points (paired over {d['paired']})"
+            f"{x} {100 * d['minus']:+.1f} ± {100 * d['ci95']:.1f} points (paired over {d['paired']})"
             for x, d in by_set.items()
         )
-        lines += ["", f"RoC minus {v}: {said}."]
+        lines += ["", f"{s['reference']} minus {v}: {said}."]
     total = sum(c["seconds"] for c in costs.values())
     lines += ["", f"Time spent: {total / 60:.1f} min over {len(costs)} runs (the SFT evaluation included)."]
     lines += [""] + [f"![{p.stem}]({p.name})" for p in pngs]
