@@ -3,8 +3,8 @@
 Each arm runs the RL trainer for ``--steps`` steps from the same model, data and seed, with the
 in-process engine and the real code environment and verifier; only ``rollout.max_staleness`` (k)
 differs (k > 0 with the decoupled objective, ``loss.tis_cap: 2``). The reward is the parity of the
-first sampled token (groups of mixed rewards, so every step updates whatever the model knows: this
-measures time, not learning). The first step is a warm-up and is not counted. Arms run in the order given, then reversed (A-B-C-C-B-A with ``--repeat 2``), and
+first sampled token, or with ``--reward length`` of the response's length (groups of mixed rewards,
+so every step updates whatever the model knows: this measures time, not learning). The first step is a warm-up and is not counted. Arms run in the order given, then reversed (A-B-C-C-B-A with ``--repeat 2``), and
 the table shows means: wall seconds per trained rollout, model tokens per second, the update's
 and weight sync's seconds, the seconds a step waited for its rollouts, the engine's busy share of
 the step, its occupancy (rows a decode step held / its rows) and the share of its busy time spent
@@ -44,6 +44,14 @@ from rstar2.rl.trainer import RLTrainer
 
 def first_token_even(traj) -> float:
     return float(bool(traj.response_ids) and traj.response_ids[0] % 2 == 0)
+
+
+def length_even(traj) -> float:
+    """For a model that always opens the same way (an SFT'd one): the response length's parity."""
+    return float(len(traj.response_ids) % 2 == 0)
+
+
+REWARDS = {"first-token": first_token_even, "length": length_even}
 
 
 def problems(root: Path, n: int) -> Path:
@@ -141,7 +149,7 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
     }
     if k:
         tree["loss"] = {"tis_cap": 2.0}
-    trainer = RLTrainer(parse_config(tree), reward_fn=first_token_even)
+    trainer = RLTrainer(parse_config(tree), reward_fn=REWARDS[a.reward])
     trainer.save = lambda metrics=None: None  # time steps, not checkpoints
     if pause:  # the engine steps under its lock: holding it for the update stops it in between
         update = trainer._update
@@ -212,6 +220,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="1: A-B-C; 2: A-B-C-C-B-A")
     ap.add_argument("--out", type=Path, default=None, help="write the raw numbers as JSON")
     ap.add_argument("--disaggregated", action="store_true", help="engine on core 0, trainer on core 1")
+    ap.add_argument(
+        "--reward",
+        choices=sorted(REWARDS),
+        default="first-token",
+        help="a reward of mixed values whatever the model knows: the first token's parity, or the "
+        "response length's (for an SFT'd model, whose first token is always the same)",
+    )
     a = ap.parse_args()
     if a.disaggregated:  # this process (the trainer, its sandbox and verifier) on core 1
         os.sched_setaffinity(0, {1})
