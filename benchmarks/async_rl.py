@@ -135,7 +135,7 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
             "verifier_workers": 1,
         },
         "roc": {"keep": max(1, a.samples // 2)},
-        "optim": {"lr": 1e-6, "warmup_steps": 0},
+        "optim": {"lr": 1e-6, "warmup_steps": 0, "micro_batch_tokens": a.micro_batch_tokens},
         "run": {
             "out": str(out),
             "steps": a.steps,
@@ -220,6 +220,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="1: A-B-C; 2: A-B-C-C-B-A")
     ap.add_argument("--out", type=Path, default=None, help="write the raw numbers as JSON")
     ap.add_argument("--disaggregated", action="store_true", help="engine on core 0, trainer on core 1")
+    ap.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=16384,
+        help="optim.micro_batch_tokens (the SmolLM2 recipe's 1024 for 64 multi-turn rollouts: at 16384 "
+        "a 49K vocabulary's logits take 24 GB)",
+    )
     ap.add_argument(
         "--reward",
         choices=sorted(REWARDS),
