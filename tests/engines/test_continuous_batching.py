@@ -379,7 +379,7 @@ async def test_a_closed_engine_keeps_no_prefixes(model, prompt):
 
 async def test_weights_written_through_param_data_count_once_announced(model, prompt):
     """torch does not count writes through ``param.data``: the stamp alone misses them, so the
-    trainer announces each update (``weights_changed``) and nothing computed before is reused."""
+    trainer announces each update (``invalidate``) and nothing computed before is reused."""
     from rstar2.engines.hf import weights_stamp
 
     engine = HFEngine(model, max_batch_size=8)
@@ -389,7 +389,7 @@ async def test_weights_written_through_param_data_count_once_announced(model, pr
         for p in model.parameters():
             p.data.add_(0.05 * torch.randn_like(p))
     assert weights_stamp(model) == before  # the miss this guards against
-    engine.weights_changed()
+    engine.invalidate()
     nxt = prompt + first.token_ids + [3, 4]
     second = await engine.generate(nxt, SamplingParams(max_new_tokens=10, seed=6))
     assert engine.stats["reused_tokens"] == 0
@@ -411,6 +411,6 @@ async def test_short_of_rows_the_engine_admits_by_priority_then_arrival(model, p
     # arrival order a, b, c, d, e (one burst); one row: admitted one at a time, by priority
     await asyncio.gather(ask("a", 5), ask("b", 9), ask("c", 1), ask("d", 9), ask("e", -3))
     assert order == ["e", "c", "a", "b", "d"]
-    counters = engine.counters()
+    counters = await engine.counters()
     assert counters["rows"] == 1 and counters["requests"] == 5 and counters["evictions"] >= 0
     await engine.close()

@@ -378,7 +378,7 @@ async def test_the_decoupled_weights_come_from_the_steps_own_pass_and_match_a_se
             optim=OptimSection(),
             loss=LossSection(tis_cap=1.1),
             compute="fp32",
-            proximal=True,
+            off_policy=True,
         )
     finally:
         U.logprobs_of = real

@@ -10,7 +10,7 @@ request ends, its sequence's keys and values are kept (``engines/kv.py``: a toke
 recently used out) so that the trajectory's next turn, whose prompt extends them by the tool's
 response, prefills only the new tokens. The weights rule, checked here and nowhere else before
 every step: parameters changed in place (an optimizer step on the shared model, a
-``load_state_dict``, or any write announced by ``weights_changed``) empty the prefix store and
+``load_state_dict``, or any write announced by ``invalidate``) empty the prefix store and
 re-prefill the running rows, so nothing computed under old weights is used.
 
 transformers' own continuous-batching manager (``generate_batch``/``init_continuous_batching``)
@@ -42,7 +42,7 @@ from .kv import PrefixStore
 def weights_stamp(model: Any) -> int:
     """Changes whenever a parameter is written in place (optimizer step, ``load_state_dict``) or
     replaced: torch counts in-place writes per tensor, except those through ``param.data``
-    (``HFEngine.weights_changed`` is for those)."""
+    (``HFEngine.invalidate`` is for those)."""
     return hash(tuple((p.data_ptr(), p._version) for p in model.parameters()))
 
 
@@ -87,7 +87,7 @@ class HFEngine:
         self.in_flight = 0
         self._thread: threading.Thread | None = None
         self._closed = False
-        self._written = 0  # weight writes told to the engine (update_weights, weights_changed)
+        self._written = 0  # weight writes told to the engine (update_weights, invalidate)
         self.version = 0  # the policy version of its weights (the trainer's updates so far), as told
         self._stamp: tuple[int, int] | None = None  # (_written, weights_stamp) the batch was computed under
         self.stats = {
@@ -148,22 +148,18 @@ class HFEngine:
             self.model.load_state_dict(state_dict, strict=False)
             self._told(version)
 
-    def weights_changed(self, version: int | None = None) -> None:
-        """The weights were written in a way torch does not count (through ``param.data``, by
-        another library): the next step treats them as new. The trainer says so after each update,
-        with the new ``version``."""
+    def invalidate(self, version: int | None = None) -> None:
+        """The weights were written in a way the engine cannot see (through ``param.data``, by
+        another library): the next step treats them as new (kept prefixes dropped, running rows
+        prefilled again unless ``keep_stale_kv``). The trainer says so after each update, with the
+        new ``version``."""
         with self.lock:
             self._told(version)
 
-    def counters(self) -> dict[str, Any]:
+    async def counters(self) -> dict[str, Any]:
         """Its counters since it started (``stats``), the kept prefixes evicted and its rows: what
-        the trainer's per-step ``engine/*`` metrics are differences of."""
+        the trainer's per-step ``engine/*`` metrics are differences of (``OpenAIEngine`` has the same)."""
         return {**self.stats, "evictions": self.store.evicted, "rows": self.max_batch_size}
-
-    def invalidate(self, version: int | None = None) -> None:
-        """Treat the weights as new however they were written (kept prefixes dropped, running rows
-        prefilled again unless ``keep_stale_kv``): the same as ``weights_changed``."""
-        self.weights_changed(version)
 
     def _told(self, version: int | None) -> None:
         self._written += 1

@@ -140,14 +140,14 @@ def server_routes(s: Served) -> APIRouter:
             "in_flight": s.engine.in_flight,
             "busy_s": s.engine.stats["busy_s"],  # seconds spent generating (idle share = 1 - busy/wall)
             "generated_tokens": s.engine.stats["generated_tokens"],
-            "engine": s.engine.counters(),  # decode steps, rows, joins, evictions (the trainer's engine/*)
+            "engine": await s.engine.counters(),  # decode steps, rows, joins, evictions (the trainer's engine/*)
         }
 
     @router.get("/get_server_info")
     async def server_info() -> dict[str, Any]:
         """KV capacity in tokens, under SGLang's key, for the rollout scheduler's ``kv`` policy."""
         info = {"model": s.model_name, "max_total_num_tokens": s.engine.capacity_tokens}
-        engine = {"policy_version": s.engine.version, **s.engine.counters()}
+        engine = {"policy_version": s.engine.version, **await s.engine.counters()}
         return {**info, **await asyncio.to_thread(s.held_weights), "engine": engine}
 
     @router.post("/update_weights_from_disk")

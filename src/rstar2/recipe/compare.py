@@ -57,6 +57,14 @@ VARIANTS: dict[str, str] = {
     "async-k4-none": "GRPO-RoC, rollouts up to 4 updates stale, no correction (AReaL's ablation)",
 }
 DEFAULT_VARIANTS = ("roc", "grpo-kept", "grpo-all")
+# the asynchronous variants: (rollout.max_staleness, loss settings)
+DECOUPLED = {"correction": "decoupled", "tis_cap": 2.0}
+ASYNC = {
+    "async-k1": (1, DECOUPLED),
+    "async-k2": (2, DECOUPLED),
+    "async-k4": (4, DECOUPLED),
+    "async-k4-none": (4, {"correction": "none", "tis_cap": None}),
+}
 # (metrics.jsonl key, title): the per-step curves, one PNG each
 STEP_KEYS = (
     ("accuracy", "training accuracy (sampled)"),
@@ -141,7 +149,7 @@ def apply_variant(stage: dict, variant: str, *, samples: int, keep: int) -> None
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}: choose from {', '.join(VARIANTS)}")
     roc = dict(stage.get("roc") or {})
-    if variant == "roc" or variant.startswith("async-"):
+    if variant == "roc" or variant in ASYNC:
         roc["enabled"] = True
     elif variant == "roc-uniform":
         roc.update(enabled=True, mode="uniform")
@@ -149,12 +157,9 @@ def apply_variant(stage: dict, variant: str, *, samples: int, keep: int) -> None
         roc["enabled"] = False
         stage["samples"] = keep if variant == "grpo-kept" else samples
     stage["roc"] = roc
-    if variant.startswith("async-k"):
-        k, _, none = variant.removeprefix("async-k").partition("-")
-        stage["rollout"] = {**stage.get("rollout", {}), "max_staleness": int(k)}
-        loss = (
-            {"correction": "none", "tis_cap": None} if none else {"correction": "decoupled", "tis_cap": 2.0}
-        )
+    if variant in ASYNC:
+        k, loss = ASYNC[variant]
+        stage["rollout"] = {**stage.get("rollout", {}), "max_staleness": k}
         stage["loss"] = {**stage.get("loss", {}), **loss}
 
 

@@ -152,7 +152,7 @@ async def publish(
     process, nothing to send)."""
     if same_model:  # the engine reads the trainer's parameters; say they changed (torch does not
         for e in engines:  # count every kind of write, e.g. through param.data)
-            e.weights_changed(step)
+            e.invalidate(step)
         return {}
     weights = D.full_state_dict(model, world)
     if settings.servers:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import inspect
 import json
 import random
 import sys
@@ -164,12 +163,8 @@ def engine_metrics(
 
 
 async def read_counters(engines: list[Any]) -> list[dict[str, Any] | None]:
-    """Each engine's counters: in-process ones directly, servers over HTTP (None: it has none)."""
-    out = []
-    for e in engines:
-        found = e.counters() if hasattr(e, "counters") else None
-        out.append(await found if inspect.isawaitable(found) else found)
-    return out
+    """Each engine's counters (a server over HTTP; None: it has none)."""
+    return [await e.counters() if hasattr(e, "counters") else None for e in engines]
 
 
 class RLTrainer:
@@ -277,7 +272,7 @@ class RLTrainer:
         try:
             if not self.cfg.rollout.servers:  # the in-process engine's weights are this version
                 for e in self.engines:
-                    e.weights_changed(self.step_no)
+                    e.invalidate(self.step_no)
             async with open_rollout(
                 self.cfg.rollout, tokenizer=self.tokenizer, engines=self.engines, **self.services
             ) as rollout:
@@ -546,7 +541,7 @@ class RLTrainer:
             token_classes=self.token_classes,
             compute=self.cfg.model.compute,
             temperature=self.cfg.rollout.temperature,
-            proximal=self.cfg.rollout.max_staleness > 0,
+            off_policy=self.cfg.rollout.max_staleness > 0,
         )
         self.model.eval()
         trim_heap()  # the update's logits and activations, freed: not under the next rollouts' peak

@@ -207,7 +207,7 @@ def update_on_rollouts(
     token_classes: Callable[[Sequence[int], Sequence[int]], list[int]] | None = None,
     compute: str = "auto",
     temperature: float = 1.0,
-    proximal: bool = False,
+    off_policy: bool = False,
 ) -> dict[str, float]:
     """The RL update on the rollouts this process kept (``rows``).
     With ``token_classes`` (response ids, loss mask → a class per token, see
@@ -217,10 +217,10 @@ def update_on_rollouts(
     over all processes, ``optim.epochs`` passes. A process with no rows (all its groups dropped)
     still joins the collectives with a zero-weight copy of ``stand_in``. ``compute``: the
     passes' precision (``model.compute``); ``temperature``: the rollouts' sampling temperature,
-    under which every pass (policy, old, reference) takes its log-probs. ``proximal``: the
-    rollouts were sampled by older weights (asynchronous RL): the old policy is the proximal one of
-    the decoupled objective, the behaviour policy is the engine's log-probs, and the importance
-    weights pi_prox/mu are reported. With one optimizer step per update the proximal log-probs come
+    under which every pass (policy, old, reference) takes its log-probs. ``off_policy``: the
+    rollouts were sampled by older weights (asynchronous RL): the old policy is then the proximal
+    one of the decoupled objective, the behaviour policy the engine's log-probs, and the importance
+    weights pi_prox/mu are reported (also whenever ``loss.tis_cap`` applies them). With one optimizer step per update the proximal log-probs come
     from that step's own pass (the weights before it); with several, from a pass before the first.
     """
     model, world = learner.model, learner.world
@@ -253,6 +253,7 @@ def update_on_rollouts(
             replace(b, ref_logp=logprobs_of(ref_model, b, tokens, LOCAL, compute, temperature))
             for b in batches
         ]
+    report = off_policy or loss.tis_cap is not None  # the importance weights, in the metrics
     ratios = [(b.old_logp - b.engine_logp)[b.mask.bool()] for b in batches if b.old_logp is not None]
     loss_cfg = as_dataclass(LossConfig, loss)
     passes = {
@@ -260,12 +261,12 @@ def update_on_rollouts(
         "max_tokens": tokens,
         "compute": compute,
         "temperature": temperature,
-        "ratios": ratios if proximal or loss.tis_cap is not None else None,  # for the metrics
+        "ratios": ratios if report else None,
     }
     out = [policy_update(learner, b, loss_cfg, **passes) for _ in range(optim.epochs) for b in batches]
     summed = {k for k in out[0] if k.startswith(("entropy_sum/", "entropy_tokens/"))}
     stats = {k: sum(o[k] for o in out) / (1 if k in summed else len(out)) for k in out[0]}
-    weights = importance_weights(ratios, loss.tis_cap, world) if proximal or loss.tis_cap is not None else {}
+    weights = importance_weights(ratios, loss.tis_cap, world) if report else {}
     return {**class_entropy_means(stats), **weights}
 
 
@@ -280,8 +281,8 @@ def importance_weights(
     for r in log_ratios:
         w = r.detach().clamp(-20.0, 20.0).exp()
         if w.numel():
-            total, count = total + float(w.sum()), count + w.numel()
-            over, top = over + float((w > cap).sum()) if cap else over, max(top, float(w.max()))
+            total, count, top = total + float(w.sum()), count + w.numel(), max(top, float(w.max()))
+            over += float((w > cap).sum()) if cap else 0.0
     top = all_max(top, world)
     total, count, over = all_sum([total, count, over], world)
     if not count:

@@ -116,15 +116,7 @@ class Rollout:
                     break
                 budget = min(left, cfg.max_tokens_per_turn or left)
                 t0 = time.perf_counter()
-                gen, engine = await self._generate_turn(
-                    traj,
-                    key,
-                    turn_no,
-                    budget,
-                    engine,
-                    seed,
-                    priority * TURNS_SPAN - min(turn_no, TURNS_SPAN - 1),
-                )
+                gen, engine = await self._generate_turn(traj, key, turn_no, budget, engine, seed, priority)
                 ids = list(gen.token_ids)
                 text = self.fmt.decode([i for i in ids if i not in self.stop_ids])
                 turn = Turn(text, len(ids), gen_s=time.perf_counter() - t0, engine=engine.name)
@@ -215,7 +207,7 @@ class Rollout:
                 stop_token_ids=self.stop_ids,
                 banned_token_ids=self.banned_ids,
                 seed=None if seed is None else seed * 1000 + turn_no + 1_000_003 * piece,
-                priority=priority,
+                priority=priority * TURNS_SPAN - min(turn_no, TURNS_SPAN - 1),  # a next turn first
             )
             try:
                 gen = await used.generate(context, params)
@@ -280,8 +272,8 @@ class Rollout:
         concurrency: int | None = None,
         on_done: Callable[[Trajectory], None] | None = None,
     ) -> list[Trajectory]:
-        """Items are dicts with ``problem`` and optional ``answer``, ``seed``, ``meta``, ``priority``; results keep
-        their order. ``on_done`` sees each trajectory as soon as it finishes."""
+        """Items are dicts with ``problem`` and optional ``answer``, ``seed``, ``meta``,
+        ``priority``; results keep their order. ``on_done`` sees each trajectory as soon as it finishes."""
         gate = asyncio.Semaphore(concurrency or max(1, len(items)))
 
         async def one(item: dict[str, Any]) -> Trajectory:
