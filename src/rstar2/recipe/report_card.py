@@ -117,6 +117,30 @@ def rl_gain(out: Path, recipe: Any, evals: dict[str, Any]) -> str | None:
     )
 
 
+def also_changes(out: Path, recipe: Any, name: str, by_model: dict[str, Any]) -> list[str]:
+    """Paired changes on an ``eval.also`` set from each earlier evaluation to the last one."""
+    index = {"start": 0, "start-plain": 0} | {s.name: n for n, s in enumerate(recipe.stages, 1)}
+    labels = [label for label in by_model if label in index]
+    if len(labels) < 2:
+        return []
+
+    def accuracy(label: str) -> dict[Any, float] | None:
+        f = sampled_trajectories(eval_dir(out, index[label], f"{label}-{Path(name).stem}"))
+        return per_problem_accuracy(read_trajectories(f)[0]) if f.exists() else None
+
+    last, after = labels[-1], accuracy(labels[-1])
+    lines = []
+    for label in labels[:-1]:
+        before = accuracy(label)
+        if after is None or before is None:
+            continue
+        change, half, n = paired_change(before, after)
+        lines.append(
+            f"from {label} to {last}: {100 * change:+.1f} points, 95% interval ± {100 * half:.1f} (paired over {n})"
+        )
+    return lines
+
+
 def health_table(out: Path, recipe: Any, stages: list[tuple[str, list[dict[str, Any]]]]) -> tuple[str, list]:
     """Tool-use health of each RL stage (mean and worst step of each sign's share), and the
     warnings its steps raised (``run.health``)."""
@@ -230,6 +254,9 @@ def write_report(out: Path, recipe: Any, state: dict[str, Any]) -> Path:
     for name, by_model in state.get("also", {}).items():
         if by_model:  # eval.also: the same models on another set (e.g. new wording)
             lines += [f"On `{name}`:", "", table(by_model).replace("held-out accuracy", "accuracy", 1), ""]
+            changes = also_changes(out, recipe, name, by_model)
+            if changes:
+                lines += [f"Change on `{name}`: " + "; ".join(changes) + ".", ""]
     lines += [
         "| stage | kind | steps | stopped early | checkpoint |",
         "|---|---|---|---|---|",

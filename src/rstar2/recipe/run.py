@@ -21,8 +21,17 @@ from ..config import NO_TOOLS, RolloutSection, dump_config, parse_config
 from ..device import pick_device, record, resolve_precision
 from ..jsonl import read_jsonl, write_jsonl
 from ..memory import release_memory
-from .spec import DataSpec, EvalSpec, FilterSpec, Recipe, StageSpec, stage_rollout, stage_tree
-from .tasks import generate
+from .spec import (
+    DataSpec,
+    EvalSpec,
+    FilterSpec,
+    GeneratorSpec,
+    Recipe,
+    StageSpec,
+    stage_rollout,
+    stage_tree,
+)
+from .tasks import FAMILIES, cells, generate
 
 STATE_FILE = "recipe_state.json"
 
@@ -79,6 +88,7 @@ def problem_rows(data: DataSpec, seed: int, split: str = "train") -> list[dict[s
                 seed=seed if g.seed is None else g.seed,
                 split=split,
                 wording=g.wording if split == "train" else "plain",
+                levels=g.levels,
             )
         ]
     return rows[: data.limit]
@@ -97,7 +107,9 @@ async def sft_rows(
     g = data.generator
     if g is not None:
         seed = recipe.seed if g.seed is None else g.seed
-        tasks = generate(g.count, families=g.families, digits=g.digits, seed=seed, wording=g.wording)
+        tasks = generate(
+            g.count, families=g.families, digits=g.digits, seed=seed, wording=g.wording, levels=g.levels
+        )
         bar = tqdm(total=len(tasks), desc="SFT data (real tool runs)", unit="conv", disable=not progress)
         rows += await build_conversations(
             tasks,
@@ -196,8 +208,99 @@ async def filter_problems(
     return kept
 
 
+def _cell_rows(g: GeneratorSpec, family: str, level: int, count: int, seed: int) -> list[dict[str, Any]]:
+    """``count`` training problems of one ladder cell (an arithmetic family's digits, a relation
+    family's steps)."""
+    arithmetic = family in FAMILIES
+    tasks = generate(
+        count,
+        families=[family],
+        digits=(level, level) if arithmetic else g.digits,
+        levels=g.levels if arithmetic else (level, level),
+        seed=seed,
+        wording=g.wording,
+    )
+    return [t.row() for t in tasks]
+
+
+async def ladder_rows(
+    recipe: Recipe,
+    stage: StageSpec,
+    model_dir: Path,
+    out_dir: Path,
+    services: dict,
+    progress: bool,
+    log: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+    """The difficulty ladder (``stage.ladder``): the current policy's pass rate on each (family,
+    level) cell of the stage's generator, then the stage's problems drawn equally from the cells
+    it solves sometimes (neither 0 nor 1); ``ladder.json`` records the rates and the choice."""
+    from ..rollout.trajectory import read_trajectories
+    from .report_card import sampled_trajectories
+
+    spec, g = stage.ladder, stage.data.generator
+    assert spec is not None and g is not None  # the stage's validator
+    seed = recipe.seed if g.seed is None else g.seed
+    grid = cells(g.families, g.digits, g.levels)
+    probes: list[dict[str, Any]] = []
+    for i, (family, level) in enumerate(grid):
+        # probes of their own seed: the policy is measured on problems it is not then trained on by design
+        probes += [{**r, "cell": i} for r in _cell_rows(g, family, level, spec.probes, seed + 7919)]
+    settings = stage_rollout(recipe, stage, temperature=spec.temperature)
+    await _sample(
+        recipe,
+        settings,
+        model_dir,
+        probes,
+        out_dir,
+        samples=spec.samples,
+        seed=recipe.seed + 23,
+        services=services,
+        progress=progress,
+    )
+    trajs, _ = read_trajectories(sampled_trajectories(out_dir))
+    solved, tried = [0] * len(grid), [0] * len(grid)
+    for t in trajs:
+        cell = probes[t.meta["problem_index"]]["cell"]
+        solved[cell] += int(t.correct)
+        tried[cell] += 1
+    rates = [s / n if n else 0.0 for s, n in zip(solved, tried, strict=True)]
+    open_cells = [i for i, r in enumerate(rates) if 0 < r < 1]
+    chosen = open_cells or [i for i, r in enumerate(rates) if r < 1] or list(range(len(grid)))
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for k, i in enumerate(chosen):
+        family, level = grid[i]
+        share = g.count // len(chosen) + (k < g.count % len(chosen))
+        for r in _cell_rows(g, family, level, share, seed):
+            if r["problem"] not in seen:
+                seen.add(r["problem"])
+                rows.append(r)
+    summary = {
+        "cells": [
+            {"family": f, "level": lv, "pass_rate": rate, "chosen": i in chosen}
+            for i, ((f, lv), rate) in enumerate(zip(grid, rates, strict=True))
+        ],
+        "open": len(open_cells),
+        "fallback": None if open_cells else ("not always solved" if len(chosen) < len(grid) else "all"),
+        "problems": len(rows),
+    }
+    (out_dir / "ladder.json").write_text(json.dumps(summary, indent=2))
+    log(
+        f"[rstar2] ladder of {stage.name}: {len(chosen)} of {len(grid)} cells in reach "
+        f"({len(open_cells)} with pass rate between 0 and 1), {len(rows)} problems"
+    )
+    return rows
+
+
 async def stage_data(
-    recipe: Recipe, stage: StageSpec, model_dir: Path, stage_dir: Path, services: dict, progress: bool
+    recipe: Recipe,
+    stage: StageSpec,
+    model_dir: Path,
+    stage_dir: Path,
+    services: dict,
+    progress: bool,
+    log: Callable[[str], None] = print,
 ) -> Path:
     """The stage's training file, written once (a resumed run reuses it)."""
     path = stage_dir / "train.jsonl"
@@ -205,12 +308,16 @@ async def stage_data(
         return path
     if stage.kind == "sft":
         rows = await sft_rows(recipe, stage.data, services["code_env"], progress)
+    elif stage.ladder is not None:  # the files as given, the generator's problems from the cells in reach
+        files = problem_rows(DataSpec(files=stage.data.files), recipe.seed) if stage.data.files else []
+        ladder = await ladder_rows(recipe, stage, model_dir, stage_dir / "ladder", services, progress, log)
+        rows = (files + ladder)[: stage.data.limit]
     else:
         rows = problem_rows(stage.data, recipe.seed)
-        if stage.filter is not None:
-            rows = await filter_problems(
-                recipe, stage, stage.filter, model_dir, rows, stage_dir / "filter", services, progress
-            )
+    if stage.kind == "rl" and stage.filter is not None:
+        rows = await filter_problems(
+            recipe, stage, stage.filter, model_dir, rows, stage_dir / "filter", services, progress
+        )
     if not rows:
         raise ValueError(f"stage {stage.name}: no training data")
     return write_jsonl(rows, path)
@@ -227,7 +334,14 @@ def eval_rows(recipe: Recipe) -> list[dict[str, Any]]:
     g = gens[0]
     return [
         t.row()
-        for t in generate(spec.count, families=g.families, digits=g.digits, seed=recipe.seed, split="heldout")
+        for t in generate(
+            spec.count,
+            families=g.families,
+            digits=g.digits,
+            seed=recipe.seed,
+            split="heldout",
+            levels=g.levels,
+        )
     ]
 
 
@@ -409,7 +523,7 @@ async def _stages(
             log(f"[rstar2] stage {n}/{len(recipe.stages)}: {stage.name} ({stage.kind})")
             stage_dir.mkdir(parents=True, exist_ok=True)
             where[0] = f"stage {stage.name} ({n}/{len(recipe.stages)}): its data"
-            train = await stage_data(recipe, stage, current, stage_dir, services, progress)
+            train = await stage_data(recipe, stage, current, stage_dir, services, progress, log)
             tree = stage_tree(recipe, stage, model_path=str(current), train=str(train), out=str(stage_dir))
             tree["run"]["progress"] = progress
             if n > 1 and recipe.stages[n - 2].kind == stage.kind:
@@ -429,7 +543,8 @@ async def _stages(
                 "stopped_early": stopped,
             }
             _save_state(out, state)
-            await evaluate(stage.name, n, current)
+            # the eval.also sets after SFT too: the report pairs them with the final model's
+            await evaluate(stage.name, n, current, sets=stage.kind == "sft")
         last = recipe.stages[-1]
         await evaluate(last.name, len(recipe.stages), current, sets=True)
     held_out_trajs = sampled_trajectories(eval_dir(out, len(recipe.stages), last.name))

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..config import ChatSection, Compute, ConfigError, RolloutSection, parse_config, read_yaml, validate
-from .tasks import FAMILIES
+from .tasks import expand_families
 
 
 class _Spec(BaseModel):
@@ -53,8 +53,11 @@ class ModelSpec(_Spec):
 class GeneratorSpec(_Spec):
     """Synthetic problems (``rstar2.recipe.tasks``); for an SFT stage, conversations built on them."""
 
+    # arithmetic families (tasks.py), relation families (relations.py), or the groups `arithmetic`
+    # and `relations`; default: the arithmetic ones
     families: list[str] | None = None
-    digits: tuple[int, int] = (1, 3)
+    digits: tuple[int, int] = (1, 3)  # the arithmetic families' numbers
+    levels: tuple[int, int] = (1, 3)  # the relation families' steps (3: with a number to ignore)
     count: int = 1000
     # plain: one phrasing per family; varied: several phrasings and contexts, thousands separators
     # (training only: held-out evaluations keep the plain wording, so runs stay comparable)
@@ -64,11 +67,11 @@ class GeneratorSpec(_Spec):
 
     @model_validator(mode="after")
     def _known(self) -> GeneratorSpec:
-        unknown = [f for f in self.families or [] if f not in FAMILIES]
-        if unknown:
-            raise ValueError(f"unknown task families {unknown}; known: {', '.join(FAMILIES)}")
+        expand_families(self.families)  # unknown names are an error naming the known ones
         if not 1 <= self.digits[0] <= self.digits[1]:
             raise ValueError(f"digits must be [lo, hi] with 1 <= lo <= hi, got {list(self.digits)}")
+        if not 1 <= self.levels[0] <= self.levels[1] <= 3:
+            raise ValueError(f"levels must be [lo, hi] with 1 <= lo <= hi <= 3, got {list(self.levels)}")
         return self
 
 
@@ -99,6 +102,18 @@ class FilterSpec(_Spec):
         if not 0 <= self.min_solved <= top <= self.samples:
             raise ValueError(f"need 0 <= min_solved <= max_solved <= samples, got {self.min_solved}, {top}")
         return self
+
+
+class LadderSpec(_Spec):
+    """The difficulty ladder: before an RL stage trains, the current policy samples ``samples``
+    rollouts of ``probes`` problems of each (family, level) cell of the stage's generator; the
+    stage's problems are drawn equally from the cells it solves sometimes but not always (pass
+    rate strictly between 0 and 1), so no step is spent on groups of equal rewards. If no cell is
+    open: the cells not always solved, else all."""
+
+    probes: int = Field(2, ge=1)
+    samples: int = Field(2, ge=1)
+    temperature: float = 1.0
 
 
 class EvalSpec(_Spec):
@@ -141,6 +156,7 @@ class StageSpec(_Spec):
     kind: Literal["sft", "rl"]
     data: DataSpec
     filter: FilterSpec | None = None
+    ladder: LadderSpec | None = None  # rl: draw the generator's problems from the cells in reach
     stop_loss: float | None = None  # sft: stop once the mean loss of recent steps is below
     steps: int | None = None
     batch_size: int | None = None
@@ -158,6 +174,17 @@ class StageSpec(_Spec):
     optim: dict[str, Any] = Field(default_factory=dict)
     run: dict[str, Any] = Field(default_factory=dict)
     sft: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _ladder(self) -> StageSpec:
+        if self.ladder is not None and self.kind != "rl":
+            raise ValueError(
+                f"stage {self.name}: a ladder needs a policy that already writes the format (an rl stage); "
+                "a model before SFT solves nothing in it, so every cell would read 0"
+            )
+        if self.ladder is not None and self.data.generator is None:
+            raise ValueError(f"stage {self.name}: a ladder draws from data.generator; give one")
+        return self
 
 
 class Recipe(_Spec):

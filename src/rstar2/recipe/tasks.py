@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from ..problems import DATA_DIR
+from . import relations
 
 HELDOUT_SHARE = 0.1  # the share of all possible problems reserved for evaluation
 
@@ -31,9 +32,11 @@ class Task:
     problem: str
     answer: int
     code: str  # a program that prints the answer
+    level: int | None = None  # a relation family's steps (relations.py); None for the arithmetic ones
 
     def row(self) -> dict:
-        return {"problem": self.problem, "answer": str(self.answer), "family": self.family}
+        row = {"problem": self.problem, "answer": str(self.answer), "family": self.family}
+        return row if self.level is None else {**row, "level": self.level}
 
 
 def number(rng: random.Random, digits: tuple[int, int]) -> int:
@@ -122,6 +125,39 @@ FAMILIES: dict[str, Callable[[random.Random, tuple[int, int]], Drawn]] = {
     "choose": _choose,
 }
 WORDINGS = ("plain", "varied")
+# The relation families (recipe/relations.py: situations of one to three steps), named apart from
+# the arithmetic ones above; a generator draws them only when they are named (`families: [relations]`
+# names them all).
+RELATION_FAMILIES = tuple(relations.FAMILIES)
+ALL_FAMILIES = (*FAMILIES, *RELATION_FAMILIES)
+GROUPS = {"arithmetic": tuple(FAMILIES), "relations": RELATION_FAMILIES}
+
+
+def expand_families(names: Sequence[str] | None) -> list[str]:
+    """Family names with the groups (``arithmetic``, ``relations``) spelled out; None: arithmetic."""
+    out: list[str] = []
+    for name in names or ["arithmetic"]:
+        for f in GROUPS.get(name, (name,)):
+            if f not in out:
+                out.append(f)
+    unknown = [f for f in out if f not in ALL_FAMILIES]
+    if unknown:
+        raise ValueError(
+            f"unknown task families {unknown}; known: {', '.join(ALL_FAMILIES)} (or the groups {', '.join(GROUPS)})"
+        )
+    return out
+
+
+def cells(
+    families: Sequence[str] | None, digits: tuple[int, int], levels: tuple[int, int]
+) -> list[tuple[str, int]]:
+    """The (family, level) cells of a generator: an arithmetic family's level is its numbers' digits,
+    a relation family's its steps (the difficulty ladder probes each cell)."""
+    out = []
+    for f in expand_families(families):
+        lo, hi = digits if f in FAMILIES else levels
+        out += [(f, n) for n in range(lo, hi + 1)]
+    return out
 
 
 @functools.cache
@@ -143,15 +179,16 @@ def generate(
     seed: int = 0,
     split: str = "train",
     wording: str = "plain",
+    levels: tuple[int, int] = (1, 3),
 ) -> list[Task]:
     """``count`` distinct problems of one split, families in turn (equally present, except that a
     family with few distinct problems, like small binomials, gives way to the others).
     ``wording="varied"``: each family in several phrasings and contexts, large numbers now and
-    then with thousands separators (the plain wording is one of them)."""
-    names = list(families or FAMILIES)
-    unknown = [f for f in names if f not in FAMILIES]
-    if unknown:
-        raise ValueError(f"unknown task families {unknown}; known: {', '.join(FAMILIES)}")
+    then with thousands separators (the plain wording is one of them), small numbers of the
+    relation families now and then in words. ``levels``: the relation families' steps."""
+    names = expand_families(families)
+    if not (1 <= levels[0] <= levels[1] <= max(relations.LEVELS)):
+        raise ValueError(f"levels must be a range within {relations.LEVELS}, got {levels}")
     if wording not in WORDINGS:
         raise ValueError(f"wording must be one of {', '.join(WORDINGS)}, got {wording!r}")
     if split not in ("train", "heldout"):
@@ -160,7 +197,10 @@ def generate(
     if not 1 <= lo <= hi:
         raise ValueError(f"digits must be a range 1 <= lo <= hi, got {digits}")
     varied = wording == "varied"
-    rng = random.Random(f"{seed}:{split}:{lo}-{hi}:{','.join(names)}" + (":varied" if varied else ""))
+    key = f"{seed}:{split}:{lo}-{hi}:{','.join(names)}" + (":varied" if varied else "")
+    if any(f in relations.FAMILIES for f in names):
+        key += f":levels{levels[0]}-{levels[1]}"
+    rng = random.Random(key)
     out: list[Task] = []
     seen: set[str] = set()
     tries = 0
@@ -169,10 +209,15 @@ def generate(
         if tries > 200 * count + 1000:
             raise ValueError(f"cannot find {count} distinct {split} problems with digits {digits}")
         family = names[tries % len(names)]
-        values, answer, code = FAMILIES[family](rng, digits)
-        text = _write(rng, varied, wordings()[family], values)
+        level = None
+        if family in relations.FAMILIES:
+            level = rng.randint(*levels)
+            text, answer, code = relations.draw(family, rng, level, varied)
+        else:
+            values, answer, code = FAMILIES[family](rng, digits)
+            text = _write(rng, varied, wordings()[family], values)
         if text in seen or is_heldout(text) != (split == "heldout"):
             continue
         seen.add(text)
-        out.append(Task(family, text, answer, code))
+        out.append(Task(family, text, answer, code, level))
     return out
