@@ -102,7 +102,11 @@ def summarize(out: Path, plan: list[tuple[str, int, dict]], costs: dict[str, Any
         "± 95% interval over seed x problem; change from "
         f"`{ref}` paired over (seed, problem).",
         "",
-        "| variant | " + " | ".join(SETS) + " | " + " | ".join(f"{s} vs {ref}" for s in SETS) + " | minutes | peak GiB |",
+        "| variant | "
+        + " | ".join(SETS)
+        + " | "
+        + " | ".join(f"{s} vs {ref}" for s in SETS)
+        + " | minutes | peak GiB |",
         "|---|" + "---:|" * (2 * len(SETS) + 2),
     ]
     table: dict[str, Any] = {}
@@ -144,7 +148,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--seeds", default="0,1")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], help="a recipe override, KEY=VALUE")
+    ap.add_argument(
+        "--set", dest="overrides", action="append", default=[], help="a recipe override, KEY=VALUE"
+    )
     ap.add_argument("--summary-only", action="store_true", help="summarize the finished runs, run nothing")
     args = ap.parse_args(argv)
     out = Path(args.out)

@@ -236,7 +236,10 @@ def test_a_miniature_recipe_on_a_remote_engine(tmp_path):
             "unknown task families",
         ),
         (lambda t: t.update(model={"path": "/nowhere/model"}), "model.path: /nowhere/model does not exist"),
-        (lambda t: t["stages"][0].update(ladder={"probes": 2}), "a ladder needs a policy that already writes"),
+        (
+            lambda t: t["stages"][0].update(ladder={"probes": 2}),
+            "a ladder needs a policy that already writes",
+        ),
         (lambda t: t["stages"][1]["data"]["generator"].update(levels=[2, 4]), "levels must be"),
         (lambda t: t["stages"].append(dict(t["stages"][1])), "distinct"),
     ],
