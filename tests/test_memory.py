@@ -39,3 +39,32 @@ def test_trim_heap_returns_freed_heap_to_the_os():
     trimmed = _run("trim")
     assert trimmed["trimmed"] is True
     assert trimmed["before"] - trimmed["after"] > 256 << 20
+
+
+def test_a_micro_batch_too_large_for_the_memory_is_lowered_to_a_power_of_two_that_fits():
+    from rstar2.memory import LOGIT_COPIES, fit_micro_batch
+
+    gib = 2**30
+    # SmolLM2's vocabulary with 23 GiB free: 16,384 tokens would hold 24 GiB of logits
+    fitted = fit_micro_batch(16384, 49152, 23 * gib)
+    assert fitted == 4096 and fitted * 49152 * 4 * LOGIT_COPIES <= 0.5 * 23 * gib < 2 * fitted * 49152 * 32
+    assert fit_micro_batch(16384, 512, 23 * gib) == 16384  # the tiny model's 512 tokens: as asked
+    assert fit_micro_batch(3000, 49152, 2 * gib) == 512  # the power of two below, halved until it fits
+    assert fit_micro_batch(16384, 152064, 1) == 256  # never below 256
+    assert fit_micro_batch(16384, 49152, None) == 16384  # memory unknown: as asked
+
+
+def test_training_lowers_the_micro_batch_where_memory_is_short_and_says_so(tmp_path, capsys, monkeypatch):
+    from rstar2.config import parse_config
+    from rstar2.rl import launch
+    from rstar2.rl.distributed import LOCAL
+
+    cfg = parse_config(
+        {"kind": "sft", "model": {"path": "x"}, "data": {"train": "x"}, "run": {"out": str(tmp_path)}}
+    )
+    monkeypatch.setattr("rstar2.memory.available_bytes", lambda device="cpu": 4 * 2**30)
+    launch.fit_to_memory(cfg, 49152, LOCAL)
+    assert cfg.optim.micro_batch_tokens == 1024  # 1024 x 49152 x 32 B = 1.5 GiB, within half of 4 GiB
+    assert "optim.micro_batch_tokens 16384 would hold ~24 GiB" in capsys.readouterr().out
+    launch.fit_to_memory(cfg, 49152, LOCAL)  # fitted already: nothing said
+    assert cfg.optim.micro_batch_tokens == 1024 and not capsys.readouterr().out

@@ -176,7 +176,7 @@ class OptimSection(_Section):
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0
-    micro_batch_tokens: int = 16384  # padded tokens per forward/backward
+    micro_batch_tokens: int = 16384  # padded tokens per forward/backward (lowered at start where the logits would not fit half the free memory)
     mini_batches: int = 1  # optimizer steps per RL step (1 = on-policy)
     epochs: int = 1  # passes over the kept rollouts per RL step
     # A run starting from run.init_from (a checkpoint of the previous stage) carries its AdamW

@@ -76,6 +76,27 @@ def param_dtype(cfg: TrainConfig) -> torch.dtype:
     return torch.float32 if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
 
 
+def fit_to_memory(cfg: TrainConfig, vocab: int, world: D.World) -> None:
+    """Lower ``optim.micro_batch_tokens`` where its logits would not fit half the memory free (the
+    default 16,384 is a GPU's: with a 49K vocabulary on a CPU it took 24 GB), saying so once. One
+    process only: under torchrun every rank must run the same micro-batches, so the config decides."""
+    from ..memory import available_bytes, fit_micro_batch
+
+    if world.size > 1:
+        return
+    asked = cfg.optim.micro_batch_tokens
+    fitted = fit_micro_batch(asked, vocab, available_bytes(str(world.device)))
+    if fitted < asked:
+        if world.main:
+            print(
+                f"[rstar2] optim.micro_batch_tokens {asked} would hold ~{asked * vocab * 32 / 2**30:.0f} GiB "
+                f"of logits ({vocab:,}-token vocabulary, more than half the memory free on {world.device}): "
+                f"using {fitted}; set it in the config to choose",
+                flush=True,
+            )
+        cfg.optim.micro_batch_tokens = fitted
+
+
 def load_training(
     cfg: TrainConfig,
     start: Start,
@@ -93,6 +114,7 @@ def load_training(
     if before_shard is not None:
         before_shard(model)
     model = D.shard(model, world)
+    fit_to_memory(cfg, model.config.vocab_size, world)
     optimizer, lr_schedule = build_optimizer(model, cfg.optim, updates)
     step = position = 0
     if start.checkpoint is not None:  # resuming this run: everything as it was
