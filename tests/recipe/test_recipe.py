@@ -86,8 +86,8 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     assert len(sft_rows) == 16 and all(r["messages"][-1]["role"] == "assistant" for r in sft_rows)
     flt = json.loads((out / "02-rl-64" / "filter" / "filter.json").read_text())
     assert flt["candidates"] == 3 and flt["kept"] == 3 and sum(flt["solved_histogram"]) == 3
-    # the ladder probed each (family, level) cell; an untrained model solves none, so it fell back to
-    # the cells not always solved (all four) and drew the stage's 3 problems from them
+    # the ladder probed each (family, level) cell; an untrained model solves none, so each family
+    # starts at its lowest level (its next rung) and the stage's 3 problems come from those
     ladder = json.loads((out / "02-rl-64" / "ladder" / "ladder.json").read_text())
     assert [(c["family"], c["level"]) for c in ladder["cells"]] == [
         ("product", 2),
@@ -95,11 +95,15 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
         ("ages", 1),
         ("ages", 2),
     ]
-    assert ladder["fallback"] == "not always solved" and all(c["chosen"] for c in ladder["cells"])
+    assert ladder["next_rung"] == ["product", "ages"]
+    assert [c["chosen"] for c in ladder["cells"]] == [True, False, True, False]
     probed = (out / "02-rl-64" / "ladder" / "problems" / "trajectories.jsonl").read_text().splitlines()
     assert len(probed) == 4 * 2  # one problem a cell, two samples each
     rl64 = [json.loads(x) for x in (out / "02-rl-64" / "train.jsonl").read_text().splitlines()]
-    assert len(rl64) == 3 and {r["family"] for r in rl64} <= {"product", "ages"}
+    assert len(rl64) == 3 and {(r["family"], r.get("level")) for r in rl64} <= {
+        ("product", None),
+        ("ages", 1),
+    }
     held = {json.loads(x)["problem"] for x in (out / "heldout.jsonl").read_text().splitlines()}
     trained = {
         json.loads(x)["problem"]

@@ -83,10 +83,12 @@ def test_the_arithmetic_families_are_drawn_as_before_and_groups_name_families():
     ]
 
 
-def test_the_ladder_trains_on_the_cells_solved_sometimes():
-    assert choose_cells([0.0, 0.5, 1.0, 0.25]) == ([1, 3], None)
-    assert choose_cells([0.0, 1.0, 0.0]) == ([0, 2], "not always solved")
-    assert choose_cells([1.0, 1.0]) == ([0, 1], "all")
+def test_the_ladder_trains_on_the_levels_solved_sometimes_and_climbs_from_the_next_rung():
+    grid = [("a", 1), ("a", 2), ("a", 3), ("b", 1), ("b", 2), ("c", 2), ("c", 3), ("d", 1)]
+    rates = [1.0, 0.5, 0.25, 0.0, 0.0, 1.0, 0.0, 1.0]
+    # a: levels 2 and 3 in reach; b: none, so its lowest (next rung); c: 2 mastered, 3 next; d: done
+    assert choose_cells(grid, rates) == ([1, 2, 3, 6], ["b", "c"])
+    assert choose_cells(grid[:3], [1.0, 1.0, 1.0]) == ([0, 1, 2], [])  # all mastered: all cells
 
 
 def _skeletons(text: str) -> set[str]:

@@ -223,14 +223,24 @@ def _cell_rows(g: GeneratorSpec, family: str, level: int, count: int, seed: int)
     return [t.row() for t in tasks]
 
 
-def choose_cells(rates: list[float]) -> tuple[list[int], str | None]:
-    """The ladder's cells to train on: those solved sometimes (0 < rate < 1); if none, those not
-    always solved, else all. Returns them and which fallback was taken (None: none)."""
-    in_reach = [i for i, r in enumerate(rates) if 0 < r < 1]
-    if in_reach:
-        return in_reach, None
-    unsolved = [i for i, r in enumerate(rates) if r < 1]
-    return (unsolved, "not always solved") if unsolved else (list(range(len(rates))), "all")
+def choose_cells(grid: list[tuple[str, int]], rates: list[float]) -> tuple[list[int], list[str]]:
+    """The ladder's cells to train on, family by family: the levels the policy solves sometimes
+    (0 < rate < 1); a family with none of those climbs from its lowest level not yet always solved
+    (the next rung: a family it cannot do yet is not dropped); a family solved at every level is left
+    out (all cells if every family is). Returns the cells and the families taken at their next rung."""
+    chosen: list[int] = []
+    rungs: list[str] = []
+    for family in dict.fromkeys(f for f, _ in grid):
+        mine = sorted((lv, i) for i, (f, lv) in enumerate(grid) if f == family)
+        in_reach = [i for lv, i in mine if 0 < rates[i] < 1]
+        if in_reach:
+            chosen += in_reach
+            continue
+        unsolved = [i for lv, i in mine if rates[i] < 1]
+        if unsolved:
+            chosen.append(unsolved[0])
+            rungs.append(family)
+    return (sorted(chosen), rungs) if chosen else (list(range(len(grid))), [])
 
 
 async def ladder_rows(
@@ -275,7 +285,7 @@ async def ladder_rows(
         solved[cell] += int(t.correct)
         tried[cell] += 1
     rates = [s / n if n else 0.0 for s, n in zip(solved, tried, strict=True)]
-    chosen, fallback = choose_cells(rates)
+    chosen, rungs = choose_cells(grid, rates)
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
     for k, i in enumerate(chosen):
@@ -290,12 +300,14 @@ async def ladder_rows(
             {"family": f, "level": lv, "pass_rate": rate, "chosen": i in chosen}
             for i, ((f, lv), rate) in enumerate(zip(grid, rates, strict=True))
         ],
-        "fallback": fallback,
+        "next_rung": rungs,  # families with no level in reach: their lowest level not always solved
         "problems": len(rows),
     }
     (out_dir / "ladder.json").write_text(json.dumps(summary, indent=2))
-    why = f"none in reach, so the {fallback} ones" if fallback else "pass rate between 0 and 1"
-    log(f"[rstar2] ladder of {stage.name}: {len(chosen)} of {len(grid)} cells ({why}), {len(rows)} problems")
+    log(
+        f"[rstar2] ladder of {stage.name}: {len(chosen)} of {len(grid)} (family, level) cells, "
+        f"{len(rungs)} families at their next rung (none in reach), {len(rows)} problems"
+    )
     return rows
 
 

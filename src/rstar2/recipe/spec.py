@@ -108,8 +108,8 @@ class LadderSpec(_Spec):
     """The difficulty ladder: before an RL stage trains, the current policy samples ``samples``
     rollouts of ``probes`` problems of each (family, level) cell of the stage's generator; the
     stage's problems are drawn equally from the cells it solves sometimes but not always (pass
-    rate strictly between 0 and 1), so no step is spent on groups of equal rewards. If no cell is
-    open: the cells not always solved, else all."""
+    rate strictly between 0 and 1), so no step is spent on groups of equal rewards; a family with no
+    such level trains on its lowest level not yet always solved (its next rung)."""
 
     probes: int = Field(2, ge=1)
     samples: int = Field(2, ge=1)
