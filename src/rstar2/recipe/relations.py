@@ -107,31 +107,19 @@ def _rate(rng: random.Random, level: int, say: Say) -> Made:
                 f"How many {unit} after {say.n(t)} {per}s?",
                 f"How many {unit} does it give in {say.n(t)} {per}s?",
             )
-            return (
-                f"{fact} {q}",
-                r * t,
-                f"{unit}_per_{per} = {r}\n{per}s = {t}\n{unit} = {unit}_per_{per} * {per}s\nprint({unit})",
-            )
+            return f"{fact} {q}", r * t, f"rate = {r}\n{per}s = {t}\nprint(rate * {per}s)"
         total = r * t
         if ask == "rate":
             text = say.one(
                 f"{Actor} made {total} {unit} in {say.n(t)} {per}s at a steady pace. How many {unit} per {per}?",
                 f"In {say.n(t)} {per}s, {actor} produced {total} {unit}, the same each {per}. How many {unit} in one {per}?",
             )
-            return (
-                text,
-                r,
-                f"{unit} = {total}\n{per}s = {t}\n{unit}_per_{per} = {unit} // {per}s\nprint({unit}_per_{per})",
-            )
+            return text, r, f"total = {total}\n{per}s = {t}\nprint(total // {per}s)"
         text = say.one(
             f"{fact} How many {per}s does it need for {total} {unit}?",
             f"{fact} After how many {per}s has it made {total} {unit}?",
         )
-        return (
-            text,
-            t,
-            f"{unit}_per_{per} = {r}\n{unit} = {total}\n{per}s = {unit} // {unit}_per_{per}\nprint({per}s)",
-        )
+        return text, t, f"total = {total}\nrate = {r}\nprint(total // rate)"
     d = rng.randint(2, 9)
     if level == 2:
         if rng.random() < 0.5:
@@ -140,20 +128,12 @@ def _rate(rng: random.Random, level: int, say: Say) -> Made:
                 f"A second one makes {say.n(r2)} {unit} per {per}. Working together, how many {unit} do they make in {say.n(t)} {per}s?",
                 f"Another, slower or faster, gives {say.n(r2)} {unit} a {per}. How many {unit} do both give in {say.n(t)} {per}s?",
             )
-            return (
-                text,
-                (r + r2) * t,
-                f"first_per_{per} = {r}\nsecond_per_{per} = {r2}\n{per}s = {t}\n{unit} = (first_per_{per} + second_per_{per}) * {per}s\nprint({unit})",
-            )
+            return text, (r + r2) * t, f"together = {r} + {r2}\nprint(together * {t})"
         text = f"{fact} " + say.one(
             f"It runs {say.n(t)} {per}s a day. How many {unit} in {say.n(d)} days?",
             f"It is used {say.n(t)} {per}s each day for {say.n(d)} days. How many {unit} in all?",
         )
-        return (
-            text,
-            r * t * d,
-            f"{unit}_per_{per} = {r}\n{per}s_per_day = {t}\ndays = {d}\n{unit} = {unit}_per_{per} * {per}s_per_day * days\nprint({unit})",
-        )
+        return text, r * t * d, f"per_day = {r} * {t}\nprint(per_day * {d})"
     bad = rng.randint(5, r * t // 2)
     text = (
         f"{fact} "
@@ -164,11 +144,7 @@ def _rate(rng: random.Random, level: int, say: Say) -> Made:
         + _distractor(say, level)
         + say.one(f" How many good {unit} are left?", f" How many {unit} can be kept?")
     )
-    return (
-        text,
-        r * t * d - bad,
-        f"{unit}_per_{per} = {r}\n{per}s_per_day = {t}\ndays = {d}\nspoiled = {bad}\nmade = {unit}_per_{per} * {per}s_per_day * days\nprint(made - spoiled)",
-    )
+    return text, r * t * d - bad, f"made = {r} * {t} * {d}\nspoiled = {bad}\nprint(made - spoiled)"
 
 
 # -- a percentage of a part ---------------------------------------------------------------------
@@ -198,28 +174,16 @@ def _percent(rng: random.Random, level: int, say: Say) -> Made:
     if level == 1:
         if rng.random() < 0.5:
             q1 = say.one("How many is that?", f"How many of them {have}?")
-            return (
-                f"{fact} {q1}",
-                part,
-                f"total = {n}\npercent = {p}\npart = total * percent // 100\nprint(part)",
-            )
+            return f"{fact} {q1}", part, f"n = {n}\nprint(n * {p} // 100)"
         q1 = say.one(f"How many are {rest}?", f"How many of the {things.split(' ')[0]} are {rest}?")
-        return (
-            f"{fact} {q1}",
-            n - part,
-            f"total = {n}\npercent = {p}\npart = total * percent // 100\nprint(total - part)",
-        )
+        return f"{fact} {q1}", n - part, f"n = {n}\npart = n * {p} // 100\nprint(n - part)"
     if level == 2:
         g = rng.randint(1, max(1, (n - part) // 2))
         text = f"{fact} " + say.one(
             f"Then {say.n(g)} more {have}. How many are still {rest}?",
             f"Later another {say.n(g)} {have}. How many remain {rest}?",
         )
-        return (
-            text,
-            n - part - g,
-            f"total = {n}\npercent = {p}\nmore = {g}\npart = total * percent // 100\nprint(total - part - more)",
-        )
+        return text, n - part - g, f"n = {n}\npart = n * {p} // 100\nprint(n - part - {g})"
     remaining = n - part
     second = remaining * q // 100
     text = (
@@ -231,7 +195,7 @@ def _percent(rng: random.Random, level: int, say: Say) -> Made:
         + _distractor(say, level)
         + say.one(" How many are left?", " How many remain after that?")
     )
-    code = f"total = {n}\nfirst_percent = {p}\nsecond_percent = {q}\nrest = total - total * first_percent // 100\ngiven = rest * second_percent // 100\nprint(rest - given)"
+    code = f"n = {n}\nrest = n - n * {p} // 100\ngiven = rest * {q} // 100\nprint(rest - given)"
     return text, remaining - second, code
 
 
@@ -274,29 +238,25 @@ def _change(rng: random.Random, level: int, say: Say) -> Made:
             return (
                 f"{start} {take} How many {things} are there now?",
                 a - b,
-                f"start = {a}\ntaken = {b}\nprint(start - taken)",
+                f"start = {a}\nprint(start - {b})",
             )
         text = say.one(
             f"After {b} {things} were taken away, {say.n(a - b)} were left. How many were there at first?",
             f"{who} gave away {b} {things} and kept {say.n(a - b)}. How many did {who} have before?",
         )
-        return text, a, f"left = {a - b}\ntaken = {b}\nstart = left + taken\nprint(start)"
+        return text, a, f"left = {a - b}\ngiven = {b}\nprint(left + given)"
     if level == 2:
         if rng.random() < 0.5:
             return (
                 f"{start} {take} {add} How many {things} are there now?",
                 a - b + c,
-                f"start = {a}\ntaken = {b}\nadded = {c}\nprint(start - taken + added)",
+                f"print({a} - {b} + {c})",
             )
         text = say.one(
             f"{who} gave away {b} {things}, then got {c} more, and now has {a - b + c}. How many did {who} start with?",
             f"After losing {b} {things} and gaining {c}, a collection has {a - b + c}. How many were in it at the start?",
         )
-        return (
-            text,
-            a,
-            f"now = {a - b + c}\ntaken = {b}\nadded = {c}\nstart = now + taken - added\nprint(start)",
-        )
+        return text, a, f"now = {a - b + c}\nprint(now + {b} - {c})"
     d = rng.randint(5, max(6, (a - b + c) // 2))
     text = (
         f"{start} {take} {add}"
@@ -306,11 +266,7 @@ def _change(rng: random.Random, level: int, say: Say) -> Made:
             f" Finally {d} more leave. How many {things} are there in the end?",
         )
     )
-    return (
-        text,
-        a - b + c - d,
-        f"start = {a}\ntaken = {b}\nadded = {c}\nsold = {d}\nprint(start - taken + added - sold)",
-    )
+    return text, a - b + c - d, f"print({a} - {b} + {c} - {d})"
 
 
 # -- unit conversions ---------------------------------------------------------------------------
@@ -325,11 +281,6 @@ _UNITS = [
 ]
 
 
-def _one(unit: str) -> str:
-    """A unit's singular, for a name like ``metres_per_kilometre``."""
-    return unit[:-1] if unit.endswith("s") else unit
-
-
 def _units(rng: random.Random, level: int, say: Say) -> Made:
     big, small, f = rng.choice(_UNITS)
     x = rng.randint(2, 90)
@@ -338,17 +289,9 @@ def _units(rng: random.Random, level: int, say: Say) -> Made:
             text = say.one(
                 f"How many {small} are in {say.n(x)} {big}?", f"Write {say.n(x)} {big} in {small}."
             )
-            return (
-                text,
-                x * f,
-                f"{big} = {x}\n{small}_per_{_one(big)} = {f}\nprint({big} * {small}_per_{_one(big)})",
-            )
+            return text, x * f, f"print({x} * {f})"
         text = say.one(f"How many {big} make {x * f} {small}?", f"Convert {x * f} {small} to {big}.")
-        return (
-            text,
-            x,
-            f"{small} = {x * f}\n{small}_per_{_one(big)} = {f}\nprint({small} // {small}_per_{_one(big)})",
-        )
+        return text, x, f"print({x * f} // {f})"
     y = rng.randint(1, f - 1)
     if level == 2:
         if rng.random() < 0.5:
@@ -356,21 +299,13 @@ def _units(rng: random.Random, level: int, say: Say) -> Made:
                 f"A trip takes {say.n(x)} {big} and {y} {small}. How long is it in {small}?",
                 f"What is {say.n(x)} {big} plus {y} {small}, in {small}?",
             )
-            return (
-                text,
-                x * f + y,
-                f"{big} = {x}\n{small} = {y}\n{small}_per_{_one(big)} = {f}\nprint({big} * {small}_per_{_one(big)} + {small})",
-            )
+            return text, x * f + y, f"print({x} * {f} + {y})"
         k = rng.randint(2, 9)
         text = say.one(
             f"What is {say.n(k)} times {x} {big}, in {small}?",
             f"There are {say.n(k)} equal parts of {x} {big} each. How many {small} is that altogether?",
         )
-        return (
-            text,
-            k * x * f,
-            f"parts = {k}\n{big}_each = {x}\n{small}_per_{_one(big)} = {f}\nprint(parts * {big}_each * {small}_per_{_one(big)})",
-        )
+        return text, k * x * f, f"each = {x} * {f}\nprint({k} * each)"
     x2, y2 = rng.randint(1, 40), rng.randint(1, f - 1)
     text = (
         say.one(
@@ -385,11 +320,7 @@ def _units(rng: random.Random, level: int, say: Say) -> Made:
     first, second = x * f + y, x2 * f + y2
     if first < second:
         return _units(rng, level, say)
-    return (
-        text,
-        first - second,
-        f"{small}_per_{_one(big)} = {f}\nfirst = {x} * {small}_per_{_one(big)} + {y}\nsecond = {x2} * {small}_per_{_one(big)} + {y2}\nprint(first - second)",
-    )
+    return text, first - second, f"first = {x} * {f} + {y}\nsecond = {x2} * {f} + {y2}\nprint(first - second)"
 
 
 # -- sharing and grouping -----------------------------------------------------------------------
@@ -414,22 +345,18 @@ def _sharing(rng: random.Random, level: int, say: Say) -> Made:
                 f"{n} {things} are shared equally among {say.n(k)} {people}. How many does each get?",
                 f"{say.n(k)} {people} split {n} {things} evenly. How many {things} per person?",
             )
-            return text, n // k, f"{things} = {n}\n{people} = {k}\nprint({things} // {people})"
+            return text, n // k, f"print({n} // {k})"
         if ask == "left":
             text = say.one(
                 f"{n} {things} are dealt out to {say.n(k)} {people}, the same number each and as many as possible. How many {things} are not dealt?",
                 f"{say.n(k)} {people} share {n} {things} fairly; whatever cannot be shared stays in the box. How many stay in the box?",
             )
-            return text, n % k, f"{things} = {n}\n{people} = {k}\nprint({things} % {people})"
+            return text, n % k, f"print({n} % {k})"
         text = say.one(
             f"{n} {things} are packed in bags of {say.n(k)}. How many bags are needed for all of them?",
             f"A box holds {say.n(k)} {things}. How many boxes does it take to hold {n} {things}?",
         )
-        return (
-            text,
-            -(-n // k),
-            f"import math\n{things} = {n}\nper_box = {k}\nprint(math.ceil({things} / per_box))",
-        )
+        return text, -(-n // k), f"import math\nprint(math.ceil({n} / {k}))"
     packs, size = rng.randint(2, 30), rng.randint(6, 60)
     total = packs * size
     g = rng.randint(1, total // 3)
@@ -439,20 +366,12 @@ def _sharing(rng: random.Random, level: int, say: Say) -> Made:
                 f"There are {say.n(packs)} packs of {size} {things}. They are shared among {say.n(k)} {people}, equally and as many as possible. How many are left over?",
                 f"{say.n(packs)} packs hold {size} {things} each; {say.n(k)} {people} take equal shares, as many as they can. How many remain?",
             )
-            return (
-                text,
-                total % k,
-                f"packs = {packs}\nper_pack = {size}\n{people} = {k}\n{things} = packs * per_pack\nprint({things} % {people})",
-            )
+            return text, total % k, f"total = {packs} * {size}\nprint(total % {k})"
         text = say.one(
             f"{say.who()} keeps {g} of {total} {things} and shares the rest among {say.n(k)} {people}, as many as possible each. How many does each get?",
             f"From {total} {things}, {g} are set aside; the others go equally to {say.n(k)} {people}, whole ones only. How many does each receive?",
         )
-        return (
-            text,
-            (total - g) // k,
-            f"{things} = {total}\nkept = {g}\n{people} = {k}\nprint(({things} - kept) // {people})",
-        )
+        return text, (total - g) // k, f"rest = {total} - {g}\nprint(rest // {k})"
     text = (
         say.one(
             f"There are {say.n(packs)} packs of {size} {things}, and {g} are lost.",
@@ -464,11 +383,7 @@ def _sharing(rng: random.Random, level: int, say: Say) -> Made:
             f" The remaining ones go to {say.n(k)} {people} in equal whole shares. How many cannot be given out?",
         )
     )
-    return (
-        text,
-        (total - g) % k,
-        f"packs = {packs}\nper_pack = {size}\nlost = {g}\n{people} = {k}\nrest = packs * per_pack - lost\nprint(rest % {people})",
-    )
+    return text, (total - g) % k, f"rest = {packs} * {size} - {g}\nprint(rest % {k})"
 
 
 # -- ages -----------------------------------------------------------------------------------------
@@ -478,16 +393,8 @@ def _ages(rng: random.Random, level: int, say: Say) -> Made:
     older = say.one(f"{a} is {say.n(d)} years older than {b}.", f"{b} is {say.n(d)} years younger than {a}.")
     if level == 1:
         if rng.random() < 0.5:
-            return (
-                f"{older} {b} is {say.n(yb)}. How old is {a}?",
-                yb + d,
-                f"{b.lower()} = {yb}\ndifference = {d}\n{a.lower()} = {b.lower()} + difference\nprint({a.lower()})",
-            )
-        return (
-            f"{older} {a} is {yb + d}. How old is {b}?",
-            yb,
-            f"{a.lower()} = {yb + d}\ndifference = {d}\n{b.lower()} = {a.lower()} - difference\nprint({b.lower()})",
-        )
+            return f"{older} {b} is {say.n(yb)}. How old is {a}?", yb + d, f"print({yb} + {d})"
+        return f"{older} {a} is {yb + d}. How old is {b}?", yb, f"print({yb + d} - {d})"
     if level == 2:
         m = rng.randint(2, 4)
         if rng.random() < 0.5:
@@ -495,15 +402,11 @@ def _ages(rng: random.Random, level: int, say: Say) -> Made:
                 f"{a} is {say.n(m)} times as old as {b}, who is {say.n(yb)}. How old will {a} be in {say.n(n)} years?",
                 f"{b} is {yb}. {a}'s age is {m} times {b}'s. What will {a}'s age be {n} years from now?",
             )
-            return (
-                text,
-                m * yb + n,
-                f"{b.lower()} = {yb}\n{a.lower()} = {m} * {b.lower()}\nyears = {n}\nprint({a.lower()} + years)",
-            )
+            return text, m * yb + n, f"age_a = {m} * {yb}\nprint(age_a + {n})"
         return (
             f"{older} {b} is {say.n(yb)}. What is the sum of their ages?",
             2 * yb + d,
-            f"{b.lower()} = {yb}\n{a.lower()} = {b.lower()} + {d}\nprint({a.lower()} + {b.lower()})",
+            f"age_a = {yb} + {d}\nprint(age_a + {yb})",
         )
     m = rng.randint(2, 3)
     yb = rng.randint(n + 1, 40)
@@ -512,11 +415,7 @@ def _ages(rng: random.Random, level: int, say: Say) -> Made:
         + _distractor(say, level)
         + say.one(f" How old was {c} {say.n(n)} years ago?", f" What was {c}'s age {n} years ago?")
     )
-    return (
-        text,
-        m * yb + d - n,
-        f"{b.lower()} = {yb}\n{a.lower()} = {m} * {b.lower()}\n{c.lower()} = {a.lower()} + {d}\nyears_ago = {n}\nprint({c.lower()} - years_ago)",
-    )
+    return text, m * yb + d - n, f"age_a = {m} * {yb}\nage_c = age_a + {d}\nprint(age_c - {n})"
 
 
 # -- money and change ---------------------------------------------------------------------------
@@ -541,20 +440,20 @@ def _money(rng: random.Random, level: int, say: Say) -> Made:
                 f"A {good} costs ${p}. What do {say.n(q)} {goods} cost?",
                 f"{who} buys {say.n(q)} {goods} at ${p} each. How many dollars is that?",
             )
-            return text, p * q, f"price = {p}\n{goods} = {q}\nprint(price * {goods})"
+            return text, p * q, f"print({q} * {p})"
         if ask == "change":
             note = next(x for x in _NOTES if x > p)
             text = say.one(
                 f"{who} buys a {good} for ${p} and pays with a ${note} note. How much change?",
                 f"A {good} is ${p}. {who} hands over ${note}. What change is given?",
             )
-            return text, note - p, f"price = {p}\npaid = {note}\nprint(paid - price)"
+            return text, note - p, f"print({note} - {p})"
         budget = rng.randint(p, 40 * p)
         text = say.one(
             f"{goods[0].upper() + goods[1:]} cost ${p} each. How many can {who} buy with ${budget}?",
             f"With ${budget}, how many ${p} {goods} can be bought?",
         )
-        return text, budget // p, f"budget = {budget}\nprice = {p}\nprint(budget // price)"
+        return text, budget // p, f"print({budget} // {p})"
     cost = p * q
     if level == 2:
         note = next(x for x in _NOTES if x > cost)
@@ -562,11 +461,7 @@ def _money(rng: random.Random, level: int, say: Say) -> Made:
             f"{who} buys {say.n(q)} {goods} at ${p} each and pays with ${note}. How much change does {who} get?",
             f"{say.n(q)} {goods} cost ${p} apiece. Paying with a ${note} note, what change comes?",
         )
-        return (
-            text,
-            note - cost,
-            f"price = {p}\n{goods} = {q}\npaid = {note}\ncost = price * {goods}\nprint(paid - cost)",
-        )
+        return text, note - cost, f"cost = {q} * {p}\nprint({note} - cost)"
     p2, q2 = rng.randint(2, 90), rng.randint(2, 20)
     cost += p2 * q2
     note = next(x for x in _NOTES if x > cost)
@@ -578,11 +473,7 @@ def _money(rng: random.Random, level: int, say: Say) -> Made:
             f" Paying with a ${note} note, what change does {who} get?",
         )
     )
-    return (
-        text,
-        note - cost,
-        f"{goods} = {q}\n{good}_price = {p}\n{goods2} = {q2}\n{good2}_price = {p2}\npaid = {note}\ncost = {goods} * {good}_price + {goods2} * {good2}_price\nprint(paid - cost)",
-    )
+    return text, note - cost, f"cost = {q} * {p} + {q2} * {p2}\nprint({note} - cost)"
 
 
 FAMILIES: dict[str, Callable[[random.Random, int, Say], Made]] = {
