@@ -161,6 +161,42 @@ async def _sample(
     return summaries["problems"]
 
 
+async def solved_counts(
+    recipe: Recipe,
+    stage: StageSpec,
+    temperature: float,
+    model_dir: Path,
+    rows: list[dict],
+    out_dir: Path,
+    samples: int,
+    seed: int,
+    services: dict,
+    progress: bool,
+) -> list[int]:
+    """How many of ``samples`` rollouts of the current policy solve each row, sampled as the stage
+    samples (its settings, at ``temperature``): what the difficulty filter and the ladder read."""
+    from ..rollout.trajectory import read_trajectories
+    from .report_card import sampled_trajectories
+
+    settings = stage_rollout(recipe, stage, temperature=temperature)
+    await _sample(
+        recipe,
+        settings,
+        model_dir,
+        rows,
+        out_dir,
+        samples=samples,
+        seed=seed,
+        services=services,
+        progress=progress,
+    )
+    trajs, _ = read_trajectories(sampled_trajectories(out_dir))
+    solved = [0] * len(rows)
+    for t in trajs:
+        solved[t.meta["problem_index"]] += int(t.correct)
+    return solved
+
+
 async def filter_problems(
     recipe: Recipe,
     stage: StageSpec,
@@ -173,25 +209,18 @@ async def filter_problems(
 ) -> list[dict[str, Any]]:
     """The problems the current policy solves between ``min_solved`` and ``max_solved`` times of
     ``samples`` (the paper's last stage keeps those not solved every time)."""
-    from ..rollout.trajectory import read_trajectories
-    from .report_card import sampled_trajectories
-
-    settings = stage_rollout(recipe, stage, temperature=flt.temperature)  # the stage's own sampling
-    await _sample(
+    solved = await solved_counts(
         recipe,
-        settings,
+        stage,
+        flt.temperature,
         model_dir,
         rows,
         out_dir,
-        samples=flt.samples,
-        seed=recipe.seed + 17,
-        services=services,
-        progress=progress,
+        flt.samples,
+        recipe.seed + 17,
+        services,
+        progress,
     )
-    trajs, _ = read_trajectories(sampled_trajectories(out_dir))
-    solved = [0] * len(rows)
-    for t in trajs:
-        solved[t.meta["problem_index"]] += int(t.correct)
     top = flt.samples - 1 if flt.max_solved is None else flt.max_solved
     kept = [r for r, s in zip(rows, solved, strict=True) if flt.min_solved <= s <= top]
     summary = {
@@ -254,9 +283,8 @@ async def ladder_rows(
 ) -> list[dict[str, Any]]:
     """The difficulty ladder (``stage.ladder``): the current policy's pass rate on each (family,
     level) cell of the stage's generator, then the stage's problems drawn equally from the cells
-    it solves sometimes (neither 0 nor 1); ``ladder.json`` records the rates and the choice."""
-    from ..rollout.trajectory import read_trajectories
-    from .report_card import sampled_trajectories
+    ``choose_cells`` takes (the levels solved sometimes, else a family's next rung);
+    ``ladder.json`` records the rates and the choice."""
 
     spec, g = stage.ladder, stage.data.generator
     assert spec is not None and g is not None  # the stage's validator
@@ -266,24 +294,22 @@ async def ladder_rows(
     for i, (family, level) in enumerate(grid):
         # probes of their own seed: the policy is measured on problems it is not then trained on by design
         probes += [{**r, "cell": i} for r in _cell_rows(g, family, level, spec.probes, seed + 7919)]
-    settings = stage_rollout(recipe, stage, temperature=spec.temperature)
-    await _sample(
+    per_probe = await solved_counts(
         recipe,
-        settings,
+        stage,
+        spec.temperature,
         model_dir,
         probes,
         out_dir,
-        samples=spec.samples,
-        seed=recipe.seed + 23,
-        services=services,
-        progress=progress,
+        spec.samples,
+        recipe.seed + 23,
+        services,
+        progress,
     )
-    trajs, _ = read_trajectories(sampled_trajectories(out_dir))
     solved, tried = [0] * len(grid), [0] * len(grid)
-    for t in trajs:
-        cell = probes[t.meta["problem_index"]]["cell"]
-        solved[cell] += int(t.correct)
-        tried[cell] += 1
+    for row, n in zip(probes, per_probe, strict=True):
+        solved[row["cell"]] += n
+        tried[row["cell"]] += spec.samples
     rates = [s / n if n else 0.0 for s, n in zip(solved, tried, strict=True)]
     chosen, rungs = choose_cells(grid, rates)
     rows: list[dict[str, Any]] = []
