@@ -33,7 +33,7 @@ import yaml
 
 from rstar2.config import set_value
 from rstar2.eval.metrics import mean_ci95, per_problem_accuracy
-from rstar2.recipe.compare import _measured
+from rstar2.recipe.compare import measured
 from rstar2.recipe.report_card import eval_dir, paired_change, sampled_trajectories
 from rstar2.recipe.run import run_recipe
 from rstar2.recipe.spec import find_recipe, parse_recipe
@@ -60,6 +60,7 @@ def variant_tree(tree: dict[str, Any], variant: str, seed: int, model: str, over
     }
     sft, rl, hard = t["stages"]
     if variant == "shipped":  # the recipe's data at commit a252db3, before the relation families
+        sft["steps"] = 20
         sft["data"]["generator"] = {
             "families": ["product", "sum", "quotient", "remainder"],
             "digits": [1, 3],
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[ablation] {v}, seed {s}", file=sys.stderr, flush=True)
         recipe = parse_recipe(t)
         resume = folder.exists() and any(folder.iterdir())
-        costs[f"{v}-s{s}"] = _measured(
+        costs[f"{v}-s{s}"] = measured(
             lambda r=recipe, f=folder, res=resume: run_recipe(r, f, resume=res, progress=False)
         )
         costs_path.write_text(json.dumps(costs, indent=2))

@@ -218,7 +218,7 @@ def run_comparison(
     first = recipes[plan[0].name]
     if "sft" not in costs:
         log(f"[rstar2] compare: evaluating the SFT checkpoint {checkpoint}")
-        costs["sft"] = _measured(
+        costs["sft"] = measured(
             lambda: asyncio.run(evaluate_start(first, checkpoint, out / "sft", progress))
         )
         _write_costs(out, costs)
@@ -228,7 +228,7 @@ def run_comparison(
         log(f"[rstar2] compare: run {n}/{len(plan)}: {arm.name}")
         resume = arm.folder.exists() and any(arm.folder.iterdir())
         recipe = recipes[arm.name]
-        costs[arm.name] = _measured(
+        costs[arm.name] = measured(
             lambda r=recipe, a=arm, res=resume: run_recipe(
                 r, a.folder, resume=res, progress=progress, log=log
             )
@@ -237,7 +237,8 @@ def run_comparison(
     return write_summary(out, first, plan, costs)
 
 
-def _measured(fn: Callable[[], Any]) -> dict[str, float]:
+def measured(fn: Callable[[], Any]) -> dict[str, float]:
+    """Run ``fn`` and return its wall seconds and this process's peak resident memory (GiB)."""
     release_memory()
     reset_peak()
     t0 = time.perf_counter()
