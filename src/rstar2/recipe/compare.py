@@ -218,9 +218,7 @@ def run_comparison(
     first = recipes[plan[0].name]
     if "sft" not in costs:
         log(f"[rstar2] compare: evaluating the SFT checkpoint {checkpoint}")
-        costs["sft"] = measured(
-            lambda: asyncio.run(evaluate_start(first, checkpoint, out / "sft", progress))
-        )
+        costs["sft"] = measured(lambda: asyncio.run(evaluate_start(first, checkpoint, out / "sft", progress)))
         _write_costs(out, costs)
     for n, arm in enumerate(plan, 1):
         if _finished(arm.folder):

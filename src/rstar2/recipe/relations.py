@@ -13,6 +13,7 @@ The sentences are built with the structure they state, so they live here, not in
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -160,10 +161,10 @@ _GROUPS = [
 def _percent(rng: random.Random, level: int, say: Say) -> Made:
     things, have, rest = rng.choice(_GROUPS)
     p = rng.choice([10, 20, 25, 30, 40, 50, 60, 75, 80])
-    step = 100 // _gcd(100, p)
+    step = 100 // math.gcd(100, p)
     if level == 3:
         q = rng.choice([10, 20, 25, 50])
-        step = step * (100 // _gcd(100, q))
+        step = step * (100 // math.gcd(100, q))
     n = step * rng.randint(max(1, 40 // step), max(2, 4000 // step))
     part = n * p // 100
     fact = say.one(
@@ -197,12 +198,6 @@ def _percent(rng: random.Random, level: int, say: Say) -> Made:
     )
     code = f"n = {n}\nrest = n - n * {p} // 100\ngiven = rest * {q} // 100\nprint(rest - given)"
     return text, remaining - second, code
-
-
-def _gcd(a: int, b: int) -> int:
-    while b:
-        a, b = b, a % b
-    return a
 
 
 # -- a quantity after changes -------------------------------------------------------------------

@@ -31,7 +31,7 @@ from .spec import (
     stage_rollout,
     stage_tree,
 )
-from .tasks import FAMILIES, cells, generate
+from .tasks import FAMILIES, Task, cells, generate
 
 STATE_FILE = "recipe_state.json"
 
@@ -79,19 +79,19 @@ def problem_rows(data: DataSpec, seed: int, split: str = "train") -> list[dict[s
         rows += load_benchmark(f)  # a JSONL path or a shipped benchmark's name
     g = data.generator
     if g is not None:
-        rows += [
-            t.row()
-            for t in generate(
-                g.count,
-                families=g.families,
-                digits=g.digits,
-                seed=seed if g.seed is None else g.seed,
-                split=split,
-                wording=g.wording if split == "train" else "plain",
-                levels=g.levels,
-            )
-        ]
+        rows += [t.row() for t in generated(g, seed if g.seed is None else g.seed, split=split)]
     return rows[: data.limit]
+
+
+def generated(
+    g: GeneratorSpec, seed: int, *, split: str = "train", count: int | None = None, **narrow: Any
+) -> list[Task]:
+    """The problems of generator spec ``g``: ``count`` (default ``g.count``) of ``split``, in its
+    wording (held-out problems always plain), with ``narrow`` (families, digits, levels) in place
+    of the spec's own (a ladder cell)."""
+    spec = {"families": g.families, "digits": g.digits, "levels": g.levels} | narrow
+    wording = g.wording if split == "train" else "plain"
+    return generate(count or g.count, seed=seed, split=split, wording=wording, **spec)
 
 
 async def sft_rows(
@@ -107,9 +107,7 @@ async def sft_rows(
     g = data.generator
     if g is not None:
         seed = recipe.seed if g.seed is None else g.seed
-        tasks = generate(
-            g.count, families=g.families, digits=g.digits, seed=seed, wording=g.wording, levels=g.levels
-        )
+        tasks = generated(g, seed)
         bar = tqdm(total=len(tasks), desc="SFT data (real tool runs)", unit="conv", disable=not progress)
         rows += await build_conversations(
             tasks,
@@ -240,16 +238,8 @@ async def filter_problems(
 def _cell_rows(g: GeneratorSpec, family: str, level: int, count: int, seed: int) -> list[dict[str, Any]]:
     """``count`` training problems of one ladder cell (an arithmetic family's digits, a relation
     family's steps)."""
-    arithmetic = family in FAMILIES
-    tasks = generate(
-        count,
-        families=[family],
-        digits=(level, level) if arithmetic else g.digits,
-        levels=g.levels if arithmetic else (level, level),
-        seed=seed,
-        wording=g.wording,
-    )
-    return [t.row() for t in tasks]
+    size = {"digits": (level, level)} if family in FAMILIES else {"levels": (level, level)}
+    return [t.row() for t in generated(g, seed, count=count, families=[family], **size)]
 
 
 def choose_cells(grid: list[tuple[str, int]], rates: list[float]) -> tuple[list[int], list[str]]:
@@ -306,11 +296,10 @@ async def ladder_rows(
         services,
         progress,
     )
-    solved, tried = [0] * len(grid), [0] * len(grid)
+    solved = [0] * len(grid)
     for row, n in zip(probes, per_probe, strict=True):
         solved[row["cell"]] += n
-        tried[row["cell"]] += spec.samples
-    rates = [s / n if n else 0.0 for s, n in zip(solved, tried, strict=True)]
+    rates = [n / (spec.probes * spec.samples) for n in solved]
     chosen, rungs = choose_cells(grid, rates)
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -375,18 +364,7 @@ def eval_rows(recipe: Recipe) -> list[dict[str, Any]]:
     gens = [s.data.generator for s in recipe.stages if s.kind == "rl" and s.data.generator is not None]
     if not gens:
         return []
-    g = gens[0]
-    return [
-        t.row()
-        for t in generate(
-            spec.count,
-            families=g.families,
-            digits=g.digits,
-            seed=recipe.seed,
-            split="heldout",
-            levels=g.levels,
-        )
-    ]
+    return [t.row() for t in generated(gens[0], recipe.seed, split="heldout", count=spec.count)]
 
 
 async def evaluate_model(
