@@ -11,8 +11,8 @@ Variants (whole recipe runs, SFT included, each in OUT/VARIANT-sSEED; a stopped 
   families up to three steps), no ladder;
 - ``ladder``: the recipe as shipped: the relation families and the difficulty ladder.
 
-Every run is evaluated on the same sets: the held-out problems of every training family (the
-recipe's held-out, arithmetic and relations), ``paraphrased`` and ``transfer`` (both never trained
+Every run is evaluated on the same sets: the recipe's held-out problems (every training family,
+arithmetic and relations, varied wording: the same 96 as ``rstar2 demo --recipe smollm2-135m``), ``paraphrased`` and ``transfer`` (both never trained
 on), after SFT and at the end; the zero-shot evaluations are the same model in every run, so the
 runs skip them. The table gives each set's final accuracy (mean over seeds, 95% interval over
 seed x problem) and the change from the first variant, paired over (seed, problem); minutes and
@@ -41,8 +41,15 @@ from rstar2.rollout.trajectory import read_trajectories
 
 VARIANTS = ("shipped", "relations", "ladder")
 SETS = ("heldout", "paraphrased", "transfer")
-# the held-out problems of every family the new data trains on, for every variant alike
-HELD_OUT = {"families": ["arithmetic", "relations"], "digits": [2, 3], "levels": [1, 3], "count": 96}
+# the recipe's own held-out problems (its first RL stage's generator, split heldout): every family
+# the new data trains on, in varied wording, for every variant alike
+HELD_OUT = {
+    "families": ["arithmetic", "relations"],
+    "digits": [2, 3],
+    "levels": [1, 3],
+    "count": 96,
+    "wording": "varied",
+}
 
 
 def variant_tree(tree: dict[str, Any], variant: str, seed: int, model: str, overrides: list[str]) -> dict:
@@ -171,9 +178,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[ablation] {v}, seed {s}", file=sys.stderr, flush=True)
         recipe = parse_recipe(t)
         resume = folder.exists() and any(folder.iterdir())
-        costs[f"{v}-s{s}"] = measured(
-            lambda r=recipe, f=folder, res=resume: run_recipe(r, f, resume=res, progress=False)
-        )
+        cost = measured(lambda r=recipe, f=folder, res=resume: run_recipe(r, f, resume=res, progress=False))
+        # read again: another ablation process on the same OUT (other variants) may have written
+        costs = json.loads(costs_path.read_text()) if costs_path.exists() else {}
+        costs[f"{v}-s{s}"] = cost
         costs_path.write_text(json.dumps(costs, indent=2))
     print(summarize(out, plan, costs))
 
