@@ -254,6 +254,30 @@ def test_rl_under_torchrun_ends_with_the_parameters_of_one_process(tiny_dir, pro
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def test_asynchronous_rl_under_torchrun(tiny_dir, problems, tmp_path):
+    """rollout.max_staleness 1 with two training processes, each generating its own groups on its
+    own engine copy while the update runs: every step once, every trained token at most one update
+    old, each engine on the trainer's weights after every sync."""
+    out = tmp_path / "run"
+    tree = small_rl(tiny_dir, problems, out, steps=3, max_staleness=1)
+    tree["run"]["batch_size"] = 4
+    tree["loss"] = {"tis_cap": 2.0}
+    ok(torchrun(2, ["train", str(write_config(tree, tmp_path / "rl.yaml"))]))
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["staleness/max"] <= 1 for r in rows) and all(r["sync/logprob_diff"] < 1e-4 for r in rows)
+    assert any(r["staleness/max"] == 1 for r in rows[1:])  # later steps' groups ran beside an update
+    for r in rows:
+        lines = (out / "samples" / f"step_{r['step']:06d}.jsonl").read_text().splitlines()
+        for t in map(json.loads, lines):
+            model = [v for v, m in zip(t["versions"], t["loss_mask"], strict=True) if m]
+            assert model and all(0 <= r["step"] - 1 - v <= 1 for v in model), (r["step"], model)
+    start = load_file(str(tiny_dir / "model.safetensors"))
+    assert max(float((final_weights(out)[k] - start[k]).abs().max()) for k in start) > 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_sft_under_torchrun_ends_with_the_parameters_of_one_process(tiny_dir, tmp_path):
     from .test_sft import conversation
 

@@ -202,11 +202,6 @@ class RLTrainer:
         cfg = self.cfg
         start = begin(cfg, self.resume)
         self.world, self.tokenizer = start.world, start.tokenizer
-        if cfg.rollout.max_staleness and self.world.distributed:
-            raise ValueError(
-                "rollout.max_staleness > 0 runs in one process for now (the in-process engine or "
-                "rollout.servers); under torchrun set it to 0"
-            )
         self.engine_model = None
         window = cfg.run.reflection_window
         self.token_classes = TokenClasses(self.tokenizer, window) if window else None
