@@ -8,7 +8,11 @@ so every step updates whatever the model knows: this measures time, not learning
 the table shows means: wall seconds per trained rollout, model tokens per second, the update's
 and weight sync's seconds, the seconds a step waited for its rollouts, the engine's busy share of
 the step, its occupancy (rows a decode step held / its rows) and the share of its busy time spent
-joining requests (prefill), staleness. Ratios are against k = 0 of the same run.
+joining requests (prefill), staleness. Ratios are against k = 0 of the same run. ``--isolated N``
+also measures the engine's own rate in the same run, before the arms and after them: the step's
+prompts (the recipe's chat format), ``--batch-rows`` of them at once, N new tokens each, nothing
+else running; ``× isolated`` is an arm's model tokens/s over it (at k = 0 the rollouts' own rate;
+at k > 0 per step's time, the update sharing the cores).
 
     python benchmarks/async_rl.py --model /tmp/rstar2-bench-smollm2 [--steps 4] [--staleness 0,1,2]
     python benchmarks/async_rl.py            # the tiny recipe's model shape, built here
@@ -108,6 +112,43 @@ def start_server(model: Path, rows: int) -> tuple[subprocess.Popen, str]:
             time.sleep(0.5)
     proc.kill()
     raise RuntimeError("rstar2 serve did not start")
+
+
+def isolated_rate(model: Path, data: Path, a) -> float:
+    """The in-process engine's model tokens/s decoding ``--batch-rows`` of the step's prompts at
+    once, ``--isolated`` new tokens each (EOS banned: every row runs its full length)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rstar2.chat.format import ChatFormat
+    from rstar2.config import RolloutSection
+    from rstar2.engines.base import SamplingParams
+    from rstar2.engines.hf import HFEngine
+
+    net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(model)
+    fmt = ChatFormat.from_settings(tok, RolloutSection(**chat_settings(a.chat_from_recipe)))
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    prompts = [fmt.prompt_ids(rows[i % len(rows)]["problem"]) for i in range(a.batch_rows)]
+    stop = [t for t in (tok.eos_token_id,) if t is not None]
+
+    async def go() -> float:
+        engine = HFEngine(net, max_batch_size=a.batch_rows)
+        try:
+            warm = SamplingParams(max_new_tokens=4, banned_token_ids=stop)  # the whole batch, once
+            await asyncio.gather(*(engine.generate(p, warm) for p in prompts))
+            params = [
+                SamplingParams(max_new_tokens=a.isolated, temperature=1.0, seed=i, banned_token_ids=stop)
+                for i in range(len(prompts))
+            ]
+            t0 = time.perf_counter()
+            gens = await asyncio.gather(
+                *(engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True))
+            )
+            return sum(len(g.token_ids) for g in gens) / (time.perf_counter() - t0)
+        finally:
+            await engine.close()
+
+    return asyncio.run(go())
 
 
 def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
@@ -221,6 +262,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="write the raw numbers as JSON")
     ap.add_argument("--disaggregated", action="store_true", help="engine on core 0, trainer on core 1")
     ap.add_argument(
+        "--isolated",
+        type=int,
+        default=0,
+        help="also the engine's isolated rate: --batch-rows prompts x this many new tokens (0: no)",
+    )
+    ap.add_argument(
         "--micro-batch-tokens",
         type=int,
         default=16384,
@@ -246,7 +293,9 @@ def main() -> None:
         model = a.model or tiny_model(root)
         most = max(int(k.removesuffix("keep").removesuffix("pause")) for k in ks)
         data = problems(root, a.problems * (a.steps + most + 1))
+        alone = [isolated_rate(model, data, a)] if a.isolated and not a.disaggregated else []
         runs = [run_arm(model, data, root / f"run-{i}-k{k}", k, a) for i, k in enumerate(order)]
+        alone += [isolated_rate(model, data, a)] if alone else []
     by_k = {k: [r for r in runs if r["k"] == k] for k in ks}
     mean = {
         k: {key: statistics.fmean(r[key] for r in rs) for key in rs[0] if key != "k"}
@@ -259,6 +308,7 @@ def main() -> None:
         f"{a.problems}x{a.samples} rollouts a step, {a.steps - 1} steps counted, means of {a.repeat})"
     )
     cols = ("k", "s / trained rollout", "× k=0 (speed)", "model tokens/s", "update s", "sync s", "wait s")
+    cols += ("× isolated",) if alone else ()
     cols += ("engine busy", "occupancy", "join share", "staleness mean / max", "accuracy")
     for c in cols:
         table.add_column(c, justify="right")
@@ -271,16 +321,30 @@ def main() -> None:
             f"{m['update_s']:.2f}",
             f"{m['sync_s']:.2f}",
             f"{m['wait_s']:.2f}",
+            *([f"{m['tokens_per_s'] / statistics.fmean(alone):.2f}×"] if alone else []),
             f"{100 * m['busy_share']:.0f}%",
             f"{100 * m['occupancy']:.0f}%",
             f"{100 * m['join_share']:.0f}%",
             f"{m['staleness_mean']:.2f} / {m['staleness_max']:.0f}",
             f"{100 * m['accuracy']:.1f}%",
         )
-    Console(width=160).print(table)
+    Console(width=180).print(table)
+    if alone:
+        print(
+            f"isolated: {a.batch_rows} prompts x {a.isolated} new tokens, "
+            + ", ".join(f"{r:.1f}" for r in alone)
+            + " model tokens/s (before, after the arms)"
+        )
     if a.out:
         a.out.write_text(
-            json.dumps({"runs": runs, "args": {k: str(v) for k, v in vars(a).items()}}, indent=1)
+            json.dumps(
+                {
+                    "runs": runs,
+                    "isolated_tokens_per_s": alone,
+                    "args": {k: str(v) for k, v in vars(a).items()},
+                },
+                indent=1,
+            )
         )
 
 
