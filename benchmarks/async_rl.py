@@ -42,6 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rstar2.config import parse_config
+from rstar2.engines.hf import HFEngine
 from rstar2.recipe.tasks import generate
 from rstar2.rl.trainer import RLTrainer
 
@@ -122,7 +123,6 @@ def isolated_rate(model: Path, data: Path, a) -> float:
     from rstar2.chat.format import ChatFormat
     from rstar2.config import RolloutSection
     from rstar2.engines.base import SamplingParams
-    from rstar2.engines.hf import HFEngine
 
     net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(model)
@@ -151,11 +151,17 @@ def isolated_rate(model: Path, data: Path, a) -> float:
     return asyncio.run(go())
 
 
+def arm_k(arm: str) -> int:
+    return int(arm.removesuffix("keep").removesuffix("pause").removesuffix("split"))
+
+
 def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
     """``arm``: k, or k + "keep" (``rollout.keep_stale_kv``: no prefill again on new weights), or
-    k + "pause" (in-process: the engine waits while the update runs instead of decoding beside it)."""
-    keep, pause = arm.endswith("keep"), arm.endswith("pause")
-    k = int(arm.removesuffix("keep").removesuffix("pause"))
+    k + "pause" (in-process: the engine waits while the update runs instead of decoding beside it),
+    or k + "split" (in-process: the engine's thread and the update's each use one of torch's
+    intra-op threads, instead of two teams of two on two cores)."""
+    keep, pause, split = (arm.endswith(x) for x in ("keep", "pause", "split"))
+    k = arm_k(arm)
     server = None
     if a.disaggregated:
         server, url = start_server(model, a.batch_rows)
@@ -200,6 +206,23 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
                 return update(rows, trajs)
 
         trainer._update = paused
+    serve, threads = HFEngine._serve, torch.get_num_threads()
+    if split:  # torch.set_num_threads sets the calling thread's OpenMP team size (and the default)
+        update = trainer._update
+
+        def engine_alone(engine):
+            torch.set_num_threads(1)
+            return serve(engine)
+
+        def update_alone(rows, trajs):
+            torch.set_num_threads(1)
+            try:
+                return update(rows, trajs)
+            finally:
+                torch.set_num_threads(threads)
+
+        HFEngine._serve = engine_alone
+        trainer._update = update_alone
     t0 = time.perf_counter()
     try:
         history = asyncio.run(trainer.train())
@@ -211,6 +234,8 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
 
             stats = httpx.get(url + "/get_server_info").json()["engine"]
     finally:
+        HFEngine._serve = serve
+        torch.set_num_threads(threads)
         if server is not None:
             server.terminate()
             server.wait(30)
@@ -250,7 +275,8 @@ def main() -> None:
     ap.add_argument(
         "--staleness",
         default="0,1,2",
-        help="arms: k, or k followed by 'keep' (keep_stale_kv) or 'pause' (the engine stops for the update)",
+        help="arms: k, or k followed by 'keep' (keep_stale_kv), 'pause' (the engine stops for the "
+        "update) or 'split' (engine and update one intra-op thread each)",
     )
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--problems", type=int, default=4, help="problems a step")
@@ -291,7 +317,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model = a.model or tiny_model(root)
-        most = max(int(k.removesuffix("keep").removesuffix("pause")) for k in ks)
+        most = max(arm_k(k) for k in ks)
         data = problems(root, a.problems * (a.steps + most + 1))
         alone = [isolated_rate(model, data, a)] if a.isolated and not a.disaggregated else []
         runs = [run_arm(model, data, root / f"run-{i}-k{k}", k, a) for i, k in enumerate(order)]
