@@ -158,8 +158,8 @@ def arm_k(arm: str) -> int:
 def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
     """``arm``: k, or k + "keep" (``rollout.keep_stale_kv``: no prefill again on new weights), or
     k + "pause" (in-process: the engine waits while the update runs instead of decoding beside it),
-    or k + "split" (in-process: the engine's thread and the update's each use one of torch's
-    intra-op threads, instead of two teams of two on two cores)."""
+    or k + "split" (in-process: ``rollout.engine_threads`` half the threads: while the update runs
+    the engine's thread and the update's each use half, not two OpenMP teams on the same cores)."""
     keep, pause, split = (arm.endswith(x) for x in ("keep", "pause", "split"))
     k = arm_k(arm)
     server = None
@@ -177,6 +177,7 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
             "max_batch_size": a.batch_rows,
             "max_staleness": k,
             "keep_stale_kv": keep,
+            "engine_threads": max(1, torch.get_num_threads() // 2) if split else None,
             **({"servers": [url], "weight_check_tol": None} if server else {}),
             "sandbox_workers": 1,
             "verifier_workers": 1,
@@ -206,23 +207,6 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
                 return update(rows, trajs)
 
         trainer._update = paused
-    serve, threads = HFEngine._serve, torch.get_num_threads()
-    if split:  # torch.set_num_threads sets the calling thread's OpenMP team size (and the default)
-        update = trainer._update
-
-        def engine_alone(engine):
-            torch.set_num_threads(1)
-            return serve(engine)
-
-        def update_alone(rows, trajs):
-            torch.set_num_threads(1)
-            try:
-                return update(rows, trajs)
-            finally:
-                torch.set_num_threads(threads)
-
-        HFEngine._serve = engine_alone
-        trainer._update = update_alone
     t0 = time.perf_counter()
     try:
         history = asyncio.run(trainer.train())
@@ -234,8 +218,6 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
 
             stats = httpx.get(url + "/get_server_info").json()["engine"]
     finally:
-        HFEngine._serve = serve
-        torch.set_num_threads(threads)
         if server is not None:
             server.terminate()
             server.wait(30)

@@ -166,6 +166,35 @@ def test_k1_trains_tokens_at_most_one_update_old_and_records_their_versions(tiny
             assert model and all(0 <= r["step"] - 1 - v <= 1 for v in model), (r["step"], model)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_engine_threads_split_the_cores_while_the_update_runs_beside_the_engine(tiny_dir, data, monkeypatch):
+    """rollout.engine_threads at k = 1 in-process: while an update runs, its thread uses the rest
+    of model.threads and the engine's thread engine_threads; each goes back to all of them after."""
+    import threading
+
+    calls = []
+    real = torch.set_num_threads
+
+    def spy(n):
+        calls.append((threading.current_thread().name, n))
+        real(n)
+
+    monkeypatch.setattr(torch, "set_num_threads", spy)
+    cfg = _config(tiny_dir, data, "split", steps=3, max_staleness=1, engine_threads=1)
+    cfg.model.threads = 3
+    _train(cfg)
+    engine = [n for name, n in calls if name.startswith("engine-")]
+    update = [n for name, n in calls if not name.startswith(("engine-", "MainThread"))]
+    assert update == [2, 3] * 3  # each update: 2 of the 3 threads, then all 3 again
+    # the engine decoding during an update: 1 thread, then 3 once the update is done
+    assert engine and engine[: len(engine) // 2 * 2] == [1, 3] * (len(engine) // 2), calls
+    # at k = 0 the engine never decodes beside the update: nothing is split
+    calls.clear()
+    _train(_config(tiny_dir, data, "nosplit", steps=2, engine_threads=1))
+    assert [n for name, n in calls if name != "MainThread"] == []
+
+
 async def test_a_generation_across_a_weight_update_records_both_versions(tiny):
     """A request decoding when the weights change is neither lost nor restarted: its rows are
     prefilled again under the new weights, and each token says which version sampled it."""

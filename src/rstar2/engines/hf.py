@@ -89,6 +89,9 @@ class HFEngine:
         self._closed = False
         self._written = 0  # weight writes told to the engine (update_weights, invalidate)
         self.version = 0  # the policy version of its weights (the trainer's updates so far), as told
+        # torch threads of the engine's thread now (None: the process's); a trainer whose update
+        # runs beside it lowers this meanwhile, so two OpenMP teams do not share the same cores
+        self.threads: int | None = None
         self._stamp: tuple[int, int] | None = None  # (_written, weights_stamp) the batch was computed under
         self.stats = {
             "batches": 0,  # admissions: groups of requests that joined together
@@ -215,10 +218,14 @@ class HFEngine:
         bf16 = resolve_precision(device, decode_compute(device, self.compute)).resolved == "bf16"
         store = self.store if self.prefix_cache else None
         batch = RunningBatch(self.model, device, self.max_batch_size, self.pad_token_id, store, self.stats)
+        own = applied = torch.get_num_threads()
         while True:
             new = self._admit(self.max_batch_size - len(batch.rows), wait=not batch.rows)
             if new is None and not batch.rows:
                 break
+            if (self.threads or own) != applied:  # this thread's team (torch: the calling thread's)
+                applied = self.threads or own
+                torch.set_num_threads(applied)
             start = time.perf_counter()
             with torch.no_grad(), self.lock, torch.autocast(device.type, torch.bfloat16, enabled=bf16):
                 stamp = (self._written, weights_stamp(self.model))

@@ -202,6 +202,7 @@ class RLTrainer:
         cfg = self.cfg
         start = begin(cfg, self.resume)
         self.world, self.tokenizer = start.world, start.tokenizer
+        self.threads = torch.get_num_threads()  # model.threads, or torch's default (this thread's)
         self.engine_model = None
         window = cfg.run.reflection_window
         self.token_classes = TokenClasses(self.tokenizer, window) if window else None
@@ -521,6 +522,24 @@ class RLTrainer:
             )
 
     def _update(self, rows: list[Row], trajs: list[Trajectory]) -> dict[str, Any]:
+        """The update on the step's rows, in a worker thread; beside a decoding in-process engine
+        (``max_staleness > 0``) the two split the torch threads (``rollout.engine_threads``)."""
+        total, share = self.threads, self.cfg.rollout.engine_threads
+        beside = self.cfg.rollout.max_staleness > 0 and not self.cfg.rollout.servers
+        split = bool(beside and share and share < total)
+        if split:
+            for e in self.engines:
+                e.threads = share
+            torch.set_num_threads(total - share)
+        try:
+            return self._update_on(rows, trajs)
+        finally:
+            if split:
+                torch.set_num_threads(total)
+                for e in self.engines:
+                    e.threads = None
+
+    def _update_on(self, rows: list[Row], trajs: list[Trajectory]) -> dict[str, Any]:
         trim_heap()  # the rollouts' KV, freed: not under the update's peak (rstar2.memory)
         pad = self.tokenizer.pad_token_id or 0
         # a process without problems this step still joins every collective, with a zero-weight row
