@@ -46,6 +46,9 @@ from rstar2.engines.hf import HFEngine
 from rstar2.recipe.tasks import generate
 from rstar2.rl.trainer import RLTrainer
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rollout import isolated  # noqa: E402 (the engine's isolated rate, as benchmarks/rollout.py takes it)
+
 
 def first_token_even(traj) -> float:
     return float(bool(traj.response_ids) and traj.response_ids[0] % 2 == 0)
@@ -136,15 +139,7 @@ def isolated_rate(model: Path, data: Path, a) -> float:
         try:
             warm = SamplingParams(max_new_tokens=4, banned_token_ids=stop)  # the whole batch, once
             await asyncio.gather(*(engine.generate(p, warm) for p in prompts))
-            params = [
-                SamplingParams(max_new_tokens=a.isolated, temperature=1.0, seed=i, banned_token_ids=stop)
-                for i in range(len(prompts))
-            ]
-            t0 = time.perf_counter()
-            gens = await asyncio.gather(
-                *(engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True))
-            )
-            return sum(len(g.token_ids) for g in gens) / (time.perf_counter() - t0)
+            return (await isolated(engine, prompts, a.isolated, tuple(stop)))["tokens_per_s"]
         finally:
             await engine.close()
 

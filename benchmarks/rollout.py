@@ -162,8 +162,13 @@ class ScriptedCalls:
         pass
 
 
-async def isolated(engine: Any, prompts: list[list[int]], new: int) -> dict:
-    params = [SamplingParams(max_new_tokens=new, temperature=1.0, seed=i) for i in range(len(prompts))]
+async def isolated(engine: Any, prompts: list[list[int]], new: int, banned: tuple[int, ...] = ()) -> dict:
+    """``prompts`` decoded at once, ``new`` tokens each (``banned``: e.g. EOS, so every row runs its
+    full length); the engine's model tokens per second."""
+    params = [
+        SamplingParams(max_new_tokens=new, temperature=1.0, seed=i, banned_token_ids=banned)
+        for i in range(len(prompts))
+    ]
     start = time.perf_counter()
     gens = await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True)))
     wall = time.perf_counter() - start

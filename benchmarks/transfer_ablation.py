@@ -12,8 +12,8 @@ Variants (whole recipe runs, SFT included, each in OUT/VARIANT-sSEED; a stopped 
 - ``ladder``: the recipe as shipped: the relation families and the difficulty ladder.
 
 Every run is evaluated on the same sets: the recipe's held-out problems (every training family,
-arithmetic and relations, varied wording: the same 96 as ``rstar2 demo --recipe smollm2-135m``), ``paraphrased`` and ``transfer`` (both never trained
-on), after SFT and at the end; the zero-shot evaluations are the same model in every run, so the
+arithmetic and relations: the same 96 as ``rstar2 demo --recipe smollm2-135m``), ``paraphrased``
+and ``transfer`` (both never trained on), after SFT and at the end; the zero-shot evaluations are the same model in every run, so the
 runs skip them. The table gives each set's final accuracy (mean over seeds, 95% interval over
 seed x problem) and the change from the first variant, paired over (seed, problem); minutes and
 peak memory a run.
@@ -41,15 +41,9 @@ from rstar2.rollout.trajectory import read_trajectories
 
 VARIANTS = ("shipped", "relations", "ladder")
 SETS = ("heldout", "paraphrased", "transfer")
-# the recipe's own held-out problems (its first RL stage's generator, split heldout): every family
-# the new data trains on, in varied wording, for every variant alike
-HELD_OUT = {
-    "families": ["arithmetic", "relations"],
-    "digits": [2, 3],
-    "levels": [1, 3],
-    "count": 96,
-    "wording": "varied",
-}
+# the recipe's own held-out problems (its first RL stage's generator, split heldout, plain wording
+# as every held-out set): every family the new data trains on, for every variant alike
+HELD_OUT = {"families": ["arithmetic", "relations"], "digits": [2, 3], "levels": [1, 3], "count": 96}
 
 
 def variant_tree(tree: dict[str, Any], variant: str, seed: int, model: str, overrides: list[str]) -> dict:
