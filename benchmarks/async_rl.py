@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -146,8 +147,19 @@ def isolated_rate(model: Path, data: Path, a) -> float:
     return asyncio.run(go())
 
 
+def parse_arm(arm: str) -> tuple[int, str, int | None, int | None]:
+    """``arm`` = k, then optionally keep / pause / split, then optionally ``r`` and the engine's rows
+    (default ``--batch-rows``), then optionally ``t`` and the engine's torch threads throughout (an
+    in-process engine; default: all): "1", "1pause", "1r32", "0t1"."""
+    m = re.fullmatch(r"(\d+)(keep|pause|split)?(?:r(\d+))?(?:t(\d+))?", arm)
+    if m is None:
+        raise SystemExit(f"unknown arm {arm!r}: k[keep|pause|split][rROWS][tTHREADS]")
+    k, kind, rows, threads = m.groups()
+    return int(k), kind or "", int(rows) if rows else None, int(threads) if threads else None
+
+
 def arm_k(arm: str) -> int:
-    return int(arm.removesuffix("keep").removesuffix("pause").removesuffix("split"))
+    return parse_arm(arm)[0]
 
 
 def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
@@ -155,11 +167,12 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
     k + "pause" (in-process: the engine waits while the update runs instead of decoding beside it),
     or k + "split" (in-process: ``rollout.engine_threads`` half the threads: while the update runs
     the engine's thread and the update's each use half, not two OpenMP teams on the same cores)."""
-    keep, pause, split = (arm.endswith(x) for x in ("keep", "pause", "split"))
-    k = arm_k(arm)
+    k, kind, rows, threads = parse_arm(arm)
+    keep, pause, split = (kind == x for x in ("keep", "pause", "split"))
+    rows = rows or a.batch_rows
     server = None
     if a.disaggregated:
-        server, url = start_server(model, a.batch_rows)
+        server, url = start_server(model, rows)
     tree = {
         "kind": "rl",
         "model": {"path": str(model), "compute": "fp32"},
@@ -169,7 +182,7 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
             "samples": a.samples,
             "max_turns": a.max_turns,
             "max_response_tokens": a.max_response_tokens,
-            "max_batch_size": a.batch_rows,
+            "max_batch_size": rows,
             "max_staleness": k,
             "keep_stale_kv": keep,
             "engine_threads": max(1, torch.get_num_threads() // 2) if split else None,
@@ -194,6 +207,8 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
         tree["loss"] = {"tis_cap": 2.0}
     trainer = RLTrainer(parse_config(tree), reward_fn=REWARDS[a.reward])
     trainer.save = lambda metrics=None: None  # time steps, not checkpoints
+    if threads:  # the in-process engine's thread keeps this many torch threads (the update: all)
+        trainer.engines[0].threads = threads
     if pause:  # the engine steps under its lock: holding it for the update stops it in between
         update = trainer._update
 
@@ -238,6 +253,9 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
         "staleness_mean": statistics.fmean(m.get("staleness/mean", 0.0) for m in counted),
         "staleness_max": max(m.get("staleness/max", 0.0) for m in counted),
         "accuracy": statistics.fmean(m["accuracy"] for m in counted),
+        # the whole run's decode steps (warm-up included): seconds and rows a step
+        "decode_step_s": (stats["busy_s"] - stats["prefill_s"]) / max(1, stats["steps"]),
+        "rows_per_step": stats["row_steps"] / max(1, stats["steps"]),
     }
 
 
@@ -312,7 +330,8 @@ def main() -> None:
     )
     cols = ("k", "s / trained rollout", "× k=0 (speed)", "model tokens/s", "update s", "sync s", "wait s")
     cols += ("× isolated",) if alone else ()
-    cols += ("engine busy", "occupancy", "join share", "staleness mean / max", "accuracy")
+    cols += ("engine busy", "occupancy", "join share", "decode step s (rows)", "staleness mean / max")
+    cols += ("accuracy",)
     for c in cols:
         table.add_column(c, justify="right")
     for k, m in mean.items():
@@ -328,6 +347,7 @@ def main() -> None:
             f"{100 * m['busy_share']:.0f}%",
             f"{100 * m['occupancy']:.0f}%",
             f"{100 * m['join_share']:.0f}%",
+            f"{m['decode_step_s']:.3f} ({m['rows_per_step']:.0f})",
             f"{m['staleness_mean']:.2f} / {m['staleness_max']:.0f}",
             f"{100 * m['accuracy']:.1f}%",
         )
