@@ -11,8 +11,9 @@ the step, its occupancy (rows a decode step held / its rows) and the share of it
 joining requests (prefill), staleness. Ratios are against k = 0 of the same run. ``--isolated N``
 also measures the engine's own rate in the same run, before the arms and after them: the step's
 prompts (the recipe's chat format), ``--batch-rows`` of them at once, N new tokens each, nothing
-else running; ``× isolated`` is an arm's model tokens/s over it (at k = 0 the rollouts' own rate;
-at k > 0 per step's time, the update sharing the cores).
+else running. "model tokens/s" is per second of the steps; "tokens/s generating" per second the
+engine had rollouts to generate (at k = 0 the rollout phase, at k > 0 the whole step, the update
+sharing the cores); ``× isolated`` is the latter over the isolated rate.
 
     python benchmarks/async_rl.py --model /tmp/rstar2-bench-smollm2 [--steps 4] [--staleness 0,1,2]
     python benchmarks/async_rl.py            # the tiny recipe's model shape, built here
@@ -208,7 +209,17 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
     trainer = RLTrainer(parse_config(tree), reward_fn=REWARDS[a.reward])
     trainer.save = lambda metrics=None: None  # time steps, not checkpoints
     if threads:  # the in-process engine's thread keeps this many torch threads (the update: all)
-        trainer.engines[0].threads = threads
+        import rstar2.rollout.build as build
+
+        opened = build.open_engines
+
+        def with_threads(*args, **kw):
+            engines = opened(*args, **kw)
+            for e in engines:
+                e.threads = threads
+            return engines
+
+        build.open_engines = with_threads
     if pause:  # the engine steps under its lock: holding it for the update stops it in between
         update = trainer._update
 
@@ -228,6 +239,8 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
 
             stats = httpx.get(url + "/get_server_info").json()["engine"]
     finally:
+        if threads:
+            build.open_engines = opened
         if server is not None:
             server.terminate()
             server.wait(30)
@@ -243,6 +256,12 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
         # k = 0, per step time at k > 0)
         "tokens_per_s": sum(m["tokens_per_s"] * m["time/step_s" if k else "time/rollout_s"] for m in counted)
         / seconds,
+        # ... and per second the engine had rollouts to generate: at k = 0 the rollout phase (the
+        # update waits), at k > 0 the whole step (it generates beside the update)
+        "generating_tokens_per_s": sum(
+            m["tokens_per_s"] * m["time/step_s" if k else "time/rollout_s"] for m in counted
+        )
+        / sum(m["time/step_s" if k else "time/rollout_s"] for m in counted),
         "update_s": statistics.fmean(m["time/update_s"] for m in counted),
         "sync_s": statistics.fmean(m["time/sync_s"] for m in counted),
         "wait_s": statistics.fmean(m["time/rollout_s"] for m in counted),
@@ -256,6 +275,12 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
         # the whole run's decode steps (warm-up included): seconds and rows a step
         "decode_step_s": (stats["busy_s"] - stats["prefill_s"]) / max(1, stats["steps"]),
         "rows_per_step": stats["row_steps"] / max(1, stats["steps"]),
+        # the engine's own count of sampled tokens a step, and the trainer's (model tokens of the
+        # trained steps' rollouts)
+        "engine_tokens_per_step": stats["generated_tokens"] / len(history),
+        "model_tokens_per_step": statistics.fmean(
+            m["tokens_per_s"] * (m["time/step_s"] if k else m["time/rollout_s"]) for m in counted
+        ),
     }
 
 
@@ -328,8 +353,8 @@ def main() -> None:
         f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads; "
         f"{a.problems}x{a.samples} rollouts a step, {a.steps - 1} steps counted, means of {a.repeat})"
     )
-    cols = ("k", "s / trained rollout", "× k=0 (speed)", "model tokens/s", "update s", "sync s", "wait s")
-    cols += ("× isolated",) if alone else ()
+    cols = ("k", "s / trained rollout", "× k=0 (speed)", "model tokens/s", "tokens/s generating")
+    cols += ("update s", "sync s", "wait s") + (("× isolated",) if alone else ())
     cols += ("engine busy", "occupancy", "join share", "decode step s (rows)", "staleness mean / max")
     cols += ("accuracy",)
     for c in cols:
@@ -340,10 +365,11 @@ def main() -> None:
             f"{m['s_per_rollout']:.3f}",
             f"{base['s_per_rollout'] / m['s_per_rollout']:.2f}×",
             f"{m['tokens_per_s']:.1f}",
+            f"{m['generating_tokens_per_s']:.1f}",
             f"{m['update_s']:.2f}",
             f"{m['sync_s']:.2f}",
             f"{m['wait_s']:.2f}",
-            *([f"{m['tokens_per_s'] / statistics.fmean(alone):.2f}×"] if alone else []),
+            *([f"{m['generating_tokens_per_s'] / statistics.fmean(alone):.2f}×"] if alone else []),
             f"{100 * m['busy_share']:.0f}%",
             f"{100 * m['occupancy']:.0f}%",
             f"{100 * m['join_share']:.0f}%",
