@@ -247,21 +247,17 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
     counted = history[1:]
     seconds = sum(m["time/step_s"] for m in counted)
     rollouts = sum(m["rollouts"] for m in counted)
+    # the trainer reports a step's model tokens per second of its rollout phase at k = 0, of the
+    # whole step at k > 0 (the engine generates beside the update)
+    spans = [m["time/step_s" if k else "time/rollout_s"] for m in counted]
+    tokens = [m["tokens_per_s"] * span for m, span in zip(counted, spans, strict=True)]
     return {
         "k": arm,
         "reprefills": stats["reprefills"],
         "wall_s": wall,
         "s_per_rollout": seconds / rollouts,
-        # model tokens per wall second of the steps (the trainer reports them per rollout time at
-        # k = 0, per step time at k > 0)
-        "tokens_per_s": sum(m["tokens_per_s"] * m["time/step_s" if k else "time/rollout_s"] for m in counted)
-        / seconds,
-        # ... and per second the engine had rollouts to generate: at k = 0 the rollout phase (the
-        # update waits), at k > 0 the whole step (it generates beside the update)
-        "generating_tokens_per_s": sum(
-            m["tokens_per_s"] * m["time/step_s" if k else "time/rollout_s"] for m in counted
-        )
-        / sum(m["time/step_s" if k else "time/rollout_s"] for m in counted),
+        "tokens_per_s": sum(tokens) / seconds,  # model tokens per wall second of the steps
+        "generating_tokens_per_s": sum(tokens) / sum(spans),  # ... per second the engine had rollouts
         "update_s": statistics.fmean(m["time/update_s"] for m in counted),
         "sync_s": statistics.fmean(m["time/sync_s"] for m in counted),
         "wait_s": statistics.fmean(m["time/rollout_s"] for m in counted),
@@ -278,9 +274,7 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
         # the engine's own count of sampled tokens a step, and the trainer's (model tokens of the
         # trained steps' rollouts)
         "engine_tokens_per_step": stats["generated_tokens"] / len(history),
-        "model_tokens_per_step": statistics.fmean(
-            m["tokens_per_s"] * (m["time/step_s"] if k else m["time/rollout_s"]) for m in counted
-        ),
+        "model_tokens_per_step": statistics.fmean(tokens),
     }
 
 
