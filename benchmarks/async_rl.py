@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -120,43 +121,65 @@ def start_server(model: Path, rows: int) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("rstar2 serve did not start")
 
 
-def isolated_rate(model: Path, data: Path, a) -> float:
-    """The in-process engine's model tokens/s decoding ``--batch-rows`` of the step's prompts at
-    once, ``--isolated`` new tokens each (EOS banned: every row runs its full length)."""
+def engine_inputs(
+    model: Path, data: Path, rows: int, recipe: str
+) -> tuple[Any, list[list[int]], tuple[int, ...]]:
+    """The model (fp32), ``rows`` of ``data``'s prompts in ``recipe``'s chat format, and EOS (to ban)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rstar2.chat.format import ChatFormat
     from rstar2.config import RolloutSection
-    from rstar2.engines.base import SamplingParams
 
     net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(model)
-    fmt = ChatFormat.from_settings(tok, RolloutSection(**chat_settings(a.chat_from_recipe)))
-    rows = [json.loads(line) for line in data.read_text().splitlines()]
-    prompts = [fmt.prompt_ids(rows[i % len(rows)]["problem"]) for i in range(a.batch_rows)]
-    stop = [t for t in (tok.eos_token_id,) if t is not None]
+    fmt = ChatFormat.from_settings(tok, RolloutSection(**chat_settings(recipe)))
+    problems = [json.loads(line)["problem"] for line in data.read_text().splitlines()]
+    prompts = [fmt.prompt_ids(problems[i % len(problems)]) for i in range(rows)]
+    return net, prompts, tuple(t for t in (tok.eos_token_id,) if t is not None)
 
-    async def go() -> float:
-        engine = HFEngine(net, max_batch_size=a.batch_rows)
+
+def engine_rate(
+    net: Any, prompts: list[list[int]], new: int, stop: tuple[int, ...], threads: int | None = None
+) -> dict:
+    """A fresh in-process engine decoding ``prompts`` at once, ``new`` tokens each (``stop`` banned:
+    every row runs its full length), after a warm-up of the whole batch: its model tokens/s and the
+    seconds of one decode step. ``threads``: the engine thread's torch threads (None: all)."""
+    from rstar2.engines.base import SamplingParams
+
+    async def go() -> dict:
+        engine = HFEngine(net, max_batch_size=len(prompts))
+        engine.threads = threads
         try:
-            warm = SamplingParams(max_new_tokens=4, banned_token_ids=stop)  # the whole batch, once
+            warm = SamplingParams(max_new_tokens=4, banned_token_ids=stop)
             await asyncio.gather(*(engine.generate(p, warm) for p in prompts))
-            return (await isolated(engine, prompts, a.isolated, tuple(stop)))["tokens_per_s"]
+            before = dict(engine.stats)
+            rate = (await isolated(engine, prompts, new, stop))["tokens_per_s"]
+            d = {k: engine.stats[k] - before[k] for k in ("steps", "busy_s", "prefill_s")}
+            return {
+                "tokens_per_s": rate,
+                "decode_step_s": (d["busy_s"] - d["prefill_s"]) / max(1, d["steps"]),
+            }
         finally:
             await engine.close()
 
     return asyncio.run(go())
 
 
-def parse_arm(arm: str) -> tuple[int, str, int | None, int | None]:
+def isolated_rate(model: Path, data: Path, a) -> float:
+    """The in-process engine's model tokens/s decoding ``--batch-rows`` of the step's prompts at
+    once, ``--isolated`` new tokens each."""
+    net, prompts, stop = engine_inputs(model, data, a.batch_rows, a.chat_from_recipe)
+    return engine_rate(net, prompts, a.isolated, stop)["tokens_per_s"]
+
+
+def parse_arm(arm: str) -> tuple[int, str, int | None]:
     """``arm`` = k, then optionally keep / pause / split, then optionally ``r`` and the engine's rows
-    (default ``--batch-rows``), then optionally ``t`` and the engine's torch threads throughout (an
-    in-process engine; default: all): "1", "1pause", "1r32", "0t1"."""
-    m = re.fullmatch(r"(\d+)(keep|pause|split)?(?:r(\d+))?(?:t(\d+))?", arm)
+    (default ``--batch-rows``): "1", "1pause", "1r32"."""
+    m = re.fullmatch(r"(\d+)(keep|pause|split)?(?:r(\d+))?", arm)
     if m is None:
-        raise SystemExit(f"unknown arm {arm!r}: k[keep|pause|split][rROWS][tTHREADS]")
-    k, kind, rows, threads = m.groups()
-    return int(k), kind or "", int(rows) if rows else None, int(threads) if threads else None
+        raise SystemExit(f"unknown arm {arm!r}: k[keep|pause|split][rROWS]")
+    k, kind, rows = m.groups()
+    return int(k), kind or "", int(rows) if rows else None
 
 
 def arm_k(arm: str) -> int:
@@ -167,8 +190,9 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
     """``arm``: k, or k + "keep" (``rollout.keep_stale_kv``: no prefill again on new weights), or
     k + "pause" (in-process: the engine waits while the update runs instead of decoding beside it),
     or k + "split" (in-process: ``rollout.engine_threads`` half the threads: while the update runs
-    the engine's thread and the update's each use half, not two OpenMP teams on the same cores)."""
-    k, kind, rows, threads = parse_arm(arm)
+    the engine's thread and the update's each use half, not two OpenMP teams on the same cores);
+    any of them with ``r`` and the engine's rows (``parse_arm``)."""
+    k, kind, rows = parse_arm(arm)
     keep, pause, split = (kind == x for x in ("keep", "pause", "split"))
     rows = rows or a.batch_rows
     server = None
@@ -208,18 +232,6 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
         tree["loss"] = {"tis_cap": 2.0}
     trainer = RLTrainer(parse_config(tree), reward_fn=REWARDS[a.reward])
     trainer.save = lambda metrics=None: None  # time steps, not checkpoints
-    if threads:  # the in-process engine's thread keeps this many torch threads (the update: all)
-        import rstar2.rollout.build as build
-
-        opened = build.open_engines
-
-        def with_threads(*args, **kw):
-            engines = opened(*args, **kw)
-            for e in engines:
-                e.threads = threads
-            return engines
-
-        build.open_engines = with_threads
     if pause:  # the engine steps under its lock: holding it for the update stops it in between
         update = trainer._update
 
@@ -239,8 +251,6 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
 
             stats = httpx.get(url + "/get_server_info").json()["engine"]
     finally:
-        if threads:
-            build.open_engines = opened
         if server is not None:
             server.terminate()
             server.wait(30)

@@ -13,7 +13,6 @@ and last; ratios are against their mean.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import subprocess
@@ -28,11 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from async_rl import chat_settings, problems  # noqa: E402 (the recipe's chat format, its problems)
-from rollout import isolated  # noqa: E402
-
-from rstar2.engines.base import SamplingParams  # noqa: E402
-from rstar2.engines.hf import HFEngine  # noqa: E402
+from async_rl import engine_inputs, engine_rate, problems  # noqa: E402 (the recipe's prompts, the engine's rate)
 
 DUTY = "import time\nwhile True:\n    t = time.perf_counter()\n    while time.perf_counter() - t < 0.02: pass\n    time.sleep(0.08)"
 SPIN = "while True: pass"
@@ -48,30 +43,15 @@ def busy_thread(stop: threading.Event) -> None:
 
 
 def measure(net, prompts, stop_ids, new: int, threads: int, load: str | None) -> dict:
+    """The engine's rate (``engine_rate``) while ``load`` runs beside it."""
     proc = None
     stop = threading.Event()
     if load in ("process-20%", "process-100%"):
         proc = subprocess.Popen([sys.executable, "-c", DUTY if load == "process-20%" else SPIN])
     elif load == "thread-20%":
         threading.Thread(target=busy_thread, args=(stop,), daemon=True).start()
-
-    async def go() -> dict:
-        engine = HFEngine(net, max_batch_size=len(prompts))
-        engine.threads = threads
-        try:
-            warm = SamplingParams(max_new_tokens=4, banned_token_ids=stop_ids)
-            await asyncio.gather(*(engine.generate(p, warm) for p in prompts))
-            before = dict(engine.stats)
-            rate = (await isolated(engine, prompts, new, stop_ids))["tokens_per_s"]
-            s = engine.stats
-            steps = s["steps"] - before["steps"]
-            decode = (s["busy_s"] - before["busy_s"]) - (s["prefill_s"] - before["prefill_s"])
-            return {"tokens_per_s": rate, "decode_step_s": decode / max(1, steps)}
-        finally:
-            await engine.close()
-
     try:
-        return asyncio.run(go())
+        return engine_rate(net, prompts, new, stop_ids, threads)
     finally:
         stop.set()
         if proc is not None:
@@ -88,18 +68,8 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=96)
     ap.add_argument("--out", type=Path, default=None, help="write the numbers as JSON")
     a = ap.parse_args()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from rstar2.chat.format import ChatFormat
-    from rstar2.config import RolloutSection
-
-    net = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(a.model)
-    fmt = ChatFormat.from_settings(tok, RolloutSection(**chat_settings("smollm2-135m")))
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [json.loads(line) for line in problems(Path(tmp), a.rows).read_text().splitlines()]
-    prompts = [fmt.prompt_ids(r["problem"]) for r in rows[: a.rows]]
-    stop_ids = tuple(t for t in (tok.eos_token_id,) if t is not None)
+        net, prompts, stop_ids = engine_inputs(a.model, problems(Path(tmp), a.rows), a.rows, "smollm2-135m")
     full = torch.get_num_threads()
     arms = [
         ("alone", full, None),
