@@ -122,15 +122,17 @@ def start_server(model: Path, rows: int) -> tuple[subprocess.Popen, str]:
 
 
 def engine_inputs(
-    model: Path, data: Path, rows: int, recipe: str
+    model: Path, data: Path, rows: int, recipe: str, device: str = "cpu"
 ) -> tuple[Any, list[list[int]], tuple[int, ...]]:
-    """The model (fp32), ``rows`` of ``data``'s prompts in ``recipe``'s chat format, and EOS (to ban)."""
+    """The model (fp32, on ``device``), ``rows`` of ``data``'s prompts in ``recipe``'s chat format,
+    and EOS (to ban)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rstar2.chat.format import ChatFormat
     from rstar2.config import RolloutSection
+    from rstar2.device import pick_device
 
-    net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval().to(pick_device(device))
     tok = AutoTokenizer.from_pretrained(model)
     fmt = ChatFormat.from_settings(tok, RolloutSection(**chat_settings(recipe)))
     problems = [json.loads(line)["problem"] for line in data.read_text().splitlines()]
@@ -139,15 +141,21 @@ def engine_inputs(
 
 
 def engine_rate(
-    net: Any, prompts: list[list[int]], new: int, stop: tuple[int, ...], threads: int | None = None
+    net: Any,
+    prompts: list[list[int]],
+    new: int,
+    stop: tuple[int, ...],
+    threads: int | None = None,
+    cuda_graphs: bool | None = None,
 ) -> dict:
     """A fresh in-process engine decoding ``prompts`` at once, ``new`` tokens each (``stop`` banned:
     every row runs its full length), after a warm-up of the whole batch: its model tokens/s and the
-    seconds of one decode step. ``threads``: the engine thread's torch threads (None: all)."""
+    seconds of one decode step. ``threads``: the engine thread's torch threads (None: all);
+    ``cuda_graphs``: the engine's (None: on a GPU)."""
     from rstar2.engines.base import SamplingParams
 
     async def go() -> dict:
-        engine = HFEngine(net, max_batch_size=len(prompts))
+        engine = HFEngine(net, max_batch_size=len(prompts), cuda_graphs=cuda_graphs)
         engine.threads = threads
         try:
             warm = SamplingParams(max_new_tokens=4, banned_token_ids=stop)
@@ -168,16 +176,16 @@ def engine_rate(
 def isolated_rate(model: Path, data: Path, a) -> float:
     """The in-process engine's model tokens/s decoding ``--batch-rows`` of the step's prompts at
     once, ``--isolated`` new tokens each."""
-    net, prompts, stop = engine_inputs(model, data, a.batch_rows, a.chat_from_recipe)
+    net, prompts, stop = engine_inputs(model, data, a.batch_rows, a.chat_from_recipe, a.device)
     return engine_rate(net, prompts, a.isolated, stop)["tokens_per_s"]
 
 
 def parse_arm(arm: str) -> tuple[int, str, int | None]:
-    """``arm`` = k, then optionally keep / pause / split, then optionally ``r`` and the engine's rows
-    (default ``--batch-rows``): "1", "1pause", "1r32"."""
-    m = re.fullmatch(r"(\d+)(keep|pause|split)?(?:r(\d+))?", arm)
+    """``arm`` = k, then optionally keep / pause / split / eager (no CUDA graphs), then optionally
+    ``r`` and the engine's rows (default ``--batch-rows``): "1", "1pause", "1r32", "0eager"."""
+    m = re.fullmatch(r"(\d+)(keep|pause|split|eager)?(?:r(\d+))?", arm)
     if m is None:
-        raise SystemExit(f"unknown arm {arm!r}: k[keep|pause|split][rROWS]")
+        raise SystemExit(f"unknown arm {arm!r}: k[keep|pause|split|eager][rROWS]")
     k, kind, rows = m.groups()
     return int(k), kind or "", int(rows) if rows else None
 
@@ -190,17 +198,18 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
     """``arm``: k, or k + "keep" (``rollout.keep_stale_kv``: no prefill again on new weights), or
     k + "pause" (in-process: the engine waits while the update runs instead of decoding beside it),
     or k + "split" (in-process: ``rollout.engine_threads`` half the threads: while the update runs
-    the engine's thread and the update's each use half, not two OpenMP teams on the same cores);
+    the engine's thread and the update's each use half, not two OpenMP teams on the same cores),
+    or k + "eager" (``rollout.cuda_graphs: false``: on a GPU, the decode step without graphs);
     any of them with ``r`` and the engine's rows (``parse_arm``)."""
     k, kind, rows = parse_arm(arm)
-    keep, pause, split = (kind == x for x in ("keep", "pause", "split"))
+    keep, pause, split, eager = (kind == x for x in ("keep", "pause", "split", "eager"))
     rows = rows or a.batch_rows
     server = None
     if a.disaggregated:
         server, url = start_server(model, rows)
     tree = {
         "kind": "rl",
-        "model": {"path": str(model), "compute": "fp32"},
+        "model": {"path": str(model), "compute": a.compute, "device": a.device},
         "data": {"train": str(data), "shuffle": False},
         "rollout": {
             **chat_settings(a.chat_from_recipe),
@@ -211,6 +220,7 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
             "max_staleness": k,
             "keep_stale_kv": keep,
             "engine_threads": max(1, torch.get_num_threads() // 2) if split else None,
+            **({"cuda_graphs": False} if eager else {}),
             **({"servers": [url], "weight_check_tol": None} if server else {}),
             "sandbox_workers": 1,
             "verifier_workers": 1,
@@ -331,6 +341,10 @@ def main() -> None:
         help="a reward of mixed values whatever the model knows: the first token's parity, or the "
         "response length's (for an SFT'd model, whose first token is always the same)",
     )
+    ap.add_argument(
+        "--device", default="cpu", help="model.device of the arms: cpu, cuda (auto: CUDA when present)"
+    )
+    ap.add_argument("--compute", default="fp32", help="model.compute of the arms (auto: bf16 where native)")
     a = ap.parse_args()
     if a.disaggregated:  # this process (the trainer, its sandbox and verifier) on core 1
         os.sched_setaffinity(0, {1})
@@ -355,7 +369,7 @@ def main() -> None:
     table = Table(
         title=f"asynchronous RL, {'disaggregated: serve on core 0, trainer on core 1' if a.disaggregated else 'in-process'} ({model.name if a.model else 'tiny'}; CPU "
         f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads; "
-        f"{a.problems}x{a.samples} rollouts a step, {a.steps - 1} steps counted, means of {a.repeat})"
+        f"device {a.device}; {a.problems}x{a.samples} rollouts a step, {a.steps - 1} steps counted, means of {a.repeat})"
     )
     cols = ("k", "s / trained rollout", "× k=0 (speed)", "model tokens/s", "tokens/s generating")
     cols += ("update s", "sync s", "wait s") + (("× isolated",) if alone else ())

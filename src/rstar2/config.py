@@ -98,6 +98,8 @@ class RolloutSection(ChatSection):
     # in-process engine with max_staleness > 0: its torch threads while the update runs beside it
     # (the update takes the rest of model.threads; each alone uses them all); None: both use all
     engine_threads: int | None = Field(None, ge=1)
+    # in-process engine: replay its decode step as CUDA graphs (engines/graphs.py); None: on a GPU
+    cuda_graphs: bool | None = None
     # new weights to remote servers after each update (training)
     reload_path: str = "/update_weights_from_disk"  # server endpoint that loads a checkpoint folder
     reload_retries: int = Field(2, ge=0)  # a refused weight update is retried, then the run stops

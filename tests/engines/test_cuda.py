@@ -69,3 +69,30 @@ def test_an_rl_run_on_cuda_trains_and_checkpoints(tiny_dir, tmp_path):
     before = load_file(str(tiny_dir / "model.safetensors"))
     moved = max((after[k].float() - before[k].float()).abs().max().item() for k in after if k in before)
     assert moved > 1e-4
+
+
+def test_cuda_graphs_replay_the_eager_decode_and_see_weights_written_in_place(tiny):
+    """Greedy tokens with the decode step replayed as CUDA graphs equal the eager step's, before and
+    after the weights are changed in place (the graphs read the parameters where they live)."""
+    model, tok = tiny
+    gpu = type(model)(model.config).to("cuda")
+    gpu.load_state_dict(model.state_dict())
+    prompts = [tok.encode(f"question {i}: xx " * (1 + i % 3), add_special_tokens=False) for i in range(5)]
+
+    async def greedy(graphs: bool):
+        eng = HFEngine(gpu, max_batch_size=8, cuda_graphs=graphs)
+        try:
+            params = SamplingParams(max_new_tokens=24, temperature=0.0)
+            out = [g.token_ids for g in await asyncio.gather(*(eng.generate(p, params) for p in prompts))]
+            return out, (eng.graphs.captures if eng.graphs is not None else 0)
+        finally:
+            await eng.close()
+
+    for _ in range(2):
+        eager, none = asyncio.run(greedy(False))
+        replayed, captures = asyncio.run(greedy(True))
+        assert none == 0 and captures > 0
+        assert replayed == eager
+        with torch.no_grad():
+            for p in gpu.parameters():
+                p.mul_(1.05)

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from .base import Generation, SamplingParams
-from .kv import PrefixStore, SeqKV, SlotCache
+from .graphs import DecodeGraphs
+from .kv import PrefixStore, SeqKV, SlotCache, additive
 from .sampling import next_tokens
 
 MIN_SHARED_PREFIX = 16  # tokens a group's prompts must share before the prefix is prefilled once
@@ -76,9 +77,11 @@ class RunningBatch:
         pad_token_id: int,
         store: PrefixStore | None,
         stats: dict[str, Any],
+        graphs: DecodeGraphs | None = None,
     ) -> None:
         self.model, self.device, self.max_rows = model, device, max_rows
         self.pad_token_id, self.store, self.stats = pad_token_id, store, stats
+        self.graphs = graphs  # the decode step as CUDA graphs (engines/graphs.py); None: eager
         self.version = 0  # the policy version of the weights the next forward uses (set by the engine)
         # eager attention adds the mask to the scores; sdpa takes it as booleans
         self.additive_mask = getattr(model.config, "_attn_implementation", None) == "eager"
@@ -90,7 +93,10 @@ class RunningBatch:
         return self.kv.owners
 
     def reset(self) -> None:
-        self.kv = SlotCache(self.device, self.max_rows)
+        if self.graphs is not None and hasattr(self, "kv"):
+            self.kv.clear()  # the graphs read these buffers: keep them
+        else:
+            self.kv = SlotCache(self.device, self.max_rows)
         self.logits: torch.Tensor | None = None
 
     def guarded(self, rows: list[Row], action: Callable[[], None], fail: bool = True) -> bool:
@@ -120,10 +126,7 @@ class RunningBatch:
         appended to those rows' caches; the logits of each row's last token."""
         positions, mask = kv.plan(span, new, ids.shape[1])
         if self.additive_mask:
-            dtype = self.model.dtype
-            mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
-                ~mask, torch.finfo(dtype).min
-            )
+            mask = additive(mask, self.model.dtype)
         out = self.model(
             input_ids=ids, attention_mask=mask, position_ids=positions, cache=kv, logits_to_keep=1
         )
@@ -239,9 +242,12 @@ class RunningBatch:
             self.kv.remove(i)
             ids[i] = ids[-1]
             ids.pop()
-        n = len(ids)
-        column = torch.tensor(ids, dtype=torch.long).unsqueeze(1).to(self.device)
-        self.logits = self.forward(column, self.kv, (0, n), [1] * n)
+        graphed = self.graphs is not None and self.graphs.broken is None
+        self.logits = self.graphs.decode(self.kv, ids, self.pad_token_id) if graphed else None
+        if self.logits is None:
+            n = len(ids)
+            column = torch.tensor(ids, dtype=torch.long).unsqueeze(1).to(self.device)
+            self.logits = self.forward(column, self.kv, (0, n), [1] * n)
         for row in self.rows:
             row.next_version = self.version
 

@@ -36,6 +36,7 @@ from ..config import DEFAULT_ROLLOUT, engine_budget
 from ..device import decode_compute, engine_dtype, max_positions, pick_device, resolve_precision
 from .base import Generation, SamplingParams
 from .batch import Request, Row, RunningBatch
+from .graphs import DecodeGraphs
 from .kv import PrefixStore
 
 
@@ -61,8 +62,12 @@ class HFEngine:
         gather_s: float = 0.01,
         compute: str = "auto",
         keep_stale_kv: bool = False,
+        cuda_graphs: bool | None = None,
     ) -> None:
         self.model = model.eval()
+        # the decode step replayed as CUDA graphs (engines/graphs.py); None: on a CUDA device. True
+        # on a CPU runs their static step without capture (what the tests compare with the eager one)
+        self.cuda_graphs = cuda_graphs
         self.keep_stale_kv = keep_stale_kv  # on new weights, keep the old KV instead of prefilling again
         attention = getattr(model.config, "_attn_implementation", None) or "sdpa"
         if attention not in ("sdpa", "eager"):
@@ -86,6 +91,7 @@ class HFEngine:
         self._pending: deque[Request] = deque()
         self.in_flight = 0
         self._thread: threading.Thread | None = None
+        self.graphs: DecodeGraphs | None = None  # set when its thread starts, if it replays graphs
         self._closed = False
         self._written = 0  # weight writes told to the engine (update_weights, invalidate)
         self.version = 0  # the policy version of its weights (the trainer's updates so far), as told
@@ -162,7 +168,13 @@ class HFEngine:
     async def counters(self) -> dict[str, Any]:
         """Its counters since it started (``stats``), the kept prefixes evicted and its rows: what
         the trainer's per-step ``engine/*`` metrics are differences of (``OpenAIEngine`` has the same)."""
-        return {**self.stats, "evictions": self.store.evicted, "rows": self.max_batch_size}
+        captured = self.graphs.captures if self.graphs is not None else 0
+        return {
+            **self.stats,
+            "evictions": self.store.evicted,
+            "rows": self.max_batch_size,
+            "graph_captures": captured,
+        }
 
     def _told(self, version: int | None) -> None:
         self._written += 1
@@ -217,7 +229,16 @@ class HFEngine:
         # resolved once: the hardware does not change while the engine serves
         bf16 = resolve_precision(device, decode_compute(device, self.compute)).resolved == "bf16"
         store = self.store if self.prefix_cache else None
-        batch = RunningBatch(self.model, device, self.max_batch_size, self.pad_token_id, store, self.stats)
+        use_graphs = self.cuda_graphs if self.cuda_graphs is not None else device.type == "cuda"
+        graphs = (
+            DecodeGraphs(self.model, device, self.max_batch_size, capture=device.type == "cuda")
+            if use_graphs
+            else None
+        )
+        self.graphs = graphs
+        batch = RunningBatch(
+            self.model, device, self.max_batch_size, self.pad_token_id, store, self.stats, graphs
+        )
         own = applied = torch.get_num_threads()
         while True:
             new = self._admit(self.max_batch_size - len(batch.rows), wait=not batch.rows)

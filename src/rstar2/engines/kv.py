@@ -87,7 +87,7 @@ class SlotCache(Cache):
         self.buf_k.append(like.new_zeros(shape))
         self.buf_v.append(like.new_zeros(shape))
 
-    def _reserve(self, rows: int, cols: int) -> None:
+    def reserve(self, rows: int, cols: int) -> None:
         """Room for ``rows`` rows of ``cols`` columns, plus the scratch column (growing by half, so
         the copies stay amortised while the spare room stays small: every row pays for the
         longest one's columns)."""
@@ -108,11 +108,16 @@ class SlotCache(Cache):
                 bufs[i] = new
         self.rows_cap, self.cols_cap = new_rows, new_cols
 
+    def clear(self) -> None:
+        """No rows; the buffers kept (an engine replaying CUDA graphs over them keeps its graphs)."""
+        self.lens.clear()
+        self.owners.clear()
+
     def add(self, seqs: list[SeqKV | None], owners: list[Any]) -> None:
         """Rows holding these sequences (None: an empty row), occupied by ``owners``, after the
         running ones."""
         first = self.rows
-        self._reserve(first + len(seqs), max((s.length for s in seqs if s is not None), default=0))
+        self.reserve(first + len(seqs), max((s.length for s in seqs if s is not None), default=0))
         template = next((s for s in seqs if s is not None and s.length), None)
         if template is not None and not self.buf_k:
             for k in template.keys:
@@ -138,7 +143,7 @@ class SlotCache(Cache):
         lens = torch.tensor(self.lens[a:b], dtype=torch.long, device=device)
         count = torch.tensor(new, dtype=torch.long, device=device)
         self.attend = int((lens + count).max())
-        self._reserve(b, self.attend)
+        self.reserve(b, self.attend)
         step = torch.arange(width, device=device)
         pos = lens.unsqueeze(1) + step.unsqueeze(0) - (width - count).unsqueeze(1)
         real = pos >= lens.unsqueeze(1)
@@ -163,7 +168,7 @@ class SlotCache(Cache):
     def copy_row(self, src: int, owner: Any) -> None:
         """A new last row, occupied by ``owner``, holding what row ``src`` holds (identical
         prompts prefilled once)."""
-        self._reserve(self.rows + 1, 0)
+        self.reserve(self.rows + 1, 0)
         self._move(src, self.rows)
         self.lens.append(self.lens[src])
         self.owners.append(owner)
@@ -189,6 +194,11 @@ class SlotCache(Cache):
         keys = [buf[row : row + 1, :, :n].clone() for buf in self.buf_k]
         values = [buf[row : row + 1, :, :n].clone() for buf in self.buf_v]
         return SeqKV(ids, keys, values, shared)
+
+
+def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention mask as eager attention takes it: 0 where seen, the lowest value not."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
 def _round_up(n: int, step: int) -> int:

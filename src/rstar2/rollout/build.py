@@ -60,6 +60,7 @@ def open_engines(
         "keep_tokens": settings.keep_tokens,
         "compute": compute,
         "keep_stale_kv": settings.keep_stale_kv,
+        "cuda_graphs": settings.cuda_graphs,
     }
     if trainer_model is not None:
         return [HFEngine(trainer_model, name=name, **sizes)]

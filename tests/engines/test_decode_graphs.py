@@ -1,0 +1,157 @@
+"""The decode step in the static form CUDA graphs replay (engines/graphs.py), checked on the CPU:
+rows padded to a bucket, attention over every column, inputs in static buffers. It must sample what
+the eager step samples, through joins, leaves, kept prefixes and new weights; and it must contain
+nothing that reads a tensor's value on the host (which a graph cannot record): run on the meta
+device, any such read raises. The capture itself needs a GPU (tests/engines/test_cuda.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+import torch
+
+from rstar2.engines.base import SamplingParams
+from rstar2.engines.graphs import DecodeGraphs, buckets
+from rstar2.engines.hf import HFEngine
+from rstar2.engines.kv import SlotCache
+
+
+@pytest.fixture
+def model(tiny):
+    return copy.deepcopy(tiny[0])
+
+
+def test_buckets_cover_every_row_count_with_at_most_seven_padding_rows():
+    assert buckets(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert buckets(3) == [1, 2, 3]
+    assert buckets(12) == [1, 2, 4, 8, 12]
+    for rows in (5, 12, 64):
+        sizes = buckets(rows)
+        for n in range(1, rows + 1):
+            b = next(s for s in sizes if s >= n)
+            assert b - n <= 7 and b <= rows
+
+
+async def run(model, tok, graphs: bool, weight_change: bool = False):
+    """Requests of different lengths and budgets, arriving apart (joins, leaves), a second turn
+    extending a first (a kept prefix), and optionally new weights half-way."""
+    eng = HFEngine(model, max_batch_size=6, cuda_graphs=graphs)
+    prompts = [
+        tok.encode(f"question {i}: what is {i} * 7? " * (1 + i % 3), add_special_tokens=False)
+        for i in range(9)
+    ]
+    try:
+
+        async def one(i):
+            await asyncio.sleep(0.002 * i)
+            p = SamplingParams(max_new_tokens=6 + 5 * (i % 4), temperature=1.0 if i % 2 else 0.0, seed=i)
+            g = await eng.generate(prompts[i], p)
+            if i % 3 == 0:  # the trajectory's next turn
+                nxt = prompts[i] + g.token_ids + tok.encode(" ok", add_special_tokens=False)
+                g2 = await eng.generate(nxt, SamplingParams(max_new_tokens=5, temperature=0.0))
+                return g.token_ids, g.logprobs, g2.token_ids, g2.logprobs
+            return g.token_ids, g.logprobs, [], []
+
+        first = await asyncio.gather(*(one(i) for i in range(5)))
+        if weight_change:
+            with torch.no_grad():
+                for prm in model.parameters():
+                    prm.mul_(1.01)
+        second = await asyncio.gather(*(one(i) for i in range(5, 9)))
+        return first + second, dict(eng.stats), eng.graphs
+    finally:
+        await eng.close()
+
+
+@pytest.mark.parametrize("weight_change", [False, True])
+def test_the_static_step_samples_what_the_eager_step_samples(tiny, weight_change):
+    model, tok = tiny
+    eager, eager_stats, none = asyncio.run(run(copy.deepcopy(model), tok, False, weight_change))
+    static, stats, graphs = asyncio.run(run(copy.deepcopy(model), tok, True, weight_change))
+    assert none is None and isinstance(graphs, DecodeGraphs) and not graphs.capture
+    assert stats["steps"] > 10 and stats["reused_tokens"] > 0  # decoded, and a kept prefix was used
+    for (ids_e, lp_e, ids2_e, lp2_e), (ids_s, lp_s, ids2_s, lp2_s) in zip(eager, static, strict=True):
+        assert ids_s == ids_e and ids2_s == ids2_e
+        assert torch.allclose(torch.tensor(lp_s + lp2_s), torch.tensor(lp_e + lp2_e), atol=1e-4)
+
+
+def test_padding_rows_write_only_their_scratch_column(model):
+    """Three rows in a bucket of four: the fourth slot's columns other than the scratch one and the
+    real rows' columns past their new token are untouched."""
+    kv = SlotCache("cpu", 4)
+    graphs = DecodeGraphs(model, torch.device("cpu"), 4, capture=False)
+    with torch.no_grad():
+        ids = torch.tensor([[5, 6, 7, 8], [1, 2, 3, 9], [4, 4, 4, 4]])
+        kv.reserve(4, 16)  # the static step's rows and columns, so that no buffer moves
+        kv.add([None] * 3, ["a", "b", "c"])
+        pos, mask = kv.plan((0, 3), [4, 2, 3], 4)
+        model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=kv, logits_to_keep=1)
+        kv.commit((0, 3), [4, 2, 3])
+        before = [b.clone() for b in kv.buf_k]
+        logits = graphs.decode(kv, [10, 11, 12], pad_token_id=0)
+    assert logits.shape[0] == 3 and kv.lens == [5, 3, 4]
+    scratch = kv.cols_cap - 1
+    for old, new in zip(before, kv.buf_k, strict=True):
+        changed = (old != new).any(dim=1).any(dim=-1)  # (rows, columns) written
+        written = {(int(r), int(c)) for r, c in changed.nonzero()}
+        assert written <= {(0, 4), (1, 2), (2, 3), (3, scratch)}
+        assert {(0, 4), (1, 2), (2, 3)} <= written
+
+
+def test_the_static_step_reads_no_tensor_value_on_the_host(tiny_dir):
+    """On the meta device a tensor has no values: ``.item()``, ``.tolist()`` or a branch on a tensor
+    raise. The static step (the model's forward included) runs there, so a graph can record it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(tiny_dir)
+    with torch.device("meta"):
+        meta_model = AutoModelForCausalLM.from_config(config)
+    meta = torch.device("meta")
+    kv = SlotCache(meta, 8)
+    layers, heads = config.num_hidden_layers, config.num_key_value_heads
+    dim = config.hidden_size // config.num_attention_heads
+    kv.rows_cap, kv.cols_cap = 8, 64
+    kv.buf_k = [torch.empty((8, heads, 64, dim), device=meta) for _ in range(layers)]
+    kv.buf_v = [torch.empty((8, heads, 64, dim), device=meta) for _ in range(layers)]
+    kv.lens, kv.owners = [3, 9, 5], ["a", "b", "c"]
+    graphs = DecodeGraphs(meta_model, meta, 8, capture=False)
+    with torch.no_grad():
+        logits = graphs.decode(kv, [1, 2, 3], pad_token_id=0)
+    assert logits.shape == (3, config.vocab_size) and logits.device.type == "meta"
+    with pytest.raises((RuntimeError, NotImplementedError)):  # the probe itself works
+        torch.empty(2, device=meta).sum().item()
+
+
+def test_eager_attention_gets_its_additive_mask_in_the_static_step_too(tiny_dir, tiny):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, attn_implementation="eager")
+    eager, _, _ = asyncio.run(run(copy.deepcopy(model), tiny[1], False))
+    static, _, _ = asyncio.run(run(copy.deepcopy(model), tiny[1], True))
+    assert [r[0] + r[2] for r in static] == [r[0] + r[2] for r in eager]
+
+
+def test_a_capture_that_fails_leaves_the_engine_decoding_eagerly(tiny, monkeypatch):
+    """A graph that cannot be recorded (an op capture refuses) is said once, and every request is
+    still answered, with the tokens of the eager step."""
+    model, tok = tiny
+    eager, _, _ = asyncio.run(run(copy.deepcopy(model), tok, False))
+
+    def refuse(self, kv, b):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(DecodeGraphs, "_capture", refuse)
+    monkeypatch.setattr(DecodeGraphs, "__init__", _capturing_init(DecodeGraphs.__init__))
+    with pytest.warns(UserWarning, match="decoding without graphs"):
+        after, _, graphs = asyncio.run(run(copy.deepcopy(model), tok, True))
+    assert graphs.capture and "not permitted" in graphs.broken
+    assert [r[0] + r[2] for r in after] == [r[0] + r[2] for r in eager]
+
+
+def _capturing_init(init):
+    def wrapped(self, model, device, max_rows, capture):
+        init(self, model, device, max_rows, capture=True)  # as on a GPU: capture asked for
+
+    return wrapped
