@@ -155,3 +155,37 @@ def _capturing_init(init):
         init(self, model, device, max_rows, capture=True)  # as on a GPU: capture asked for
 
     return wrapped
+
+
+def test_under_bf16_autocast_keys_and_values_keep_their_own_dtypes(model):
+    """Under bf16 autocast the values come out bf16 and the keys, rotated by fp32 cos/sin, fp32
+    (transformers 5.24): each buffer takes its own dtype, and the static step decodes as the eager
+    one does (this failed on a GPU before: an index write refuses mixed dtypes)."""
+    from rstar2.engines.batch import RunningBatch
+
+    def decode(graphs: bool) -> list[torch.Tensor]:
+        stats = collections_counter()
+        g = DecodeGraphs(model, torch.device("cpu"), 4, capture=False) if graphs else None
+        batch = RunningBatch(model, torch.device("cpu"), 4, 0, None, stats, g)
+        kv, out = batch.kv, []
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+            kv.add([None, None], ["a", "b"])
+            logits = batch.forward(torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]]), kv, (0, 2), [4, 2])
+            for _ in range(3):
+                ids = logits.argmax(-1).tolist()
+                if g is not None:
+                    logits = g.decode(kv, ids, 0)
+                else:
+                    logits = batch.forward(torch.tensor(ids).unsqueeze(1), kv, (0, 2), [1, 1])
+                out.append(logits.float())
+        assert kv.buf_k[0].dtype == torch.float32 and kv.buf_v[0].dtype == torch.bfloat16
+        return out
+
+    for eager, static in zip(decode(False), decode(True), strict=True):
+        assert torch.allclose(eager, static, atol=0.05)
+
+
+def collections_counter():
+    import collections
+
+    return collections.Counter()

@@ -69,11 +69,11 @@ class SlotCache(Cache):
         """Write the layer's new keys/values where the plan says; hand attention the planned rows'
         first ``attend`` columns (a view, no copy)."""
         if layer_idx == len(self.buf_k):
-            self._allocate(key_states)
+            self._allocate(key_states, value_states)
         rows, cols = self.write_at
         k, v = self.buf_k[layer_idx], self.buf_v[layer_idx]
-        k[rows, :, cols] = key_states.transpose(1, 2)
-        v[rows, :, cols] = value_states.transpose(1, 2)
+        k[rows, :, cols] = key_states.transpose(1, 2).to(k.dtype)
+        v[rows, :, cols] = value_states.transpose(1, 2).to(v.dtype)
         a, b = self.span
         return k[a:b, :, : self.attend], v[a:b, :, : self.attend]
 
@@ -81,11 +81,12 @@ class SlotCache(Cache):
         return self.attend
 
     # -- the engine's side ------------------------------------------------------------------
-    def _allocate(self, like: torch.Tensor) -> None:
-        """The next layer's buffers, shaped after its keys (batch, heads, tokens, head_dim)."""
-        shape = (self.rows_cap, like.shape[-3], self.cols_cap, like.shape[-1])
-        self.buf_k.append(like.new_zeros(shape))
-        self.buf_v.append(like.new_zeros(shape))
+    def _allocate(self, key: torch.Tensor, value: torch.Tensor) -> None:
+        """The next layer's buffers, shaped after its keys and values (batch, heads, tokens,
+        head_dim), each of its own dtype: under bf16 autocast the values are bf16 while the keys,
+        rotated by fp32 cos/sin, come out fp32 (transformers 5.24)."""
+        for buf, like in ((self.buf_k, key), (self.buf_v, value)):
+            buf.append(like.new_zeros((self.rows_cap, like.shape[-3], self.cols_cap, like.shape[-1])))
 
     def reserve(self, rows: int, cols: int) -> None:
         """Room for ``rows`` rows of ``cols`` columns, plus the scratch column (growing by half, so
@@ -120,8 +121,8 @@ class SlotCache(Cache):
         self.reserve(first + len(seqs), max((s.length for s in seqs if s is not None), default=0))
         template = next((s for s in seqs if s is not None and s.length), None)
         if template is not None and not self.buf_k:
-            for k in template.keys:
-                self._allocate(k)
+            for k, v in zip(template.keys, template.values, strict=True):
+                self._allocate(k, v)
         for r, (s, owner) in enumerate(zip(seqs, owners, strict=True), start=first):
             self.lens.append(s.length if s is not None else 0)
             self.owners.append(owner)
