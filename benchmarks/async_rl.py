@@ -242,11 +242,11 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
         tree["loss"] = {"tis_cap": 2.0}
     trainer = RLTrainer(parse_config(tree), reward_fn=REWARDS[a.reward])
     trainer.save = lambda metrics=None: None  # time steps, not checkpoints
-    if pause:  # the engine steps under its lock: holding it for the update stops it in between
+    if pause:  # the engine held between two steps for the whole update
         update = trainer._update
 
         def paused(rows, trajs):
-            with trainer.engines[0].lock:
+            with trainer.engines[0].paused():
                 return update(rows, trajs)
 
         trainer._update = paused

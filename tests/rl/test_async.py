@@ -155,6 +155,8 @@ def test_k1_trains_tokens_at_most_one_update_old_and_records_their_versions(tiny
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["staleness/max"] <= 1 for r in rows)
     assert all("update/tis_mean" in r for r in rows if "loss" in r)
+    # each update's weight check is taken before the next update (none before the first)
+    assert "sync/logprob_diff" not in rows[0] and all(r["sync/logprob_diff"] < 1e-4 for r in rows[1:])
     # step 2's groups were started with step 1's, before its update (they generated during it)
     second = (data / "k1" / "samples" / "step_000002.jsonl").read_text().splitlines()
     assert {json.loads(x)["meta"]["admitted_version"] for x in second} == {0}
@@ -324,3 +326,27 @@ async def test_keep_stale_kv_keeps_the_old_keys_and_values_across_an_update(tiny
     first_new = g.versions.index(7)
     assert set(g.versions[:first_new]) == {0} and set(g.versions[first_new:]) == {7}
     assert nxt.versions == [7] * len(nxt.token_ids)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_an_engine_that_serves_other_weights_stops_the_run_before_the_next_update(tiny_dir, data, monkeypatch):
+    """At k = 1 the check of an update's weights runs beside the next rollouts, but is taken before
+    the next update: an engine that did not take the weights stops the run there, and no update is
+    trained on what it sampled."""
+    from rstar2.engines.hf import HFEngine
+    from rstar2.rl.checkpoint import latest_checkpoint
+    from rstar2.rl.trainer import RunError
+
+    real = HFEngine.update_weights
+
+    def wrong(self, state_dict, version=None):  # the load "succeeds" with other weights
+        real(self, {k: v * 0.5 for k, v in state_dict.items()}, version)
+
+    monkeypatch.setattr(HFEngine, "update_weights", wrong)
+    cfg = _config(tiny_dir, data, "wrong", steps=3, max_staleness=1)
+    cfg.run.save_every = 1
+    with pytest.raises(RunError, match=r"RL step 2.*WeightSyncError.*after the update of step 1"):
+        _train(cfg)
+    assert [r["step"] for r in read_metrics(data / "wrong" / "metrics.jsonl")] == [1]
+    assert latest_checkpoint(data / "wrong").name == "step-000001"

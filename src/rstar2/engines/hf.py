@@ -27,6 +27,8 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +88,10 @@ class HFEngine:
         self.prefix_cache = self.keep_tokens > 0
         self.store = PrefixStore(self.keep_tokens)
         self.pad_token_id = pad_token_id if pad_token_id is not None else (model.config.pad_token_id or 0)
-        self.lock = threading.Lock()  # held during a step; hold it to change the weights
+        self.lock = threading.Lock()  # held during a step; take it through ``paused()``
+        # held by a caller waiting for ``lock``: the engine's thread does not start another step
+        # meanwhile (a thread that releases a lock and takes it again at once starves the others)
+        self._gate = threading.Lock()
         self._queue: queue.Queue[Request | None] = queue.Queue()
         self._pending: deque[Request] = deque()
         self.in_flight = 0
@@ -153,7 +158,7 @@ class HFEngine:
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> None:
         """New policy weights (not needed when the engine shares the trainer's model object), of
         policy ``version`` (the trainer's update count). Requests in flight continue under them."""
-        with self.lock:
+        with self.paused():
             self.model.load_state_dict(state_dict, strict=False)
             self._told(version)
 
@@ -162,8 +167,15 @@ class HFEngine:
         another library): the next step treats them as new (kept prefixes dropped, running rows
         prefilled again unless ``keep_stale_kv``). The trainer says so after each update, with the
         new ``version``."""
-        with self.lock:
+        with self.paused():
             self._told(version)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """The engine held between two steps (to write its weights, read them whole): the caller
+        waits for the step in progress only, not for every step the engine would start next."""
+        with self._gate, self.lock:
+            yield
 
     async def counters(self) -> dict[str, Any]:
         """Its counters since it started (``stats``), the kept prefixes evicted and its rows: what
@@ -187,7 +199,7 @@ class HFEngine:
         if self._thread is not None:
             self._queue.put(None)
             await asyncio.to_thread(self._thread.join, 30)
-        with self.lock:
+        with self.paused():
             self.store.clear()
 
     # -- the engine's own thread -------------------------------------------------------------
@@ -247,6 +259,8 @@ class HFEngine:
             if (self.threads or own) != applied:  # this thread's team (torch: the calling thread's)
                 applied = self.threads or own
                 torch.set_num_threads(applied)
+            with self._gate:  # a caller waiting in ``paused()`` goes first
+                pass
             start = time.perf_counter()
             with torch.no_grad(), self.lock, torch.autocast(device.type, torch.bfloat16, enabled=bf16):
                 stamp = (self._written, weights_stamp(self.model))

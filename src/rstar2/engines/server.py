@@ -74,7 +74,7 @@ class Served:
         load named, read back from the model (computed when first asked)."""
         w = self.weights
         if w["fingerprint"] is None:
-            with self.engine.lock:
+            with self.engine.paused():
                 held = self.engine.model.state_dict()
                 w["fingerprint"] = weights_fingerprint({k: held[k] for k in w["keys"] or list(held)})
         return {

@@ -12,12 +12,15 @@ Two checks follow every sync. A server that states a fingerprint of the weights 
 (``rstar2 serve``) must state the trainer's. And every engine samples a few tokens from a fixed
 prompt while the trainer computes the same tokens' logprobs: their mean absolute difference must
 stay under ``rollout.weight_check_tol`` (any server; catches a reload that was answered but not
-applied, or a different model).
+applied, or a different model). The synchronous loop waits for this check; an asynchronous one
+(``rollout.max_staleness`` > 0) takes it before its next update (``WeightCheck``), so the probe
+samples beside the next rollouts instead of on the step's path.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -101,22 +104,70 @@ async def load_into_servers(
             check_fingerprint(e.name, answer, sent)
 
 
-async def probe_engines(
-    engines: list[Any],
+@dataclass
+class WeightCheck:
+    """The check that follows one publication: each engine samples ``PROBE_TOKENS`` tokens of the
+    probe prompt (``samples``, a task that runs while the trainer goes on), then ``result`` computes
+    the trainer's log-probs of the same tokens. ``result`` must run while the trainer still holds the
+    published weights: at once (the synchronous loop), or before the next update (asynchronous:
+    the probe then waits in the engine's batch beside the next rollouts, not on the step's path)."""
+
+    engines: list[Any]
+    prompt_ids: list[int]
+    samples: asyncio.Task | None  # the engines' generations; None: nothing to check (shared model)
+    step: int
+    tol: float | None
+    pad_id: int
+    compute: str = "auto"
+
+    async def result(self, model: torch.nn.Module, world: D.World) -> dict[str, float]:
+        """``sync/logprob_diff``: the largest engine's mean |engine - trainer| log-prob of the probe's
+        tokens (every process calls this: a forward under FSDP is a collective). Raises
+        ``WeightSyncError`` over ``rollout.weight_check_tol``."""
+        if self.samples is None:
+            return {}
+        gens = await self.samples
+        diffs = trainer_gap(gens, model, self.prompt_ids, world, pad_id=self.pad_id, compute=self.compute)
+        named = [(e.name, d) for e, d in zip(self.engines, diffs, strict=True)]
+        every = [x for part in D.all_gather_objects(named, world) for x in part]  # the same on every rank
+        worst = max((d for _, d in every), default=0.0)
+        if self.tol is not None:
+            bad = [(name, d) for name, d in every if d > self.tol]
+            if bad:
+                raise WeightSyncError(
+                    f"after the update of step {self.step}, engine {bad[0][0]} samples with other weights "
+                    f"than the trainer's: mean |logprob difference| {bad[0][1]:.4f} > "
+                    f"rollout.weight_check_tol {self.tol}"
+                )
+        return {"sync/logprob_diff": worst}
+
+    def cancel(self) -> None:
+        if self.samples is not None and not self.samples.done():
+            self.samples.cancel()
+
+
+def probe_samples(engines: list[Any], prompt_ids: list[int], seed: int) -> asyncio.Task:
+    """Each engine's ``PROBE_TOKENS`` sampled tokens of ``prompt_ids`` (seeded), ahead of every
+    queued rollout (the lowest priority value)."""
+    params = SamplingParams(max_new_tokens=PROBE_TOKENS, temperature=1.0, seed=seed, priority=-(2**31))
+
+    async def sample() -> list[Any]:
+        return [await e.generate(list(prompt_ids), params) for e in engines]
+
+    return asyncio.ensure_future(sample())
+
+
+def trainer_gap(
+    gens: list[Any],
     model: torch.nn.Module,
     prompt_ids: list[int],
     world: D.World,
     *,
     pad_id: int,
-    seed: int,
     compute: str = "auto",
 ) -> list[float]:
-    """Mean |engine logprob - trainer logprob| over ``PROBE_TOKENS`` sampled tokens, per engine,
-    the trainer's computed in its own precision (``compute``: ``model.compute``). Every process
-    calls this with its own engines (a forward under FSDP is a collective)."""
-    # ahead of every queued rollout: the trainer waits on it
-    params = SamplingParams(max_new_tokens=PROBE_TOKENS, temperature=1.0, seed=seed, priority=-(2**31))
-    gens = [await e.generate(list(prompt_ids), params) for e in engines]
+    """Mean |engine logprob - trainer logprob| over each generation's tokens, the trainer's computed
+    in its own precision (``compute``: ``model.compute``)."""
     seqs = [(list(prompt_ids), g.token_ids, [1] * len(g.token_ids), g.logprobs) for g in gens]
     if not seqs:  # this process has no engine: join the collective forward with a stand-in row
         seqs = [(list(prompt_ids), [pad_id], [0], [0.0])]
@@ -146,14 +197,15 @@ async def publish(
     pad_id: int,
     step: int,
     compute: str = "auto",
-) -> dict[str, float]:
-    """Send the trainer's weights of policy version ``step`` to ``engines`` and check them; returns
-    ``sync/*`` metrics. ``same_model``: the engine holds the trainer's own model object (one
-    process, nothing to send)."""
+) -> WeightCheck:
+    """Send the trainer's weights of policy version ``step`` to ``engines``; returns the check that
+    they serve them (``WeightCheck``: its probe already sampling). ``same_model``: the engine holds
+    the trainer's own model object (one process, nothing to send, nothing to check)."""
+    check = WeightCheck(engines, list(probe_prompt), None, step, settings.weight_check_tol, pad_id, compute)
     if same_model:  # the engine reads the trainer's parameters; say they changed (torch does not
         for e in engines:  # count every kind of write, e.g. through param.data)
             e.invalidate(step)
-        return {}
+        return check
     weights = D.full_state_dict(model, world)
     if settings.servers:
         error: BaseException | None = None
@@ -172,18 +224,5 @@ async def publish(
     else:
         for e in engines:
             e.update_weights({k: v.to(e.model.dtype) for k, v in weights.items()}, step)
-    diffs = await probe_engines(
-        engines, model, probe_prompt, world, pad_id=pad_id, seed=step, compute=compute
-    )
-    named = [(e.name, d) for e, d in zip(engines, diffs, strict=True)]
-    every = [x for part in D.all_gather_objects(named, world) for x in part]  # the same on every rank
-    worst = max((d for _, d in every), default=0.0)
-    tol = settings.weight_check_tol
-    if tol is not None:
-        bad = [(name, d) for name, d in every if d > tol]
-        if bad:
-            raise WeightSyncError(
-                f"after the update of step {step}, engine {bad[0][0]} samples with other weights than "
-                f"the trainer's: mean |logprob difference| {bad[0][1]:.4f} > rollout.weight_check_tol {tol}"
-            )
-    return {"sync/logprob_diff": worst}
+    check.samples = probe_samples(engines, probe_prompt, seed=step)
+    return check
