@@ -155,8 +155,8 @@ def test_k1_trains_tokens_at_most_one_update_old_and_records_their_versions(tiny
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["staleness/max"] <= 1 for r in rows)
     assert all("update/tis_mean" in r for r in rows if "loss" in r)
-    # each update's weight check is taken before the next update (none before the first)
-    assert "sync/logprob_diff" not in rows[0] and all(r["sync/logprob_diff"] < 1e-4 for r in rows[1:])
+    # the engine's copy holds exactly the weights sent after every update (no probe in its batch)
+    assert all(r["sync/weight_diff"] == 0.0 and "sync/logprob_diff" not in r for r in rows)
     # step 2's groups were started with step 1's, before its update (they generated during it)
     second = (data / "k1" / "samples" / "step_000002.jsonl").read_text().splitlines()
     assert {json.loads(x)["meta"]["admitted_version"] for x in second} == {0}
@@ -330,10 +330,10 @@ async def test_keep_stale_kv_keeps_the_old_keys_and_values_across_an_update(tiny
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_an_engine_that_serves_other_weights_stops_the_run_before_the_next_update(tiny_dir, data, monkeypatch):
-    """At k = 1 the check of an update's weights runs beside the next rollouts, but is taken before
-    the next update: an engine that did not take the weights stops the run there, and no update is
-    trained on what it sampled."""
+def test_an_engine_copy_that_holds_other_weights_stops_the_run_at_once(tiny_dir, data, monkeypatch):
+    """At k = 1 the engine decodes from its own copy of the weights; a copy that did not take what
+    the update sent (here: loaded as something else) stops the run at that update, before any
+    rollout samples from it."""
     from rstar2.engines.hf import HFEngine
     from rstar2.rl.checkpoint import latest_checkpoint
     from rstar2.rl.trainer import RunError
@@ -346,7 +346,27 @@ def test_an_engine_that_serves_other_weights_stops_the_run_before_the_next_updat
     monkeypatch.setattr(HFEngine, "update_weights", wrong)
     cfg = _config(tiny_dir, data, "wrong", steps=3, max_staleness=1)
     cfg.run.save_every = 1
-    with pytest.raises(RunError, match=r"RL step 2.*WeightSyncError.*after the update of step 1"):
+    with pytest.raises(
+        RunError, match=r"RL step 1.*WeightSyncError.*after the update of step 1.*other weights"
+    ):
         _train(cfg)
-    assert [r["step"] for r in read_metrics(data / "wrong" / "metrics.jsonl")] == [1]
-    assert latest_checkpoint(data / "wrong").name == "step-000001"
+    assert not (data / "wrong" / "metrics.jsonl").exists() or not read_metrics(
+        data / "wrong" / "metrics.jsonl"
+    )
+    assert latest_checkpoint(data / "wrong") is None
+
+
+def test_the_held_weights_are_compared_exactly_and_a_skipped_name_counts(tiny):
+    """``load_state_dict(strict=False)`` skips a name it does not know without a word: the check
+    sees it, as it sees a tensor that differs."""
+    import copy
+
+    from rstar2.engines.hf import HFEngine
+    from rstar2.rl.sync import held_difference
+
+    engine = HFEngine(copy.deepcopy(tiny[0]))
+    sent = {k: v.clone() for k, v in tiny[0].state_dict().items()}
+    assert held_difference(engine, sent) == 0.0
+    name = next(iter(sent))
+    assert held_difference(engine, {**sent, name: sent[name] + 0.25}) == pytest.approx(0.25)
+    assert held_difference(engine, {**sent, "model." + name: sent[name]}) == float("inf")

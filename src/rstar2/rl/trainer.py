@@ -41,7 +41,7 @@ from .grpo import group_advantages
 from .launch import RunError, begin, load_training, param_dtype, quietly, write_error
 from .roc import RocConfig, roc_select, score
 from .staleness import GroupFeed, staleness_metrics
-from .sync import WeightCheck, publish
+from .sync import publish
 from .update import Row, update_on_rollouts
 
 RewardFn = Callable[[Trajectory], float]
@@ -186,7 +186,6 @@ class RLTrainer:
         one equals at ``max_staleness: 0``."""
         self.cfg = cfg
         self.lockstep = lockstep
-        self._weight_check: WeightCheck | None = None  # an asynchronous run's, pending
         self._bars: dict[int, Callable[[Trajectory], None]] = {}  # rollout progress, per step
         self.services = {"code_env": code_env, "verifier": verifier}
         self.reward_fn = reward_fn or (load_reward(cfg.reward) if cfg.reward else None)
@@ -283,7 +282,6 @@ class RLTrainer:
                 )
                 try:
                     await self._loop(history, bar)
-                    await self._check_weights()  # the last update's publication
                 finally:  # groups started for steps that will not run here (a resume redoes them)
                     await self.feed.close()
         except BaseException as exc:
@@ -291,8 +289,6 @@ class RLTrainer:
                 write_error(self.run_dir, exc)
             raise
         finally:
-            if self._weight_check is not None:  # a run stopped early: its probe is not waited for
-                self._weight_check.cancel()
             for e in self.engines:
                 with quietly(f"closing engine {e.name}"):
                     await e.close()
@@ -441,19 +437,12 @@ class RLTrainer:
         all_records = [r for part in D.all_gather_objects(records, world) for r in part]
         roc_counts = D.all_sum([choice.metrics[k] for k in _ROC_COUNTS], world)
 
-        t0 = time.perf_counter()
-        checked = await self._check_weights()  # the last publication's, while the model still holds it
-        check_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         update = await asyncio.to_thread(self._update, rows, trajs)
         update_s = time.perf_counter() - t1
         t2 = time.perf_counter()
-        check = await self._publish(step)
-        if cfg.rollout.max_staleness:  # checked before the next update: the probe samples meanwhile
-            self._weight_check, sync = check, {}
-        else:
-            sync = await check.result(self.model, self.world)
-        sync_s = time.perf_counter() - t2 + check_s
+        sync = await self._publish(step)
+        sync_s = time.perf_counter() - t2
 
         self.step_no = step
         gen_tokens = sum(r["model_tokens"] for r in all_records)
@@ -466,7 +455,6 @@ class RLTrainer:
             **step_metrics(all_records),
             **dict(zip(_ROC_COUNTS, roc_counts, strict=True)),
             **update,
-            **checked,
             **sync,
             **lag,
             "tokens_per_s": gen_tokens / per if per > 0 else 0.0,
@@ -573,14 +561,8 @@ class RLTrainer:
         trim_heap()  # the update's logits and activations, freed: not under the next rollouts' peak
         return out
 
-    async def _check_weights(self) -> dict[str, float]:
-        """The result of the check left pending by the last publication (asynchronous runs)."""
-        check, self._weight_check = self._weight_check, None
-        return await check.result(self.model, self.world) if check is not None else {}
-
-    async def _publish(self, step: int) -> WeightCheck:
-        """New weights to the engines that do not share the trainer's model; the check that they
-        serve them (rl/sync.py)."""
+    async def _publish(self, step: int) -> dict[str, float]:
+        """New weights to the engines that do not share the trainer's model, checked (rl/sync.py)."""
         return await publish(
             self.model,
             self.engines,
