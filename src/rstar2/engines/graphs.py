@@ -1,7 +1,7 @@
 """The decode step replayed as CUDA graphs: what makes a small model's decode fast on a GPU.
 
-On a GPU a decode step of a 135M model is kernel launches and Python, not arithmetic: ~43 ms for
-batch 64 on an H100 (benchmarks/RESULTS.md), the same as transformers' ``generate``. A CUDA graph
+On a GPU a decode step of a 135M model is kernel launches and Python, not arithmetic: SmolLM2's
+took ~75 ms at any batch size on an H200 (benchmarks/RESULTS.md), 7-11 ms replayed. A CUDA graph
 records the step's kernels once and replays them with one launch. A graph fixes its shapes and
 addresses, so the step runs in a static form:
 

@@ -180,13 +180,7 @@ class HFEngine:
     async def counters(self) -> dict[str, Any]:
         """Its counters since it started (``stats``), the kept prefixes evicted and its rows: what
         the trainer's per-step ``engine/*`` metrics are differences of (``OpenAIEngine`` has the same)."""
-        captured = self.graphs.captures if self.graphs is not None else 0
-        return {
-            **self.stats,
-            "evictions": self.store.evicted,
-            "rows": self.max_batch_size,
-            "graph_captures": captured,
-        }
+        return {**self.stats, "evictions": self.store.evicted, "rows": self.max_batch_size}
 
     def _told(self, version: int | None) -> None:
         self._written += 1
