@@ -13,6 +13,7 @@ and last; ratios are against their mean.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import statistics
 import subprocess
@@ -29,17 +30,20 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from async_rl import engine_inputs, engine_rate, problems  # noqa: E402 (the recipe's prompts, the engine's rate)
 
-DUTY = "import time\nwhile True:\n    t = time.perf_counter()\n    while time.perf_counter() - t < 0.02: pass\n    time.sleep(0.08)"
-SPIN = "while True: pass"
 
-
-def busy_thread(stop: threading.Event) -> None:
-    """20% of one core in this process's Python: 20 ms busy, 80 ms asleep."""
-    while not stop.is_set():
+def duty(busy_s: float, idle_s: float, stop: threading.Event | None = None) -> None:
+    """Keep one core busy ``busy_s`` out of every ``busy_s + idle_s`` seconds (until ``stop``)."""
+    while stop is None or not stop.is_set():
         t = time.perf_counter()
-        while time.perf_counter() - t < 0.02:
+        while time.perf_counter() - t < busy_s:
             pass
-        time.sleep(0.08)
+        time.sleep(idle_s)
+
+
+def duty_process(share: float) -> subprocess.Popen:
+    """Another process running ``duty`` at ``share`` of one core."""
+    code = f"import threading, time\n{inspect.getsource(duty)}\nduty({0.1 * share}, {0.1 * (1 - share)})"
+    return subprocess.Popen([sys.executable, "-c", code])  # the function alone: no torch to import
 
 
 def measure(net, prompts, stop_ids, new: int, threads: int, load: str | None) -> dict:
@@ -47,9 +51,9 @@ def measure(net, prompts, stop_ids, new: int, threads: int, load: str | None) ->
     proc = None
     stop = threading.Event()
     if load in ("process-20%", "process-100%"):
-        proc = subprocess.Popen([sys.executable, "-c", DUTY if load == "process-20%" else SPIN])
-    elif load == "thread-20%":
-        threading.Thread(target=busy_thread, args=(stop,), daemon=True).start()
+        proc = duty_process(0.2 if load == "process-20%" else 1.0)
+    elif load == "thread-20%":  # 20% of one core in this process's Python
+        threading.Thread(target=duty, args=(0.02, 0.08, stop), daemon=True).start()
     try:
         return engine_rate(net, prompts, new, stop_ids, threads)
     finally:

@@ -7,6 +7,7 @@ device, any such read raises. The capture itself needs a GPU (tests/engines/test
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 
 import pytest
@@ -164,10 +165,8 @@ def test_under_bf16_autocast_keys_and_values_keep_their_own_dtypes(model):
     from rstar2.engines.batch import RunningBatch
 
     def decode(graphs: bool) -> list[torch.Tensor]:
-        stats = collections_counter()
-        g = DecodeGraphs(model, torch.device("cpu"), 4, capture=False) if graphs else None
-        batch = RunningBatch(model, torch.device("cpu"), 4, 0, None, stats, g)
-        kv, out = batch.kv, []
+        batch = RunningBatch(model, torch.device("cpu"), 4, 0, None, collections.Counter(), graphs)
+        g, kv, out = batch.graphs, batch.kv, []
         with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
             kv.add([None, None], ["a", "b"])
             logits = batch.forward(torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]]), kv, (0, 2), [4, 2])
@@ -185,7 +184,17 @@ def test_under_bf16_autocast_keys_and_values_keep_their_own_dtypes(model):
         assert torch.allclose(eager, static, atol=0.05)
 
 
-def collections_counter():
-    import collections
-
-    return collections.Counter()
+def test_weights_written_in_place_keep_the_graphs_and_replaced_ones_drop_them(model):
+    """The graphs read the parameters where they live: an in-place write (an optimizer step) keeps
+    them; a parameter replaced by a new tensor drops them all (captured again when next needed)."""
+    graphs = DecodeGraphs(model, torch.device("cpu"), 8, capture=False)
+    graphs.graphs[8] = ("a recorded graph", torch.zeros(1))
+    with torch.no_grad():
+        next(model.parameters()).mul_(1.5)
+    graphs.weights_changed()
+    assert 8 in graphs.graphs
+    name, param = next(model.named_parameters())
+    module_name, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(module_name), attr, torch.nn.Parameter(param.detach().clone()))
+    graphs.weights_changed()
+    assert graphs.graphs == {}

@@ -19,7 +19,7 @@ import torch
 
 from .base import Generation, SamplingParams
 from .graphs import DecodeGraphs
-from .kv import PrefixStore, SeqKV, SlotCache, additive
+from .kv import PrefixStore, SeqKV, SlotCache, model_mask
 from .sampling import next_tokens
 
 MIN_SHARED_PREFIX = 16  # tokens a group's prompts must share before the prefix is prefilled once
@@ -77,14 +77,14 @@ class RunningBatch:
         pad_token_id: int,
         store: PrefixStore | None,
         stats: dict[str, Any],
-        graphs: DecodeGraphs | None = None,
+        graphs: bool = False,
     ) -> None:
         self.model, self.device, self.max_rows = model, device, max_rows
         self.pad_token_id, self.store, self.stats = pad_token_id, store, stats
-        self.graphs = graphs  # the decode step as CUDA graphs (engines/graphs.py); None: eager
+        # the decode step in the static form CUDA graphs replay (engines/graphs.py), recorded as
+        # graphs on a GPU; None: the eager step
+        self.graphs = DecodeGraphs(model, device, max_rows, capture=device.type == "cuda") if graphs else None
         self.version = 0  # the policy version of the weights the next forward uses (set by the engine)
-        # eager attention adds the mask to the scores; sdpa takes it as booleans
-        self.additive_mask = getattr(model.config, "_attn_implementation", None) == "eager"
         self.reset()
 
     @property
@@ -125,10 +125,12 @@ class RunningBatch:
         """One pass over ``ids`` (rows ``span`` of ``kv``; row r's ``new[r]`` tokens right-aligned)
         appended to those rows' caches; the logits of each row's last token."""
         positions, mask = kv.plan(span, new, ids.shape[1])
-        if self.additive_mask:
-            mask = additive(mask, self.model.dtype)
         out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, cache=kv, logits_to_keep=1
+            input_ids=ids,
+            attention_mask=model_mask(self.model, mask),
+            position_ids=positions,
+            cache=kv,
+            logits_to_keep=1,
         )
         kv.commit(span, new)
         return out.logits[:, -1]

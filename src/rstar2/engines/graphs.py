@@ -15,7 +15,8 @@ addresses, so the step runs in a static form:
   is computed inside the graph from the positions.
 
 The weights are read where they live, so an optimizer step or ``load_state_dict`` (both in place)
-reaches the next replay; parameters replaced by new tensors (or grown buffers) drop every graph.
+reaches the next replay; grown buffers, or parameters replaced by new tensors (looked at only when
+the engine sees new weights: ``weights_changed``), drop every graph.
 Capture runs with autocast's weight-cast cache off, so a cast is part of the graph, not a tensor
 cast once under old weights.
 
@@ -30,7 +31,7 @@ from typing import Any
 
 import torch
 
-from .kv import SlotCache, additive
+from .kv import SlotCache, model_mask
 
 
 def buckets(max_rows: int) -> list[int]:
@@ -46,12 +47,12 @@ class DecodeGraphs:
         self.model, self.device, self.max_rows = model, device, max_rows
         self.capture = capture
         self.sizes = buckets(max_rows)
-        self.additive_mask = getattr(model.config, "_attn_implementation", None) == "eager"
         # (3, max_rows): ids, positions, write columns of the step (padding rows: pad, 0, scratch)
         self.inputs = torch.zeros((3, max_rows), dtype=torch.long, device=device)
         self.rows_index = torch.arange(max_rows, device=device)
         self.graphs: dict[int, tuple[Any, torch.Tensor]] = {}  # bucket → (graph, its logits)
-        self._key: tuple[int, ...] | None = None  # the buffers and weights the graphs were taken on
+        self._key: tuple[int, ...] | None = None  # the buffers the graphs were taken on
+        self._weights = self._pointers()  # where the parameters the graphs read live
         self.captures = 0  # graphs captured (a counter for tests and the benchmark)
         self.broken: str | None = None  # why a capture failed: the engine then decodes eagerly
 
@@ -66,7 +67,7 @@ class DecodeGraphs:
         b = self.bucket(n)
         kv.reserve(self.max_rows, max(kv.lens[:n]) + 1)
         key = self._buffers_key(kv)
-        if key != self._key:  # buffers grown or weights replaced: the old graphs point elsewhere
+        if key != self._key:  # buffers grown: the old graphs point elsewhere
             self.graphs.clear()
             self._key = key
         scratch = kv.cols_cap - 1
@@ -97,23 +98,31 @@ class DecodeGraphs:
         kv.commit((0, n), [1] * n)
         return logits[:n].clone() if self.capture else logits[:n]
 
+    def weights_changed(self) -> None:
+        """The engine saw new weights: written in place the graphs read them as they are; replaced
+        by new tensors, every graph is dropped (captured again when next needed)."""
+        pointers = self._pointers()
+        if pointers != self._weights:
+            self._weights = pointers
+            self.graphs.clear()
+
     # -- the static step -----------------------------------------------------------------------
+    def _pointers(self) -> int:
+        return hash(tuple(p.data_ptr() for p in self.model.parameters()))
+
     def _buffers_key(self, kv: SlotCache) -> tuple[int, ...]:
-        weights = hash(tuple(p.data_ptr() for p in self.model.parameters()))
-        return (kv.buf_k[0].data_ptr(), kv.rows_cap, kv.cols_cap, weights)
+        return (kv.buf_k[0].data_ptr(), kv.rows_cap, kv.cols_cap)
 
     def _step(self, kv: SlotCache, b: int) -> torch.Tensor:
         """The forward of a bucket of ``b`` rows over the whole buffers: what the graph records."""
         ids, pos, cols = self.inputs[0, :b], self.inputs[1, :b], self.inputs[2, :b]
         columns = torch.arange(kv.cols_cap, device=self.device)
         mask = (columns.view(1, -1) <= pos.view(-1, 1)).view(b, 1, 1, -1)
-        if self.additive_mask:
-            mask = additive(mask, self.model.dtype)
         kv.span, kv.attend = (0, b), kv.cols_cap
         kv.write_at = (self.rows_index[:b].view(b, 1), cols.view(b, 1))
         out = self.model(
             input_ids=ids.view(b, 1),
-            attention_mask=mask,
+            attention_mask=model_mask(self.model, mask),
             position_ids=pos.view(b, 1),
             cache=kv,
             logits_to_keep=1,

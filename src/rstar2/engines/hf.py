@@ -38,7 +38,6 @@ from ..config import DEFAULT_ROLLOUT, engine_budget
 from ..device import decode_compute, engine_dtype, max_positions, pick_device, resolve_precision
 from .base import Generation, SamplingParams
 from .batch import Request, Row, RunningBatch
-from .graphs import DecodeGraphs
 from .kv import PrefixStore
 
 
@@ -96,7 +95,7 @@ class HFEngine:
         self._pending: deque[Request] = deque()
         self.in_flight = 0
         self._thread: threading.Thread | None = None
-        self.graphs: DecodeGraphs | None = None  # set when its thread starts, if it replays graphs
+        self.graphs: Any = None  # its batch's ``DecodeGraphs`` once its thread starts, if it uses them
         self._closed = False
         self._written = 0  # weight writes told to the engine (update_weights, invalidate)
         self.version = 0  # the policy version of its weights (the trainer's updates so far), as told
@@ -235,16 +234,11 @@ class HFEngine:
         # resolved once: the hardware does not change while the engine serves
         bf16 = resolve_precision(device, decode_compute(device, self.compute)).resolved == "bf16"
         store = self.store if self.prefix_cache else None
-        use_graphs = self.cuda_graphs if self.cuda_graphs is not None else device.type == "cuda"
-        graphs = (
-            DecodeGraphs(self.model, device, self.max_batch_size, capture=device.type == "cuda")
-            if use_graphs
-            else None
-        )
-        self.graphs = graphs
+        graphs = self.cuda_graphs if self.cuda_graphs is not None else device.type == "cuda"
         batch = RunningBatch(
             self.model, device, self.max_batch_size, self.pad_token_id, store, self.stats, graphs
         )
+        self.graphs = batch.graphs
         own = applied = torch.get_num_threads()
         while True:
             new = self._admit(self.max_batch_size - len(batch.rows), wait=not batch.rows)
@@ -261,6 +255,8 @@ class HFEngine:
                 if stamp != self._stamp:  # new weights
                     self._stamp = stamp
                     batch.version = self.version
+                    if batch.graphs is not None:
+                        batch.graphs.weights_changed()
                     if not self.keep_stale_kv:  # nothing computed under the old ones is used
                         self.store.clear()
                         if batch.rows:

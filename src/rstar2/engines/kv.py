@@ -197,8 +197,12 @@ class SlotCache(Cache):
         return SeqKV(ids, keys, values, shared)
 
 
-def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A boolean attention mask as eager attention takes it: 0 where seen, the lowest value not."""
+def model_mask(model: Any, mask: torch.Tensor) -> torch.Tensor:
+    """A boolean attention mask as ``model``'s attention takes it: sdpa the booleans, eager attention
+    adds it to the scores (0 where seen, the lowest value not)."""
+    if getattr(model.config, "_attn_implementation", None) != "eager":
+        return mask
+    dtype = model.dtype
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 

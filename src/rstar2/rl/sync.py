@@ -105,17 +105,20 @@ async def load_into_servers(
 
 
 def held_difference(engine: Any, sent: dict[str, torch.Tensor]) -> float:
-    """The largest |held - sent| over the tensors ``sent`` to an in-process ``engine`` (inf for a
-    tensor it does not hold: ``load_state_dict(strict=False)`` skips names it does not know)."""
+    """0.0 when an in-process ``engine`` holds exactly the tensors ``sent``; else the largest
+    |held - sent| of the first that differs (inf for one it does not hold:
+    ``load_state_dict(strict=False)`` skips names it does not know). Equal tensors cost one
+    comparison each, no temporaries."""
     with engine.paused():
         held = engine.model.state_dict()
-        worst = 0.0
         for name, tensor in sent.items():
             mine = held.get(name)
             if mine is None or mine.shape != tensor.shape:
                 return float("inf")
-            worst = max(worst, float((mine - tensor.to(mine.device)).abs().max()) if tensor.numel() else 0.0)
-    return worst
+            tensor = tensor.to(mine.device)
+            if not torch.equal(mine, tensor):
+                return float((mine - tensor).abs().max())
+    return 0.0
 
 
 async def probe_engines(
