@@ -92,8 +92,9 @@ class RolloutSection(ChatSection):
     # training: a token may be sampled by a policy at most this many updates older than the one it
     # trains (rl/staleness.py); 0 = the synchronous loop. > 0 needs loss.tis_cap (the correction)
     max_staleness: int = Field(0, ge=0)
-    # in-process engine, on new weights: keep the keys and values computed under the old ones (as
-    # PipelineRL does: no recompute, tokens then read stale context) instead of prefilling again
+    # in-process engine, on new weights: the running rows keep the keys and values computed under the
+    # old ones (as PipelineRL does: no recompute, tokens then read context as old as their admission,
+    # within max_staleness) instead of prefilling again; kept prefixes are dropped either way
     keep_stale_kv: bool = False
     # in-process engine with max_staleness > 0: its torch threads while the update runs beside it
     # (the update takes the rest of model.threads; each alone uses them all); None: both use all
@@ -255,6 +256,15 @@ class RLConfig(_Section):
         if not decoupled and self.loss.tis_cap is not None:
             raise ValueError(
                 "loss.correction: none trains without importance weights: it takes no loss.tis_cap"
+            )
+        r = self.rollout
+        if self.loss.tis_cap is not None and (r.top_k > 0 or r.top_p < 1):
+            raise ValueError(
+                f"loss.tis_cap weighs each token by pi/mu, but with rollout.top_k={r.top_k} or "
+                f"top_p={r.top_p} the engine samples from a truncated distribution whose probability "
+                "it does not report (mu is taken before truncation), so the correction would be wrong: "
+                "sample with top_k: 0 and top_p: 1 (temperature is fine), or train synchronously "
+                "(max_staleness: 0, no tis_cap)"
             )
         return self
 

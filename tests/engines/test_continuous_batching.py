@@ -96,7 +96,7 @@ async def test_running_rows_are_prefilled_again_when_weights_change_under_them(m
     while engine.stats["steps"] < 20:
         await asyncio.sleep(0.001)
     changed = {k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}
-    await asyncio.to_thread(engine.update_weights, changed)
+    await asyncio.to_thread(engine.update_weights, changed, 1)
     g = await task
     assert engine.stats["reprefills"] == 1
     # the last tokens were sampled from the new weights over the whole context
@@ -389,7 +389,7 @@ async def test_weights_written_through_param_data_count_once_announced(model, pr
         for p in model.parameters():
             p.data.add_(0.05 * torch.randn_like(p))
     assert weights_stamp(model) == before  # the miss this guards against
-    engine.invalidate()
+    engine.invalidate(1)
     nxt = prompt + first.token_ids + [3, 4]
     second = await engine.generate(nxt, SamplingParams(max_new_tokens=10, seed=6))
     assert engine.stats["reused_tokens"] == 0
@@ -437,4 +437,42 @@ async def test_a_weight_write_waits_for_the_step_in_progress_not_for_the_engine_
         await asyncio.sleep(0.001)
     assert all(not t.done() for t in running)
     await asyncio.gather(*running)
+    await engine.close()
+
+
+async def test_a_weight_load_carries_its_version_and_a_bad_one_changes_nothing(model, prompt):
+    """Every write says which policy it holds; a state dict that does not fit writes nothing; a
+    write that fails half way leaves the engine refusing requests (never half-written weights
+    under the old version) until a whole load succeeds."""
+    engine = HFEngine(model, max_batch_size=4)
+    held = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match="policy version"):
+        engine.invalidate(None)
+    name = next(iter(held))
+    for bad in ({"no.such.tensor": held[name]}, {name: torch.zeros(3, 3)}):
+        with pytest.raises(ValueError, match="nothing was loaded"):
+            engine.update_weights(bad, 4)
+    assert engine.version == 0 and all(torch.equal(model.state_dict()[k], v) for k, v in held.items())
+
+    real = type(model).load_state_dict
+
+    def half(self, state, strict=True):  # the first tensor written, then a failure
+        first = dict([next(iter(state.items()))])
+        real(self, first, strict=False)
+        raise RuntimeError("disk went away")
+
+    changed = {k: v + 0.05 for k, v in held.items()}
+    model.load_state_dict = half.__get__(model)
+    try:
+        with pytest.raises(RuntimeError, match="disk went away"):
+            engine.update_weights(changed, 5)
+    finally:
+        del model.load_state_dict
+    assert engine.version == 0
+    with pytest.raises(RuntimeError, match="holds no whole weights.*version 5 failed half way"):
+        await engine.generate(prompt, SamplingParams(max_new_tokens=2))
+    engine.update_weights(changed, 5)
+    g = await engine.generate(prompt, SamplingParams(max_new_tokens=3, seed=1))
+    assert g.versions == [5, 5, 5]
+    assert_matches(model, prompt, g)
     await engine.close()

@@ -72,27 +72,41 @@ def test_an_rl_run_on_cuda_trains_and_checkpoints(tiny_dir, tmp_path):
 
 
 def test_cuda_graphs_replay_the_eager_decode_and_see_weights_written_in_place(tiny):
-    """Greedy tokens with the decode step replayed as CUDA graphs equal the eager step's, before and
-    after the weights are changed in place (the graphs read the parameters where they live)."""
+    """One engine replaying its decode step as CUDA graphs and one decoding eagerly, each kept
+    across in-place weight changes (an optimizer step's kind of write) and an ``invalidate``: the
+    graphs, captured once, replay the new weights, and the greedy tokens equal the eager ones."""
     model, tok = tiny
     gpu = type(model)(model.config).to("cuda")
     gpu.load_state_dict(model.state_dict())
     prompts = [tok.encode(f"question {i}: xx " * (1 + i % 3), add_special_tokens=False) for i in range(5)]
+    params = SamplingParams(max_new_tokens=24, temperature=0.0)
 
-    async def greedy(graphs: bool):
-        eng = HFEngine(gpu, max_batch_size=8, cuda_graphs=graphs)
+    async def both():
+        graphed = HFEngine(gpu, max_batch_size=8, cuda_graphs=True)
+        eager = HFEngine(gpu, max_batch_size=8, cuda_graphs=False)
+
+        async def greedy(eng):
+            gens = await asyncio.gather(*(eng.generate(p, params) for p in prompts))
+            return [g.token_ids for g in gens], [g.logprobs[0] for g in gens]
+
         try:
-            params = SamplingParams(max_new_tokens=24, temperature=0.0)
-            out = [g.token_ids for g in await asyncio.gather(*(eng.generate(p, params) for p in prompts))]
-            return out, (eng.graphs.captures if eng.graphs is not None else 0)
+            seen = []
+            for version in (1, 2, 3):
+                (replayed, first), (plain, _) = await greedy(graphed), await greedy(eager)
+                assert replayed == plain, version
+                seen.append(first)
+                captures = graphed.graphs.captures
+                with torch.no_grad():
+                    for p in gpu.parameters():
+                        p.add_(0.02 * torch.randn_like(p))
+                if version == 2:  # a write announced by the trainer, as after each update
+                    graphed.invalidate(version)
+                    eager.invalidate(version)
+            assert eager.graphs is None and captures > 0
+            assert graphed.graphs.captures == captures  # replayed, not captured again, after each write
+            assert seen[0] != seen[1] != seen[2]  # each round decoded under other weights
         finally:
-            await eng.close()
+            await graphed.close()
+            await eager.close()
 
-    for _ in range(2):
-        eager, none = asyncio.run(greedy(False))
-        replayed, captures = asyncio.run(greedy(True))
-        assert none == 0 and captures > 0
-        assert replayed == eager
-        with torch.no_grad():
-            for p in gpu.parameters():
-                p.mul_(1.05)
+    asyncio.run(both())

@@ -34,6 +34,7 @@ def _config(tiny_dir, root, out, steps=3, **rollout):
     tree["rollout"].update(rollout)
     if rollout.get("max_staleness"):
         tree["loss"] = {"tis_cap": 2.0}
+        tree["rollout"]["top_k"] = 0  # the correction's mu is the untruncated distribution
     return parse_config(tree)
 
 
@@ -51,7 +52,15 @@ def test_staleness_without_a_correction_is_refused(tiny_dir, data):
     with pytest.raises(ConfigError, match="loss.tis_cap"):
         parse_config(tree)
     tree["loss"] = {"tis_cap": 2.0}
+    # mu is the engine's probability before top-k/top-p: the correction would be wrong, so refused
+    with pytest.raises(ConfigError, match="top_k: 0 and top_p: 1"):
+        parse_config(tree)  # rl_config samples with top_k: 4
+    tree["rollout"]["top_k"] = 0
     assert parse_config(tree).rollout.max_staleness == 1
+    tree["rollout"]["top_p"] = 0.9
+    with pytest.raises(ConfigError, match="top_k: 0 and top_p: 1"):
+        parse_config(tree)
+    tree["rollout"]["top_p"] = 1.0
     # the correction left out on purpose (an ablation) is said, not defaulted; it takes no cap
     tree["loss"] = {"correction": "none"}
     assert parse_config(tree).loss.correction == "none"
@@ -75,6 +84,46 @@ def test_admission_keeps_every_group_within_k_updates():
             for i in range(40):
                 if admissible(i, version=version, batch_size=B, max_staleness=k):
                     assert i // B - version <= k
+
+
+async def test_the_feed_starts_no_group_past_the_runs_last_step():
+    """At k = 2 the feed runs up to two steps ahead, but never past ``run.steps``: no rollouts are
+    generated only to be thrown away at the end of a run or a stage."""
+    from rstar2.rl.staleness import GroupFeed
+
+    started = []
+
+    async def launch(i):
+        started.append(i)
+        return i
+
+    feed = GroupFeed(launch, first_step=1, last_step=3, batch_size=2, max_staleness=2)
+    assert await feed.step(1) == [2, 3]
+    assert started == [2, 3, 4, 5]  # steps 2 and 3; step 4 (groups 6, 7) is past the end
+    assert await feed.step(2) == [4, 5] and started == [2, 3, 4, 5]
+    await feed.close()
+
+
+def test_a_token_outside_the_bound_stops_the_step_naming_its_engine():
+    """Checked per token from the recorded versions, before the update; tool tokens (-1) carry no
+    version and are not model tokens."""
+    from rstar2.rl.staleness import StalenessError, check_versions
+    from rstar2.rollout.trajectory import Trajectory, Turn
+
+    def traj(versions_per_turn, engine="http://a:8000"):
+        t = Trajectory("p", "1", [1])
+        for vs in versions_per_turn:
+            t.turns.append(Turn("x", len(vs), tool_tokens=2, engine=engine))
+            t.versions += list(vs) + [-1, -1]
+            t.loss_mask += [1] * len(vs) + [0, 0]
+        return t
+
+    check_versions([traj([[4, 4], [5]]), traj([[5, 5]])], trained_by=5, max_staleness=1)
+    with pytest.raises(StalenessError, match=r"engine http://b:9 sampled a token with policy version 3"):
+        check_versions([traj([[5]]), traj([[4], [3]], "http://b:9")], trained_by=5, max_staleness=1)
+    # ahead of the trainer: a server on another run's weights (or this run's after a resume)
+    with pytest.raises(StalenessError, match=r"version 9, outside \[5, 5\]"):
+        check_versions([traj([[9, 9]])], trained_by=5, max_staleness=0)
 
 
 def test_staleness_metrics_by_hand():
@@ -155,8 +204,9 @@ def test_k1_trains_tokens_at_most_one_update_old_and_records_their_versions(tiny
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["staleness/max"] <= 1 for r in rows)
     assert all("update/tis_mean" in r for r in rows if "loss" in r)
-    # the engine's copy holds exactly the weights sent after every update (no probe in its batch)
-    assert all(r["sync/weight_diff"] == 0.0 and "sync/logprob_diff" not in r for r in rows)
+    # the engine's copy is compared exactly with the weights sent after every update (a difference
+    # stops the run, see below), with no probe in its batch
+    assert all("sync/logprob_diff" not in r for r in rows)
     # step 2's groups were started with step 1's, before its update (they generated during it)
     second = (data / "k1" / "samples" / "step_000002.jsonl").read_text().splitlines()
     assert {json.loads(x)["meta"]["admitted_version"] for x in second} == {0}
@@ -288,7 +338,7 @@ def test_an_asynchronous_run_killed_resumes_from_its_checkpoint_and_trains_each_
     out = data / "killed"
     tree = rl_config(tiny_dir, data / "train.jsonl", out)
     tree["run"].update(steps=6, save_every=2)
-    tree["rollout"]["max_staleness"] = 2
+    tree["rollout"].update(max_staleness=2, top_k=0)
     tree["loss"] = {"tis_cap": 2.0}
     (data / "killed.yaml").write_text(yaml.safe_dump(tree))
     train_until_killed(data / "killed.yaml", out)
@@ -304,25 +354,29 @@ def test_an_asynchronous_run_killed_resumes_from_its_checkpoint_and_trains_each_
     assert latest_checkpoint(out).name == "step-000006"
 
 
-async def test_keep_stale_kv_keeps_the_old_keys_and_values_across_an_update(tiny):
-    """``rollout.keep_stale_kv``: no prefill again and the kept prefixes stay; the token sampled
-    from logits computed before the change still counts as the old version's."""
+async def test_keep_stale_kv_keeps_the_running_rows_kv_but_no_kept_prefix_across_an_update(tiny):
+    """``rollout.keep_stale_kv``: the running row is not prefilled again (its KV is as old as its
+    admission, which the trainer's bound covers), but the kept prefixes are dropped: a request
+    admitted after the update (another group, perhaps many versions on) never reads KV computed
+    under old weights."""
     import copy
 
     model, tok = copy.deepcopy(tiny[0]), tiny[1]
     engine = HFEngine(model, max_batch_size=4, keep_stale_kv=True)
     prompt = tok.encode("count: one two three", add_special_tokens=False)
     first = await engine.generate(prompt, SamplingParams(max_new_tokens=8, seed=2))
+    assert len(engine.store) == 1  # the first turn's KV, kept for its next turn
     task = asyncio.create_task(engine.generate(prompt[:5], SamplingParams(max_new_tokens=120, seed=1)))
     while engine.stats["steps"] < 20:
         await asyncio.sleep(0.001)
     changed = {k: v + 0.01 * torch.randn_like(v) for k, v in model.state_dict().items()}
     await asyncio.to_thread(engine.update_weights, changed, 7)
     g = await task
+    reused = engine.stats["reused_tokens"]
     nxt = await engine.generate(prompt + first.token_ids + [3], SamplingParams(max_new_tokens=4, seed=3))
     await engine.close()
-    assert engine.stats["reprefills"] == 0
-    assert engine.stats["reused_tokens"] >= len(prompt)  # the prefix kept under the old weights
+    assert engine.stats["reprefills"] == 0  # the running row kept its KV
+    assert engine.stats["reused_tokens"] == reused  # the next turn prefilled from scratch
     first_new = g.versions.index(7)
     assert set(g.versions[:first_new]) == {0} and set(g.versions[first_new:]) == {7}
     assert nxt.versions == [7] * len(nxt.token_ids)
@@ -332,8 +386,8 @@ async def test_keep_stale_kv_keeps_the_old_keys_and_values_across_an_update(tiny
 @pytest.mark.timeout(900)
 def test_an_engine_copy_that_holds_other_weights_stops_the_run_at_once(tiny_dir, data, monkeypatch):
     """At k = 1 the engine decodes from its own copy of the weights; a copy that did not take what
-    the update sent (here: loaded as something else) stops the run at that update, before any
-    rollout samples from it."""
+    was sent (here: loaded as something else) stops the run at once, before any rollout samples
+    from it: at the start, where the run's own weights are sent first."""
     from rstar2.engines.hf import HFEngine
     from rstar2.rl.checkpoint import latest_checkpoint
     from rstar2.rl.trainer import RunError
@@ -347,7 +401,8 @@ def test_an_engine_copy_that_holds_other_weights_stops_the_run_at_once(tiny_dir,
     cfg = _config(tiny_dir, data, "wrong", steps=3, max_staleness=1)
     cfg.run.save_every = 1
     with pytest.raises(
-        RunError, match=r"RL step 1.*WeightSyncError.*after the update of step 1.*other weights"
+        RunError,
+        match=r"RL start.*WeightSyncError.*rank0 holds other weights than the trainer sent as version 0",
     ):
         _train(cfg)
     assert not (data / "wrong" / "metrics.jsonl").exists() or not read_metrics(
@@ -370,3 +425,87 @@ def test_the_held_weights_are_compared_exactly_and_a_skipped_name_counts(tiny):
     name = next(iter(sent))
     assert held_difference(engine, {**sent, name: sent[name] + 0.25}) == pytest.approx(0.25)
     assert held_difference(engine, {**sent, "model." + name: sent[name]}) == float("inf")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_banned_tokens_are_left_out_by_the_trainer_as_by_the_engine(tiny_dir, data, tiny):
+    """The engine samples with a third of the vocabulary banned (renormalised without it); every
+    trainer pass leaves the same ids out, so at k = 0 the trainer's log-probs are the engine's:
+    ``update/engine_gap`` ~0 (with the whole vocabulary it is the log of the banned mass)."""
+    tok = tiny[1]
+    specials = set(tok.all_special_tokens)
+    ordinary = [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1]) if t not in specials]
+    banned = ordinary[100:270]
+    _train(_config(tiny_dir, data, "banned", steps=2, banned_tokens=banned))
+    rows = read_metrics(data / "banned" / "metrics.jsonl")
+    gaps = [r["update/engine_gap"] for r in rows if "update/engine_gap" in r]
+    assert gaps and max(gaps) < 1e-4, gaps
+    ids = set(tok.convert_tokens_to_ids(banned))
+    for line in (data / "banned" / "samples" / "step_000001.jsonl").read_text().splitlines():
+        t = json.loads(line)
+        assert not ids & {i for i, m in zip(t["response_ids"], t["loss_mask"], strict=True) if m}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_step_with_tokens_of_another_version_is_refused_before_it_trains(tiny_dir, data, monkeypatch):
+    """An engine whose tokens say a version the trainer is not at (here: one ahead, as a server
+    holding a later run's weights would) stops the run at its first step, naming the engine;
+    nothing is trained, logged or saved."""
+    from rstar2.rl.trainer import RunError
+
+    real = HFEngine._told
+    monkeypatch.setattr(HFEngine, "_told", lambda self, version: real(self, version + 1))
+    with pytest.raises(
+        RunError, match=r"RL step 1.*StalenessError: engine rank0 .*version 1, outside \[0, 0\]"
+    ):
+        _train(_config(tiny_dir, data, "ahead", steps=2))
+    assert latest_checkpoint(data / "ahead") is None
+    assert not (data / "ahead" / "metrics.jsonl").exists() or not read_metrics(
+        data / "ahead" / "metrics.jsonl"
+    )
+
+
+async def test_new_weights_are_written_off_the_event_loop(tiny, tmp_path, monkeypatch):
+    """Publishing to an engine copy (an asynchronous run) leaves the event loop free: rollouts and
+    tool calls of the next steps go on while the weights are written and checked."""
+    import copy
+    import time
+
+    from rstar2.config import RolloutSection
+    from rstar2.rl import distributed as D
+    from rstar2.rl.sync import publish
+
+    model = tiny[0]
+    engine = HFEngine(copy.deepcopy(model))
+    real = HFEngine.update_weights
+
+    def slow(self, state_dict, version):
+        time.sleep(0.5)
+        real(self, state_dict, version)
+
+    monkeypatch.setattr(HFEngine, "update_weights", slow)
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    beside = asyncio.create_task(ticker())
+    await publish(
+        model,
+        [engine],
+        RolloutSection(),
+        D.World(),
+        tmp_path,
+        same_model=False,
+        probe_prompt=[1, 2],
+        pad_id=0,
+        step=3,
+    )
+    beside.cancel()
+    await engine.close()
+    assert engine.version == 3 and ticks >= 20, ticks

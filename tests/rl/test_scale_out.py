@@ -5,6 +5,7 @@ and failures that must stop a run with the first error and where it happened."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -82,11 +83,25 @@ def small_rl(model: Path, data: Path, out: Path, steps: int = 2, **rollout) -> d
 
 
 # -- a remote engine --------------------------------------------------------------------------
-def serve_tiny(tiny_dir: Path):
-    """``rstar2 serve`` on the tiny model in its own process: yields its URL, stops it after."""
+@pytest.fixture(scope="module")
+def other_weights(tiny, tmp_path_factory) -> Path:
+    """The tiny model with other weights than the runs start from: what a server holds when it
+    served another run, or this run past the checkpoint it resumes from."""
+    model, tok = copy.deepcopy(tiny[0]), tiny[1]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    folder = tmp_path_factory.mktemp("other-weights")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def serve_tiny(model_dir: Path):
+    """``rstar2 serve`` on ``model_dir`` in its own process: yields its URL, stops it after."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_cli(["serve", "--model", str(tiny_dir), "--port", str(port), "--device", "cpu"], env=ENV)
+    proc = start_cli(["serve", "--model", str(model_dir), "--port", str(port), "--device", "cpu"], env=ENV)
     try:
         wait_http(url, proc)
         yield url
@@ -95,8 +110,8 @@ def serve_tiny(tiny_dir: Path):
 
 
 @pytest.fixture
-def served(tiny_dir):
-    yield from serve_tiny(tiny_dir)
+def served(other_weights):
+    yield from serve_tiny(other_weights)
 
 
 @pytest.mark.slow
@@ -117,15 +132,15 @@ def test_rl_on_a_served_engine_keeps_the_server_on_the_trainers_weights(served, 
     # after each update the server sampled with the trainer's weights: its logprobs are the trainer's
     assert all(r["sync/logprob_diff"] < 1e-4 for r in rows), [r["sync/logprob_diff"] for r in rows]
     info = httpx.get(served + "/get_server_info").json()
-    assert info["weights_version"] == 2  # one load per step
+    assert info["weights_version"] == 2 and info["weights_loads"] == 3  # the run's start, then each step
     final = final_weights(out)
     assert info["weights_fingerprint"] == pytest.approx(weights_fingerprint(final), rel=1e-12)
     assert start["weights_fingerprint"] != pytest.approx(info["weights_fingerprint"], rel=1e-9)  # they moved
 
 
 @pytest.fixture
-def second_server(tiny_dir):
-    yield from serve_tiny(tiny_dir)
+def second_server(other_weights):
+    yield from serve_tiny(other_weights)
 
 
 @pytest.mark.slow
@@ -173,7 +188,7 @@ def test_a_versioned_weight_update_reaches_two_served_engines_mid_generation(
         first_new = versions.index(5)
         assert set(versions[:first_new]) == {0} and set(versions[first_new:]) == {5}, u
         info = httpx.get(u + "/get_server_info").json()
-        assert info["weights_version"] == 1 and info["engine"]["policy_version"] == 5
+        assert info["weights_version"] == info["engine"]["policy_version"] == 5 and info["weights_loads"] == 1
 
 
 @pytest.mark.slow
@@ -185,20 +200,66 @@ def test_asynchronous_rl_on_two_served_engines(served, second_server, tiny_dir, 
     out = tmp_path / "run"
     tree = small_rl(tiny_dir, problems, out, steps=3, servers=[served, second_server], max_staleness=1)
     tree["loss"] = {"tis_cap": 2.0}
+    tree["rollout"]["top_k"] = 0  # the correction's mu is the untruncated distribution
     ok(cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))]))
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
-    assert all(r["staleness/max"] <= 1 for r in rows) and all(r["sync/logprob_diff"] < 1e-4 for r in rows)
+    assert all(r["sync/logprob_diff"] < 1e-4 for r in rows)
     final = final_weights(out)
     for url in (served, second_server):
         info = httpx.get(url + "/get_server_info").json()
         assert info["weights_version"] == 3
         assert info["weights_fingerprint"] == pytest.approx(weights_fingerprint(final), rel=1e-12)
+    assert_versions_in_bound(out, k=1)
+
+
+def assert_versions_in_bound(run: Path, k: int) -> None:
+    """Every logged step's staleness in [0, k], and every sampled model token's version in
+    [step - 1 - k, step - 1] (the trainer refuses a step otherwise; this reads what it trained)."""
+    rows = read_metrics(run / "metrics.jsonl")
+    assert rows and all(0 <= r["staleness/mean"] <= r["staleness/max"] <= k for r in rows), rows
     for r in rows:
-        lines = (out / "samples" / f"step_{r['step']:06d}.jsonl").read_text().splitlines()
+        lines = (run / "samples" / f"step_{r['step']:06d}.jsonl").read_text().splitlines()
         for t in map(json.loads, lines):
             model = [v for v, m in zip(t["versions"], t["loss_mask"], strict=True) if m]
-            assert model and all(0 <= r["step"] - 1 - v <= 1 for v in model), (r["step"], model)
+            assert model and all(0 <= r["step"] - 1 - v <= k for v in model), (run, r["step"], model)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_runs_on_one_server_holding_other_weights_train_only_their_own_policys_tokens(
+    served, tiny_dir, problems, tmp_path
+):
+    """A server started on other weights than the run's; an asynchronous run (k = 1) on it killed
+    with kill -9 and resumed (the server then holds weights from after the checkpoint), then a second
+    run on the same server: each sends its starting weights and version before its first group, so
+    no step trains on another policy's tokens, and the server ends on the last run's weights."""
+    from .test_trainer import train_until_killed
+
+    def tree_of(out: Path, steps: int) -> dict:
+        tree = small_rl(tiny_dir, problems, out, steps=steps, servers=[served], max_staleness=1)
+        tree["loss"] = {"tis_cap": 2.0}
+        tree["rollout"]["top_k"] = 0  # the correction's mu is the untruncated distribution
+        return tree
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    config = write_config(tree_of(first, 5), tmp_path / "first.yaml")
+    train_until_killed(config, first)
+    killed_at = latest_checkpoint(first).name
+    ok(cli(["train", str(config), "--resume"]))
+    assert [r["step"] for r in read_metrics(first / "metrics.jsonl")] == [1, 2, 3, 4, 5], killed_at
+    ok(cli(["train", str(write_config(tree_of(second, 2), tmp_path / "second.yaml"))]))
+    for run in (first, second):
+        assert_versions_in_bound(run, k=1)
+        # a step trained only on tokens of its own version (each run's first, the resumed one's
+        # first): the server sampled with the trainer's weights, not those it held before
+        fresh = [r for r in read_metrics(run / "metrics.jsonl") if r["staleness/max"] == 0 and "loss" in r]
+        assert fresh and all(r["update/engine_gap"] < 1e-4 for r in fresh), [
+            (r["step"], r["update/engine_gap"]) for r in fresh
+        ]
+    info = httpx.get(served + "/get_server_info").json()
+    assert info["weights_version"] == 2
+    assert info["weights_fingerprint"] == pytest.approx(weights_fingerprint(final_weights(second)), rel=1e-12)
 
 
 @pytest.mark.slow
@@ -209,10 +270,11 @@ def test_a_refused_weight_update_stops_the_run_saying_where(served, tiny_dir, pr
     run = cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))])
     assert run.returncode == 1, run.stderr[-3000:]
     said = " ".join(run.stderr.split())
-    assert "RL step 1 failed: WeightSyncError" in said and f"engine {served} refused the new weights" in said
+    # the run's own weights go first, before any rollout: nothing sampled on the server's weights
+    assert "RL start failed: WeightSyncError" in said and f"engine {served} refused the new weights" in said
     assert "Traceback" not in run.stderr and "metrics.jsonl" not in said  # the first error, nothing after it
     assert "WeightSyncError" in (out / "error.txt").read_text()
-    assert (out / "config.yaml").is_file() and (out / "samples" / "step_000001.jsonl").is_file()  # kept
+    assert (out / "config.yaml").is_file() and not (out / "samples").exists()
 
 
 @pytest.mark.slow
@@ -262,12 +324,13 @@ def test_asynchronous_rl_under_torchrun(tiny_dir, problems, tmp_path):
     tree = small_rl(tiny_dir, problems, out, steps=3, max_staleness=1)
     tree["run"]["batch_size"] = 4
     tree["loss"] = {"tis_cap": 2.0}
+    tree["rollout"]["top_k"] = 0  # the correction's mu is the untruncated distribution
     ok(torchrun(2, ["train", str(write_config(tree, tmp_path / "rl.yaml"))]))
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["staleness/max"] <= 1 for r in rows)
-    # each process's engine copy holds exactly the weights sent after every update
-    assert all(r["sync/weight_diff"] == 0.0 for r in rows)
+    # each process's engine copy is compared exactly with what was sent (no probe in its batch)
+    assert all("sync/logprob_diff" not in r for r in rows)
     assert any(r["staleness/max"] == 1 for r in rows[1:])  # later steps' groups ran beside an update
     for r in rows:
         lines = (out / "samples" / f"step_{r['step']:06d}.jsonl").read_text().splitlines()

@@ -8,6 +8,7 @@ import subprocess
 
 import httpx
 import pytest
+import torch
 
 from rstar2.engines.base import SamplingParams
 from rstar2.engines.hf import HFEngine
@@ -215,4 +216,58 @@ async def test_vllm_weight_transfer_is_paused_kept_started_sent_finished_and_res
     with pytest.raises(Exception, match="finish_weight_update: answered 500"):
         await engine.transfer_weights(info, lambda: None, keep_kv=True)
     assert calls[0][1] == "mode=keep&clear_cache=false" and calls[-1][0] == "/resume"
+    await engine.close()
+
+
+def test_rstar2_serve_bans_what_logit_bias_bans_and_refuses_what_it_cannot_honour(server, tiny, tmp_path):
+    """``logit_bias`` -100 bans a token (OpenAIEngine sends the rollout's banned tokens so); any
+    other bias, an unknown field, or a weight load without its policy version is refused with a
+    clear error instead of being dropped; a folder that does not fit the model changes nothing."""
+    from safetensors.torch import save_file
+
+    prompt = tiny[1].encode("count: one two three", add_special_tokens=False)
+    body = {"prompt": prompt, "max_tokens": 1, "temperature": 0, "logprobs": 0, "return_token_ids": True}
+    top = httpx.post(server + "/v1/completions", json=body, timeout=60).json()["choices"][0]["token_ids"][0]
+    banned = {**body, "logit_bias": {str(top): -100}}
+    got = httpx.post(server + "/v1/completions", json=banned, timeout=60).json()["choices"][0]
+    assert got["token_ids"][0] != top
+    local = teacher_logprobs(tiny[0], prompt, top, got["token_ids"][0])
+    assert got["logprobs"]["token_logprobs"][0] == pytest.approx(local, abs=1e-4)  # renormalised
+    r = httpx.post(server + "/v1/completions", json={**body, "logit_bias": {str(top): 5}}, timeout=60)
+    assert r.status_code == 400 and "takes only -100" in r.text
+    r = httpx.post(server + "/v1/completions", json={**body, "min_p": 0.1}, timeout=60)
+    assert r.status_code == 422 and "min_p" in r.text
+
+    before = httpx.get(server + "/get_server_info").json()
+    r = httpx.post(server + "/update_weights_from_disk", json={"model_path": str(tmp_path)}, timeout=60)
+    assert r.status_code == 400 and "weight_version" in r.text
+    name = next(iter(tiny[0].state_dict()))
+    save_file({name: torch.zeros(3, 3)}, str(tmp_path / "model.safetensors"))
+    load = {"model_path": str(tmp_path), "weight_version": "9"}
+    r = httpx.post(server + "/update_weights_from_disk", json=load, timeout=60)
+    assert r.status_code == 400 and "nothing was loaded" in r.text
+    after = httpx.get(server + "/get_server_info").json()
+    assert after["weights_version"] == before["weights_version"] == 0
+    assert after["weights_fingerprint"] == before["weights_fingerprint"]
+
+
+def teacher_logprobs(model, prompt: list[int], banned: int, token: int) -> float:
+    """log p(token) after ``prompt`` with ``banned`` left out of the distribution."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0, -1].float()
+    logits[banned] = float("-inf")
+    return float(logits.log_softmax(-1)[token])
+
+
+async def test_a_server_that_returns_no_log_probs_is_an_error_not_a_probability_of_one():
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m"}]})
+        choice = {"token_ids": [5, 6], "finish_reason": "stop", "logprobs": None}
+        return httpx.Response(200, json={"choices": [choice]})
+
+    engine = OpenAIEngine("http://other:8000")
+    engine._client = httpx.AsyncClient(base_url=engine.base_url, transport=httpx.MockTransport(handler))
+    with pytest.raises(Exception, match="no log-prob for each sampled token"):
+        await engine.generate([1, 2], SamplingParams(max_new_tokens=2))
     await engine.close()

@@ -69,7 +69,8 @@ class HFEngine:
         # the decode step replayed as CUDA graphs (engines/graphs.py); None: on a CUDA device. True
         # on a CPU runs their static step without capture (what the tests compare with the eager one)
         self.cuda_graphs = cuda_graphs
-        self.keep_stale_kv = keep_stale_kv  # on new weights, keep the old KV instead of prefilling again
+        # on new weights, the running rows keep the KV computed under the old ones instead of prefilling again
+        self.keep_stale_kv = keep_stale_kv
         attention = getattr(model.config, "_attn_implementation", None) or "sdpa"
         if attention not in ("sdpa", "eager"):
             raise ValueError(
@@ -97,6 +98,7 @@ class HFEngine:
         self._thread: threading.Thread | None = None
         self.graphs: Any = None  # its batch's ``DecodeGraphs`` once its thread starts, if it uses them
         self._closed = False
+        self.broken: str | None = None  # why the weights are not whole (a load failed half way)
         self._written = 0  # weight writes told to the engine (update_weights, invalidate)
         self.version = 0  # the policy version of its weights (the trainer's updates so far), as told
         # torch threads of the engine's thread now (None: the process's); a trainer whose update
@@ -131,6 +133,8 @@ class HFEngine:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         if self._closed:
             raise RuntimeError(f"engine {self.name} is closed")
+        if self.broken:
+            raise RuntimeError(f"engine {self.name} holds no whole weights: {self.broken}; load them again")
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         vocab = self.model.get_input_embeddings().num_embeddings
@@ -154,14 +158,31 @@ class HFEngine:
         finally:
             self.in_flight -= 1
 
-    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> None:
+    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """New policy weights (not needed when the engine shares the trainer's model object), of
-        policy ``version`` (the trainer's update count). Requests in flight continue under them."""
+        policy ``version`` (the trainer's update count). Requests in flight continue under them.
+
+        Names and shapes are checked before anything is written (a bad state dict changes
+        nothing); a write that fails half way leaves the engine refusing requests until a load
+        succeeds, never serving half-written weights under the old version."""
         with self.paused():
-            self.model.load_state_dict(state_dict, strict=False)
+            held = self.model.state_dict()
+            unknown = sorted(set(state_dict) - set(held))
+            wrong = [k for k in state_dict if k in held and state_dict[k].shape != held[k].shape]
+            if unknown or wrong:
+                raise ValueError(
+                    f"engine {self.name}: the new weights do not fit the model "
+                    f"(unknown tensors {unknown[:5]}, other shapes {wrong[:5]}); nothing was loaded"
+                )
+            try:
+                self.model.load_state_dict(state_dict, strict=False)
+            except BaseException as exc:
+                self.broken = f"a weight load of version {version} failed half way ({exc})"
+                raise
+            self.broken = None
             self._told(version)
 
-    def invalidate(self, version: int | None = None) -> None:
+    def invalidate(self, version: int) -> None:
         """The weights were written in a way the engine cannot see (through ``param.data``, by
         another library): the next step treats them as new (kept prefixes dropped, running rows
         prefilled again unless ``keep_stale_kv``). The trainer says so after each update, with the
@@ -181,9 +202,11 @@ class HFEngine:
         the trainer's per-step ``engine/*`` metrics are differences of (``OpenAIEngine`` has the same)."""
         return {**self.stats, "evictions": self.store.evicted, "rows": self.max_batch_size}
 
-    def _told(self, version: int | None) -> None:
+    def _told(self, version: int) -> None:
+        if not isinstance(version, int) or version < 0:
+            raise ValueError(f"engine {self.name}: a weight write needs its policy version, got {version!r}")
         self._written += 1
-        self.version = self.version + 1 if version is None else version
+        self.version = version
 
     async def close(self) -> None:
         """Stop the engine's thread and drop the kept prefixes (up to ``keep_tokens`` of KV: a
@@ -257,11 +280,13 @@ class HFEngine:
                     batch.version = self.version
                     if batch.graphs is not None:
                         batch.graphs.weights_changed()
-                    if not self.keep_stale_kv:  # nothing computed under the old ones is used
-                        self.store.clear()
-                        if batch.rows:
-                            self.stats["reprefills"] += len(batch.rows)
-                            batch.guarded(list(batch.rows), batch.refill)
+                    # kept prefixes are dropped always: a later request (another group, admitted
+                    # many versions on) would read them; with keep_stale_kv the running rows keep
+                    # theirs, computed since their admission, which the trainer's bound covers
+                    self.store.clear()
+                    if batch.rows and not self.keep_stale_kv:
+                        self.stats["reprefills"] += len(batch.rows)
+                        batch.guarded(list(batch.rows), batch.refill)
                 if new:
                     t0 = time.perf_counter()
                     rows = [self._row(r) for r in new]

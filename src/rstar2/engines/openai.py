@@ -47,6 +47,19 @@ def _token_ids(choice: dict[str, Any]) -> list[int]:
     )
 
 
+def _token_logprobs(choice: dict[str, Any], n: int, server: str) -> list[float]:
+    """The log-prob of each sampled token: the behaviour policy the trainer compares with and
+    corrects by. A server that returns none (or not one a token) is an error, never filled in."""
+    found = (choice.get("logprobs") or {}).get("token_logprobs")
+    if not isinstance(found, list) or len(found) != n or any(x is None for x in found):
+        got = "none" if not isinstance(found, list) else f"{len(found)} for {n} tokens"
+        raise ServerError(
+            f"{server} returned no log-prob for each sampled token ({got}); it must answer "
+            "`logprobs: 0` with `token_logprobs` (vLLM, SGLang and `rstar2 serve` do)"
+        )
+    return [float(x) for x in found]
+
+
 class OpenAIEngine:
     def __init__(
         self,
@@ -154,9 +167,7 @@ class OpenAIEngine:
                 break
             choice = resp.json()["choices"][0]
             ids = _token_ids(choice)
-            logprobs = [
-                float(x) for x in ((choice.get("logprobs") or {}).get("token_logprobs") or [0.0] * len(ids))
-            ]
+            logprobs = _token_logprobs(choice, len(ids), self.base_url)
             finish = "length" if choice.get("finish_reason") == "length" else "stop"
             versions = choice.get("token_versions")  # rstar2 serve says which policy sampled each
             if not (isinstance(versions, list) and len(versions) == len(ids)):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, HTTPException
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..chat.format import end_of_turn_ids, ensure_chat_template
 from ..chat.tags import TOOL_CALL_OPEN
@@ -28,10 +28,19 @@ from .hf import HFEngine
 
 class _WeightsPath(BaseModel):
     model_path: str
-    weight_version: str | None = None  # SGLang's field: the trainer's policy version (its update count)
+    # SGLang's field: the trainer's policy version (its update count); rstar2 serve needs it, so
+    # that every token it samples says which policy sampled it
+    weight_version: str | None = None
+
+
+BAN = -100  # OpenAI's logit bias that bans a token: the one value rstar2 serve's sampler takes
 
 
 class _Sampling(BaseModel):
+    # a field this server does not know is refused, not dropped: a client must not believe it
+    # sampled with a setting that was ignored
+    model_config = ConfigDict(extra="forbid")
+
     model: str | None = None
     max_tokens: int = Field(16, ge=1)
     temperature: float = Field(1.0, ge=0)
@@ -44,6 +53,9 @@ class _Sampling(BaseModel):
     logprobs: int | None = None
     skip_special_tokens: bool = True
     priority: int = 0  # admission order when rows are short: lower first (vLLM's convention)
+    logit_bias: dict[str, float] | None = None  # only bans (-100): the tokens never sampled
+    stream: bool = False  # refused when true: answers come whole
+    user: str | None = None  # OpenAI's end-user tag: accepted, not read
 
 
 class CompletionRequest(_Sampling):
@@ -58,6 +70,21 @@ class ChatRequest(_Sampling):
     logprobs: bool | None = None  # type: ignore[assignment]
 
 
+def banned_ids(logit_bias: dict[str, float] | None, vocab: int) -> tuple[int, ...]:
+    """The token ids a ``logit_bias`` bans. Only the ban (-100, OpenAI's "never") is sampled as
+    asked; any other bias is refused with a 400, never ignored."""
+    out = []
+    for key, bias in (logit_bias or {}).items():
+        if not key.lstrip("-").isdigit() or not 0 <= int(key) < vocab:
+            raise HTTPException(400, f"logit_bias: {key!r} is not a token id in [0, {vocab})")
+        if bias != BAN:
+            raise HTTPException(
+                400, f"logit_bias {{{key!r}: {bias}}}: rstar2 serve takes only {BAN} (a banned token)"
+            )
+        out.append(int(key))
+    return tuple(out)
+
+
 class Served:
     """What every route shares: the engine, its tokenizer and name, and the weights it holds."""
 
@@ -66,19 +93,22 @@ class Served:
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
         self.default_stops = end_of_turn_ids(tokenizer)
         self.dtype = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
-        # loads so far (weights_version), the folder of the last, and the fingerprint of what it named
-        self.weights: dict[str, Any] = {"version": 0, "path": None, "fingerprint": None, "keys": None}
+        # the policy version told by the last load (0: the weights it started on), loads so far, the
+        # folder of the last, and the fingerprint of the tensors it named
+        self.weights: dict[str, Any] = {"loads": 0, "path": None, "fingerprint": None, "keys": None}
 
     def held_weights(self) -> dict[str, Any]:
-        """What the served model holds: load count, folder, and a fingerprint of the tensors the last
-        load named, read back from the model (computed when first asked)."""
+        """What the served model holds: the policy version it was told, load count, folder, and a
+        fingerprint of the tensors the last load named, read back from the model (computed when
+        first asked)."""
         w = self.weights
         if w["fingerprint"] is None:
             with self.engine.paused():
                 held = self.engine.model.state_dict()
                 w["fingerprint"] = weights_fingerprint({k: held[k] for k in w["keys"] or list(held)})
         return {
-            "weights_version": w["version"],
+            "weights_version": self.engine.version,
+            "weights_loads": w["loads"],
             "weights_path": w["path"],
             "weights_fingerprint": w["fingerprint"],
             "dtype": self.dtype,
@@ -86,8 +116,11 @@ class Served:
 
     def params(self, req: _Sampling, i: int) -> SamplingParams:
         stops = () if req.ignore_eos else self.default_stops
+        if req.stream:
+            raise HTTPException(400, "stream: true is not served: answers come whole")
         try:
             return SamplingParams(
+                banned_token_ids=banned_ids(req.logit_bias, len(self.tokenizer)),
                 max_new_tokens=req.max_tokens,
                 temperature=req.temperature,
                 top_p=req.top_p,
@@ -107,6 +140,8 @@ class Served:
             )
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from exc
+        except RuntimeError as exc:  # no whole weights (a load failed half way), or closing
+            raise HTTPException(503, str(exc)) from exc
 
     def text_of(self, ids: list[int], stops: tuple[int, ...], skip_special: bool) -> str:
         ids = [i for i in ids if i not in stops]
@@ -152,25 +187,32 @@ def server_routes(s: Served) -> APIRouter:
 
     @router.post("/update_weights_from_disk")
     async def update_weights_from_disk(body: _WeightsPath) -> dict[str, Any]:
-        """Load new weights (a checkpoint folder) into the served model (the RL trainer's call).
-        The answer states the fingerprint of what the model now holds, for the trainer to check."""
+        """Load new weights (a checkpoint folder, of policy ``weight_version``) into the served
+        model (the RL trainer's call). The answer states the version and the fingerprint of what
+        the model now holds, for the trainer to check. A folder that does not fit changes nothing;
+        a load that fails half way leaves the server refusing requests until one succeeds."""
         from safetensors.torch import load_file
 
+        if not (body.weight_version or "").isdigit():
+            raise HTTPException(
+                400,
+                f"weight_version {body.weight_version!r}: give the policy version of these weights "
+                '(a count of updates, e.g. "0"): every token sampled says which version sampled it',
+            )
         files = sorted(Path(body.model_path).glob("*.safetensors"))
         if not files:
             raise HTTPException(400, f"no *.safetensors files in {body.model_path}")
         state: dict[str, Any] = {}
         for f in files:
-            state.update(load_file(str(f)))
-        unknown = sorted(set(state) - set(s.engine.model.state_dict()))
-        if unknown:
-            raise HTTPException(
-                400, f"{body.model_path} holds tensors this model does not have: {unknown[:5]}"
-            )
-        version = int(body.weight_version) if (body.weight_version or "").isdigit() else None
-        await asyncio.to_thread(s.engine.update_weights, state, version)
+            state.update(await asyncio.to_thread(load_file, str(f)))
+        try:
+            await asyncio.to_thread(s.engine.update_weights, state, int(body.weight_version))
+        except ValueError as exc:
+            raise HTTPException(400, f"{body.model_path}: {exc}") from exc
+        except Exception as exc:
+            raise HTTPException(500, f"{body.model_path}: {exc}") from exc
         s.weights.update(
-            version=s.weights["version"] + 1, path=body.model_path, fingerprint=None, keys=list(state)
+            loads=s.weights["loads"] + 1, path=body.model_path, fingerprint=None, keys=list(state)
         )
         held = await asyncio.to_thread(s.held_weights)
         return {"success": True, "message": f"loaded {len(state)} tensors from {body.model_path}", **held}

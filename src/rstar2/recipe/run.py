@@ -148,7 +148,8 @@ async def _sample(
     engines = open_engines(settings, str(model_dir), recipe.model.device, recipe.model.dtype)
     try:
         if settings.servers:
-            await load_into_servers(engines, model_dir, settings)
+            # version 0: the policy this sampling reads (an RL stage pushes its own start after)
+            await load_into_servers(engines, model_dir, settings, version=0)
         async with open_rollout(settings, tokenizer=str(model_dir), engines=engines, **services) as rollout:
             summaries = await evaluate(
                 rollout, [str(problems)], out_dir, samples=samples, seed=seed, progress=progress

@@ -76,17 +76,29 @@ def weight_units(mask: torch.Tensor, group_index: torch.Tensor | None, aggregati
 
 
 def token_logprobs(
-    logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool = False, temperature: float = 1.0
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    with_entropy: bool = False,
+    temperature: float = 1.0,
+    banned: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(label) per position, in fp32 at least (and the entropy of each position's distribution),
-    under ``logits / temperature``: the distribution the engine sampled from (0 = greedy: unscaled)."""
+    under ``logits / temperature`` with the ``banned`` token ids left out: the distribution the
+    engine sampled from (0 = greedy: unscaled). The engine renormalises without banned tokens, so
+    the trainer must too, or pi/mu is biased by the mass they would have had."""
+    own = False  # a copy of the model's logits is this function's to write in place
     if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
+        logits, own = logits.float(), True
     if temperature > 0 and temperature != 1:
-        logits = logits / temperature
+        logits, own = logits / temperature, True
+    if banned is not None and banned.numel():
+        fill = logits.index_fill_ if own else logits.index_fill
+        logits = fill(-1, banned.to(logits.device), float("-inf"))
     logp_all = F.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    entropy = None
+    if with_entropy:  # a banned token's 0 * -inf counts 0
+        entropy = -(logp_all.exp() * logp_all).nan_to_num(nan=0.0).sum(-1)
     return logp, entropy
 
 

@@ -23,6 +23,29 @@ def admissible(group: int, *, version: int, batch_size: int, max_staleness: int)
     return group // batch_size - version <= max_staleness
 
 
+class StalenessError(RuntimeError):
+    """A step would train on tokens sampled outside [version - k, version]."""
+
+
+def check_versions(trajectories: Sequence[Any], *, trained_by: int, max_staleness: int) -> None:
+    """Before an update from policy ``trained_by``: every model token of every trajectory to train
+    must have been sampled by a version in [trained_by - max_staleness, trained_by]; else a
+    ``StalenessError`` naming the engine of the first token that was not (nothing is trained)."""
+    low = trained_by - max_staleness
+    for t in trajectories:
+        at = 0
+        for turn in t.turns:
+            for v in t.versions[at : at + turn.model_tokens]:
+                if not low <= v <= trained_by:
+                    raise StalenessError(
+                        f"engine {turn.engine or '?'} sampled a token with policy version {v}, outside "
+                        f"[{low}, {trained_by}] (the trainer is at version {trained_by}, "
+                        f"rollout.max_staleness={max_staleness}): it holds other weights than the "
+                        "trainer sent; the step was not trained"
+                    )
+            at += turn.model_tokens + turn.tool_tokens
+
+
 def staleness_metrics(versions: Sequence[Sequence[int]], trained_by: int) -> dict[str, float]:
     """Per trained trajectory, the versions that sampled its model tokens (-1: a tool token);
     ``trained_by``: the version the update starts from. The mean and largest lag over tokens, and
@@ -37,8 +60,9 @@ def staleness_metrics(versions: Sequence[Sequence[int]], trained_by: int) -> dic
 
 
 class GroupFeed:
-    """Starts groups as the bound allows and hands each step its own groups, in order, once they
-    have all finished; groups of later steps keep generating while the trainer updates.
+    """Starts groups as the bound allows (none past ``last_step``, the run's last) and hands each
+    step its own groups, in order, once they have all finished; groups of later steps keep
+    generating while the trainer updates.
     ``launch(i)`` is called when group ``i`` is admitted (in order: it may take its problem from
     the data stream there) and returns what to await for its rollouts."""
 
@@ -47,18 +71,20 @@ class GroupFeed:
         launch: Callable[[int], Awaitable[Any]],
         *,
         first_step: int,
+        last_step: int,
         batch_size: int,
         max_staleness: int,
     ) -> None:
         self.launch, self.batch_size, self.max_staleness = launch, batch_size, max_staleness
         self.next = first_step * batch_size  # the next group to start
+        self.end = last_step * batch_size  # no group past the run's last step starts
         self.version = first_step
         self.running: dict[int, asyncio.Task] = {}
 
     def advance(self, version: int) -> None:
         """The policy is now at ``version``: start every group the bound lets in."""
         self.version = version
-        while admissible(
+        while self.next < self.end and admissible(
             self.next, version=self.version, batch_size=self.batch_size, max_staleness=self.max_staleness
         ):
             self.running[self.next] = asyncio.ensure_future(self.launch(self.next))

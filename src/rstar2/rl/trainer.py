@@ -40,7 +40,7 @@ from .data import DataStream
 from .grpo import group_advantages
 from .launch import RunError, begin, load_training, param_dtype, quietly, write_error
 from .roc import RocConfig, roc_select, score
-from .staleness import GroupFeed, staleness_metrics
+from .staleness import GroupFeed, StalenessError, check_versions, staleness_metrics
 from .sync import publish
 from .update import Row, update_on_rollouts
 
@@ -266,17 +266,21 @@ class RLTrainer:
 
             bar = tqdm(total=self.cfg.run.steps, initial=self.step_no, desc="rl steps", unit="step")
         try:
-            if not self.cfg.rollout.servers:  # the in-process engine's weights are this version
-                for e in self.engines:
-                    e.invalidate(self.step_no)
             async with open_rollout(
                 self.cfg.rollout, tokenizer=self.tokenizer, engines=self.engines, **self.services
             ) as rollout:
                 self.rollout = rollout
+                # every engine holds this run's weights and version before the first group starts (a
+                # server may hold another run's, or this run's from after the checkpoint resumed)
+                try:
+                    await self._publish(self.step_no)
+                except Exception as exc:
+                    raise RunError.at("RL start", self.run_dir, exc) from exc
                 self._counters = (time.perf_counter(), await read_counters(self.engines))
                 self.feed = GroupFeed(
                     self._launch_group,
                     first_step=self.step_no,
+                    last_step=self.cfg.run.steps,
                     batch_size=self.cfg.run.batch_size,
                     max_staleness=self.cfg.rollout.max_staleness,
                 )
@@ -314,7 +318,7 @@ class RLTrainer:
             last = self.step_no == self.cfg.run.steps
             stop = self.watch.stop_reason(self.warnings)
             if last or stop or self.step_no % max(1, self.cfg.run.save_every) == 0:
-                self.save(metrics)
+                await asyncio.to_thread(self.save, metrics)  # rollouts of later steps go on meanwhile
             if stop:  # every process saw the same gathered records: all stop here
                 raise RunError(f"RL step {self.step_no}: {stop} (run folder {self.run_dir})")
 
@@ -436,6 +440,7 @@ class RLTrainer:
             self._save_samples(step, sampled)
         all_records = [r for part in D.all_gather_objects(records, world) for r in part]
         roc_counts = D.all_sum([choice.metrics[k] for k in _ROC_COUNTS], world)
+        self._check_versions([r.trajectory for r in rows], trained_by=step - 1)
 
         t1 = time.perf_counter()
         update = await asyncio.to_thread(self._update, rows, trajs)
@@ -507,6 +512,18 @@ class RLTrainer:
         bars[step] = done
         return done
 
+    def _check_versions(self, trajs: list[Trajectory], trained_by: int) -> None:
+        """Every token to train was sampled within ``rollout.max_staleness`` updates of the policy
+        ``trained_by`` (rl/staleness.py); else the run stops before the update, on every process."""
+        try:
+            check_versions(trajs, trained_by=trained_by, max_staleness=self.cfg.rollout.max_staleness)
+            said = None
+        except StalenessError as exc:
+            said = str(exc)
+        first = next((x for x in D.all_gather_objects(said, self.world) if x), None)
+        if first:
+            raise StalenessError(first)
+
     def _check_faults(self, trajs: list[Trajectory]) -> None:
         """Stop when more than ``run.max_fault_share`` of the step's rollouts (all processes) were
         spoiled by the system (engine, code environment, verifier): a thin batch of survivors is no
@@ -555,6 +572,7 @@ class RLTrainer:
             token_classes=self.token_classes,
             compute=self.cfg.model.compute,
             temperature=self.cfg.rollout.temperature,
+            banned=self.rollout.banned_ids,
             off_policy=self.cfg.rollout.max_staleness > 0,
         )
         self.model.eval()

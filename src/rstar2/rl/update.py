@@ -45,12 +45,15 @@ def forward_logprobs(
     with_entropy: bool = False,
     compute: str = "auto",
     temperature: float = 1.0,
+    banned: Sequence[int] = (),
 ):
     """Log-probs of the labels, (rows, T-1), and optionally entropies. Logits are only computed
     from the first position any row learns from: the prompt's vocabulary projections and
     log-softmaxes are never needed (most of the compute of the head for a long prompt).
     ``compute``: ``model.compute`` (see ``rstar2.device``); ``temperature``: the rollouts' sampling
-    temperature, so that the policy trained on is the one that sampled (logits / T)."""
+    temperature, so that the policy trained on is the one that sampled (logits / T); ``banned``: the
+    token ids the rollouts never sampled (``rollout.banned_tokens``), left out of the distribution
+    as the engine leaves them out."""
     width = mb.labels.shape[1]
     learn = mb.mask.any(dim=0).nonzero()
     start = int(learn[0]) if len(learn) else width - 1
@@ -61,7 +64,8 @@ def forward_logprobs(
             use_cache=False,
             logits_to_keep=width + 1 - start,
         ).logits
-    logp, entropy = token_logprobs(logits[:, :-1], mb.labels[:, start:], with_entropy, temperature)
+    ban = torch.tensor(list(banned), dtype=torch.long) if banned else None
+    logp, entropy = token_logprobs(logits[:, :-1], mb.labels[:, start:], with_entropy, temperature, ban)
     if start:
         pad = logp.new_zeros(logp.shape[0], start)
         logp = torch.cat([pad, logp], dim=1)
@@ -85,11 +89,13 @@ def logprobs_of(
     world: World = LOCAL,
     compute: str = "auto",
     temperature: float = 1.0,
+    banned: Sequence[int] = (),
 ) -> torch.Tensor:
     """(rows, T-1) log-probs of the batch's labels under ``model`` (micro-batched, no grad)."""
     out = torch.zeros_like(batch.mask)
     for rows in plan(batch, max_tokens, world):
-        logp, _ = forward_logprobs(model, take_rows(batch, rows), compute=compute, temperature=temperature)
+        mb = take_rows(batch, rows)
+        logp, _ = forward_logprobs(model, mb, compute=compute, temperature=temperature, banned=banned)
         if rows:
             out[torch.tensor(rows), : logp.shape[1]] = logp.float()
     return out
@@ -155,6 +161,7 @@ def policy_update(
     max_tokens: int = 16384,
     compute: str = "auto",
     temperature: float = 1.0,
+    banned: Sequence[int] = (),
     ratios: list[torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """One clipped-policy-gradient step over ``batch`` (whose weights hold the global normaliser),
@@ -163,7 +170,7 @@ def policy_update(
     policy), gets log pi_old/mu of each trained token, for ``importance_weights``."""
 
     def micro_loss(mb: Batch):
-        logp, entropy = forward_logprobs(learner.model, mb, True, compute, temperature)
+        logp, entropy = forward_logprobs(learner.model, mb, True, compute, temperature, banned)
         old = mb.old_logp if mb.old_logp is not None else logp.detach()
         if ratios is not None and mb.old_logp is None:
             ratios.append((old - mb.engine_logp)[mb.mask.bool()])
@@ -207,6 +214,7 @@ def update_on_rollouts(
     token_classes: Callable[[Sequence[int], Sequence[int]], list[int]] | None = None,
     compute: str = "auto",
     temperature: float = 1.0,
+    banned: Sequence[int] = (),
     off_policy: bool = False,
 ) -> dict[str, float]:
     """The RL update on the rollouts this process kept (``rows``).
@@ -217,7 +225,8 @@ def update_on_rollouts(
     over all processes, ``optim.epochs`` passes. A process with no rows (all its groups dropped)
     still joins the collectives with a zero-weight copy of ``stand_in``. ``compute``: the
     passes' precision (``model.compute``); ``temperature``: the rollouts' sampling temperature,
-    under which every pass (policy, old, reference) takes its log-probs. ``off_policy``: the
+    under which every pass (policy, old, reference) takes its log-probs, with the ``banned`` ids
+    (``rollout.banned_tokens``) left out as the engine leaves them out. ``off_policy``: the
     rollouts were sampled by older weights (asynchronous RL): the old policy is then the proximal
     one of the decoupled objective, the behaviour policy the engine's log-probs, and the importance
     weights pi_prox/mu are reported (also whenever ``loss.tis_cap`` applies them). With one optimizer step per update the proximal log-probs come
@@ -246,11 +255,12 @@ def update_on_rollouts(
     # the first optimizer step: with one step per update, the step's own pass computes it
     if optim.mini_batches > 1 or optim.epochs > 1:
         batches = [
-            replace(b, old_logp=logprobs_of(model, b, tokens, world, compute, temperature)) for b in batches
+            replace(b, old_logp=logprobs_of(model, b, tokens, world, compute, temperature, banned))
+            for b in batches
         ]
     if loss.kl_coef and ref_model is not None:
         batches = [
-            replace(b, ref_logp=logprobs_of(ref_model, b, tokens, LOCAL, compute, temperature))
+            replace(b, ref_logp=logprobs_of(ref_model, b, tokens, LOCAL, compute, temperature, banned))
             for b in batches
         ]
     report = off_policy or loss.tis_cap is not None  # the importance weights, in the metrics
@@ -261,6 +271,7 @@ def update_on_rollouts(
         "max_tokens": tokens,
         "compute": compute,
         "temperature": temperature,
+        "banned": banned,
         "ratios": ratios if report else None,
     }
     out = [policy_update(learner, b, loss_cfg, **passes) for _ in range(optim.epochs) for b in batches]

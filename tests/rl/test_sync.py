@@ -1,0 +1,39 @@
+"""The checks that an engine holds the trainer's weights (``rl/sync.py``): sensitive enough that one
+update at the smallest learning rate a shipped recipe uses cannot pass unnoticed."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from rstar2.engines.base import weights_fingerprint
+from rstar2.rl.sync import WeightSyncError, check_fingerprint
+
+SMALLEST_LR = 1e-6  # recipes/qwen3-14b.yaml's RL stages (the paper's)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_server_that_missed_one_update_at_the_smallest_learning_rate_is_caught(tiny, dtype):
+    """The server states the fingerprint of what it holds, computed in its own dtype; the trainer
+    compares it with the weights it sent. One AdamW step at lr 1e-6 moves every weight by ~1e-6:
+    a server still on the weights before it fails the check (a sampled probe of 16 tokens, 0.1
+    nats, cannot see this). In bf16 the step is what survives the rounding of each weight, which is
+    exactly what such a server could hold."""
+    model = copy.deepcopy(tiny[0])
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    optim = torch.optim.AdamW(model.parameters(), lr=SMALLEST_LR)
+    ids = torch.tensor([list(range(5, 40))])
+    model(input_ids=ids, labels=ids).loss.backward()
+    optim.step()
+    after = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    cast = getattr(torch, dtype)
+    if all(torch.equal(before[k].to(cast), after[k].to(cast)) for k in after):
+        pytest.fail("the update moved no weight at this dtype: nothing to detect")
+    stale = {"weights_fingerprint": weights_fingerprint(before, dtype), "dtype": dtype}
+    with pytest.raises(WeightSyncError, match="holds other weights than the trainer sent"):
+        check_fingerprint("http://srv:8000", stale, after)
+    check_fingerprint(
+        "http://srv:8000", {"weights_fingerprint": weights_fingerprint(after, dtype), "dtype": dtype}, after
+    )
