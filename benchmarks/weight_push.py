@@ -4,7 +4,9 @@ Starts ``--servers`` ``rstar2 serve`` processes on ``--model`` and publishes the
 them as the trainer does after each update (``rl/sync.py``'s ``publish``: the model folder written
 off the event loop, every server loading it as the new version, each server's stated version and
 fingerprint checked, then the sampled probe), ``--repeat`` times. The baseline, in the same run,
-is the push as it was before issue 21: the servers told one after another. Components are timed
+is the push as it was before issue 21: the servers told one after another, the folder written on
+the event loop, the same checks and probe. ``benchmarks/async_rl.py``'s ``start_server`` pins
+every server to core 0 (one thread), so on 2 cores their loads share it. Components are timed
 apart (writing the folder, the loads, the fingerprint check, the probe), and the per-token version
 check (``check_versions``) on a step of ``--rollouts`` trajectories of ``--tokens`` model tokens.
 
@@ -59,14 +61,15 @@ async def measure(model_dir: Path, servers: int, repeat: int) -> dict[str, list[
         for _ in range(repeat):
             version += 1
 
-            async def sequential(v=version):  # before issue 21: one server after another
-                await asyncio.to_thread(model.save_pretrained, folder, state_dict=weights)
+            async def sequential(v=version):  # before issue 21: one server after another, on the loop
+                model.save_pretrained(folder, state_dict=weights)
                 for e in engines:
                     answer = await reload_server(e, folder, settings, v)
                     check_fingerprint(e.name, answer, saved_tensors(folder, weights))
+                await probe_engines(engines, model, probe, D.World(), pad_id=0, seed=v)
 
             version += 1
-            out.setdefault("push, servers one after another (before)", []).append(await timed(sequential))
+            out.setdefault("publish, servers one after another (before)", []).append(await timed(sequential))
 
             async def parallel(v=version):
                 await publish(
@@ -125,7 +128,7 @@ def main() -> None:
     a = ap.parse_args()
     raw = asyncio.run(measure(a.model, a.servers, a.repeat))
     raw["check_versions, one step"] = [version_check_s(a.rollouts, a.tokens, 5)]
-    base = statistics.median(raw["push, servers one after another (before)"])
+    base = statistics.median(raw["publish, servers one after another (before)"])
     cap = torch.backends.cpu.get_cpu_capability()
     table = Table(title=f"weight push to {a.servers} rstar2 serve, {a.model.name} (CPU {cap})")
     for col in ("what", "median s", "× before"):
