@@ -8,7 +8,8 @@ is the push as it was before issue 21: the servers told one after another, the f
 the event loop, the same checks and probe. ``benchmarks/async_rl.py``'s ``start_server`` pins
 every server to core 0 (one thread), so on 2 cores their loads share it. Components are timed
 apart (writing the folder, the loads, the fingerprint check, the probe), and the per-token version
-check (``check_versions``) on a step of ``--rollouts`` trajectories of ``--tokens`` model tokens.
+check (``check_versions``) on a step of ``--rollouts`` trajectories of ``--tokens`` model tokens,
+and the trainer's ban of ``rollout.banned_tokens`` on one micro-batch's log-probs against no ban.
 
     python benchmarks/weight_push.py --model /tmp/smollm2 [--servers 2] [--repeat 3] [--out results.json]
 """
@@ -32,7 +33,14 @@ from rstar2.config import RolloutSection
 from rstar2.engines.openai import OpenAIEngine
 from rstar2.rl import distributed as D
 from rstar2.rl.staleness import check_versions
-from rstar2.rl.sync import check_fingerprint, load_into_servers, probe_engines, publish, reload_server, saved_tensors
+from rstar2.rl.sync import (
+    check_fingerprint,
+    load_into_servers,
+    probe_engines,
+    publish,
+    reload_server,
+    saved_tensors,
+)
 from rstar2.rollout.trajectory import Trajectory, Turn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -73,20 +81,29 @@ async def measure(model_dir: Path, servers: int, repeat: int) -> dict[str, list[
 
             async def parallel(v=version):
                 await publish(
-                    model, engines, settings, D.World(), folder, same_model=False,
-                    probe_prompt=probe, pad_id=0, step=v,
+                    model,
+                    engines,
+                    settings,
+                    D.World(),
+                    folder,
+                    same_model=False,
+                    probe_prompt=probe,
+                    pad_id=0,
+                    step=v,
                 )
 
             out.setdefault("publish: push to all at once + checks + probe", []).append(await timed(parallel))
             version += 1
             save = await timed(lambda: asyncio.to_thread(model.save_pretrained, folder, state_dict=weights))
             out.setdefault("  writing the model folder", []).append(save)
-            loads = await timed(lambda v=version: load_into_servers(engines, folder, settings, weights, version=v))
+            loads = await timed(
+                lambda v=version: load_into_servers(engines, folder, settings, weights, version=v)
+            )
             out.setdefault("  loads + stated version + fingerprint", []).append(loads)
             fp = await timed(lambda: asyncio.to_thread(saved_tensors, folder, weights))
             out.setdefault("    of which the trainer's side of the fingerprint", []).append(fp)
             probe_s = await timed(
-                lambda: probe_engines(engines, model, probe, D.World(), pad_id=0, seed=version)
+                lambda v=version: probe_engines(engines, model, probe, D.World(), pad_id=0, seed=v)
             )
             out.setdefault("  the sampled probe", []).append(probe_s)
     finally:
@@ -117,6 +134,26 @@ def version_check_s(rollouts: int, tokens: int, repeat: int) -> float:
     return statistics.median(times)
 
 
+def ban_cost_s(tokens: int, vocab: int, banned: int, repeat: int) -> tuple[float, float]:
+    """Seconds of ``token_logprobs`` (with entropy, forward and backward) over one micro-batch's
+    fp32 logits, without and with ``banned`` ids left out: what the trainer's ban adds a pass."""
+    from rstar2.rl.grpo import token_logprobs
+
+    labels = torch.randint(0, vocab, (1, tokens))
+    ban = torch.arange(banned)
+    out = []
+    for ids in (None, ban):
+        times = []
+        for _ in range(repeat):
+            logits = torch.randn(1, tokens, vocab, requires_grad=True)
+            t0 = time.perf_counter()
+            logp, entropy = token_logprobs(logits, labels, True, 1.0, ids)
+            (logp.sum() + entropy.sum()).backward()
+            times.append(time.perf_counter() - t0)
+        out.append(statistics.median(times))
+    return out[0], out[1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, required=True, help="a model folder (e.g. SmolLM2 imported)")
@@ -128,17 +165,25 @@ def main() -> None:
     a = ap.parse_args()
     raw = asyncio.run(measure(a.model, a.servers, a.repeat))
     raw["check_versions, one step"] = [version_check_s(a.rollouts, a.tokens, 5)]
+    plain, banned = ban_cost_s(1024, 49152, 2, 5)  # SmolLM2's micro-batch and vocabulary, its 2 bans
+    raw["log-probs of a 1,024-token micro-batch (fwd+bwd), no ban"] = [plain]
+    raw["the same, 2 banned ids left out"] = [banned]
     base = statistics.median(raw["publish, servers one after another (before)"])
     cap = torch.backends.cpu.get_cpu_capability()
     table = Table(title=f"weight push to {a.servers} rstar2 serve, {a.model.name} (CPU {cap})")
-    for col in ("what", "median s", "× before"):
+    for col in ("what", "median s", "× its baseline"):
         table.add_column(col)
     for name, values in raw.items():
         med = statistics.median(values)
-        table.add_row(name, f"{med:.4f}", f"{med / base:.2f}" if not name.startswith(" ") else "")
+        ratio = (
+            med / base if name.startswith("publish") else med / plain if name.startswith("the same") else None
+        )
+        table.add_row(name, f"{med:.4f}", f"{ratio:.2f}" if ratio is not None else "")
     Console().print(table)
     if a.out:
-        a.out.write_text(json.dumps({"cpu": cap, "servers": a.servers, "model": str(a.model), **raw}, indent=1))
+        a.out.write_text(
+            json.dumps({"cpu": cap, "servers": a.servers, "model": str(a.model), **raw}, indent=1)
+        )
 
 
 if __name__ == "__main__":

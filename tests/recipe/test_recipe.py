@@ -209,8 +209,9 @@ def test_a_miniature_recipe_on_a_remote_engine(tmp_path):
         info = httpx.get(url + "/get_server_info").json()
     finally:
         stop(server)
-    # loads: start eval, sft eval, rl-64 filter, rl-64's trainer (after its one step), rl-64 eval
-    assert info["weights_version"] == 5
+    # loads: start eval, sft eval, rl-64 filter, rl-64's trainer (at its start, after its one step),
+    # rl-64 eval (an evaluation's load is version 0: the policy it samples, no run's update count)
+    assert info["weights_loads"] == 6 and info["weights_version"] == 0
     final = load_file(str(out / "02-rl-64" / "checkpoints" / "step-000001" / "model.safetensors"))
     assert info["weights_fingerprint"] == pytest.approx(weights_fingerprint(final), rel=1e-12)
     sampled = [json.loads(x) for f in out.glob("*/**/trajectories.jsonl") for x in f.read_text().splitlines()]

@@ -386,3 +386,21 @@ async def test_the_decoupled_weights_come_from_the_steps_own_pass_and_match_a_se
     for key in ("update/tis_mean", "update/tis_max", "update/tis_truncated"):
         assert got[key] == pytest.approx(want[key], abs=1e-4), key
     assert 0 < want["update/tis_truncated"] < 1 and want["update/tis_max"] > 1.1
+
+
+def test_banned_tokens_are_left_out_of_the_trainers_distribution_by_hand():
+    """Weights 1, 2, 3 (logits 0, log 2, log 3) with token 2 banned: p(1) = 2/3 as the engine
+    renormalises, not 2/6; the entropy is that of (1/3, 2/3), finite."""
+    import math
+
+    logits = torch.tensor([[[0.0, math.log(2.0), math.log(3.0)]]], requires_grad=True)
+    labels = torch.tensor([[1]])
+    logp, entropy = token_logprobs(logits, labels, True, banned=torch.tensor([2]))
+    assert float(logp.detach()) == pytest.approx(math.log(2 / 3), abs=1e-6)
+    assert float(entropy.detach()) == pytest.approx(
+        -(1 / 3) * math.log(1 / 3) - (2 / 3) * math.log(2 / 3), abs=1e-6
+    )
+    logp.sum().backward()  # the ban leaves the model's logits as they were, and the gradient flows
+    assert logits.grad is not None and float(logits.grad[0, 0, 2]) == 0.0
+    full, _ = token_logprobs(logits.detach(), labels)
+    assert float(full) == pytest.approx(math.log(2 / 6), abs=1e-6)

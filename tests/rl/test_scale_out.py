@@ -286,8 +286,9 @@ def test_a_dead_engine_stops_the_run_naming_it(tiny_dir, problems, tmp_path):
     run = cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))])
     assert run.returncode == 1, run.stderr[-3000:]
     said = " ".join(run.stderr.split())
-    assert "RL step 1 failed" in said and "32 of 32 rollouts failed" in said and dead in said, said
-    assert not latest_checkpoint(out)  # nothing was trained on
+    # the run's weights go to the engine first: a dead one stops the run there, before any rollout
+    assert "RL start failed: WeightSyncError" in said and f"engine {dead} refused" in said, said
+    assert not latest_checkpoint(out) and not (out / "samples").exists()  # nothing sampled or trained
 
 
 # -- several training processes ---------------------------------------------------------------

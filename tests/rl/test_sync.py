@@ -37,3 +37,40 @@ def test_a_server_that_missed_one_update_at_the_smallest_learning_rate_is_caught
     check_fingerprint(
         "http://srv:8000", {"weights_fingerprint": weights_fingerprint(after, dtype), "dtype": dtype}, after
     )
+
+
+class _Server:
+    """The client side of a server's weight load (``OpenAIEngine.update_weights``), answering as
+    ``rstar2 serve`` does, or refusing."""
+
+    def __init__(self, name: str, refuses: bool = False):
+        self.name, self.refuses, self.loads = name, refuses, []
+
+    async def update_weights(self, path, endpoint, version):
+        self.loads.append(version)
+        if self.refuses:
+            raise RuntimeError("answered 500: out of memory")
+        return {"weights_version": version}
+
+
+async def test_a_push_that_one_server_refuses_stops_the_run_naming_it(tmp_path):
+    """All servers are told at once; when one does not take the weights (after its retries) the
+    error names it and the version, so the run stops before training on tokens from servers on
+    different versions. A server that states another version than the one sent is refused too."""
+    from rstar2.config import RolloutSection
+    from rstar2.rl.sync import load_into_servers
+
+    settings = RolloutSection(reload_retries=0)
+    good, bad = _Server("http://a:1"), _Server("http://b:2", refuses=True)
+    with pytest.raises(
+        WeightSyncError, match=r"1 of 2 engines did not take the weights of version 4.*http://b:2"
+    ):
+        await load_into_servers([good, bad], tmp_path, settings, version=4)
+    assert good.loads == [4] and bad.loads == [4]  # both were asked, at once
+
+    class _Behind(_Server):
+        async def update_weights(self, path, endpoint, version):
+            return {"weights_version": version - 1}
+
+    with pytest.raises(WeightSyncError, match="says it holds version 3, not 4"):
+        await load_into_servers([_Behind("http://c:3")], tmp_path, settings, version=4)

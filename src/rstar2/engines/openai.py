@@ -185,11 +185,10 @@ class OpenAIEngine:
             return None
         return found if isinstance(found, dict) else None
 
-    async def update_weights(
-        self, model_dir: str, endpoint: str = "/update_weights_from_disk", version: int | None = None
-    ) -> dict[str, Any]:
+    async def update_weights(self, model_dir: str, endpoint: str, version: int) -> dict[str, Any]:
         """Ask the server to load new weights from ``model_dir`` (a checkpoint folder it can read);
-        returns the server's answer (``rstar2 serve`` adds ``weights_fingerprint`` and ``dtype``).
+        returns the server's answer (``rstar2 serve`` adds ``weights_version``, ``weights_fingerprint``
+        and ``dtype``).
 
         The endpoint is SGLang's (``POST /update_weights_from_disk`` with ``{"model_path": …}``),
         which ``rstar2 serve`` also offers; ``version`` (the trainer's update count) goes as SGLang's
@@ -199,9 +198,7 @@ class OpenAIEngine:
         raises ``ServerError``. Requests in flight on ``rstar2 serve`` continue under the new
         weights."""
         what = f"{self.base_url}{endpoint} could not load {model_dir}"
-        body: dict[str, Any] = {"model_path": str(model_dir)}
-        if version is not None:
-            body["weight_version"] = str(version)
+        body: dict[str, Any] = {"model_path": str(model_dir), "weight_version": str(version)}
         answer = await self._post(endpoint, what, json=body)
         if answer.get("success") is False:
             raise ServerError(f"{what}: {answer.get('message', answer)}")

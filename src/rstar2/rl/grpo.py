@@ -91,14 +91,16 @@ def token_logprobs(
         logits, own = logits.float(), True
     if temperature > 0 and temperature != 1:
         logits, own = logits / temperature, True
-    if banned is not None and banned.numel():
+    bans = banned is not None and banned.numel() > 0
+    if bans:
         fill = logits.index_fill_ if own else logits.index_fill
         logits = fill(-1, banned.to(logits.device), float("-inf"))
     logp_all = F.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     entropy = None
-    if with_entropy:  # a banned token's 0 * -inf counts 0
-        entropy = -(logp_all.exp() * logp_all).nan_to_num(nan=0.0).sum(-1)
+    if with_entropy:
+        plogp = logp_all.exp() * logp_all
+        entropy = -(plogp.nan_to_num(nan=0.0) if bans else plogp).sum(-1)  # a banned 0 * -inf is 0
     return logp, entropy
 
 

@@ -1,21 +1,24 @@
-"""New weights to the engines after each update, and the proof that they serve them.
+"""The trainer's weights to the engines, at the run's start and after each update, and the proof
+that they serve them. Every send carries the policy version (the trainer's update count) and runs
+off the event loop, so rollouts and tool calls of later steps go on meanwhile.
 
 - One process: the in-process engine shares the trainer's model object; nothing to send.
-- Under torchrun without servers: each process's engine holds its own copy and loads the full
-  state dict.
-- Remote servers (``rollout.servers``): rank 0 writes the weights as a model folder and asks each
-  server to load it (``rollout.reload_path``, SGLang's ``/update_weights_from_disk``, which
-  ``rstar2 serve`` offers too). A refused request is retried ``rollout.reload_retries`` times, then
-  the run stops: it never trains on against stale weights.
+- Under torchrun without servers, or an asynchronous run: each process's engine holds its own copy
+  and loads the full state dict.
+- Remote servers (``rollout.servers``): rank 0 writes the weights as a model folder and asks every
+  server at once to load it (``rollout.reload_path``, SGLang's ``/update_weights_from_disk``, which
+  ``rstar2 serve`` offers too). A refused request is retried ``rollout.reload_retries`` times; if
+  any server still has not taken it, the run stops naming each: it never trains on tokens from
+  servers left on different versions.
 
-Two checks follow every sync to servers. A server that states a fingerprint of the weights it now
-holds (``rstar2 serve``) must state the trainer's. And every engine samples a few tokens from a
-fixed prompt while the trainer computes the same tokens' logprobs: their mean absolute difference
-must stay under ``rollout.weight_check_tol`` (any server; catches a reload that was answered but
-not applied, or a different model). An engine copy in the trainer's process (torchrun, or an
-asynchronous run) is compared with what was sent, tensor by tensor, exactly: no probe waits in its
-busy batch (measured: 1.8 s of a CPU step, 0.66 s of a 2.8 s GPU step), and its log-prob gap to the
-trainer is measured on every trained token anyway (``update/engine_gap``).
+Checks follow every send to servers. A server that states what it holds (``rstar2 serve``: the
+version and a fingerprint of its tensors, which one update at lr 1e-6 changes) must state what was
+sent. And every engine samples a few tokens from a fixed prompt while the trainer computes the same
+tokens' logprobs: their mean absolute difference must stay under ``rollout.weight_check_tol`` (any
+server; catches another model, not one small update missed, so a server that states no fingerprint
+is warned about). An engine copy in the trainer's process is compared with what was sent, tensor by
+tensor, exactly, with no probe waiting in its busy batch. Each token's version is checked before
+the update that trains it (``rl/staleness.py``).
 """
 
 from __future__ import annotations
@@ -40,9 +43,7 @@ class WeightSyncError(RuntimeError):
     """An engine did not take, or does not serve, the trainer's new weights."""
 
 
-async def reload_server(
-    engine: Any, path: Path, settings: RolloutSection, version: int | None = None
-) -> dict[str, Any]:
+async def reload_server(engine: Any, path: Path, settings: RolloutSection, version: int) -> dict[str, Any]:
     """One server loads ``path`` (policy ``version``); retried with back-off, then a
     ``WeightSyncError`` naming it."""
     delay, attempt = 1.0, 0

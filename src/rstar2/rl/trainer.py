@@ -8,7 +8,10 @@ holds a copy of the weights, refreshed after each update), and the loss is the d
 Rollouts go through the same ``Rollout`` as evaluation. In one synchronous process the in-process
 engine shares the trainer's model object, so new weights cost nothing to publish; under torchrun every
 process keeps a full copy for its own rollouts and reloads it after each update; remote servers
-are told to load the newest weights from disk. Everything a step needs to be redone identically
+are told to load the newest weights from disk. Before the first group starts, every engine is given
+the run's own weights and version (a server may hold another run's, or this one's from past the
+checkpoint it resumes from), and before each update every token to train is checked to have been
+sampled within ``max_staleness`` updates of the policy it trains. Everything a step needs to be redone identically
 (sampling seeds, RoC's choices, the data order) derives from (seed, step), so a resumed run
 continues exactly where the checkpoint left it.
 """
