@@ -85,22 +85,29 @@ def token_logprobs(
     """log p(label) per position, in fp32 at least (and the entropy of each position's distribution),
     under ``logits / temperature`` with the ``banned`` token ids left out: the distribution the
     engine sampled from (0 = greedy: unscaled). The engine renormalises without banned tokens, so
-    the trainer must too, or pi/mu is biased by the mass they would have had."""
-    own = False  # a copy of the model's logits is this function's to write in place
+    the trainer must too, or pi/mu is biased by the mass m they would have had. Renormalising is
+    done from the banned columns alone (log p' = log p - log(1 - m), and the entropy likewise), not
+    by masking the whole vocabulary: a ban then costs a gather, not a copy of the logits."""
     if logits.dtype in (torch.float16, torch.bfloat16):
-        logits, own = logits.float(), True
+        logits = logits.float()
     if temperature > 0 and temperature != 1:
-        logits, own = logits / temperature, True
-    bans = banned is not None and banned.numel() > 0
-    if bans:
-        fill = logits.index_fill_ if own else logits.index_fill
-        logits = fill(-1, banned.to(logits.device), float("-inf"))
+        logits = logits / temperature
     logp_all = F.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        plogp = logp_all.exp() * logp_all
-        entropy = -(plogp.nan_to_num(nan=0.0) if bans else plogp).sum(-1)  # a banned 0 * -inf is 0
+    columns = labels.unsqueeze(-1)
+    bans = banned is not None and banned.numel() > 0
+    if bans:  # the labels' and the banned columns in one gather (one scatter in the backward)
+        columns = torch.cat([columns, banned.to(labels.device).expand(*labels.shape, -1)], dim=-1)
+    picked = logp_all.gather(-1, columns)
+    logp = picked[..., 0]
+    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    if bans:
+        logp_banned = picked[..., 1:]
+        p_banned = logp_banned.exp()
+        mass = p_banned.sum(-1).clamp(max=1.0 - 1e-6)  # the engine never samples where it is all
+        log_kept = torch.log1p(-mass)
+        logp = logp - log_kept
+        if entropy is not None:  # H' = (H + sum_b p_b log p_b) / (1 - m) + log(1 - m)
+            entropy = (entropy + (p_banned * logp_banned).sum(-1)) / (1.0 - mass) + log_kept
     return logp, entropy
 
 
