@@ -442,8 +442,8 @@ async def test_a_weight_write_waits_for_the_step_in_progress_not_for_the_engine_
 
 async def test_a_weight_load_carries_its_version_and_a_bad_one_changes_nothing(model, prompt):
     """Every write says which policy it holds; a state dict that does not fit writes nothing; a
-    write that fails half way leaves the engine refusing requests (never half-written weights
-    under the old version) until a whole load succeeds."""
+    write that fails half way fails the rows decoding and leaves the engine refusing requests
+    (never half-written weights under the old version) until a whole load succeeds."""
     engine = HFEngine(model, max_batch_size=4)
     held = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(ValueError, match="policy version"):
@@ -462,13 +462,18 @@ async def test_a_weight_load_carries_its_version_and_a_bad_one_changes_nothing(m
         raise RuntimeError("disk went away")
 
     changed = {k: v + 0.05 for k, v in held.items()}
+    running = asyncio.create_task(engine.generate(prompt, SamplingParams(max_new_tokens=400, seed=2)))
+    while engine.stats["steps"] < 5:
+        await asyncio.sleep(0.001)
     model.load_state_dict = half.__get__(model)
     try:
         with pytest.raises(RuntimeError, match="disk went away"):
-            engine.update_weights(changed, 5)
+            await asyncio.to_thread(engine.update_weights, changed, 5)
     finally:
         del model.load_state_dict
     assert engine.version == 0
+    with pytest.raises(RuntimeError, match="holds no whole weights"):  # the row decoding then, too
+        await running
     with pytest.raises(RuntimeError, match="holds no whole weights.*version 5 failed half way"):
         await engine.generate(prompt, SamplingParams(max_new_tokens=2))
     engine.update_weights(changed, 5)

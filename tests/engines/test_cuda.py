@@ -95,7 +95,8 @@ def test_cuda_graphs_replay_the_eager_decode_and_see_weights_written_in_place(ti
                 (replayed, first), (plain, _) = await greedy(graphed), await greedy(eager)
                 assert replayed == plain, version
                 seen.append(first)
-                captures = graphed.graphs.captures
+                if version == 1:
+                    captures = graphed.graphs.captures  # every bucket these prompts need
                 with torch.no_grad():
                     for p in gpu.parameters():
                         p.add_(0.02 * torch.randn_like(p))

@@ -65,8 +65,8 @@ async def test_a_push_that_one_server_refuses_stops_the_run_naming_it(tmp_path):
     with pytest.raises(
         WeightSyncError, match=r"1 of 2 engines did not take the weights of version 4.*http://b:2"
     ):
-        await load_into_servers([good, bad], tmp_path, settings, version=4)
-    assert good.loads == [4] and bad.loads == [4]  # both were asked, at once
+        await load_into_servers([bad, good], tmp_path, settings, version=4)
+    assert good.loads == [4] and bad.loads == [4]  # both asked at once: the refusal stopped no other
 
     class _Behind(_Server):
         async def update_weights(self, path, endpoint, version):

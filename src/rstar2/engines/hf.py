@@ -133,7 +133,7 @@ class HFEngine:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         if self._closed:
             raise RuntimeError(f"engine {self.name} is closed")
-        if self.broken:
+        if self.broken:  # (requests already queued fail in the engine's thread)
             raise RuntimeError(f"engine {self.name} holds no whole weights: {self.broken}; load them again")
         if not prompt_ids:
             raise ValueError("the prompt is empty")
@@ -274,6 +274,9 @@ class HFEngine:
                 pass
             start = time.perf_counter()
             with torch.no_grad(), self.lock, torch.autocast(device.type, torch.bfloat16, enabled=bf16):
+                if self.broken:  # a load failed half way: nothing is sampled from what it left
+                    self._fail_all(batch, new or [])
+                    continue
                 stamp = (self._written, weights_stamp(self.model))
                 if stamp != self._stamp:  # new weights
                     self._stamp = stamp
@@ -297,6 +300,13 @@ class HFEngine:
                 if batch.rows:
                     batch.guarded(list(batch.rows), batch.step)
             self.stats["busy_s"] += time.perf_counter() - start
+
+    def _fail_all(self, batch: RunningBatch, new: list[Request]) -> None:
+        """Every running row and new request fails with the reason the weights are not whole."""
+        error = RuntimeError(f"engine {self.name} holds no whole weights: {self.broken}; load them again")
+        for req in [row.req for row in batch.rows] + new:
+            req.settle(error)
+        batch.reset()
 
     def _row(self, req: Request) -> Row:
         budget = min(req.params.max_new_tokens, max_positions(self.model) - len(req.prompt_ids))

@@ -207,9 +207,10 @@ def server_routes(s: Served) -> APIRouter:
             state.update(await asyncio.to_thread(load_file, str(f)))
         try:
             await asyncio.to_thread(s.engine.update_weights, state, int(body.weight_version))
-        except ValueError as exc:
+        except ValueError as exc:  # nothing was written
             raise HTTPException(400, f"{body.model_path}: {exc}") from exc
-        except Exception as exc:
+        except Exception as exc:  # written in part: what it holds is no longer what was fingerprinted
+            s.weights.update(fingerprint=None, keys=None)
             raise HTTPException(500, f"{body.model_path}: {exc}") from exc
         s.weights.update(
             loads=s.weights["loads"] + 1, path=body.model_path, fingerprint=None, keys=list(state)

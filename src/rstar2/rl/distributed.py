@@ -8,12 +8,14 @@ update is the only collective-heavy part. One process (no ``torchrun``) skips al
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,18 @@ def shard(model: torch.nn.Module, world: World) -> torch.nn.Module:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
+
+
+def on_device(world: World, fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn`` for a worker thread (``asyncio.to_thread``) that runs on this process's GPU: CUDA's
+    current device belongs to each thread, and a new one starts on device 0."""
+
+    def run(*args: Any, **kwargs: Any) -> T:
+        if world.device.type == "cuda":
+            torch.cuda.set_device(world.device)
+        return fn(*args, **kwargs)
+
+    return run
 
 
 def full_state_dict(model: torch.nn.Module, world: World) -> dict[str, torch.Tensor]:

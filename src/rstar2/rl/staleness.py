@@ -37,11 +37,15 @@ def check_versions(trajectories: Sequence[Any], *, trained_by: int, max_stalenes
         for turn in t.turns:
             for v in t.versions[at : at + turn.model_tokens]:
                 if not low <= v <= trained_by:
+                    why = (
+                        "it holds other weights than the trainer sent"
+                        if v > trained_by
+                        else "older than the bound lets a group start with"
+                    )
                     raise StalenessError(
                         f"engine {turn.engine or '?'} sampled a token with policy version {v}, outside "
                         f"[{low}, {trained_by}] (the trainer is at version {trained_by}, "
-                        f"rollout.max_staleness={max_staleness}): it holds other weights than the "
-                        "trainer sent; the step was not trained"
+                        f"rollout.max_staleness={max_staleness}): {why}; the step was not trained"
                     )
             at += turn.model_tokens + turn.tool_tokens
 

@@ -137,6 +137,23 @@ async def load_into_servers(
 _UNVERIFIED: set[str] = set()  # servers already warned about (once a process)
 
 
+async def load_copy(engine: Any, weights: dict[str, torch.Tensor], version: int) -> None:
+    """An engine copy in this process loads ``weights`` as ``version`` (off the event loop) and
+    must then hold exactly what was sent."""
+
+    def load() -> float:
+        sent = {k: v.to(engine.model.dtype) for k, v in weights.items()}
+        engine.update_weights(sent, version)
+        return held_difference(engine, sent)
+
+    diff = await asyncio.to_thread(load)
+    if diff != 0.0:
+        raise WeightSyncError(
+            f"engine {engine.name} holds other weights than the trainer sent as version {version} "
+            f"(largest difference {diff:g})"
+        )
+
+
 def held_difference(engine: Any, sent: dict[str, torch.Tensor]) -> float:
     """0.0 when an in-process ``engine`` holds exactly the tensors ``sent``; else the largest
     |held - sent| of the first that differs (inf for one it does not hold:
@@ -207,34 +224,29 @@ async def publish(
         for e in engines:  # count every kind of write, e.g. through param.data)
             await asyncio.to_thread(e.invalidate, step)
         return {}
-    # off the event loop: rollouts and tool calls of the next steps go on meanwhile
-    weights = await asyncio.to_thread(D.full_state_dict, model, world)
-    if settings.servers:
-        error: BaseException | None = None
-        if world.main:
-            try:
-                cpu = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
-                await asyncio.to_thread(
-                    model.save_pretrained, folder, state_dict=cpu, safe_serialization=True
-                )
-                await load_into_servers(engines, folder, settings, cpu, version=step)
-            except BaseException as exc:  # told to every process below, so none waits forever
-                error = exc
-        failed = D.all_gather_objects(None if error is None else f"{type(error).__name__}: {error}", world)
-        if error is not None:
-            raise error
-        if any(failed):
-            raise WeightSyncError(f"rank 0 could not publish the weights of step {step}: {failed[0]}")
-    else:  # an engine copy in this process: what it holds is compared with what was sent, exactly
-        for e in engines:
-            sent = {k: v.to(e.model.dtype) for k, v in weights.items()}
-            await asyncio.to_thread(e.update_weights, sent, step)
-            diff = await asyncio.to_thread(held_difference, e, sent)
-            if diff != 0.0:
-                raise WeightSyncError(
-                    f"engine {e.name} holds other weights than the trainer sent as version {step} "
-                    f"(largest difference {diff:g})"
-                )
+    # off the event loop (rollouts and tool calls of the next steps go on meanwhile), on this GPU
+    weights = await asyncio.to_thread(D.on_device(world, D.full_state_dict), model, world)
+    error: BaseException | None = None
+    try:
+        if settings.servers and world.main:
+            cpu = await asyncio.to_thread(
+                lambda: {k: v.detach().cpu().contiguous() for k, v in weights.items()}
+            )
+            await asyncio.to_thread(model.save_pretrained, folder, state_dict=cpu, safe_serialization=True)
+            await load_into_servers(engines, folder, settings, cpu, version=step)
+        elif not settings.servers:  # engine copies in this process: compared with what was sent, exactly
+            for e in engines:
+                await load_copy(e, weights, step)
+    except Exception as exc:  # told to every process below, so none waits in a collective
+        error = exc
+    said = D.all_gather_objects(None if error is None else f"{type(error).__name__}: {error}", world)
+    if error is not None:
+        raise error
+    if any(said):
+        raise WeightSyncError(
+            f"another process could not publish the weights of version {step}: {next(x for x in said if x)}"
+        )
+    if not settings.servers:
         return {}
     diffs = await probe_engines(
         engines, model, probe_prompt, world, pad_id=pad_id, seed=step, compute=compute

@@ -321,7 +321,8 @@ class RLTrainer:
             last = self.step_no == self.cfg.run.steps
             stop = self.watch.stop_reason(self.warnings)
             if last or stop or self.step_no % max(1, self.cfg.run.save_every) == 0:
-                await asyncio.to_thread(self.save, metrics)  # rollouts of later steps go on meanwhile
+                # off the event loop: rollouts of later steps go on meanwhile
+                await asyncio.to_thread(D.on_device(self.world, self.save), metrics)
             if stop:  # every process saw the same gathered records: all stop here
                 raise RunError(f"RL step {self.step_no}: {stop} (run folder {self.run_dir})")
 
@@ -446,7 +447,7 @@ class RLTrainer:
         self._check_versions([r.trajectory for r in rows], trained_by=step - 1)
 
         t1 = time.perf_counter()
-        update = await asyncio.to_thread(self._update, rows, trajs)
+        update = await asyncio.to_thread(D.on_device(world, self._update), rows, trajs)
         update_s = time.perf_counter() - t1
         t2 = time.perf_counter()
         sync = await self._publish(step)

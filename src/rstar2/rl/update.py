@@ -64,7 +64,7 @@ def forward_logprobs(
             use_cache=False,
             logits_to_keep=width + 1 - start,
         ).logits
-    ban = torch.tensor(list(banned), dtype=torch.long) if banned else None
+    ban = torch.tensor(sorted(set(banned)), dtype=torch.long) if banned else None  # each mass once
     logp, entropy = token_logprobs(logits[:, :-1], mb.labels[:, start:], with_entropy, temperature, ban)
     if start:
         pad = logp.new_zeros(logp.shape[0], start)
