@@ -24,6 +24,7 @@ from rstar2.rl.checkpoint import latest_checkpoint
 from rstar2.rl.metrics_log import read_metrics
 
 from ..conftest import ROOT, free_port, start_cli, stop, wait_http
+from .test_async import assert_versions_in_bound
 from .test_trainer import FP32, rl_config
 
 _PATH = os.pathsep.join(p for p in (str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")) if p)
@@ -213,18 +214,6 @@ def test_asynchronous_rl_on_two_served_engines(served, second_server, tiny_dir, 
     assert_versions_in_bound(out, k=1)
 
 
-def assert_versions_in_bound(run: Path, k: int) -> None:
-    """Every logged step's staleness in [0, k], and every sampled model token's version in
-    [step - 1 - k, step - 1] (the trainer refuses a step otherwise; this reads what it trained)."""
-    rows = read_metrics(run / "metrics.jsonl")
-    assert rows and all(0 <= r["staleness/mean"] <= r["staleness/max"] <= k for r in rows), rows
-    for r in rows:
-        lines = (run / "samples" / f"step_{r['step']:06d}.jsonl").read_text().splitlines()
-        for t in map(json.loads, lines):
-            model = [v for v, m in zip(t["versions"], t["loss_mask"], strict=True) if m]
-            assert model and all(0 <= r["step"] - 1 - v <= k for v in model), (run, r["step"], model)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_runs_on_one_server_holding_other_weights_train_only_their_own_policys_tokens(
@@ -333,11 +322,7 @@ def test_asynchronous_rl_under_torchrun(tiny_dir, problems, tmp_path):
     # each process's engine copy is compared exactly with what was sent (no probe in its batch)
     assert all("sync/logprob_diff" not in r for r in rows)
     assert any(r["staleness/max"] == 1 for r in rows[1:])  # later steps' groups ran beside an update
-    for r in rows:
-        lines = (out / "samples" / f"step_{r['step']:06d}.jsonl").read_text().splitlines()
-        for t in map(json.loads, lines):
-            model = [v for v, m in zip(t["versions"], t["loss_mask"], strict=True) if m]
-            assert model and all(0 <= r["step"] - 1 - v <= 1 for v in model), (r["step"], model)
+    assert_versions_in_bound(out, k=1)
     start = load_file(str(tiny_dir / "model.safetensors"))
     assert max(float((final_weights(out)[k] - start[k]).abs().max()) for k in start) > 1e-6
 

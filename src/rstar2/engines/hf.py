@@ -134,7 +134,7 @@ class HFEngine:
         if self._closed:
             raise RuntimeError(f"engine {self.name} is closed")
         if self.broken:  # (requests already queued fail in the engine's thread)
-            raise RuntimeError(f"engine {self.name} holds no whole weights: {self.broken}; load them again")
+            raise self._not_whole()
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         vocab = self.model.get_input_embeddings().num_embeddings
@@ -301,9 +301,12 @@ class HFEngine:
                     batch.guarded(list(batch.rows), batch.step)
             self.stats["busy_s"] += time.perf_counter() - start
 
+    def _not_whole(self) -> RuntimeError:
+        return RuntimeError(f"engine {self.name} holds no whole weights: {self.broken}; load them again")
+
     def _fail_all(self, batch: RunningBatch, new: list[Request]) -> None:
         """Every running row and new request fails with the reason the weights are not whole."""
-        error = RuntimeError(f"engine {self.name} holds no whole weights: {self.broken}; load them again")
+        error = self._not_whole()
         for req in [row.req for row in batch.rows] + new:
             req.settle(error)
         batch.reset()
