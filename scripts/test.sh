@@ -3,5 +3,6 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
+bash "$ROOT/scripts/setup-vllm.sh"  # the tests that run rstar2 on vLLM
 cd "$ROOT"
 exec "$ROOT/.venv/bin/python" -m pytest "$@"

@@ -152,6 +152,49 @@ def serve(
     serve_model(model, host, port, name=name, device=device, dtype=dtype, log=console.print, **sizes)
 
 
+@app.command("vllm", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def vllm_cmd(
+    ctx: typer.Context,
+    model: Path = typer.Option(..., "--model", help="A local Hugging Face model directory (served by vLLM)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    port: int = typer.Option(8000, help="Port."),
+    dtype: str = typer.Option("auto", help="Weights: auto, float32, bfloat16, float16."),
+    max_model_len: int | None = typer.Option(None, help="Longest prompt + response (default: the model's)."),
+    eager: bool = typer.Option(False, help="Skip torch.compile: a faster start (see RESULTS.md for decode)."),
+    cores: str | None = typer.Option(
+        None, help="CPU: the cores its engine is bound to, e.g. 0-1 or 1 (default: vLLM's, all but one)."
+    ),
+    kv_cache_gib: int | None = typer.Option(None, help="CPU: GiB of KV cache (default: vLLM's)."),
+    python: str | None = typer.Option(
+        None, help="The Python of vLLM's environment (default: $RSTAR2_VLLM_PYTHON, else .venv-vllm)."
+    ),
+) -> None:
+    """Start a vLLM server ready for rstar2: in-place weight loads, each token's weight version, the
+    sampled distribution's log-probs, priority scheduling. Arguments after -- go to vLLM."""
+    import os
+    import shutil
+
+    from .engines import vllm_launch as launch
+
+    if not model.is_dir():
+        raise typer.BadParameter(f"--model {model}: no such directory")
+    exe = launch.vllm_python(python)
+    if not shutil.which(exe):
+        raise typer.BadParameter(f"--python {exe}: not found (scripts/setup-vllm.sh installs vLLM)")
+    args = launch.command(
+        str(model),
+        python=exe,
+        host=host,
+        port=port,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        eager=eager,
+        extra=tuple(ctx.args),
+    )
+    console.print(f"[rstar2] {' '.join(args)}")
+    os.execve(exe, args, launch.environment(cores, kv_cache_gib))  # signals reach vLLM itself
+
+
 @app.command("chat")
 def chat(
     model: str | None = MODEL,

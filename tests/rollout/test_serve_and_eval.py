@@ -180,45 +180,6 @@ async def test_priority_goes_to_rstar2_serve_only_and_its_counters_come_back(ser
         await remote.close()
 
 
-async def test_vllm_weight_transfer_is_paused_kept_started_sent_finished_and_resumed():
-    """The control plane of vLLM's weight transfer as its documentation gives it (no vLLM here to
-    run it against): the calls, their order and bodies, the trainer's send run beside the update
-    call, and a resume even when a step fails."""
-    calls: list[tuple[str, str, dict]] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content) if request.content else {}
-        calls.append((request.url.path, str(request.url.query, "ascii"), body))
-        if request.url.path == "/finish_weight_update" and fail["finish"]:
-            return httpx.Response(500, text="boom")
-        return httpx.Response(200, json={})
-
-    fail = {"finish": False}
-    engine = OpenAIEngine("http://vllm:8000")
-    engine._client = httpx.AsyncClient(base_url=engine.base_url, transport=httpx.MockTransport(handler))
-    sent: list[int] = []
-    info = {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[2, 2]]}
-    await engine.init_weight_transfer({"master_address": "10.0.0.1", "master_port": 29600})
-    await engine.transfer_weights(info, lambda: sent.append(1))
-    assert [c[0] for c in calls] == [
-        "/init_weight_transfer_engine",
-        "/pause",
-        "/start_weight_update",
-        "/update_weights",
-        "/finish_weight_update",
-        "/resume",
-    ]
-    assert calls[0][2] == {"init_info": {"master_address": "10.0.0.1", "master_port": 29600}}
-    assert calls[1][1] == "mode=keep&clear_cache=true"
-    assert calls[3][2] == {"update_info": info} and sent == [1]
-    calls.clear()
-    fail["finish"] = True
-    with pytest.raises(Exception, match="finish_weight_update: answered 500"):
-        await engine.transfer_weights(info, lambda: None, keep_kv=True)
-    assert calls[0][1] == "mode=keep&clear_cache=false" and calls[-1][0] == "/resume"
-    await engine.close()
-
-
 def test_rstar2_serve_bans_what_logit_bias_bans_and_refuses_what_it_cannot_honour(server, tiny, tmp_path):
     """``logit_bias`` -100 bans a token (OpenAIEngine sends the rollout's banned tokens so); any
     other bias, an unknown field, or a weight load without its policy version is refused with a

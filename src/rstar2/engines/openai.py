@@ -1,4 +1,5 @@
-"""``OpenAIEngine``: an OpenAI-compatible completions server (vLLM, SGLang, ``rstar2 serve``).
+"""``OpenAIEngine``: an OpenAI-compatible completions server (SGLang, ``rstar2 serve``, a vLLM
+without its RL routes; ``engines/vllm.py`` speaks to a vLLM started with them).
 
 Token ids go in as the prompt of ``/v1/completions``; the sampled ids come back through vLLM's
 ``return_token_ids`` (or, on servers without it, from logprob tokens written as ``token_id:N``),
@@ -144,37 +145,43 @@ class OpenAIEngine:
             body["priority"] = params.priority
         return body
 
+    path = "/v1/completions"  # where a request goes (VLLMEngine: vLLM's token-in, token-out route)
+
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         self.in_flight += 1
         try:
-            body = self.body(prompt_ids, params, await self._model())
-            delay = 0.5
-            for attempt in range(self.retries + 1):
-                try:
-                    resp = await self._client.post("/v1/completions", json=body)
-                except httpx.TransportError as exc:
-                    if attempt == self.retries:
-                        raise ServerError(f"{self.base_url} unreachable: {exc}") from exc
-                    await asyncio.sleep(delay)
-                    delay *= 2
-                    continue
-                if resp.status_code >= 500 and attempt < self.retries:
-                    await asyncio.sleep(delay)
-                    delay *= 2
-                    continue
-                if resp.status_code != 200:
-                    raise ServerError(f"{self.base_url} answered {resp.status_code}: {resp.text[:500]}")
-                break
-            choice = resp.json()["choices"][0]
-            ids = _token_ids(choice)
-            logprobs = _token_logprobs(choice, len(ids), self.base_url)
-            finish = "length" if choice.get("finish_reason") == "length" else "stop"
-            versions = choice.get("token_versions")  # rstar2 serve says which policy sampled each
-            if not (isinstance(versions, list) and len(versions) == len(ids)):
-                versions = None
-            return Generation(ids, logprobs, finish, versions)  # type: ignore[arg-type]
+            answer = await self._request(self.body(prompt_ids, params, await self._model()))
+            return self.parse(answer["choices"][0])
         finally:
             self.in_flight -= 1
+
+    async def _request(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST ``body`` to ``self.path``, retried with back-off when the server cannot be reached
+        or answers 5xx; its JSON answer, or a ``ServerError``."""
+        delay = 0.5
+        for attempt in range(self.retries + 1):
+            try:
+                resp = await self._client.post(self.path, json=body)
+            except httpx.TransportError as exc:
+                if attempt == self.retries:
+                    raise ServerError(f"{self.base_url} unreachable: {exc}") from exc
+            else:
+                if resp.status_code == 200:
+                    return resp.json()
+                if resp.status_code < 500 or attempt == self.retries:
+                    raise ServerError(f"{self.base_url} answered {resp.status_code}: {resp.text[:500]}")
+            await asyncio.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    def parse(self, choice: dict[str, Any]) -> Generation:
+        ids = _token_ids(choice)
+        logprobs = _token_logprobs(choice, len(ids), self.base_url)
+        finish = "length" if choice.get("finish_reason") == "length" else "stop"
+        versions = choice.get("token_versions")  # rstar2 serve says which policy sampled each
+        if not (isinstance(versions, list) and len(versions) == len(ids)):
+            versions = None
+        return Generation(ids, logprobs, finish, versions)  # type: ignore[arg-type]
 
     async def counters(self) -> dict[str, Any] | None:
         """The server's engine counters (``rstar2 serve``'s ``/health``), or None where it has none."""
@@ -192,24 +199,23 @@ class OpenAIEngine:
 
         The endpoint is SGLang's (``POST /update_weights_from_disk`` with ``{"model_path": …}``),
         which ``rstar2 serve`` also offers; ``version`` (the trainer's update count) goes as SGLang's
-        ``weight_version``, and ``rstar2 serve`` then says which version sampled each token. A vLLM
-        server has no such endpoint: restart it on the checkpoint, or set ``rollout.reload_path`` to
-        your own route. A refusal (an error status, or ``"success": false`` as SGLang answers)
+        ``weight_version``, and ``rstar2 serve`` then says which version sampled each token (vLLM's
+        own routes are ``VLLMEngine``'s). A refusal (an error status, or ``"success": false`` as SGLang answers)
         raises ``ServerError``. Requests in flight on ``rstar2 serve`` continue under the new
         weights."""
         what = f"{self.base_url}{endpoint} could not load {model_dir}"
         body: dict[str, Any] = {"model_path": str(model_dir), "weight_version": str(version)}
-        answer = await self._post(endpoint, what, json=body)
+        answer = await self._call("POST", endpoint, what, json=body)
         if answer.get("success") is False:
             raise ServerError(f"{what}: {answer.get('message', answer)}")
         return answer
 
-    async def _post(self, path: str, what: str | None = None, **kw: Any) -> dict[str, Any]:
-        """POST ``path``; its JSON object answer ({} if none). No answer, or an error status, is a
-        ``ServerError`` that starts with ``what`` (default: the URL)."""
+    async def _call(self, method: str, path: str, what: str | None = None, **kw: Any) -> dict[str, Any]:
+        """``method`` ``path``; its JSON object answer ({} if none). No answer, or an error status,
+        is a ``ServerError`` that starts with ``what`` (default: the URL)."""
         what = what or f"{self.base_url}{path}"
         try:
-            resp = await self._client.post(path, **kw)
+            resp = await self._client.request(method, path, **kw)
         except httpx.HTTPError as exc:
             raise ServerError(f"{what}: {type(exc).__name__}: {exc}") from exc
         if resp.status_code != 200:
@@ -219,39 +225,6 @@ class OpenAIEngine:
         except ValueError:
             return {}
         return answer if isinstance(answer, dict) else {}
-
-    # -- vLLM's weight transfer (vLLM >= 0.16 with VLLM_SERVER_DEV_MODE=1; untested here: no vLLM) ---
-
-    async def pause(self, mode: str = "keep", clear_cache: bool = True) -> None:
-        """vLLM's ``POST /pause``: ``keep`` freezes the requests in flight (they continue after
-        ``resume``, under the new weights); ``clear_cache`` drops KV computed under the old ones."""
-        await self._post("/pause", params={"mode": mode, "clear_cache": str(clear_cache).lower()})
-
-    async def resume(self) -> None:
-        await self._post("/resume")
-
-    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
-        """Once, before the first update: the server joins the transport its
-        ``--weight-transfer-config`` names (NCCL or CUDA IPC) with ``init_info``."""
-        await self._post("/init_weight_transfer_engine", json={"init_info": init_info})
-
-    async def transfer_weights(
-        self, update_info: dict[str, Any], send: Any, *, keep_kv: bool = False
-    ) -> None:
-        """New weights through vLLM's weight transfer, requests in flight kept: pause (``keep``),
-        ``start_weight_update``, ``update_weights`` with ``update_info`` (names, dtypes, shapes)
-        while ``send()`` (the trainer's side of the transport, e.g. vLLM's
-        ``TrainerWeightTransferEngine.send_weights``, run in a thread) pushes the tensors,
-        ``finish_weight_update``, resume. A failure resumes the server before it is raised."""
-        await self.pause("keep", clear_cache=not keep_kv)
-        try:
-            await self._post("/start_weight_update")
-            await asyncio.gather(
-                self._post("/update_weights", json={"update_info": update_info}), asyncio.to_thread(send)
-            )
-            await self._post("/finish_weight_update")
-        finally:
-            await self.resume()
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -145,7 +145,7 @@ async def _sample(
 
     out_dir.mkdir(parents=True, exist_ok=True)
     problems = write_jsonl(rows, out_dir / "problems.jsonl")
-    engines = open_engines(settings, str(model_dir), recipe.model.device, recipe.model.dtype)
+    engines = await open_engines(settings, str(model_dir), recipe.model.device, recipe.model.dtype)
     try:
         if settings.servers:
             # version 0: the policy this sampling reads (an RL stage pushes its own start after)

@@ -7,13 +7,14 @@ off the event loop, so rollouts and tool calls of later steps go on meanwhile.
   and loads the full state dict.
 - Remote servers (``rollout.servers``): rank 0 writes the weights as a model folder and asks every
   server at once to load it (``rollout.reload_path``, SGLang's ``/update_weights_from_disk``, which
-  ``rstar2 serve`` offers too). A refused request is retried ``rollout.reload_retries`` times; if
+  ``rstar2 serve`` offers too; a vLLM started by ``rstar2 vllm`` loads it in place through its own
+  routes, ``engines/vllm.py``). A refused request is retried ``rollout.reload_retries`` times; if
   any server still has not taken it, the run stops naming each: it never trains on tokens from
   servers left on different versions.
 
 Checks follow every send to servers. A server that states what it holds (``rstar2 serve``: the
-version and a fingerprint of its tensors, which one update at lr 1e-6 changes) must state what was
-sent. And every engine samples a few tokens from a fixed prompt while the trainer computes the same
+version and a fingerprint of its tensors, which one update at lr 1e-6 changes; vLLM: the version,
+and every parameter written by the load) must state what was sent. And every engine samples a few tokens from a fixed prompt while the trainer computes the same
 tokens' logprobs: their mean absolute difference must stay under ``rollout.weight_check_tol`` (any
 server; catches another model, not one small update missed, so a server that states no fingerprint
 is warned about). An engine copy in the trainer's process is compared with what was sent, tensor by
@@ -116,7 +117,7 @@ async def load_into_servers(
             if answer.get("weights_fingerprint") is not None:
                 sent = sent if sent is not None else await asyncio.to_thread(saved_tensors, folder, weights)
                 check_fingerprint(e.name, answer, sent)
-            elif e.name not in _UNVERIFIED:
+            elif answer.get("parameters_written") is None and e.name not in _UNVERIFIED:
                 _UNVERIFIED.add(e.name)
                 print(
                     f"[rstar2] warning: engine {e.name} states no fingerprint of the weights it holds: "

@@ -257,7 +257,7 @@ class RLTrainer:
         self._load()
         history: list[dict[str, Any]] = []
         # remote servers, or one in-process engine over the trainer's model (or its copy)
-        self.engines = open_engines(
+        self.engines = await open_engines(
             self.cfg.rollout,
             trainer_model=self.engine_model,
             name=f"rank{self.world.rank}",

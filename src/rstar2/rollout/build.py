@@ -35,7 +35,7 @@ def check_engine_choice(model: str | None, settings: RolloutSection, tokenizer: 
         raise ValueError("with --server, give --tokenizer PATH (the served model's tokenizer)")
 
 
-def open_engines(
+async def open_engines(
     settings: RolloutSection,
     model: str | None = None,
     device: str = "auto",
@@ -45,13 +45,19 @@ def open_engines(
     name: str = "hf",
     compute: str = "auto",
 ) -> list[Any]:
-    """``settings.servers`` as ``OpenAIEngine``s, or one in-process ``HFEngine``: over a loaded
-    model the caller keeps training (``trainer_model``, so new weights cost nothing to
-    publish), else loaded from the directory ``model``."""
-    from ..engines.openai import OpenAIEngine
-
+    """``settings.servers``, each asked what it is (``connect``), or one in-process ``HFEngine``:
+    over a loaded model the caller keeps training (``trainer_model``, so new weights cost nothing
+    to publish), else loaded from the directory ``model``."""
     if settings.servers:
-        return [OpenAIEngine(url, capacity_tokens=settings.capacity_tokens) for url in settings.servers]
+        engines: list[Any] = []
+        try:
+            for url in settings.servers:
+                engines.append(await connect(url, settings.capacity_tokens))
+        except BaseException:
+            for e in engines:
+                await e.close()
+            raise
+        return engines
     from ..engines.hf import HFEngine
 
     sizes = {
@@ -67,6 +73,25 @@ def open_engines(
     if not model:
         raise ValueError("give either a model directory (--model) or one or more servers (--server)")
     return [HFEngine.from_pretrained(model, device=device, dtype=dtype, **sizes)]
+
+
+async def connect(url: str, capacity_tokens: int | None = None) -> Any:
+    """The engine for the server at ``url``: a ``VLLMEngine`` where it is vLLM with its RL routes
+    (``rstar2 vllm``), else an ``OpenAIEngine`` (SGLang, ``rstar2 serve``, another vLLM); either
+    has asked the server for its KV capacity."""
+    from ..engines.openai import OpenAIEngine
+    from ..engines.vllm import VLLMEngine, vllm_config
+
+    engine = OpenAIEngine(url, capacity_tokens=capacity_tokens)
+    if await vllm_config(engine._client) is not None:
+        await engine.close()
+        engine = VLLMEngine(url, capacity_tokens=capacity_tokens)
+    try:
+        await engine.probe_capacity()
+    except BaseException:
+        await engine.close()
+        raise
+    return engine
 
 
 @asynccontextmanager
@@ -119,11 +144,8 @@ async def open_rollout(
         tokenizer = load_tokenizer(str(tokenizer or model))
     fmt = ChatFormat.from_settings(tokenizer, settings)
     own = engines is None
-    engines = open_engines(settings, model, device, dtype) if own else list(engines)
+    engines = await open_engines(settings, model, device, dtype) if own else list(engines)
     try:
-        for engine in engines:  # servers state their KV capacity (vLLM /metrics, SGLang server info)
-            if hasattr(engine, "probe_capacity"):
-                await engine.probe_capacity()
         async with open_services(settings, code_env, verifier) as services:
             yield Rollout(engines, fmt, services["code_env"], services["verifier"], settings)
     finally:

@@ -1,0 +1,153 @@
+"""``VLLMEngine``: a vLLM server started for RL (``rstar2 vllm``: its development routes and its
+token-in, token-out route on), spoken to through the routes vLLM offers for exactly this.
+
+- **Generation** goes to ``/inference/v1/generate``: token ids in, the sampled ids, their log-probs
+  and the policy version of every token out (vLLM's ``weight_versions`` spans), so a turn that an
+  update crossed says which tokens came from which weights.
+- **New weights** are loaded in place, requests in flight kept: ``/pause`` (``keep``) →
+  ``rstar2_load`` on every worker (``/collective_rpc``; ``engines/vllm_worker.py``: vLLM's
+  ``reload_weights`` from the trainer's model folder, with what it did not load reported) →
+  ``/update_weight_version`` → the prefix cache and the running requests' KV dropped (they prefill
+  again under the new weights) → ``/resume``. A load that left any parameter out is refused.
+- **Seeds** go with each request where the server samples seeded requests safely. vLLM on a CPU
+  can die under many concurrent seeded prefills (``CPU Generator does not use offset``, then every
+  request fails until a restart), so there requests go unseeded and the engine says so once.
+- **Priority** goes where the server was started with ``--scheduling-policy priority``.
+
+What the server is (device, scheduling policy, KV blocks) comes from its ``/server_info``, a
+development route like the weight routes; a vLLM started without them is an ``OpenAIEngine``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import httpx
+
+from .base import Generation, SamplingParams
+from .openai import OpenAIEngine, ServerError
+
+GENERATE = "/inference/v1/generate"
+HOW_TO_START = (
+    "start it with `rstar2 vllm` (VLLM_SERVER_DEV_MODE=1, --enable-scale-out, rstar2's worker extension)"
+)
+
+
+async def vllm_config(client: httpx.AsyncClient) -> dict[str, Any] | None:
+    """The server's vLLM configuration (``GET /server_info``), or None when it is no vLLM in
+    development mode."""
+    try:
+        resp = await client.get("/server_info", params={"config_format": "json"}, timeout=10)
+        found = resp.json().get("vllm_config") if resp.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def token_versions(spans: Any, n: int) -> list[int] | None:
+    """vLLM's ``weight_versions`` spans (``{"version", "start", "end"}`` over the output tokens) as
+    one policy version a token; -1 where the version is not one rstar2 set (vLLM's ``default``)."""
+    if not isinstance(spans, list):
+        return None
+    versions = [-1] * n
+    for span in spans:
+        label = str(span.get("version", ""))
+        for i in range(max(0, int(span["start"])), min(n, int(span["end"]))):
+            versions[i] = int(label) if label.isdigit() else -1
+    return versions
+
+
+class VLLMEngine(OpenAIEngine):
+    path = GENERATE
+
+    def __init__(self, base_url: str, **kw: Any) -> None:
+        super().__init__(base_url, **kw)
+        self.send_seed = True
+        self._zero: dict[str, str] | None = None  # each parameter's checksum when zeroed
+
+    async def probe_capacity(self) -> int:
+        """What the server is: its KV capacity in tokens (blocks × block size, unless the config
+        set one), whether it samples seeded requests safely (not on a CPU) and orders by priority."""
+        config = await vllm_config(self._client)
+        if config is None:
+            raise ServerError(f"{self.base_url} answers no /server_info: {HOW_TO_START}")
+        cache = config.get("cache_config") or {}
+        if self.capacity_source == "default" and cache.get("num_gpu_blocks"):
+            self.capacity_tokens = int(cache["num_gpu_blocks"]) * int(cache["block_size"])
+            self.capacity_source = "server info"
+        self.send_priority = (config.get("scheduler_config") or {}).get("policy") == "priority"
+        self.send_seed = (config.get("device_config") or {}).get("device") != "cpu"
+        if not self.send_seed:
+            print(
+                f"[rstar2] {self.name}: vLLM on a CPU dies under concurrent seeded requests; "
+                "requests to it go unseeded (rollouts are not reproducible from the seed)",
+                file=sys.stderr,
+            )
+        return self.capacity_tokens
+
+    def body(self, prompt_ids: list[int], params: SamplingParams, model: str) -> dict[str, Any]:
+        sampling: dict[str, Any] = {
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k if params.top_k > 0 else -1,
+            "logprobs": 0,  # the sampled token's, from the distribution sampled (--logprobs-mode)
+            "skip_special_tokens": False,
+            "ignore_eos": True,  # only the rollout's stop tokens end a turn, as on every engine
+        }
+        if params.stop_token_ids:
+            sampling["stop_token_ids"] = list(params.stop_token_ids)
+        if params.seed is not None and self.send_seed:
+            sampling["seed"] = params.seed
+        if params.banned_token_ids:
+            sampling["logit_bias"] = {str(t): -100 for t in params.banned_token_ids}
+        body: dict[str, Any] = {"model": model, "token_ids": list(prompt_ids), "sampling_params": sampling}
+        if self.send_priority and params.priority:
+            body["priority"] = params.priority
+        return body
+
+    def parse(self, choice: dict[str, Any]) -> Generation:
+        ids = [int(t) for t in choice.get("token_ids") or []]
+        content = (choice.get("logprobs") or {}).get("content") or []
+        if len(content) != len(ids):
+            raise ServerError(f"{self.base_url} returned {len(content)} log-probs for {len(ids)} tokens")
+        if choice.get("finish_reason") not in ("stop", "length"):
+            raise ServerError(f"{self.base_url} ended a request with {choice.get('finish_reason')!r}")
+        finish = "length" if choice["finish_reason"] == "length" else "stop"
+        versions = token_versions(choice.get("weight_versions"), len(ids))
+        return Generation(ids, [float(c["logprob"]) for c in content], finish, versions)  # type: ignore[arg-type]
+
+    async def update_weights(self, model_dir: str, endpoint: str, version: int) -> dict[str, Any]:
+        """Load the model folder ``model_dir`` in place as policy ``version`` (the module's sequence;
+        ``endpoint``, SGLang's route, is not vLLM's and goes unused). Returns ``weights_version``
+        (what the server then states) and ``parameters_written``; a load that left a parameter
+        unwritten, or any refused step, is a ``ServerError``; the server is resumed either way."""
+        what = f"{self.base_url} could not load {model_dir}"
+        await self._call("POST", "/pause", what, params={"mode": "keep"})
+        try:
+            load = {"method": "rstar2_load", "kwargs": {"folder": str(model_dir)}}
+            answers = (await self._call("POST", "/collective_rpc", what, json=load)).get("results")
+            if not answers or not all(isinstance(a, dict) for a in answers):
+                raise ServerError(f"{what}: no worker answered rstar2_load ({answers}); {HOW_TO_START}")
+            for a in answers:  # a parameter may stay zero only where the folder holds zeros
+                if a.get("error"):
+                    raise ServerError(f"{what}: {a['error']}")
+                if a["missing"] or len(a["unwritten"]) > a["zero_in_folder"]:
+                    raise ServerError(
+                        f"{what}: parameters not loaded {a['missing'][:4]} ({len(a['missing'])}), "
+                        f"still zero {a['unwritten'][:4]} ({len(a['unwritten'])}; the folder has "
+                        f"{a['zero_in_folder']} all-zero tensors)"
+                    )
+            await self._call("POST", "/update_weight_version", what, json={"new_version": str(version)})
+            # running requests prefill again under the new weights; cached prefixes are dropped
+            reset = await self._call(
+                "POST", "/reset_prefix_cache", what, params={"reset_running_requests": "true"}
+            )
+            if reset.get("success") is not True:
+                raise ServerError(f"{what}: its prefix cache could not be reset ({reset})")
+        finally:
+            await self._call("POST", "/resume", f"{self.base_url} could not resume")
+        stated = str((await self._call("GET", "/weight_info", what)).get("weight_version"))
+        written = sum(a["parameters"] for a in answers)
+        return {"weights_version": int(stated) if stated.isdigit() else stated, "parameters_written": written}

@@ -1,0 +1,110 @@
+"""What rstar2 adds to vLLM's workers (``--worker-extension-cls``, as ``rstar2 vllm`` starts it):
+one call that loads the trainer's model folder in place and says whether every parameter was
+written. It runs inside the vLLM server's process, so it imports nothing of rstar2 but this file.
+
+Why not vLLM's ``reload_weights`` alone: on a CPU, vLLM computes with a packed copy of each linear
+layer's weight, made when a layer's weights are processed. A tied LM head receives no weights of its
+own on a reload, so it is never processed again and keeps computing logits with the start's
+weights (measured: log-probs 1.0 nat away from the new model's). After the reload, every layer that
+computes from such a copy while still holding its weight (embeddings and heads) has the copy made
+again from the weight it now holds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def zero_tensors(folder: str) -> int:
+    """How many tensors of a model folder are zero throughout."""
+    from safetensors import safe_open
+
+    count = 0
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as fh:
+            count += sum(not fh.get_tensor(k).any() for k in fh.keys())
+    return count
+
+
+SHAPES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+SHAPES += ("intermediate_size", "vocab_size", "head_dim")
+
+
+def refuse_other_shapes(folder: str, served: Any) -> None:
+    """A folder whose model has other sizes than the served one is refused before anything is
+    written (vLLM's loaders would fail half way, leaving the server unable to serve)."""
+    import json
+
+    theirs = json.loads((Path(folder) / "config.json").read_text())
+    other = {
+        key: (theirs[key], getattr(served, key))
+        for key in SHAPES
+        if key in theirs and theirs[key] is not None and getattr(served, key, None) not in (None, theirs[key])
+    }
+    if other:
+        raise ValueError(
+            f"{folder} holds a model of other sizes than the one served (folder, served): {other}"
+        )
+
+
+class WorkerExtension:
+    """Mixed into vLLM's worker class; its methods are called through ``/collective_rpc``."""
+
+    def rstar2_load(self, folder: str) -> dict[str, Any]:
+        """Load ``folder`` in place and say what was not written: ``missing``, the parameters the
+        model's loader did not report loaded (vLLM's own accounting, which covers weights kept
+        only packed), and ``unwritten``, those still zero although every parameter that holds
+        values was zeroed first (independent of that accounting); ``zero_in_folder``: how many
+        tensors the folder holds that are zero throughout; ``parameters``: how many were loaded.
+        A failure is answered as ``error``, never raised: an exception out of a worker's call
+        shuts the whole vLLM server down."""
+        try:
+            return self._rstar2_load(folder)
+        except Exception as exc:  # noqa: BLE001 - said to the client, which refuses the load
+            return {"error": f"{type(exc).__name__}: {exc}"}
+
+    def _rstar2_load(self, folder: str) -> dict[str, Any]:
+        import torch
+
+        refuse_other_shapes(folder, self.model_runner.model_config.hf_config)  # type: ignore[attr-defined]
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        held = [(name, p) for name, p in model.named_parameters() if p.numel() > 0]
+        with torch.no_grad():
+            for _, p in held:
+                p.zero_()
+        loaded: set[str] = set()
+        load = model.load_weights
+
+        def recording(weights: Any) -> Any:
+            got = load(weights)
+            loaded.update(got or ())
+            return got
+
+        model.load_weights = recording  # this instance only, for this reload
+        try:
+            self.model_runner.reload_weights(weights_path=folder)  # type: ignore[attr-defined]
+        finally:
+            del model.load_weights
+        _remake_cpu_copies(model)
+        expected = {name for name, _ in model.named_parameters()}
+        return {
+            "missing": sorted(expected - loaded),
+            "unwritten": [name for name, p in held if not bool(p.any())],
+            "zero_in_folder": zero_tensors(folder),
+            "parameters": len(expected & loaded),
+        }
+
+
+def _remake_cpu_copies(model: Any) -> None:
+    """Make again, from the weight each holds, the packed copy that a CPU layer computes with."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if hasattr(module, "cpu_linear") and weight is not None and weight.ndim == 2 and weight.numel():
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
