@@ -1,0 +1,146 @@
+"""rstar2's in-process ``HFEngine`` against vLLM on a CPU (``rstar2 vllm``), same prompts, same run.
+
+Decodes ``--prompts`` prompts of the model's chat template (distinct problems) for ``--tokens`` new
+tokens each at T = 1 (no stop token: every row decodes its budget), all submitted at once, on each
+engine in turn on the idle machine: ``HFEngine`` in this process (2 threads, batch = prompts), then
+vLLM started by ``rstar2 vllm`` on both cores (``--cores 0-1``), compiled (vLLM's default) and with
+``--eager``. Also times vLLM's in-place weight load as the trainer does it after each update
+(``VLLMEngine.update_weights``: pause, load, checks, version, resume), ``--repeat`` times.
+
+    python benchmarks/vllm_decode.py --model /tmp/smollm2 [--prompts 64] [--tokens 96] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from rstar2.engines.base import SamplingParams
+from rstar2.rollout.build import connect
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def prompts(model_dir: Path, n: int) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return [
+        tok.apply_chat_template(
+            [{"role": "user", "content": f"What is {i} times {i + 7}? Explain."}], add_generation_prompt=True
+        )
+        for i in range(n)
+    ]
+
+
+async def decode(engine, batch: list[list[int]], tokens: int) -> float:
+    params = SamplingParams(max_new_tokens=tokens, temperature=1.0)
+    t0 = time.perf_counter()
+    gens = await asyncio.gather(*(engine.generate(p, params) for p in batch))
+    seconds = time.perf_counter() - t0
+    assert all(len(g.token_ids) == tokens for g in gens)
+    return sum(len(g.token_ids) for g in gens) / seconds
+
+
+async def hf(model_dir: Path, batch, tokens: int) -> float:
+    from rstar2.engines.hf import HFEngine
+
+    torch.set_num_threads(2)
+    engine = HFEngine.from_pretrained(
+        str(model_dir), device="cpu", dtype="float32", max_batch_size=len(batch)
+    )
+    try:
+        await decode(engine, batch[:4], 8)  # warm-up
+        return await decode(engine, batch, tokens)
+    finally:
+        await engine.close()
+
+
+async def vllm(
+    model_dir: Path, batch, tokens: int, eager: bool, repeat: int
+) -> tuple[float, float, list[float]]:
+    port = 8790 + int(eager)
+    url = f"http://127.0.0.1:{port}"
+    args = [sys.executable, "-m", "rstar2.cli", "vllm", "--model", str(model_dir), "--port", str(port)]
+    args += ["--dtype", "float32", "--cores", "0-1", "--kv-cache-gib", "2"] + (["--eager"] if eager else [])
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None:
+                raise RuntimeError("vLLM exited at start")
+            await asyncio.sleep(1)
+        start = time.perf_counter() - t0
+        engine = await connect(url)
+        try:
+            await decode(engine, batch[:4], 8)
+            rate = await decode(engine, batch, tokens)
+            loads = []
+            for v in range(repeat):
+                t1 = time.perf_counter()
+                await engine.update_weights(str(model_dir), "", v + 1)
+                loads.append(time.perf_counter() - t1)
+        finally:
+            await engine.close()
+        return start, rate, loads
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    batch = prompts(a.model, a.prompts)
+    rows = {"hf": asyncio.run(hf(a.model, batch, a.tokens))}
+    results = {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "prompts": a.prompts,
+        "tokens": a.tokens,
+    }
+    for eager in (False, True):
+        start, rate, loads = asyncio.run(vllm(a.model, batch, a.tokens, eager, a.repeat))
+        name = "vllm-eager" if eager else "vllm-compiled"
+        rows[name] = rate
+        results[name] = {"start_s": start, "tok_s": rate, "weight_load_s": loads}
+    results["hf"] = {"tok_s": rows["hf"]}
+    table = Table(title=f"decode, {a.prompts} x {a.tokens} tokens, T = 1 ({results['cpu_capability']})")
+    for col in ("engine", "tok/s", "vs HFEngine", "start-up s", "in-place load s"):
+        table.add_column(col)
+    for name, rate in rows.items():
+        extra = results[name]
+        loads = extra.get("weight_load_s")
+        table.add_row(
+            name,
+            f"{rate:.1f}",
+            f"{rate / rows['hf']:.2f}x",
+            f"{extra['start_s']:.0f}" if "start_s" in extra else "-",
+            f"{min(loads):.2f}-{max(loads):.2f}" if loads else "-",
+        )
+    Console().print(table)
+    if a.out:
+        a.out.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
