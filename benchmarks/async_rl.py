@@ -18,11 +18,14 @@ sharing the cores); ``× isolated`` is the latter over the isolated rate.
     python benchmarks/async_rl.py --model /tmp/rstar2-bench-smollm2 [--steps 4] [--staleness 0,1,2]
     python benchmarks/async_rl.py            # the tiny recipe's model shape, built here
     python benchmarks/async_rl.py --model /tmp/rstar2-bench-smollm2 --disaggregated
+    python benchmarks/async_rl.py --model /tmp/smollm2 --disaggregated --engine vllm --staleness 0,1
 
 ``--disaggregated``: the field's layout on one 2-core machine: the engine is ``rstar2 serve`` in
 its own process pinned to core 0 (one thread; restarted for each arm, on the starting weights), the
 trainer (and its code environment and verifier) pinned to core 1 with one thread — stand-ins for an
 inference GPU and a training GPU. The trainer pushes its weights to the server after each update.
+``--engine vllm``: the server is vLLM (``rstar2 vllm``, engine bound to core 0), which keeps no
+engine counters (those columns are nan).
 """
 
 from __future__ import annotations
@@ -121,6 +124,32 @@ def start_server(model: Path, rows: int) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("rstar2 serve did not start")
 
 
+def start_vllm(model: Path, eager: bool) -> tuple[subprocess.Popen, str]:
+    """``rstar2 vllm`` on core 0 (its engine bound there, its API server beside it); returns the
+    process and its URL once it answers."""
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = ["taskset", "-c", "0", sys.executable, "-m", "rstar2", "vllm", "--model", str(model)]
+    cmd += ["--port", str(port), "--dtype", "float32", "--cores", "0", "--kv-cache-gib", "2"]
+    cmd += ["--eager"] if eager else []
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(1)
+    proc.kill()
+    raise RuntimeError("rstar2 vllm did not start")
+
+
 def engine_inputs(
     model: Path, data: Path, rows: int, recipe: str, device: str = "cpu"
 ) -> tuple[Any, list[list[int]], tuple[int, ...]]:
@@ -206,7 +235,9 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
     rows = rows or a.batch_rows
     server = None
     if a.disaggregated:
-        server, url = start_server(model, rows)
+        server, url = (
+            start_vllm(model, a.engine == "vllm-eager") if a.engine != "serve" else start_server(model, rows)
+        )
     tree = {
         "kind": "rl",
         "model": {"path": str(model), "compute": a.compute, "device": a.device},
@@ -256,10 +287,13 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
         wall = time.perf_counter() - t0
         if server is None:
             stats = trainer.engines[0].stats
-        else:
+        elif a.engine == "serve":
             import httpx
 
             stats = httpx.get(url + "/get_server_info").json()["engine"]
+        else:  # vLLM keeps no such counters
+            stats = {k: float("nan") for k in ("reprefills", "busy_s", "prefill_s", "generated_tokens")}
+            stats |= {"steps": 1, "row_steps": float("nan")}
     finally:
         if server is not None:
             server.terminate()
@@ -282,9 +316,9 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
         "sync_s": statistics.fmean(m["time/sync_s"] for m in counted),
         "wait_s": statistics.fmean(m["time/rollout_s"] for m in counted),
         # the trainer's per-step engine metrics (rstar2.rl.trainer.engine_metrics), counted steps
-        "occupancy": statistics.fmean(m["engine/occupancy"] for m in counted),
-        "join_share": statistics.fmean(m["engine/join_share"] for m in counted),
-        "busy_share": statistics.fmean(m["engine/busy_share"] for m in counted),
+        "occupancy": statistics.fmean(m.get("engine/occupancy", float("nan")) for m in counted),
+        "join_share": statistics.fmean(m.get("engine/join_share", float("nan")) for m in counted),
+        "busy_share": statistics.fmean(m.get("engine/busy_share", float("nan")) for m in counted),
         "staleness_mean": statistics.fmean(m.get("staleness/mean", 0.0) for m in counted),
         "staleness_max": max(m.get("staleness/max", 0.0) for m in counted),
         "accuracy": statistics.fmean(m["accuracy"] for m in counted),
@@ -321,6 +355,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="1: A-B-C; 2: A-B-C-C-B-A")
     ap.add_argument("--out", type=Path, default=None, help="write the raw numbers as JSON")
     ap.add_argument("--disaggregated", action="store_true", help="engine on core 0, trainer on core 1")
+    ap.add_argument(
+        "--engine",
+        choices=("serve", "vllm", "vllm-eager"),
+        default="serve",
+        help="--disaggregated: the server, rstar2 serve or rstar2 vllm (compiled, or --eager)",
+    )
     ap.add_argument(
         "--isolated",
         type=int,
@@ -367,7 +407,7 @@ def main() -> None:
     }
     base = mean[ks[0]]
     table = Table(
-        title=f"asynchronous RL, {'disaggregated: serve on core 0, trainer on core 1' if a.disaggregated else 'in-process'} ({model.name if a.model else 'tiny'}; CPU "
+        title=f"asynchronous RL, {f'disaggregated: {a.engine} on core 0, trainer on core 1' if a.disaggregated else 'in-process'} ({model.name if a.model else 'tiny'}; CPU "
         f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads; "
         f"device {a.device}; {a.problems}x{a.samples} rollouts a step, {a.steps - 1} steps counted, means of {a.repeat})"
     )

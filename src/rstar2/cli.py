@@ -162,7 +162,7 @@ def vllm_cmd(
     max_model_len: int | None = typer.Option(None, help="Longest prompt + response (default: the model's)."),
     eager: bool = typer.Option(False, help="Skip torch.compile: a faster start (see RESULTS.md for decode)."),
     cores: str | None = typer.Option(
-        None, help="CPU: the cores its engine is bound to, e.g. 0-1 or 1 (default: vLLM's, all but one)."
+        None, help="CPU: the cores its engine is bound to, e.g. 0-1 or 1 (default: every core)."
     ),
     kv_cache_gib: int | None = typer.Option(None, help="CPU: GiB of KV cache (default: vLLM's)."),
     python: str | None = typer.Option(

@@ -212,10 +212,15 @@ class OpenAIEngine:
 
     async def _call(self, method: str, path: str, what: str | None = None, **kw: Any) -> dict[str, Any]:
         """``method`` ``path``; its JSON object answer ({} if none). No answer, or an error status,
-        is a ``ServerError`` that starts with ``what`` (default: the URL)."""
+        is a ``ServerError`` that starts with ``what`` (default: the URL). A kept-alive connection
+        the server closed as the request went out is tried once more (the control routes these
+        calls reach can be repeated)."""
         what = what or f"{self.base_url}{path}"
         try:
-            resp = await self._client.request(method, path, **kw)
+            try:
+                resp = await self._client.request(method, path, **kw)
+            except httpx.RemoteProtocolError:
+                resp = await self._client.request(method, path, **kw)
         except httpx.HTTPError as exc:
             raise ServerError(f"{what}: {type(exc).__name__}: {exc}") from exc
         if resp.status_code != 200:

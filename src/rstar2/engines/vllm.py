@@ -45,6 +45,12 @@ async def vllm_config(client: httpx.AsyncClient) -> dict[str, Any] | None:
     return found if isinstance(found, dict) else None
 
 
+async def is_vllm(url: str) -> bool:
+    """Whether the server at ``url`` is a vLLM in development mode (as ``rstar2 vllm`` starts it)."""
+    async with httpx.AsyncClient(base_url=url.rstrip("/").removesuffix("/v1")) as client:
+        return await vllm_config(client) is not None
+
+
 def token_versions(spans: Any, n: int) -> list[int] | None:
     """vLLM's ``weight_versions`` spans (``{"version", "start", "end"}`` over the output tokens) as
     one policy version a token; -1 where the version is not one rstar2 set (vLLM's ``default``)."""
@@ -56,6 +62,9 @@ def token_versions(spans: Any, n: int) -> list[int] | None:
         for i in range(max(0, int(span["start"])), min(n, int(span["end"]))):
             versions[i] = int(label) if label.isdigit() else -1
     return versions
+
+
+_TOLD_UNSEEDED: set[str] = set()  # servers already said to go unseeded (once a process)
 
 
 class VLLMEngine(OpenAIEngine):
@@ -78,7 +87,8 @@ class VLLMEngine(OpenAIEngine):
             self.capacity_source = "server info"
         self.send_priority = (config.get("scheduler_config") or {}).get("policy") == "priority"
         self.send_seed = (config.get("device_config") or {}).get("device") != "cpu"
-        if not self.send_seed:
+        if not self.send_seed and self.base_url not in _TOLD_UNSEEDED:
+            _TOLD_UNSEEDED.add(self.base_url)
             print(
                 f"[rstar2] {self.name}: vLLM on a CPU dies under concurrent seeded requests; "
                 "requests to it go unseeded (rollouts are not reproducible from the seed)",

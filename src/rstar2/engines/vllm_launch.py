@@ -13,14 +13,16 @@ Python. What rstar2 needs from it:
 - ``--logprobs-mode processed_logprobs``: the log-probs of the distribution sampled from (after
   temperature and the banned tokens' bias), what the trainer corrects by;
 - ``--scheduling-policy priority``: a trajectory's next turn before new ones (``SamplingParams``);
-- on a CPU, the cores its engine is bound to (``VLLM_CPU_OMP_THREADS_BIND``) and its KV cache in GiB
-  (``VLLM_CPU_KVCACHE_SPACE``).
+- on a CPU, the cores its engine is bound to (``VLLM_CPU_OMP_THREADS_BIND``; default every core) and
+  its KV cache in GiB (``VLLM_CPU_KVCACHE_SPACE``).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import rstar2
@@ -64,9 +66,87 @@ def command(
 def environment(cores: str | None = None, kv_cache_gib: int | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    # idle connections kept a while (vLLM's default, 5 s, closes the trainer's between its steps)
+    env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "300")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
-    if cores:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = cores
+    # vLLM's own default binds all cores but one (kept for its API server): on a small machine half
+    # of them; rstar2's binds every core unless told (on a GPU machine it is not read)
+    env["VLLM_CPU_OMP_THREADS_BIND"] = cores or f"0-{max(0, (os.cpu_count() or 1) - 1)}"
     if kv_cache_gib:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
     return env
+
+
+def installed(python: str | None = None) -> bool:
+    """Whether vLLM imports under ``python`` (``vllm_python``'s choice by default)."""
+    import subprocess
+
+    exe = vllm_python(python)
+    try:
+        return subprocess.run([exe, "-c", "import vllm"], capture_output=True, timeout=300).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def cpu_set(cores: str) -> set[int]:
+    """``0-1,4`` as {0, 1, 4} (the notation of ``VLLM_CPU_OMP_THREADS_BIND`` and ``taskset``)."""
+    found: set[int] = set()
+    for part in cores.split(","):
+        lo, _, hi = part.partition("-")
+        found.update(range(int(lo), int(hi or lo) + 1))
+    return found
+
+
+@contextmanager
+def local_server(
+    model: Path,
+    log: Path,
+    *,
+    cores: str | None = None,
+    kv_cache_gib: int | None = None,
+    dtype: str = "float32",
+    eager: bool = False,
+    timeout_s: float = 900.0,
+) -> Iterator[str]:
+    """``rstar2 vllm`` on ``model`` on this machine for the block, its output appended to ``log``;
+    yields its URL once it answers. With ``cores``, this process (and what it starts later: the
+    code environment, the verifier) keeps to the other cores meanwhile."""
+    import socket
+    import subprocess
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [sys.executable, "-m", "rstar2.cli", "vllm", "--model", str(model), "--port", str(port)]
+    args += ["--dtype", dtype] + (["--cores", cores] if cores else []) + (["--eager"] if eager else [])
+    args += ["--kv-cache-gib", str(kv_cache_gib)] if kv_cache_gib else []
+    before = os.sched_getaffinity(0)
+    with log.open("ab") as fh:
+        proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"rstar2 vllm on {model} did not start (see {log}):\n{tail}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        rest = before - cpu_set(cores) if cores else before
+        os.sched_setaffinity(0, rest or before)
+        yield url
+    finally:
+        os.sched_setaffinity(0, before)
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

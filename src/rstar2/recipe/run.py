@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -488,10 +488,34 @@ async def _run(recipe: Recipe, out: Path, resume: bool, progress: bool, log: Cal
 
     where = ["set-up"]
     try:
-        return await _stages(recipe, out, resume, progress, log, where)
+        with on_local_vllm(recipe, out, log) as recipe:
+            return await _stages(recipe, out, resume, progress, log, where)
     except Exception as exc:
         write_error(out, exc)
         raise RunError.at(f"recipe {recipe.name}, {where[0]}", out, exc) from exc
+
+
+@contextmanager
+def on_local_vllm(recipe: Recipe, out: Path, log: Callable[[str], None]) -> Iterator[Recipe]:
+    """The recipe as it samples: with ``vllm:``, on a vLLM server started for the run on its
+    starting model (``out/vllm.log`` keeps its output) and stopped after; else as it is."""
+    from ..engines import vllm_launch
+
+    spec = recipe.vllm
+    if spec is None:
+        yield recipe
+        return
+    if not vllm_launch.installed():
+        if not spec.if_installed:
+            raise RuntimeError("the recipe asks for vllm: but vLLM is not installed (scripts/setup-vllm.sh)")
+        log("[rstar2] vLLM is not installed (scripts/setup-vllm.sh): sampling in-process")
+        yield recipe.model_copy(update={"vllm": None})
+        return
+    model = prepare_model(recipe, out)
+    log(f"[rstar2] starting vLLM on {model} (cores {spec.cores or 'all'}; its log: {out / 'vllm.log'})")
+    options = spec.model_dump(exclude={"if_installed"})
+    with vllm_launch.local_server(model, out / "vllm.log", **options) as url:
+        yield recipe.model_copy(update={"servers": [url], "vllm": None})
 
 
 async def _stages(

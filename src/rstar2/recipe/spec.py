@@ -187,6 +187,17 @@ class StageSpec(_Spec):
         return self
 
 
+class LocalVLLM(_Spec):
+    """A vLLM server the recipe starts on its starting model for the whole run (``rstar2 vllm``)
+    and samples every stage, filter and evaluation on, as if it were listed under ``servers``."""
+
+    cores: str | None = None  # CPU: the cores its engine is bound to; the recipe's process takes the rest
+    kv_cache_gib: int | None = Field(None, ge=1)  # CPU: its KV cache (default: vLLM's)
+    dtype: str = "float32"
+    eager: bool = False  # skip torch.compile: a faster start, a slower decode
+    if_installed: bool = False  # without vLLM (scripts/setup-vllm.sh), run in-process instead of failing
+
+
 class Recipe(_Spec):
     name: str = "recipe"
     seed: int = 0
@@ -199,6 +210,7 @@ class Recipe(_Spec):
     # OpenAI-compatible engines; empty: in-process. The recipe loads each stage's starting model
     # into them before it samples (filters, evaluations) and the RL trainer after every update.
     servers: list[str] = Field(default_factory=list)
+    vllm: LocalVLLM | None = None  # a local vLLM server started for the run instead of servers
     defaults: dict[Literal["sft", "rl"], dict[str, Any]] = Field(default_factory=dict)
     eval: EvalSpec = Field(default_factory=EvalSpec)
     stages: list[StageSpec]
@@ -210,6 +222,8 @@ class Recipe(_Spec):
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"stage names must be distinct, got {names}")
+        if self.vllm is not None and self.servers:
+            raise ValueError("give servers (running engines) or vllm (one the recipe starts), not both")
         return self
 
 

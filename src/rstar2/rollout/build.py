@@ -80,12 +80,9 @@ async def connect(url: str, capacity_tokens: int | None = None) -> Any:
     (``rstar2 vllm``), else an ``OpenAIEngine`` (SGLang, ``rstar2 serve``, another vLLM); either
     has asked the server for its KV capacity."""
     from ..engines.openai import OpenAIEngine
-    from ..engines.vllm import VLLMEngine, vllm_config
+    from ..engines.vllm import VLLMEngine, is_vllm
 
-    engine = OpenAIEngine(url, capacity_tokens=capacity_tokens)
-    if await vllm_config(engine._client) is not None:
-        await engine.close()
-        engine = VLLMEngine(url, capacity_tokens=capacity_tokens)
+    engine = (VLLMEngine if await is_vllm(url) else OpenAIEngine)(url, capacity_tokens=capacity_tokens)
     try:
         await engine.probe_capacity()
     except BaseException:
