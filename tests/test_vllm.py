@@ -1,7 +1,8 @@
 """rstar2 on a real vLLM server (``rstar2 vllm``, vLLM from scripts/setup-vllm.sh): sampling that
 agrees with the trainer, weights loaded in place and checked, per-token versions, seeds that never
 take it down, and the CLI's roads whole (``eval --server``, ``train`` at k = 0 and k = 1, a
-recipe). One server for the module, on a tiny Qwen2 vLLM can serve (heads of 32)."""
+recipe that starts its own). One server for the module's other tests, on the miniature recipe's
+starting model (a tiny Qwen2 with heads of 32, what vLLM's CPU attention computes)."""
 
 from __future__ import annotations
 
@@ -104,14 +105,6 @@ def trainer_logprobs(
     return token_logprobs(logits, torch.tensor([ids]), temperature=temperature, banned=ban)[0][0]
 
 
-def run(coro):
-    return asyncio.run(coro)
-
-
-async def _engine(url: str):
-    return await connect(url)
-
-
 def perturbed(folder: Path, out: Path, scale: float, seed: int) -> Path:
     from transformers import AutoModelForCausalLM
 
@@ -129,7 +122,7 @@ def test_vllm_samples_from_the_distribution_the_trainer_computes(vllm, model_dir
     banned = (7, 8, 9, 100)
 
     async def main():
-        engine = await _engine(vllm)
+        engine = await connect(vllm)
         try:
             assert type(engine).__name__ == "VLLMEngine" and engine.capacity_source == "server info"
             params = SamplingParams(max_new_tokens=24, temperature=0.7, banned_token_ids=banned)
@@ -137,7 +130,7 @@ def test_vllm_samples_from_the_distribution_the_trainer_computes(vllm, model_dir
         finally:
             await engine.close()
 
-    for n, gen in zip((3, 40), run(main()), strict=True):
+    for n, gen in zip((3, 40), asyncio.run(main()), strict=True):
         assert len(gen.token_ids) == 24 and not set(gen.token_ids) & set(banned)
         mine = trainer_logprobs(model_dir, list(range(5, 5 + n)), gen.token_ids, 0.7, banned)
         assert float((torch.tensor(gen.logprobs) - mine).abs().max()) < TOL
@@ -149,7 +142,7 @@ def test_new_weights_reach_vllm_in_place_mid_request_and_each_token_says_its_ver
     new = perturbed(model_dir, tmp_path / "new", 0.05, seed=1)
 
     async def main():
-        engine = await _engine(vllm)
+        engine = await connect(vllm)
         try:
             await engine.update_weights(str(model_dir), "", 1)
             params = SamplingParams(max_new_tokens=400, temperature=1.0)
@@ -164,7 +157,7 @@ def test_new_weights_reach_vllm_in_place_mid_request_and_each_token_says_its_ver
         finally:
             await engine.close()
 
-    answer, gen, probe = run(main())
+    answer, gen, probe = asyncio.run(main())
     assert answer["weights_version"] == 2 and answer["parameters_written"] > 0
     assert httpx.get(vllm + "/weight_info").json() == {"weight_version": "2"}
     v = gen.versions
@@ -193,7 +186,7 @@ def test_a_load_of_other_sizes_or_with_a_tensor_left_out_is_refused_and_the_serv
     save_pretrained(build_model(tok, hidden=32, layers=1, heads=1, mlp=64, max_positions=256), tok, other)
 
     async def main():
-        engine = await _engine(vllm)
+        engine = await connect(vllm)
         try:
             with pytest.raises(ServerError, match="other sizes"):
                 await engine.update_weights(str(other), "", 6)
@@ -204,7 +197,7 @@ def test_a_load_of_other_sizes_or_with_a_tensor_left_out_is_refused_and_the_serv
         finally:
             await engine.close()
 
-    refused, gen = run(main())
+    refused, gen = asyncio.run(main())
     assert "down_proj" in str(refused)
     assert gen.versions == [8] * 4
 
@@ -215,7 +208,7 @@ def test_seeded_requests_never_take_vllm_on_a_cpu_down(vllm):
     rng = random.Random(0)
 
     async def main():
-        engine = await _engine(vllm)
+        engine = await connect(vllm)
         try:
             assert engine.send_seed is False
             prompts = [[rng.randrange(3, 300) for _ in range(80)] for _ in range(64)]
@@ -225,7 +218,7 @@ def test_seeded_requests_never_take_vllm_on_a_cpu_down(vllm):
         finally:
             await engine.close()
 
-    assert all(len(g.token_ids) == 8 for g in run(main()))
+    assert all(len(g.token_ids) == 8 for g in asyncio.run(main()))
     assert httpx.get(vllm + "/health").status_code == 200
 
 
@@ -265,13 +258,13 @@ def test_rl_on_vllm_trains_only_its_own_policys_tokens(vllm, model_dir, problems
     final = run_dir / "checkpoints" / "step-000003"
 
     async def probe():
-        engine = await _engine(vllm)
+        engine = await connect(vllm)
         try:
             return await engine.generate([5, 6, 7, 8], SamplingParams(max_new_tokens=16))
         finally:
             await engine.close()
 
-    gen = run(probe())
+    gen = asyncio.run(probe())
     mine = trainer_logprobs(final, [5, 6, 7, 8], gen.token_ids, 1.0)
     assert float((torch.tensor(gen.logprobs) - mine).abs().max()) < TOL
 
