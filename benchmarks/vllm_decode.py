@@ -3,7 +3,7 @@
 Decodes ``--prompts`` prompts of the model's chat template (distinct problems) for ``--tokens`` new
 tokens each at T = 1 (no stop token: every row decodes its budget), all submitted at once, on each
 engine in turn on the idle machine: ``HFEngine`` in this process (2 threads, batch = prompts), then
-vLLM started by ``rstar2 vllm`` on both cores (``--cores 0-1``), compiled (vLLM's default) and with
+vLLM started by ``rstar2 vllm`` on both cores (``--cores 0-1``, started through ``vllm_launch.local_server``), compiled (vLLM's default) and with
 ``--eager``. Also times vLLM's in-place weight load as the trainer does it after each update
 (``VLLMEngine.update_weights``: pause, load, checks, version, resume), ``--repeat`` times.
 Then tool-using rollouts on each engine, as ``benchmarks/rollout.py`` makes them: ``--groups`` ×
@@ -18,17 +18,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import torch
 from rich.console import Console
 from rich.table import Table
 
 from rstar2.engines.base import SamplingParams
+from rstar2.engines.vllm_launch import local_server
 from rstar2.rollout.build import connect
 from rstar2.sandbox import LocalPool
 
@@ -98,22 +98,10 @@ async def hf(model_dir: Path, batch, tokens: int, groups: int) -> tuple[float, f
 
 
 async def vllm(model_dir: Path, batch, tokens: int, eager: bool, a) -> dict:
-    port = 8790 + int(eager)
-    url = f"http://127.0.0.1:{port}"
-    args = [sys.executable, "-m", "rstar2.cli", "vllm", "--model", str(model_dir), "--port", str(port)]
-    args += ["--dtype", "float32", "--cores", "0-1", "--kv-cache-gib", "2"] + (["--eager"] if eager else [])
     t0 = time.perf_counter()
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
-    try:
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None:
-                raise RuntimeError("vLLM exited at start")
-            await asyncio.sleep(1)
+    log = Path(tempfile.mkdtemp()) / "vllm.log"
+    options = {"cores": "0-1", "kv_cache_gib": 2, "dtype": "float32", "eager": eager}
+    with local_server(model_dir, log, **options) as url:
         start = time.perf_counter() - t0
         engine = await connect(url)
         try:
@@ -127,10 +115,7 @@ async def vllm(model_dir: Path, batch, tokens: int, eager: bool, a) -> dict:
                 loads.append(time.perf_counter() - t1)
         finally:
             await engine.close()
-        return {"start_s": start, "tok_s": rate, "rollout_tok_s": tools, "weight_load_s": loads}
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    return {"start_s": start, "tok_s": rate, "rollout_tok_s": tools, "weight_load_s": loads}
 
 
 def main() -> None:

@@ -88,10 +88,11 @@ class WorkerExtension:
             del model.load_weights
         _remake_cpu_copies(model)
         expected = {name for name, _ in model.named_parameters()}
+        unwritten = [name for name, p in held if not bool(p.any())]
         return {
             "missing": sorted(expected - loaded),
-            "unwritten": [name for name, p in held if not bool(p.any())],
-            "zero_in_folder": zero_tensors(folder),
+            "unwritten": unwritten,
+            "zero_in_folder": zero_tensors(folder) if unwritten else 0,  # the folder read again only then
             "parameters": len(expected & loaded),
         }
 
