@@ -276,6 +276,20 @@ class SFTSection(_Section):
     # learns to copy numbers suddenly, at a step that depends on the seed).
     stop_loss: float | None = None
     stop_window: int = 20
+    # Stop once a skill is there, measured rather than inferred from the loss: every
+    # ``probe_every`` steps, the mean probability the model gives the assistant turns of the
+    # ``probe`` conversations (JSONL like the training data; its chance of writing one word for
+    # word when sampling at T = 1) is logged as ``probe/exact``; the run stops once it reaches
+    # ``stop_skill``.
+    probe: str | None = None
+    probe_every: int = Field(10, ge=1)
+    stop_skill: float | None = Field(None, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _probe(self) -> SFTSection:
+        if self.stop_skill is not None and self.probe is None:
+            raise ValueError("sft.stop_skill is measured on sft.probe: give a JSONL file of conversations")
+        return self
 
 
 class SFTConfig(_Section):

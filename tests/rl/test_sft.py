@@ -89,3 +89,61 @@ def test_sft_learns_the_format_and_saves_a_loadable_checkpoint(tiny_dir, tmp_pat
     AutoModelForCausalLM.from_pretrained(ckpt)
     state = json.loads((ckpt / "state.json").read_text())
     assert state["step"] == 8 and state["data_position"] == 64
+
+
+@pytest.mark.slow
+def test_stop_skill_stops_at_the_first_probe_that_reaches_it_and_logs_the_exact_probability(tiny_dir, tmp_path):
+    """``probe/exact`` is the mean over probe conversations of exp(sum of the assistant tokens'
+    log-probs), recomputed here on the saved checkpoint by a plain forward pass; a run measures it
+    every ``probe_every`` steps and stops at the first measure that reaches ``stop_skill``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    data, probe = tmp_path / "sft.jsonl", tmp_path / "probe.jsonl"
+    data.write_text("".join(json.dumps({"messages": conversation(a, b)}) + "\n" for a in range(2, 6) for b in range(3, 7)))
+    probe.write_text("".join(json.dumps({"messages": conversation(a, 3)}) + "\n" for a in (2, 3, 4)))
+
+    def run(name: str, **sft) -> tuple[SFTTrainer, list[dict]]:
+        cfg = parse_config(
+            {
+                "kind": "sft",
+                "chat": {"system_prompt": "Answer.", "tools_in_prompt": False},
+                "model": {"path": str(tiny_dir), "threads": 1, "compute": "fp32"},
+                "data": {"train": str(data)},
+                "sft": {"probe": str(probe), **sft},
+                "optim": {"lr": 1e-2, "warmup_steps": 2},
+                "run": {"out": str(tmp_path / name), "batch_size": 8, "steps": 12, "save_every": 100, "progress": False},
+            }
+        )
+        threads = torch.get_num_threads()
+        try:
+            trainer = SFTTrainer(cfg)
+            return trainer, trainer.train()
+        finally:
+            torch.set_num_threads(threads)
+
+    whole, history = run("whole", probe_every=1)
+    chance = [h["probe/exact"] for h in history]
+    assert not whole.stopped_early and len(chance) == 12 and chance[-1] > 1e6 * chance[1] > 0, chance
+    ckpt = tmp_path / "whole" / "checkpoints" / "step-000012"
+    model, tok = AutoModelForCausalLM.from_pretrained(ckpt), AutoTokenizer.from_pretrained(ckpt)
+    fmt = ChatFormat.from_settings(tok, whole.cfg.chat)
+    by_hand = []
+    with torch.no_grad():
+        for msgs in read_conversations(probe):
+            ids, mask = fmt.conversation_ids(msgs)
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1].float(), -1)
+            picked = logp.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+            by_hand.append(float((picked * torch.tensor(mask[1:], dtype=torch.float)).sum().exp()))
+    assert chance[-1] == pytest.approx(sum(by_hand) / len(by_hand), rel=1e-3, abs=0)
+
+    # the same run measured every 3 steps, told to stop at the skill it had after 9: it stops at
+    # the first measured step whose skill reaches that (the runs are deterministic)
+    goal = chance[8]
+    expected = next(s for s in (3, 6, 9) if chance[s - 1] >= goal)
+    stopped, history = run("stopped", probe_every=3, stop_skill=goal)
+    assert stopped.stopped_early and len(history) == expected
+    assert ["probe/exact" in h for h in history] == [s % 3 == 0 for s in range(1, expected + 1)]
+    assert (tmp_path / "stopped" / "checkpoints" / f"step-{expected:06d}").is_dir()
+
+    with pytest.raises(ValueError, match="sft.probe"):
+        parse_config({"kind": "sft", "model": {"path": "m"}, "data": {"train": "t"}, "sft": {"stop_skill": 0.5}})

@@ -22,6 +22,7 @@ from ..device import pick_device, record, resolve_precision
 from ..jsonl import read_jsonl, write_jsonl
 from ..memory import release_memory
 from .spec import (
+    PROBE_FILE,
     DataSpec,
     EvalSpec,
     FilterSpec,
@@ -95,7 +96,7 @@ def generated(
 
 
 async def sft_rows(
-    recipe: Recipe, data: DataSpec, code_env: Any, progress: bool = False
+    recipe: Recipe, data: DataSpec, code_env: Any, progress: bool = False, what: str = "SFT data"
 ) -> list[dict[str, Any]]:
     from tqdm.auto import tqdm
 
@@ -108,7 +109,7 @@ async def sft_rows(
     if g is not None:
         seed = recipe.seed if g.seed is None else g.seed
         tasks = generated(g, seed)
-        bar = tqdm(total=len(tasks), desc="SFT data (real tool runs)", unit="conv", disable=not progress)
+        bar = tqdm(total=len(tasks), desc=f"{what} (real tool runs)", unit="conv", disable=not progress)
         rows += await build_conversations(
             tasks,
             code_env,
@@ -340,6 +341,9 @@ async def stage_data(
     path = stage_dir / "train.jsonl"
     if path.exists():
         return path
+    if stage.probe is not None:  # written first: a resumed run has it whenever it has train.jsonl
+        probe = await sft_rows(recipe, stage.probe, services["code_env"], progress, "SFT probe")
+        write_jsonl(probe, stage_dir / PROBE_FILE)
     if stage.kind == "sft":
         rows = await sft_rows(recipe, stage.data, services["code_env"], progress)
     elif stage.ladder is not None:  # the files as given, the generator's problems from the cells in reach
@@ -413,7 +417,7 @@ def _save_state(out: Path, state: dict[str, Any]) -> None:
 
 
 async def train_stage(cfg, resume: bool, services: dict) -> bool:
-    """Run one stage's trainer; returns whether it stopped early (SFT's ``stop_loss``)."""
+    """Run one stage's trainer; returns whether it stopped early (SFT's ``stop_loss``/``stop_skill``)."""
     if cfg.kind == "sft":
         from ..rl.sft import SFTTrainer
 

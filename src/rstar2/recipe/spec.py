@@ -147,8 +147,10 @@ SHORT_KEYS = {
     "keep": "roc.keep",
     "temperature": "rollout.temperature",
     "stop_loss": "sft.stop_loss",
+    "stop_skill": "sft.stop_skill",
 }
 SECTIONS = ("rollout", "roc", "loss", "optim", "run", "sft")
+PROBE_FILE = "probe.jsonl"  # an SFT stage's probe conversations, in its folder
 
 
 class StageSpec(_Spec):
@@ -158,6 +160,10 @@ class StageSpec(_Spec):
     filter: FilterSpec | None = None
     ladder: LadderSpec | None = None  # rl: draw the generator's problems from the cells in reach
     stop_loss: float | None = None  # sft: stop once the mean loss of recent steps is below
+    # sft: conversations (built like its data: a generator's get real tool outputs) whose
+    # probability of being written word for word is measured as the stage trains (sft.probe)
+    probe: DataSpec | None = None
+    stop_skill: float | None = None  # sft: stop once that probability reaches this
     steps: int | None = None
     batch_size: int | None = None
     lr: float | None = None
@@ -182,6 +188,10 @@ class StageSpec(_Spec):
                 f"stage {self.name}: a ladder needs a policy that already writes the format (an rl stage); "
                 "a model before SFT solves nothing in it, so every cell would read 0"
             )
+        if self.probe is not None and self.kind != "sft":
+            raise ValueError(f"stage {self.name}: probe measures an SFT stage's skill (kind: sft)")
+        if self.stop_skill is not None and self.probe is None:
+            raise ValueError(f"stage {self.name}: stop_skill is measured on the stage's probe: give probe")
         if self.ladder is not None and self.data.generator is None:
             raise ValueError(f"stage {self.name}: a ladder draws from data.generator; give one")
         return self
@@ -264,6 +274,8 @@ def stage_tree(recipe: Recipe, stage: StageSpec, *, model_path: str, train: str,
             if (stage.kind == "sft") != (section == "sft") and section in ("rollout", "roc", "sft"):
                 raise ConfigError(f"stages.{stage.name}.{short}: not a setting of {stage.kind} stages")
             tree.setdefault(section, {})[key] = value
+    if stage.probe is not None:  # the recipe writes the probe's conversations there (recipe/run.py)
+        tree.setdefault("sft", {})["probe"] = str(Path(out) / PROBE_FILE)
     return tree
 
 
@@ -302,9 +314,10 @@ def check_stage(recipe: Recipe, stage: StageSpec, check_paths: bool = True) -> N
         parse_config(stage_tree(recipe, stage, model_path="model", train="data.jsonl", out="out"))
     except ConfigError as exc:
         raise ConfigError(f"stages.{stage.name}: {exc}") from None
-    for f in stage.data.files if check_paths else []:
-        if not _exists(f):
-            raise ConfigError(f"stages.{stage.name}.data.files: {f} does not exist")
+    for key, data in (("data", stage.data), ("probe", stage.probe)):
+        for f in data.files if check_paths and data is not None else []:
+            if not _exists(f):
+                raise ConfigError(f"stages.{stage.name}.{key}.files: {f} does not exist")
 
 
 def parse_recipe(tree: dict[str, Any], base: Path | None = None, check_paths: bool = True) -> Recipe:
@@ -312,7 +325,8 @@ def parse_recipe(tree: dict[str, Any], base: Path | None = None, check_paths: bo
     ``check_paths=False`` checks only the settings (a recipe written for another machine)."""
     recipe = validate(Recipe, tree, "recipe")
     if base is not None:
-        for data in [s.data for s in recipe.stages] + ([recipe.eval.data] if recipe.eval.data else []):
+        datas = [s.data for s in recipe.stages] + [s.probe for s in recipe.stages] + [recipe.eval.data]
+        for data in [d for d in datas if d is not None]:
             data.files = [f if Path(f).is_absolute() or _exists(f) else str(base / f) for f in data.files]
     for stage in recipe.stages:
         check_stage(recipe, stage, check_paths)

@@ -20,7 +20,7 @@ from . import distributed as D
 from .batch import Batch, collate, with_weights
 from .data import DataStream
 from .launch import RunError, begin, load_training, quietly, write_error
-from .update import Learner, forward_logprobs, optimizer_step
+from .update import Learner, forward_logprobs, logprobs_of, optimizer_step
 
 
 def read_conversations(path: str | Path) -> list[list[dict[str, Any]]]:
@@ -52,6 +52,15 @@ def sft_step(
     return optimizer_step(learner, batch, micro_loss, grad_clip=grad_clip, max_tokens=max_tokens)
 
 
+def exact_probability(learner: Learner, probe: Batch, max_tokens: int, compute: str) -> float:
+    """The mean over the probe's conversations of the probability the model gives all their
+    assistant tokens: its chance of writing each word for word when sampling at T = 1. Unlike the
+    loss, it does not average a wrong digit away among the many tokens a model gets right."""
+    learner.model.eval()
+    logp = logprobs_of(learner.model, probe, max_tokens, learner.world, compute)
+    return float((logp * probe.mask).sum(dim=1).exp().mean())
+
+
 class SFTTrainer:
     def __init__(self, cfg: SFTConfig, *, resume: bool = False):
         self.cfg, self.resume = cfg, resume
@@ -65,17 +74,16 @@ class SFTTrainer:
         start = begin(cfg, self.resume)
         self.world, self.tokenizer = start.world, start.tokenizer
         fmt = ChatFormat.from_settings(self.tokenizer, cfg.chat)
-        examples, self.dropped = [], 0
-        for msgs in read_conversations(cfg.data.train)[: cfg.data.limit]:
-            ids, mask = fmt.conversation_ids(msgs)
-            if len(ids) > cfg.sft.max_length:
-                self.dropped += 1
-                continue
-            examples.append((ids, mask))
+        encoded = [fmt.conversation_ids(m) for m in read_conversations(cfg.data.train)[: cfg.data.limit]]
+        examples = [e for e in encoded if len(e[0]) <= cfg.sft.max_length]
+        self.dropped = len(encoded) - len(examples)
         if not examples:
             raise ValueError(
                 f"no SFT example fits sft.max_length={cfg.sft.max_length} ({self.dropped} dropped)"
             )
+        probe = [fmt.conversation_ids(m) for m in read_conversations(cfg.sft.probe)] if cfg.sft.probe else []
+        pad = self.tokenizer.pad_token_id or 0
+        self.probe = sft_batch(probe, pad).to(self.world.device) if probe else None
         if cfg.sft.epochs is not None:
             self.total = max(1, math.ceil(cfg.sft.epochs * len(examples) / cfg.run.batch_size))
         else:
@@ -122,6 +130,10 @@ class SFTTrainer:
                 m.update({"tokens_per_s": tokens / seconds, "time/step_s": seconds})
                 if self.step_no == 1:
                     m["examples"], m["examples_dropped"] = float(len(self.data.rows)), float(self.dropped)
+                if self.probe is not None and self.step_no % cfg.sft.probe_every == 0:
+                    m["probe/exact"] = exact_probability(
+                        self.run.learner, self.probe, cfg.optim.micro_batch_tokens, cfg.model.compute
+                    )
                 self.run.log.log(self.step_no, m)
                 history.append(m)
                 if bar is not None:
@@ -132,7 +144,7 @@ class SFTTrainer:
                     cfg.sft.stop_loss is not None
                     and len(recent) == recent.maxlen
                     and sum(recent) / len(recent) < cfg.sft.stop_loss
-                )
+                ) or (cfg.sft.stop_skill is not None and m.get("probe/exact", 0.0) >= cfg.sft.stop_skill)
                 self.stopped_early = stop
                 if stop or self.step_no == self.total or self.step_no % max(1, cfg.run.save_every) == 0:
                     self.run.save(self.step_no, {"data_position": self.data.position, "metrics": m})
