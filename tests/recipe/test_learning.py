@@ -1,8 +1,8 @@
 """The tiny recipe still learns: its first RL stage, run from a policy that has just learned the
-format (``tiny_policy/``, written by ``make_tiny_policy.py``), raises held-out accuracy beyond the
-95% interval of the change, paired over problems never trained on, and the tool-error ratio of its
-correct trajectories does not rise. A change that breaks learning (the loss, the advantages, the
-masks, RoC, the weight updates reaching the sampler) fails here without running the demo."""
+format (``tiny_policy/``, written by ``make_tiny_policy.py``), raises held-out accuracy by more
+than the 95% interval of the change, paired over problems never trained on. A change that breaks
+learning (the loss, the advantages, the masks, RoC, the weights reaching the sampler) fails here
+without running the demo."""
 
 from __future__ import annotations
 
@@ -20,22 +20,22 @@ from rstar2.rollout.trajectory import read_trajectories
 POLICY = Path(__file__).parent / "tiny_policy"
 
 
-def rl_recipe(steps: int) -> dict:
-    """The tiny recipe's first RL stage on the policy's problems (operands of 1-2 digits)."""
+def rl_recipe() -> dict:
+    """The tiny recipe's first RL stage, as it is but on the policy's problems (operands of 1-2
+    digits), and held-out problems of that kind."""
     tree = yaml.safe_load(find_recipe("tiny").read_text())
     tree["model"] = {"path": str(POLICY), "device": "cpu", "compute": "fp32", "threads": 1}
     rl = tree["stages"][1]
     rl["data"]["generator"].update(digits=[1, 2])
-    rl["steps"] = steps
     tree["stages"] = [rl]
-    tree["eval"].update(count=96, samples=2, before=True, entropy_trajectories=0)
+    tree["eval"].update(count=128, samples=2, before=True, entropy_trajectories=0)
     return tree
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_rl_raises_held_out_accuracy_beyond_its_interval(tmp_path):
-    tree = rl_recipe(steps=10)
+    tree = rl_recipe()
     out = tmp_path / "run"
     run_recipe(parse_recipe(tree), out, progress=False, log=lambda s: None)
     state = json.loads((out / "recipe_state.json").read_text())
@@ -45,7 +45,5 @@ def test_rl_raises_held_out_accuracy_beyond_its_interval(tmp_path):
         for n, label in ((0, "start"), (1, name))
     )
     change, half, problems = paired_change(before, after)
-    assert problems == 96
+    assert problems == 128
     assert change - half > 0, (state["evals"]["start"]["pass@1"], state["evals"][name]["pass@1"], change, half)
-    errors = [state["evals"][k]["tool_error_ratio_correct"] for k in ("start", name)]
-    assert errors[1] <= errors[0], errors

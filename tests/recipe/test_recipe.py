@@ -29,8 +29,9 @@ def miniature() -> dict:
     tree["defaults"]["rl"]["roc"].update(keep=2)
     tree["defaults"]["rl"]["run"].update(batch_size=2, save_every=1)
     sft, rl1, rl2, rl3 = tree["stages"]
-    sft.update(steps=2, stop_loss=None)
+    sft.update(steps=2, sft={"probe_every": 1})  # its stop_skill is measured, not reached
     sft["data"]["generator"].update(count=16)
+    sft["probe"]["generator"].update(count=4)
     for st in (rl1, rl2, rl3):
         st.update(steps=1, max_response_tokens=40)
         st["data"]["generator"].update(count=3)
@@ -84,6 +85,11 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     # the SFT data holds real tool outputs, the RL data passed the filter
     sft_rows = [json.loads(x) for x in (out / "01-sft" / "train.jsonl").read_text().splitlines()]
     assert len(sft_rows) == 16 and all(r["messages"][-1]["role"] == "assistant" for r in sft_rows)
+    # the SFT stage's probe: clean conversations built alike, the skill measured on them every step
+    probe = [json.loads(x) for x in (out / "01-sft" / "probe.jsonl").read_text().splitlines()]
+    assert len(probe) == 4 and all(len(r["messages"]) == 4 for r in probe)  # user, call, output, answer
+    sft_metrics = [json.loads(x) for x in (out / "01-sft" / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 <= m["probe/exact"] < 0.25 for m in sft_metrics) and not state["stages"]["sft"]["stopped_early"]
     flt = json.loads((out / "02-rl-64" / "filter" / "filter.json").read_text())
     assert flt["candidates"] == 3 and flt["kept"] == 3 and sum(flt["solved_histogram"]) == 3
     # the ladder probed each (family, level) cell; an untrained model solves none, so each family

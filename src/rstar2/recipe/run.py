@@ -369,7 +369,8 @@ def eval_rows(recipe: Recipe) -> list[dict[str, Any]]:
     gens = [s.data.generator for s in recipe.stages if s.kind == "rl" and s.data.generator is not None]
     if not gens:
         return []
-    return [t.row() for t in generated(gens[0], recipe.seed, split="heldout", count=spec.count)]
+    seed = recipe.seed if spec.seed is None else spec.seed
+    return [t.row() for t in generated(gens[0], seed, split="heldout", count=spec.count)]
 
 
 async def evaluate_model(

@@ -119,6 +119,7 @@ class LadderSpec(_Spec):
 class EvalSpec(_Spec):
     data: DataSpec | None = None  # default: held-out problems of the first RL stage's generator
     count: int = 128  # held-out problems drawn from that generator
+    seed: int | None = None  # their seed (default: the recipe's); fixed, every seed's run is scored alike
     samples: int = 4
     temperature: float = 1.0
     max_turns: int | None = None  # default: the last stage's
