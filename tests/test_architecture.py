@@ -1,5 +1,6 @@
 """The written map stays true: ARCHITECTURE.md names every module, and every import between the
-package's rooms goes the way its table says (downward; the ground floor imports only itself)."""
+package's rooms goes the way its table says (downward; the ground floor imports only itself), and
+no module imports itself through others."""
 
 from __future__ import annotations
 
@@ -71,3 +72,49 @@ def test_imports_between_rooms_go_the_way_the_map_says():
             if not ok:
                 wrong.append(f"{path.relative_to(PACKAGE)} imports {target}")
     assert not wrong, "imports against the map:\n" + "\n".join(wrong)
+
+
+def _module_imports() -> dict[tuple[str, ...], set[tuple[str, ...]]]:
+    """Each module of the package (as its dotted parts) and the package's modules it imports,
+    imports inside functions included: a lazy import still ties the two modules together."""
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        modules[parts[:-1] if parts[-1] == "__init__" else parts] = path
+    graph: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
+    for name, path in modules.items():
+        folder = path.relative_to(PACKAGE).parent.parts
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = folder[: len(folder) - node.level + 1]
+            elif (node.module or "").startswith("rstar2"):
+                base, node.module = (), node.module.removeprefix("rstar2").lstrip(".")
+            else:
+                continue
+            module = (*base, *filter(None, (node.module or "").split(".")))
+            for alias in node.names:  # `from . import distributed` names a module
+                targets.add((*module, alias.name) if (*module, alias.name) in modules else module)
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def test_no_module_imports_itself_through_others():
+    """No circle of imports anywhere in the package, inside a folder included (there a circle is
+    a sign that one module holds two concepts: the trainers' dispatch sat in the module both
+    trainers start from)."""
+    graph = _module_imports()
+    assert ("rl", "launch") in graph[("rl", "sft")]  # relative imports are read
+    circles = []
+    for start in sorted(graph):
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for target in graph[node]:
+                if target == start:
+                    circles.append(" -> ".join(".".join(m) for m in [*path, start]))
+                elif target > start and target not in path:  # each circle found once, from its least module
+                    stack.append((target, [*path, target]))
+    assert not circles, "import circles:\n" + "\n".join(circles)

@@ -317,7 +317,7 @@ def train(
     `torchrun --nproc-per-node N -m rstar2 train CONFIG`."""
     from .config import load_config
     from .recipe.run import run_named
-    from .rl.launch import train_config
+    from .rl.train import train_config
 
     if (config is None) == (recipe is None):
         console.print("[red]error:[/red] give a CONFIG file or --recipe (not both)")

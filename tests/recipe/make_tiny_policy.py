@@ -22,7 +22,13 @@ from rstar2.recipe.spec import find_recipe, parse_recipe
 
 HERE = Path(__file__).parent
 OUT = HERE / "tiny_policy"
-KEEP = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+KEEP = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
 
 
 def sft_recipe() -> dict:

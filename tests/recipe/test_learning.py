@@ -46,4 +46,9 @@ def test_rl_raises_held_out_accuracy_beyond_its_interval(tmp_path):
     )
     change, half, problems = paired_change(before, after)
     assert problems == 128
-    assert change - half > 0, (state["evals"]["start"]["pass@1"], state["evals"][name]["pass@1"], change, half)
+    assert change - half > 0, (
+        state["evals"]["start"]["pass@1"],
+        state["evals"][name]["pass@1"],
+        change,
+        half,
+    )

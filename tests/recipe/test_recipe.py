@@ -89,7 +89,9 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     probe = [json.loads(x) for x in (out / "01-sft" / "probe.jsonl").read_text().splitlines()]
     assert len(probe) == 4 and all(len(r["messages"]) == 4 for r in probe)  # user, call, output, answer
     sft_metrics = [json.loads(x) for x in (out / "01-sft" / "metrics.jsonl").read_text().splitlines()]
-    assert all(0 <= m["probe/exact"] < 0.25 for m in sft_metrics) and not state["stages"]["sft"]["stopped_early"]
+    assert (
+        all(0 <= m["probe/exact"] < 0.25 for m in sft_metrics) and not state["stages"]["sft"]["stopped_early"]
+    )
     flt = json.loads((out / "02-rl-64" / "filter" / "filter.json").read_text())
     assert flt["candidates"] == 3 and flt["kept"] == 3 and sum(flt["solved_histogram"]) == 3
     # the ladder probed each (family, level) cell; an untrained model solves none, so each family

@@ -92,14 +92,18 @@ def test_sft_learns_the_format_and_saves_a_loadable_checkpoint(tiny_dir, tmp_pat
 
 
 @pytest.mark.slow
-def test_stop_skill_stops_at_the_first_probe_that_reaches_it_and_logs_the_exact_probability(tiny_dir, tmp_path):
+def test_stop_skill_stops_at_the_first_probe_that_reaches_it_and_logs_the_exact_probability(
+    tiny_dir, tmp_path
+):
     """``probe/exact`` is the mean over probe conversations of exp(sum of the assistant tokens'
     log-probs), recomputed here on the saved checkpoint by a plain forward pass; a run measures it
     every ``probe_every`` steps and stops at the first measure that reaches ``stop_skill``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     data, probe = tmp_path / "sft.jsonl", tmp_path / "probe.jsonl"
-    data.write_text("".join(json.dumps({"messages": conversation(a, b)}) + "\n" for a in range(2, 6) for b in range(3, 7)))
+    data.write_text(
+        "".join(json.dumps({"messages": conversation(a, b)}) + "\n" for a in range(2, 6) for b in range(3, 7))
+    )
     probe.write_text("".join(json.dumps({"messages": conversation(a, 3)}) + "\n" for a in (2, 3, 4)))
 
     def run(name: str, **sft) -> tuple[SFTTrainer, list[dict]]:
@@ -111,7 +115,13 @@ def test_stop_skill_stops_at_the_first_probe_that_reaches_it_and_logs_the_exact_
                 "data": {"train": str(data)},
                 "sft": {"probe": str(probe), **sft},
                 "optim": {"lr": 1e-2, "warmup_steps": 2},
-                "run": {"out": str(tmp_path / name), "batch_size": 8, "steps": 12, "save_every": 100, "progress": False},
+                "run": {
+                    "out": str(tmp_path / name),
+                    "batch_size": 8,
+                    "steps": 12,
+                    "save_every": 100,
+                    "progress": False,
+                },
             }
         )
         threads = torch.get_num_threads()
@@ -146,4 +156,6 @@ def test_stop_skill_stops_at_the_first_probe_that_reaches_it_and_logs_the_exact_
     assert (tmp_path / "stopped" / "checkpoints" / f"step-{expected:06d}").is_dir()
 
     with pytest.raises(ValueError, match="sft.probe"):
-        parse_config({"kind": "sft", "model": {"path": "m"}, "data": {"train": "t"}, "sft": {"stop_skill": 0.5}})
+        parse_config(
+            {"kind": "sft", "model": {"path": "m"}, "data": {"train": "t"}, "sft": {"stop_skill": 0.5}}
+        )

@@ -4,7 +4,6 @@ log; and, when a run fails, one error that says what and where, with clean-up th
 
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -128,26 +127,6 @@ def load_training(
         (run_dir / "config.yaml").write_text(record(start.precision) + dump_config(cfg))
     learner = Learner(model, optimizer, lr_schedule, world)
     return Training(learner, step, position, log, start, run_dir, cfg.run.keep_checkpoints)
-
-
-def train_config(cfg: TrainConfig, resume: bool) -> str:
-    """``rstar2 train CONFIG``: the SFT or RL run to its end; the line the command ends with (rank 0
-    only, else empty)."""
-    if cfg.kind == "sft":
-        from .sft import SFTTrainer
-
-        history = SFTTrainer(cfg, resume=resume).train()
-    else:
-        import asyncio
-
-        from .trainer import RLTrainer
-
-        history = asyncio.run(RLTrainer(cfg, resume=resume).train())
-    if not history or int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 speaks
-        return ""
-    keys = ("loss", "accuracy", "reward/mean", "grad_norm")
-    shown = {k: round(v, 4) for k, v in history[-1].items() if k in keys}
-    return f"done: {len(history)} steps this run; last step {shown}; run folder {cfg.run.out}"
 
 
 class RunError(RuntimeError):
