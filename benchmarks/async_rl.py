@@ -49,6 +49,7 @@ from rich.table import Table
 
 from rstar2.config import parse_config
 from rstar2.engines.hf import HFEngine
+from rstar2.local_service import free_port, wait_healthy
 from rstar2.recipe.tasks import generate
 from rstar2.rl.trainer import RLTrainer
 
@@ -99,55 +100,34 @@ def chat_settings(recipe: str) -> dict:
     return yaml.safe_load(find_recipe(recipe).read_text()).get("chat", {})
 
 
-def start_server(model: Path, rows: int) -> tuple[subprocess.Popen, str]:
-    """``rstar2 serve`` on core 0 with one thread; returns the process and its URL once it answers."""
-    import socket
-
-    import httpx
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = ["taskset", "-c", "0", sys.executable, "-m", "rstar2", "serve", "--model", str(model)]
-    cmd += ["--port", str(port), "--device", "cpu", "--max-batch-size", str(rows)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+def on_core_0(
+    command: list[str], what: str, timeout_s: float, env: dict | None = None
+) -> tuple[subprocess.Popen, str]:
+    """``rstar2 COMMAND --port P`` pinned to core 0; the process and its URL once it answers."""
+    port = free_port()
+    cmd = ["taskset", "-c", "0", sys.executable, "-m", "rstar2", *command, "--port", str(port)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("rstar2 serve did not start")
+    try:
+        wait_healthy(url, proc, timeout_s, what)
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc, url
+
+
+def start_server(model: Path, rows: int) -> tuple[subprocess.Popen, str]:
+    """``rstar2 serve`` on core 0 with one thread."""
+    command = ["serve", "--model", str(model), "--device", "cpu", "--max-batch-size", str(rows)]
+    return on_core_0(
+        command, "rstar2 serve", 300, {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    )
 
 
 def start_vllm(model: Path, eager: bool) -> tuple[subprocess.Popen, str]:
-    """``rstar2 vllm`` on core 0 (its engine bound there, its API server beside it); returns the
-    process and its URL once it answers."""
-    import socket
-
-    import httpx
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = ["taskset", "-c", "0", sys.executable, "-m", "rstar2", "vllm", "--model", str(model)]
-    cmd += ["--port", str(port), "--dtype", "float32", "--cores", "0", "--kv-cache-gib", "2"]
-    cmd += ["--eager"] if eager else []
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(1)
-    proc.kill()
-    raise RuntimeError("rstar2 vllm did not start")
+    """``rstar2 vllm`` on core 0 (its engine bound there, its API server beside it)."""
+    command = ["vllm", "--model", str(model), "--dtype", "float32", "--cores", "0", "--kv-cache-gib", "2"]
+    return on_core_0(command + (["--eager"] if eager else []), "rstar2 vllm", 600)
 
 
 def engine_inputs(

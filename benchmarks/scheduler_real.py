@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,17 +26,12 @@ import httpx
 from rstar2.chat.format import ChatFormat
 from rstar2.config import RolloutSection
 from rstar2.engines.openai import OpenAIEngine
+from rstar2.local_service import free_port, wait_healthy
 from rstar2.reward import VerifierPool
 from rstar2.rollout import Rollout
 from rstar2.sandbox import LocalPool
 
 POLICIES = ("static", "least_requests", "kv")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tiny_model(out: Path) -> Path:
@@ -58,17 +52,8 @@ def start_servers(model: Path, n: int, capacity: int) -> tuple[list[subprocess.P
         cmd += ["--device", "cpu", "--max-batch-size", "64", "--capacity-tokens", str(capacity)]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
         urls.append(f"http://127.0.0.1:{port}")
-    deadline = time.monotonic() + 600
-    for url in urls:
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{url} did not come up")
-            time.sleep(0.5)
+    for proc, url in zip(procs, urls, strict=True):
+        wait_healthy(url, proc, 600, "rstar2 serve")
     return procs, urls
 
 

@@ -16,6 +16,7 @@ import pytest_asyncio
 from rstar2.chat.format import ChatFormat
 from rstar2.chat.prompt import SYSTEM_PROMPT, USER_PREFIX
 from rstar2.chat.tools import tool_schemas
+from rstar2.local_service import free_port, wait_healthy
 from rstar2.recipe.tiny_model import build_model, build_tokenizer, save_pretrained
 from rstar2.sandbox import IsolationConfig, Limits, LocalPool
 from rstar2.sandbox.isolation import UID_BASE
@@ -108,12 +109,6 @@ def llama_tokenizer(tmp_path_factory):
 @pytest.fixture(scope="session")
 def chatml(tiny):
     return ChatFormat(tiny[1])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def sandbox_processes() -> list[int]:
@@ -230,19 +225,10 @@ def start_cli(args: list[str], **kw) -> subprocess.Popen:
 
 
 def wait_http(url: str, proc: subprocess.Popen | None = None, timeout: float = 120.0) -> None:
-    import httpx
+    def stderr() -> str:
+        return f": {proc.stderr.read().decode()}" if proc is not None and proc.stderr else ""
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"service exited: {proc.stderr.read().decode() if proc.stderr else ''}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"service at {url} did not come up")
+    wait_healthy(url, proc, timeout, detail=stderr)
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -111,15 +111,11 @@ def local_server(
     """``rstar2 vllm`` on ``model`` on this machine for the block, its output appended to ``log``;
     yields its URL once it answers. With ``cores``, this process (and what it starts later: the
     code environment, the verifier) keeps to the other cores meanwhile."""
-    import socket
     import subprocess
-    import time
 
-    import httpx
+    from ..local_service import free_port, wait_healthy
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     args = [sys.executable, "-m", "rstar2.cli", "vllm", "--model", str(model), "--port", str(port)]
     args += ["--dtype", dtype] + (["--cores", cores] if cores else []) + (["--eager"] if eager else [])
     args += ["--kv-cache-gib", str(kv_cache_gib)] if kv_cache_gib else []
@@ -127,18 +123,12 @@ def local_server(
     with log.open("ab") as fh:
         proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
+
+    def log_tail() -> str:
+        return f" (see {log}):\n{log.read_text(errors='replace')[-2000:]}"
+
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = log.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"rstar2 vllm on {model} did not start (see {log}):\n{tail}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
+        wait_healthy(url, proc, timeout_s, f"rstar2 vllm on {model}", log_tail)
         rest = before - cpu_set(cores) if cores else before
         os.sched_setaffinity(0, rest or before)
         yield url
