@@ -1,7 +1,7 @@
-"""Asynchronous RL (``rollout.max_staleness``) against the synchronous loop, in-process, same run.
+"""Asynchronous RL (``asynchronous.max_staleness``) against the synchronous loop, in-process, same run.
 
 Each arm runs the RL trainer for ``--steps`` steps from the same model, data and seed, with the
-in-process engine and the real code environment and verifier; only ``rollout.max_staleness`` (k)
+in-process engine and the real code environment and verifier; only ``asynchronous.max_staleness`` (k)
 differs (k > 0 with the decoupled objective, ``loss.tis_cap: 2``). The reward is the parity of the
 first sampled token, or with ``--reward length`` of the response's length (groups of mixed rewards,
 so every step updates whatever the model knows: this measures time, not learning). The first step is a warm-up and is not counted. Arms run in the order given, then reversed (A-B-C-C-B-A with ``--repeat 2``), and
@@ -204,11 +204,11 @@ def arm_k(arm: str) -> int:
 
 
 def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
-    """``arm``: k, or k + "keep" (``rollout.keep_stale_kv``: no prefill again on new weights), or
+    """``arm``: k, or k + "keep" (``asynchronous.keep_stale_kv``: no prefill again on new weights), or
     k + "pause" (in-process: the engine waits while the update runs instead of decoding beside it),
-    or k + "split" (in-process: ``rollout.engine_threads`` half the threads: while the update runs
+    or k + "split" (in-process: ``asynchronous.engine_threads`` half the threads: while the update runs
     the engine's thread and the update's each use half, not two OpenMP teams on the same cores),
-    or k + "eager" (``rollout.cuda_graphs: false``: on a GPU, the decode step without graphs);
+    or k + "eager" (``rollout.engine.cuda_graphs: false``: on a GPU, the decode step without graphs);
     any of them with ``r`` and the engine's rows (``parse_arm``)."""
     k, kind, rows = parse_arm(arm)
     keep, pause, split, eager = (kind == x for x in ("keep", "pause", "split", "eager"))
@@ -227,14 +227,18 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
             "samples": a.samples,
             "max_turns": a.max_turns,
             "max_response_tokens": a.max_response_tokens,
-            "max_batch_size": rows,
+            "engine": {
+                "max_batch_size": rows,
+                **({"cuda_graphs": False} if eager else {}),
+                **({"servers": [url], "weight_check_tol": None} if server else {}),
+            },
+            "sandbox_workers": 1,
+            "verifier_workers": 1,
+        },
+        "asynchronous": {
             "max_staleness": k,
             "keep_stale_kv": keep,
             "engine_threads": max(1, torch.get_num_threads() // 2) if split else None,
-            **({"cuda_graphs": False} if eager else {}),
-            **({"servers": [url], "weight_check_tol": None} if server else {}),
-            "sandbox_workers": 1,
-            "verifier_workers": 1,
         },
         "roc": {"keep": max(1, a.samples // 2)},
         "optim": {"lr": 1e-6, "warmup_steps": 0, "micro_batch_tokens": a.micro_batch_tokens},
@@ -257,7 +261,7 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
         update = trainer._update
 
         def paused(rows, trajs):
-            with trainer.engines[0].paused():
+            with trainer.engines.engines[0].paused():
                 return update(rows, trajs)
 
         trainer._update = paused
@@ -266,7 +270,7 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
         history = asyncio.run(trainer.train())
         wall = time.perf_counter() - t0
         if server is None:
-            stats = trainer.engines[0].stats
+            stats = trainer.engines.engines[0].stats
         elif a.engine == "serve":
             import httpx
 
@@ -295,7 +299,7 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
         "update_s": statistics.fmean(m["time/update_s"] for m in counted),
         "sync_s": statistics.fmean(m["time/sync_s"] for m in counted),
         "wait_s": statistics.fmean(m["time/rollout_s"] for m in counted),
-        # the trainer's per-step engine metrics (rstar2.rl.trainer.engine_metrics), counted steps
+        # the trainer's per-step engine metrics (rstar2.rl.step_metrics.engine_metrics), counted steps
         "occupancy": statistics.fmean(m.get("engine/occupancy", float("nan")) for m in counted),
         "join_share": statistics.fmean(m.get("engine/join_share", float("nan")) for m in counted),
         "busy_share": statistics.fmean(m.get("engine/busy_share", float("nan")) for m in counted),

@@ -41,7 +41,7 @@ import torch
 
 from rstar2.chat.format import ChatFormat
 from rstar2.chat.tools import PYTHON_TOOL
-from rstar2.config import RolloutSection
+from rstar2.config import EngineSection, RolloutSection
 from rstar2.engines.base import Generation, SamplingParams
 from rstar2.engines.hf import HFEngine
 from rstar2.rollout import Rollout
@@ -208,7 +208,9 @@ async def rollouts(engine: Any, tok, pool: LocalPool, a) -> dict:
     fmt = chat_format(tok, a.chat_from_recipe)
     timed = TimedEngine(engine)
     policy = ScriptedCalls(timed, fmt, a.think_min, a.think_max, tok.convert_tokens_to_ids("<|im_end|>"))
-    settings = RolloutSection(max_turns=a.turns, max_response_tokens=100_000, max_batch_size=a.batch)
+    settings = RolloutSection(
+        max_turns=a.turns, max_response_tokens=100_000, engine=EngineSection(max_batch_size=a.batch)
+    )
     rollout = Rollout(policy, fmt, pool, None, settings)
     items = [
         {

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 from rstar2.chat.format import ChatFormat
-from rstar2.config import RolloutSection
+from rstar2.config import RolloutSection, SchedulerSection
 from rstar2.engines.openai import OpenAIEngine
 from rstar2.local_service import free_port, wait_healthy
 from rstar2.reward import VerifierPool
@@ -65,7 +65,12 @@ async def one_batch(policy: str, urls: list[str], fmt, pool, verifier, n: int, m
     engines = [OpenAIEngine(u, name=f"server{i}") for i, u in enumerate(urls)]
     for e in engines:
         await e.probe_capacity()
-    cfg = RolloutSection(max_turns=4, max_response_tokens=max_tokens, temperature=1.0, scheduler=policy)
+    cfg = RolloutSection(
+        max_turns=4,
+        max_response_tokens=max_tokens,
+        temperature=1.0,
+        scheduler=SchedulerSection(policy=policy),
+    )
     rollout = Rollout(engines, fmt, pool, verifier, cfg)
     items = [
         {"problem": f"Compute {17 * i + 3} * {29 + i}.", "answer": str((17 * i + 3) * (29 + i)), "seed": i}

@@ -29,7 +29,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from rstar2.config import RolloutSection
+from rstar2.config import EngineSection
 from rstar2.engines.openai import OpenAIEngine
 from rstar2.rl import distributed as D
 from rstar2.rl.staleness import check_versions
@@ -59,7 +59,7 @@ async def measure(model_dir: Path, servers: int, repeat: int) -> dict[str, list[
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     procs = [start_server(model_dir, 8) for _ in range(servers)]
     engines = [OpenAIEngine(url) for _, url in procs]
-    settings = RolloutSection(servers=[url for _, url in procs])
+    settings = EngineSection(servers=[url for _, url in procs])
     out: dict[str, list[float]] = {}
     folder = Path(tempfile.mkdtemp(prefix="rstar2-push-"))
     weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
@@ -83,10 +83,10 @@ async def measure(model_dir: Path, servers: int, repeat: int) -> dict[str, list[
                 await publish(
                     model,
                     engines,
+                    "servers",
                     settings,
                     D.World(),
                     folder,
-                    same_model=False,
                     probe_prompt=probe,
                     pad_id=0,
                     step=v,

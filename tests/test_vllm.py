@@ -235,12 +235,13 @@ def test_rstar2_eval_on_vllm(vllm, model_dir, problems, tmp_path):
 
 @pytest.mark.parametrize("k", [0, 1], ids=["k=0", "k=1"])
 def test_rl_on_vllm_trains_only_its_own_policys_tokens(vllm, model_dir, problems, tmp_path, k):
-    """`rstar2 train` with `rollout.servers` on vLLM: the run's start weights, then each update,
+    """`rstar2 train` with `rollout.engine.servers` on vLLM: the run's start weights, then each update,
     reach the server in place; every token's version (from vLLM) is inside the bound; the server
     ends holding the final checkpoint's weights."""
     run_dir = tmp_path / "run"
-    rollout = {"servers": [vllm], "max_staleness": k, "top_k": 0, "max_batch_size": 8}
-    tree = small_rl(model_dir, problems, run_dir, steps=3, **rollout)
+    tree = small_rl(model_dir, problems, run_dir, steps=3, top_k=0)
+    tree["rollout"]["engine"] = {"servers": [vllm], "max_batch_size": 8}
+    tree["asynchronous"] = {"max_staleness": k}
     if k:
         tree["loss"] = {"tis_cap": 2.0}
     ok(cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))]))

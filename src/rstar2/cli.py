@@ -98,11 +98,12 @@ CONFIG = typer.Option(
 )
 SET = typer.Option([], "--set", help="Override one rollout setting: --set top_k=20 (repeatable).")
 DEVICE = typer.Option("auto", help="With --model: cpu, cuda, ... (auto: CUDA when present).")
-# options of eval/chat that are rollout settings: under the same name, or renamed here
+# options of eval/chat that are rollout settings: under the same name, or as the key named here
 SAME_NAME = ("sandbox", "temperature", "top_p", "top_k", "max_turns", "verify_mode", "system_prompt")
-SAME_NAME += ("stateful", "scheduler", "capacity_tokens")
-RENAMED = {"server": "servers", "max_tokens": "max_response_tokens", "banned_token": "banned_tokens"}
-RENAMED["batch"] = "max_batch_size"
+SAME_NAME += ("stateful",)
+RENAMED = {"server": "engine.servers", "max_tokens": "max_response_tokens", "banned_token": "banned_tokens"}
+RENAMED |= {"batch": "engine.max_batch_size", "capacity_tokens": "engine.capacity_tokens"}
+RENAMED["scheduler"] = "scheduler.policy"
 
 
 def rollout_settings(args: dict, preset: dict):
@@ -131,7 +132,7 @@ def serve(
         "auto", help="Weights: auto (bf16 on a GPU that computes it, else fp32), float32, bfloat16."
     ),
     max_batch_size: int = typer.Option(
-        DEFAULT_ROLLOUT.max_batch_size, help="Requests generated together in one batch."
+        DEFAULT_ROLLOUT.engine.max_batch_size, help="Requests generated together in one batch."
     ),
     name: str | None = typer.Option(None, help="Model name clients use (default: the directory name)."),
     capacity_tokens: int | None = typer.Option(
@@ -266,7 +267,8 @@ def eval_cmd(
     stateful: bool | None = STATEFUL,
     device: str = DEVICE,
     batch: int | None = typer.Option(
-        None, help=f"With --model: requests generated together (default {DEFAULT_ROLLOUT.max_batch_size})."
+        None,
+        help=f"With --model: requests generated together (default {DEFAULT_ROLLOUT.engine.max_batch_size}).",
     ),
     scheduler: str | None = typer.Option(
         None, help="Which engine serves each turn: kv, least_requests, static."

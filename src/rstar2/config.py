@@ -7,7 +7,7 @@ keys are errors, so a typo never silently falls back to a default.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,7 +33,7 @@ class ModelSection(_Section):
     dtype: str = "auto"  # parameters: auto (fp32), float32, bfloat16
     # the passes' precision: auto = bf16 autocast where the hardware computes bf16 (CUDA with bf16,
     # a CPU with AVX512-BF16 or AMX), fp32 elsewhere; bf16 = autocast even where it is emulated
-    # (warned: 73x slower on an AVX2-only CPU); fp32 = never. The in-process engine decodes in fp32 on a CPU.
+    # (warned: far slower on an AVX2-only CPU); fp32 = never. The in-process engine decodes in fp32 on a CPU.
     compute: Compute = "auto"
     gradient_checkpointing: bool = False
     threads: int | None = None  # torch CPU threads (None: torch's default)
@@ -57,6 +57,66 @@ class ChatSection(_Section):
     tool_traceback_lines: int = TRACEBACK_LINES  # the end of a traceback shown to the model
 
 
+class EngineSection(_Section):
+    """Where a rollout's tokens come from: servers, or the in-process engine and its KV budget."""
+
+    servers: list[str] = Field(default_factory=list)  # OpenAI-compatible servers; empty: in-process
+    max_batch_size: int = Field(64, ge=1)  # in-process engine: requests generated together
+    # KV tokens per engine; None: what each server reports, CAPACITY_HELP for the in-process engine
+    capacity_tokens: int | None = None
+    # in-process engine: KV tokens kept for trajectories' next turns (None: KEEP_HELP; 0: none); they
+    # come out of the capacity the scheduler grants
+    keep_tokens: int | None = Field(None, ge=0)
+    # in-process engine: replay its decode step as CUDA graphs (engines/graphs.py); None: on a GPU
+    cuda_graphs: bool | None = None
+    # new weights to remote servers after each update (training)
+    reload_path: str = "/update_weights_from_disk"  # server endpoint that loads a checkpoint folder
+    reload_retries: int = Field(2, ge=0)  # a refused weight update is retried, then the run stops
+    # After a reload, the engine's logprobs of a short sampled sequence must match the trainer's
+    # (mean absolute difference, nats); None: only the server's own answer is checked.
+    weight_check_tol: float | None = Field(0.1, ge=0)
+
+
+class SchedulerSection(_Section):
+    """Which engine serves each turn (``rollout/scheduler.py``)."""
+
+    policy: Literal["kv", "least_requests", "static"] = "kv"
+    grant_tokens: int | None = None  # kv: new tokens per admitted request (None: 512 or capacity/64)
+    retries: int = Field(2, ge=0)  # a turn whose engine failed is retried on another
+
+
+class AsyncSection(_Section):
+    """RL: generation overlapping the update (``rl/staleness.py``)."""
+
+    # a token may be sampled by a policy at most this many updates older than the one it trains;
+    # 0 = the synchronous loop. > 0 needs loss.tis_cap (the off-policy correction)
+    max_staleness: int = Field(0, ge=0)
+    # in-process engine, on new weights: the running rows keep the keys and values computed under the
+    # old ones (as PipelineRL does: no recompute, tokens then read context as old as their admission,
+    # within max_staleness) instead of prefilling again; kept prefixes are dropped either way
+    keep_stale_kv: bool = False
+    # in-process engine with max_staleness > 0: its torch threads while the update runs beside it
+    # (the update takes the rest of model.threads; each alone uses them all); None: both use all
+    engine_threads: int | None = Field(None, ge=1)
+
+
+def refuse_moved(tree: Any, section: str, moved: dict[str, str]) -> Any:
+    """A config written before a key moved: an error that names where it lives now."""
+    old = [k for k in moved if isinstance(tree, dict) and k in tree]
+    if old:
+        raise ValueError("; ".join(f"{section}.{k} is now {moved[k]}" for k in old))
+    return tree
+
+
+# keys of rollout: that moved, and where to (a string under scheduler: is the old policy key)
+MOVED_FROM_ROLLOUT = {
+    **{k: f"rollout.engine.{k}" for k in EngineSection.model_fields},
+    "grant_tokens": "rollout.scheduler.grant_tokens",
+    "engine_retries": "rollout.scheduler.retries",
+    **{k: f"asynchronous.{k}" for k in AsyncSection.model_fields},
+}
+
+
 class RolloutSection(ChatSection):
     """Every setting of a rollout: the one source for training, recipes (filters, evaluations) and
     the ``eval``/``chat`` commands (``rstar2.rollout.build.open_rollout`` reads it)."""
@@ -78,35 +138,15 @@ class RolloutSection(ChatSection):
     sandbox_workers: int | None = None  # local pool size (None: one per core)
     verifier_workers: int = Field(2, ge=1)
     verify_mode: Literal["strict", "lenient"] = "strict"  # lenient: any final answer, not only <answer>
-    # engines
-    servers: list[str] = Field(default_factory=list)  # OpenAI-compatible servers; empty: in-process
-    max_batch_size: int = Field(64, ge=1)  # in-process engine: requests generated together
-    # in-process engine: KV tokens kept for trajectories' next turns (None: KEEP_HELP; 0: none); they
-    # come out of the capacity the scheduler grants
-    keep_tokens: int | None = Field(None, ge=0)
-    scheduler: Literal["kv", "least_requests", "static"] = "kv"  # which engine serves each turn
-    # KV tokens per engine; None: what each server reports, CAPACITY_HELP for the in-process engine
-    capacity_tokens: int | None = None
-    grant_tokens: int | None = None  # kv: new tokens per admitted request (None: 512 or capacity/64)
-    engine_retries: int = Field(2, ge=0)  # a turn whose engine failed is retried on another
-    # training: a token may be sampled by a policy at most this many updates older than the one it
-    # trains (rl/staleness.py); 0 = the synchronous loop. > 0 needs loss.tis_cap (the correction)
-    max_staleness: int = Field(0, ge=0)
-    # in-process engine, on new weights: the running rows keep the keys and values computed under the
-    # old ones (as PipelineRL does: no recompute, tokens then read context as old as their admission,
-    # within max_staleness) instead of prefilling again; kept prefixes are dropped either way
-    keep_stale_kv: bool = False
-    # in-process engine with max_staleness > 0: its torch threads while the update runs beside it
-    # (the update takes the rest of model.threads; each alone uses them all); None: both use all
-    engine_threads: int | None = Field(None, ge=1)
-    # in-process engine: replay its decode step as CUDA graphs (engines/graphs.py); None: on a GPU
-    cuda_graphs: bool | None = None
-    # new weights to remote servers after each update (training)
-    reload_path: str = "/update_weights_from_disk"  # server endpoint that loads a checkpoint folder
-    reload_retries: int = Field(2, ge=0)  # a refused weight update is retried, then the run stops
-    # After a reload, the engine's logprobs of a short sampled sequence must match the trainer's
-    # (mean absolute difference, nats); None: only the server's own answer is checked.
-    weight_check_tol: float | None = Field(0.1, ge=0)
+    engine: EngineSection = Field(default_factory=EngineSection)
+    scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, tree: Any) -> Any:
+        if isinstance(tree, dict) and isinstance(tree.get("scheduler"), str):
+            refuse_moved(tree, "rollout", {"scheduler": "rollout.scheduler.policy"})
+        return refuse_moved(tree, "rollout", MOVED_FROM_ROLLOUT)
 
 
 DEFAULT_ROLLOUT = RolloutSection()
@@ -147,10 +187,10 @@ NO_TOOLS = {
 
 class RocSection(_Section):
     enabled: bool = True  # False: plain GRPO on all samples
-    keep: int = 8  # G: rollouts kept per problem
+    keep: int = Field(8, ge=1)  # G: rollouts kept per problem
     # lowest penalty first (released code), drawn by 1/penalty (paper), or at random (the GRPO control)
     mode: Literal["lowest", "weighted", "uniform"] = "lowest"
-    min_per_class: int = 2
+    min_per_class: int = Field(2, ge=0)  # keep at least this many of each class where present
     drop_equal_reward_groups: bool = True
     error_penalty: bool = True
     format_penalty: bool = True
@@ -166,12 +206,16 @@ class LossSection(_Section):
     scale_by_std: bool = True
     kl_coef: float = 0.0  # >0: k3 KL to a frozen reference, the policy this run (stage) started from
     entropy_coef: float = 0.0
+    # With asynchronous.max_staleness > 0 the loss clips against the proximal policy (the weights at
+    # the update's start) and weighs each token by pi_prox/mu truncated here (the decoupled
+    # objective). Written as null on purpose, stale tokens are trained as if on-policy: only to
+    # measure what the correction does (AReaL saw it collapse).
     tis_cap: float | None = None
-    # rollout.max_staleness > 0: "decoupled" (clip against the proximal policy, the weights at the
-    # update's start; importance weight pi_prox/mu truncated at tis_cap) or "none" (no importance
-    # weights: stale tokens trained as if on-policy; only to measure what the correction does,
-    # AReaL saw it collapse)
-    correction: Literal["decoupled", "none"] = "decoupled"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, tree: Any) -> Any:
+        return refuse_moved(tree, "loss", {"correction": "loss.tis_cap (a number: on; null: off)"})
 
 
 class OptimSection(_Section):
@@ -233,6 +277,7 @@ class RLConfig(_Section):
     model: ModelSection
     data: DataSection
     rollout: RolloutSection = Field(default_factory=RolloutSection)
+    asynchronous: AsyncSection = Field(default_factory=AsyncSection)
     roc: RocSection = Field(default_factory=RocSection)
     loss: LossSection = Field(default_factory=LossSection)
     optim: OptimSection = Field(default_factory=OptimSection)
@@ -245,17 +290,13 @@ class RLConfig(_Section):
                 f"roc.keep ({self.roc.keep}) cannot exceed rollout.samples ({self.rollout.samples}): "
                 "RoC keeps G of the 2G sampled rollouts"
             )
-        decoupled = self.loss.correction == "decoupled"
-        if self.rollout.max_staleness and decoupled and self.loss.tis_cap is None:
+        k = self.asynchronous.max_staleness
+        if k and self.loss.tis_cap is None and "tis_cap" not in self.loss.model_fields_set:
             raise ValueError(
-                f"rollout.max_staleness={self.rollout.max_staleness} trains on tokens sampled by older "
-                "policies and needs the off-policy correction: set loss.tis_cap (the cap on the "
-                "importance weight pi_prox/mu of the decoupled objective, e.g. 2.0), or max_staleness: 0 "
-                "(loss.correction: none leaves the correction out, for an ablation)"
-            )
-        if not decoupled and self.loss.tis_cap is not None:
-            raise ValueError(
-                "loss.correction: none trains without importance weights: it takes no loss.tis_cap"
+                f"asynchronous.max_staleness={k} trains on tokens sampled by older policies and needs "
+                "the off-policy correction: set loss.tis_cap (the cap on the importance weight "
+                "pi_prox/mu of the decoupled objective, e.g. 2.0), or max_staleness: 0 (loss.tis_cap: "
+                "null, written out, leaves the correction out on purpose, for an ablation)"
             )
         r = self.rollout
         if self.loss.tis_cap is not None and (r.top_k > 0 or r.top_p < 1):
@@ -264,7 +305,7 @@ class RLConfig(_Section):
                 f"top_p={r.top_p} the engine samples from a truncated distribution whose probability "
                 "it does not report (mu is taken before truncation), so the correction would be wrong: "
                 "sample with top_k: 0 and top_p: 1 (temperature is fine), or train synchronously "
-                "(max_staleness: 0, no tis_cap)"
+                "(asynchronous.max_staleness: 0, no tis_cap)"
             )
         return self
 
@@ -309,21 +350,17 @@ class ConfigError(ValueError):
     """A config file that cannot be used; the message says which key and why."""
 
 
-def as_dataclass(cls: type, section: BaseModel, **overrides: Any) -> Any:
-    """An instance of the dataclass ``cls`` from the section's values of the same names (plus
-    ``overrides``): the config holds the values, the code's dataclasses never restate them."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    values = {k: v for k, v in section.model_dump().items() if k in names}
-    return cls(**{**values, **overrides})
-
-
 def set_value(tree: dict[str, Any], dotted: str) -> None:
     """Apply one ``--set key.sub=value`` (the value is read as YAML). In a list of named items
     (a recipe's ``stages``), the next key picks the item by name: ``stages.rl-1.steps=5``."""
     if "=" not in dotted:
         raise ConfigError(f"--set expects key=value (e.g. optim.lr=1e-5), got {dotted!r}")
     key, raw = dotted.split("=", 1)
-    value = yaml.safe_load(raw) if raw else None
+    put(tree, key, yaml.safe_load(raw) if raw else None)
+
+
+def put(tree: dict[str, Any], key: str, value: Any) -> None:
+    """``tree[a][b] = value`` for ``key`` "a.b" (a list of named items is entered by name)."""
     node: Any = tree
     parts = key.strip().split(".")
     for i, p in enumerate(parts[:-1]):
@@ -346,7 +383,10 @@ def validate(cls: type[BaseModel], tree: dict[str, Any], what: str) -> Any:
     try:
         return cls.model_validate(tree)
     except ValidationError as exc:
-        lines = [f"  {'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        lines = []
+        for e in exc.errors():
+            where, msg = ".".join(str(x) for x in e["loc"]), e["msg"].removeprefix("Value error, ")
+            lines.append(f"  {where}: {msg}" if where else f"  {msg}")
         raise ConfigError(f"invalid {what}:\n" + "\n".join(lines)) from None
 
 
@@ -395,11 +435,13 @@ def rollout_settings(
 ) -> RolloutSection:
     """One ``RolloutSection`` from, in rising priority: its defaults, ``preset`` (when no file is
     given), a file's settings (``file_tree``), ``NO_TOOLS``, ``--set`` values and the options given
-    on the command line (None: not given)."""
-    tree = dict(file_tree) if file_tree is not None else dict(preset)
+    on the command line (dotted keys, e.g. ``engine.servers``; None: not given)."""
+    tree = copy.deepcopy(file_tree) if file_tree is not None else dict(preset)
     if no_tools:  # a model without tool use: the bare problem, one turn, nothing run, lenient
         tree.update(NO_TOOLS)
     for item in sets:
         set_value(tree, item.removeprefix("rollout."))
-    tree.update({k: v for k, v in options.items() if v is not None and v != []})
+    for key, value in options.items():
+        if value is not None and value != []:
+            put(tree, key, value)
     return validate(RolloutSection, tree, "rollout settings")

@@ -3,10 +3,9 @@ the hardware computes bf16 itself (``model.compute``). The engine, the trainers 
 all ask here, so the decision is made once.
 
 bf16 autocast pays only where the hardware multiplies in bf16: a CUDA GPU with bf16, a CPU with
-AVX512-BF16 or AMX. Elsewhere oneDNN emulates it: on a CPU limited to AVX2 one 1024x576 @ 576x1536
-product took 12 ms in fp32 and 908 ms under bf16 autocast (75x slower; 73x on a real AVX2-only EPYC),
-and on AVX-512 without bf16 it was 2.5x slower (benchmarks/RESULTS.md, issue 19). So ``auto``
-resolves to bf16 only where it is native, and an explicit ``bf16`` elsewhere is warned about once.
+AVX512-BF16 or AMX. Elsewhere oneDNN emulates it, many times slower than fp32 (on AVX-512 without
+bf16 too; benchmarks/RESULTS.md). So ``auto`` resolves to bf16 only where it is native, and an
+explicit ``bf16`` elsewhere is warned about once.
 
 The instruction-set knobs are honoured, so a machine with AVX512-BF16 can be made to behave like one
 without it: ``ONEDNN_MAX_CPU_ISA`` (or ``DNNL_MAX_CPU_ISA``) below ``AVX512_CORE_BF16`` makes oneDNN
@@ -27,21 +26,12 @@ import torch
 COMPUTES = ("auto", "bf16", "fp32")
 
 # oneDNN's instruction-set ceilings (ONEDNN_MAX_CPU_ISA) at which it computes bf16 natively
-_ONEDNN_BF16_ISAS = {
-    "AVX512_CORE_BF16",
-    "AVX512_CORE_FP16",
-    "AVX512_CORE_AMX",
-    "AVX512_CORE_AMX_FP16",
-    "AVX10_1_512",
-    "AVX10_1_512_AMX",
-    "AVX10_1_512_AMX_FP16",
-    "AVX10_2_512",
-    "AVX10_2_512_AMX_2",
-    "ALL",
-    "DEFAULT",
-}
+_ONEDNN_BF16_ISAS = frozenset(
+    "AVX512_CORE_BF16 AVX512_CORE_FP16 AVX512_CORE_AMX AVX512_CORE_AMX_FP16 AVX10_1_512 "
+    "AVX10_1_512_AMX AVX10_1_512_AMX_FP16 AVX10_2_512 AVX10_2_512_AMX_2 ALL DEFAULT".split()
+)
 
-# measured on a 2-core AMD EPYC (Zen 3, AVX2 only): the issue that made ``auto`` follow the hardware
+# what the warning tells a user who asks for emulated bf16 (the figure is in benchmarks/RESULTS.md)
 EMULATED_SLOWDOWN = "73x slower than fp32 on an AVX2-only CPU"
 
 
@@ -162,8 +152,8 @@ def compute_precision(device: torch.device | str, compute: str = "auto") -> cont
 
 def engine_dtype(device: torch.device | str, dtype: str = "auto") -> torch.dtype:
     """The dtype an inference engine holds its weights in (``--dtype``): ``auto`` is bf16 on a GPU
-    that computes bf16 (as an inference server would), fp32 on a CPU (a decode step measured slower
-    in bf16 there) and on a GPU without bf16; else the dtype named (float32, bfloat16, float16)."""
+    that computes bf16 (as an inference server would), fp32 on a CPU (a decode step is slower in
+    bf16 there) and on a GPU without bf16; else the dtype named (float32, bfloat16, float16)."""
     device = torch.device(device)
     if dtype != "auto":
         return getattr(torch, dtype)
@@ -172,6 +162,6 @@ def engine_dtype(device: torch.device | str, dtype: str = "auto") -> torch.dtype
 
 def decode_compute(device: torch.device | str, compute: str = "auto") -> str:
     """The in-process engine's ``model.compute``: fp32 on a CPU whatever the trainer uses (a
-    decode step's small products ran at 0.63x in bf16 autocast even on AVX512-BF16,
-    benchmarks/RESULTS.md), the trainer's precision on a GPU."""
+    decode step's small products are slower in bf16 autocast even on AVX512-BF16), the trainer's
+    precision on a GPU."""
     return "fp32" if torch.device(device).type == "cpu" else compute

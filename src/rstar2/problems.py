@@ -16,7 +16,7 @@ BENCHMARKS = {
     "math500": "math500.jsonl",
     "amc2023": "amc2023.jsonl",
     "paraphrased": "paraphrased.jsonl",  # new wording for the generator's skills, each row with its program
-    "transfer": "transfer.jsonl",  # situations no training generator writes (rstar2.eval.transfer_set)
+    "transfer": "transfer.jsonl",  # situations no training generator writes (scripts/make_transfer_set.py)
 }
 ALIASES = {"aime24": "aime2024", "aime25": "aime2025", "hmmt25": "hmmt_feb_2025", "amc23": "amc2023"}
 

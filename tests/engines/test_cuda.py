@@ -60,7 +60,7 @@ def test_an_rl_run_on_cuda_trains_and_checkpoints(tiny_dir, tmp_path):
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = rl_config(tiny_dir, tmp_path / "train.jsonl", tmp_path / "run")
     cfg["model"]["device"] = "cuda"
-    cfg["rollout"]["max_batch_size"] = 16
+    cfg["rollout"]["engine"]["max_batch_size"] = 16
     cfg["run"]["steps"] = 2
     (tmp_path / "rl.yaml").write_text(yaml.safe_dump(cfg))
     ok(cli(["train", str(tmp_path / "rl.yaml")]))
@@ -96,15 +96,17 @@ def test_cuda_graphs_replay_the_eager_decode_and_see_weights_written_in_place(ti
                 assert replayed == plain, version
                 seen.append(first)
                 if version == 1:
-                    captures = graphed.graphs.captures  # every bucket these prompts need
+                    captures = graphed.static_decode.captures  # every bucket these prompts need
                 with torch.no_grad():
                     for p in gpu.parameters():
                         p.add_(0.02 * torch.randn_like(p))
                 if version == 2:  # a write announced by the trainer, as after each update
                     graphed.invalidate(version)
                     eager.invalidate(version)
-            assert eager.graphs is None and captures > 0
-            assert graphed.graphs.captures == captures  # replayed, not captured again, after each write
+            assert eager.static_decode is None and captures > 0
+            assert (
+                graphed.static_decode.captures == captures
+            )  # replayed, not captured again, after each write
             assert seen[0] != seen[1] != seen[2]  # each round decoded under other weights
         finally:
             await graphed.close()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rstar2.engines.base import SamplingParams
-from rstar2.engines.graphs import DecodeGraphs, buckets
+from rstar2.engines.graphs import StaticDecode, buckets
 from rstar2.engines.hf import HFEngine
 from rstar2.engines.kv import SlotCache
 
@@ -64,7 +64,7 @@ async def run(model, tok, graphs: bool, weight_change: bool | str = False):
             if weight_change == "announced":
                 eng.invalidate(1)
         second = await asyncio.gather(*(one(i) for i in range(5, 9)))
-        return first + second, dict(eng.stats), eng.graphs
+        return first + second, dict(eng.stats), eng.static_decode
     finally:
         await eng.close()
 
@@ -73,8 +73,8 @@ async def run(model, tok, graphs: bool, weight_change: bool | str = False):
 def test_the_static_step_samples_what_the_eager_step_samples(tiny, weight_change):
     model, tok = tiny
     eager, eager_stats, none = asyncio.run(run(copy.deepcopy(model), tok, False, weight_change))
-    static, stats, graphs = asyncio.run(run(copy.deepcopy(model), tok, True, weight_change))
-    assert none is None and isinstance(graphs, DecodeGraphs) and not graphs.capture
+    static, stats, step = asyncio.run(run(copy.deepcopy(model), tok, True, weight_change))
+    assert none is None and isinstance(step, StaticDecode) and not step.capture
     assert stats["steps"] > 10 and stats["reused_tokens"] > 0  # decoded, and a kept prefix was used
     for (ids_e, lp_e, ids2_e, lp2_e), (ids_s, lp_s, ids2_s, lp2_s) in zip(eager, static, strict=True):
         assert ids_s == ids_e and ids2_s == ids2_e
@@ -85,7 +85,7 @@ def test_padding_rows_write_only_their_scratch_column(model):
     """Three rows in a bucket of four: the fourth slot's columns other than the scratch one and the
     real rows' columns past their new token are untouched."""
     kv = SlotCache("cpu", 4)
-    graphs = DecodeGraphs(model, torch.device("cpu"), 4, capture=False)
+    step = StaticDecode(model, torch.device("cpu"), 4, capture=False)
     with torch.no_grad():
         ids = torch.tensor([[5, 6, 7, 8], [1, 2, 3, 9], [4, 4, 4, 4]])
         kv.reserve(4, 16)  # the static step's rows and columns, so that no buffer moves
@@ -94,7 +94,7 @@ def test_padding_rows_write_only_their_scratch_column(model):
         model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=kv, logits_to_keep=1)
         kv.commit((0, 3), [4, 2, 3])
         before = [b.clone() for b in kv.buf_k]
-        logits = graphs.decode(kv, [10, 11, 12], pad_token_id=0)
+        logits = step.decode(kv, [10, 11, 12], pad_token_id=0)
     assert logits.shape[0] == 3 and kv.lens == [5, 3, 4]
     scratch = kv.cols_cap - 1
     for old, new in zip(before, kv.buf_k, strict=True):
@@ -120,9 +120,9 @@ def test_the_static_step_reads_no_tensor_value_on_the_host(tiny_dir):
     kv.buf_k = [torch.empty((8, heads, 64, dim), device=meta) for _ in range(layers)]
     kv.buf_v = [torch.empty((8, heads, 64, dim), device=meta) for _ in range(layers)]
     kv.lens, kv.owners = [3, 9, 5], ["a", "b", "c"]
-    graphs = DecodeGraphs(meta_model, meta, 8, capture=False)
+    step = StaticDecode(meta_model, meta, 8, capture=False)
     with torch.no_grad():
-        logits = graphs.decode(kv, [1, 2, 3], pad_token_id=0)
+        logits = step.decode(kv, [1, 2, 3], pad_token_id=0)
     assert logits.shape == (3, config.vocab_size) and logits.device.type == "meta"
     with pytest.raises((RuntimeError, NotImplementedError)):  # the probe itself works
         torch.empty(2, device=meta).sum().item()
@@ -146,11 +146,11 @@ def test_a_capture_that_fails_leaves_the_engine_decoding_eagerly(tiny, monkeypat
     def refuse(self, kv, b):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(DecodeGraphs, "_capture", refuse)
-    monkeypatch.setattr(DecodeGraphs, "__init__", _capturing_init(DecodeGraphs.__init__))
+    monkeypatch.setattr(StaticDecode, "_capture", refuse)
+    monkeypatch.setattr(StaticDecode, "__init__", _capturing_init(StaticDecode.__init__))
     with pytest.warns(UserWarning, match="decoding without graphs"):
-        after, _, graphs = asyncio.run(run(copy.deepcopy(model), tok, True))
-    assert graphs.capture and "not permitted" in graphs.broken
+        after, _, step = asyncio.run(run(copy.deepcopy(model), tok, True))
+    assert step.capture and "not permitted" in step.broken
     assert [r[0] + r[2] for r in after] == [r[0] + r[2] for r in eager]
 
 
@@ -169,7 +169,7 @@ def test_under_bf16_autocast_keys_and_values_keep_their_own_dtypes(model):
 
     def decode(graphs: bool) -> list[torch.Tensor]:
         batch = RunningBatch(model, torch.device("cpu"), 4, 0, None, collections.Counter(), graphs)
-        g, kv, out = batch.graphs, batch.kv, []
+        g, kv, out = batch.static_decode, batch.kv, []
         with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
             kv.add([None, None], ["a", "b"])
             logits = batch.forward(torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]]), kv, (0, 2), [4, 2])
@@ -190,14 +190,14 @@ def test_under_bf16_autocast_keys_and_values_keep_their_own_dtypes(model):
 def test_weights_written_in_place_keep_the_graphs_and_replaced_ones_drop_them(model):
     """The graphs read the parameters where they live: an in-place write (an optimizer step) keeps
     them; a parameter replaced by a new tensor drops them all (captured again when next needed)."""
-    graphs = DecodeGraphs(model, torch.device("cpu"), 8, capture=False)
-    graphs.graphs[8] = ("a recorded graph", torch.zeros(1))
+    step = StaticDecode(model, torch.device("cpu"), 8, capture=False)
+    step.captured[8] = ("a recorded graph", torch.zeros(1))
     with torch.no_grad():
         next(model.parameters()).mul_(1.5)
-    graphs.weights_changed()
-    assert 8 in graphs.graphs
+    step.weights_changed()
+    assert 8 in step.captured
     name, param = next(model.named_parameters())
     module_name, _, attr = name.rpartition(".")
     setattr(model.get_submodule(module_name), attr, torch.nn.Parameter(param.detach().clone()))
-    graphs.weights_changed()
-    assert graphs.graphs == {}
+    step.weights_changed()
+    assert step.captured == {}

@@ -55,12 +55,11 @@ def test_an_arm_is_the_rl_stages_from_the_sft_checkpoint_with_the_variants_roc(s
     # asynchronous variants: RoC as the recipe has it, k updates of staleness, with or without the
     # decoupled correction (AReaL's ablation); each arm's recipe parses
     k1 = arm_tree(tree, checkpoint, "async-k1", 0)["stages"][0]
-    assert k1["rollout"]["max_staleness"] == 1 and k1["loss"] == {"correction": "decoupled", "tis_cap": 2.0}
+    assert k1["asynchronous"] == {"max_staleness": 1} and k1["loss"] == {"tis_cap": 2.0}
+    assert "max_staleness" not in k1.get("rollout", {})
     none = arm_tree(tree, checkpoint, "async-k4-none", 0)
-    assert none["stages"][0]["rollout"]["max_staleness"] == 4 and none["stages"][0]["loss"] == {
-        "correction": "none",
-        "tis_cap": None,
-    }
+    stage = none["stages"][0]
+    assert stage["asynchronous"] == {"max_staleness": 4} and stage["loss"] == {"tis_cap": None}
     parse_recipe(none, check_paths=False)
     with pytest.raises(ValueError, match="the recipe's RL stages are"):
         arm_tree(tree, checkpoint, "roc", 0, stages=["sft"])

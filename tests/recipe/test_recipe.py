@@ -173,7 +173,7 @@ def test_filters_and_evaluations_take_the_stage_rollout_settings():
     recipe = parse_recipe(miniature())
     rl = recipe.stages[1]
     settings = stage_rollout(recipe, rl, temperature=0.5)  # the stage's filter
-    assert settings.banned_tokens == tree_banned(recipe) and settings.max_batch_size == 256
+    assert settings.banned_tokens == tree_banned(recipe) and settings.engine.max_batch_size == 256
     assert settings.temperature == 0.5 and settings.max_response_tokens == 40 and settings.max_turns == 2
     assert settings.system_prompt == "" and settings.tools_in_prompt is False
     assert settings.tool_limit_chars == 120 and settings.sandbox_workers == 2

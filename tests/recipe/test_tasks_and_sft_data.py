@@ -8,6 +8,7 @@ import io
 import pytest
 
 from rstar2.chat.format import ChatFormat
+from rstar2.config import ChatSection
 from rstar2.recipe.sft_data import build_conversations
 from rstar2.recipe.tasks import FAMILIES, generate, is_heldout
 from rstar2.recipe.tiny_model import build_tokenizer
@@ -49,10 +50,11 @@ async def test_sft_conversations_carry_real_tool_outputs_and_errors():
     tasks = generate(6, digits=(2, 3), seed=0)
     pool = await LocalPool(workers=1).start()
     try:
-        clean = await build_conversations(tasks, pool, system_prompt="", user_prefix="", error_rate=0.0)
-        noisy = await build_conversations(
-            tasks, pool, system_prompt="", user_prefix="", error_rate=1.0, traceback_lines=1
+        clean = await build_conversations(
+            tasks, pool, ChatSection(system_prompt="", user_prefix=""), error_rate=0.0
         )
+        terse = ChatSection(system_prompt="", user_prefix="", tool_traceback_lines=1)
+        noisy = await build_conversations(tasks, pool, terse, error_rate=1.0)
     finally:
         await pool.close()
     assert len(clean) == len(noisy) == 6

@@ -1,4 +1,4 @@
-"""Asynchronous RL with bounded staleness (``rollout.max_staleness``): k = 0 is the synchronous loop
+"""Asynchronous RL with bounded staleness (``asynchronous.max_staleness``): k = 0 is the synchronous loop
 byte for byte; admission keeps every trained token within k updates of its sampler; tokens record
 the policy version that sampled them; k > 0 needs the off-policy correction."""
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,9 @@ from rstar2.engines.hf import HFEngine
 from rstar2.rl.checkpoint import latest_checkpoint
 from rstar2.rl.metrics_log import read_metrics
 from rstar2.rl.staleness import admissible, staleness_metrics
-from rstar2.rl.trainer import RLTrainer, engine_metrics
-from tests.rl.test_trainer import rl_config
+from rstar2.rl.step_metrics import engine_metrics
+from rstar2.rl.trainer import RLTrainer
+from tests.rl.test_trainer import place, rl_config
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +32,8 @@ def data(tmp_path_factory):
 
 
 def _config(tiny_dir, root, out, steps=3, **rollout):
-    tree = rl_config(tiny_dir, root / "train.jsonl", root / out)
+    tree = place(rl_config(tiny_dir, root / "train.jsonl", root / out), **rollout)
     tree["run"].update(steps=steps, save_every=steps)
-    tree["rollout"].update(rollout)
     if rollout.get("max_staleness"):
         tree["loss"] = {"tis_cap": 2.0}
         tree["rollout"]["top_k"] = 0  # the correction's mu is the untruncated distribution
@@ -51,17 +52,34 @@ def assert_versions_in_bound(run: Path, k: int) -> None:
             assert model and all(0 <= r["step"] - 1 - v <= k for v in model), (run, r["step"], model)
 
 
-def _train(cfg, **options):
+def _train(cfg, trainer=RLTrainer, resume=False):
     threads = torch.get_num_threads()
     try:
-        return asyncio.run(RLTrainer(cfg, **options).train())
+        return asyncio.run(trainer(cfg, resume=resume).train())
     finally:
         torch.set_num_threads(threads)
 
 
+class LockstepTrainer(RLTrainer):
+    """The plain synchronous loop, written out as the reference: each step takes its problems,
+    samples all their rollouts, then trains on them (no feed)."""
+
+    async def step(self):
+        cfg, world = self.cfg, self.world
+        step, t_step = self.step_no + 1, time.perf_counter()
+        problems = self.problems.take(cfg.run.batch_size)
+        own = list(range(world.rank, len(problems), world.size))
+        items = [item for g in own for item in self._items(step, g, problems[g])]
+        self.model.eval()
+        trajs = await self.rollout.run_many(items)
+        S = cfg.rollout.samples
+        sampled = [trajs[i * S : (i + 1) * S] for i in range(len(own))]
+        return await self.train_on(step, own, sampled, time.perf_counter() - t_step, t_step)
+
+
 def test_staleness_without_a_correction_is_refused(tiny_dir, data):
     tree = rl_config(tiny_dir, data / "train.jsonl", data / "refused")
-    tree["rollout"]["max_staleness"] = 1
+    tree["asynchronous"] = {"max_staleness": 1}
     with pytest.raises(ConfigError, match="loss.tis_cap"):
         parse_config(tree)
     tree["loss"] = {"tis_cap": 2.0}
@@ -69,16 +87,29 @@ def test_staleness_without_a_correction_is_refused(tiny_dir, data):
     with pytest.raises(ConfigError, match="top_k: 0 and top_p: 1"):
         parse_config(tree)  # rl_config samples with top_k: 4
     tree["rollout"]["top_k"] = 0
-    assert parse_config(tree).rollout.max_staleness == 1
+    assert parse_config(tree).asynchronous.max_staleness == 1
     tree["rollout"]["top_p"] = 0.9
     with pytest.raises(ConfigError, match="top_k: 0 and top_p: 1"):
         parse_config(tree)
     tree["rollout"]["top_p"] = 1.0
-    # the correction left out on purpose (an ablation) is said, not defaulted; it takes no cap
+    # the correction left out on purpose (an ablation) is said, not defaulted: tis_cap null written out
+    tree["loss"] = {"tis_cap": None}
+    assert parse_config(tree).loss.tis_cap is None
+    # the keys of the layout before: refused, naming where each lives now
     tree["loss"] = {"correction": "none"}
-    assert parse_config(tree).loss.correction == "none"
-    tree["loss"] = {"correction": "none", "tis_cap": 2.0}
-    with pytest.raises(ConfigError, match="correction: none"):
+    with pytest.raises(ConfigError, match="loss.correction is now loss.tis_cap"):
+        parse_config(tree)
+    tree["loss"] = {"tis_cap": 2.0}
+    tree["rollout"]["max_staleness"] = 1
+    with pytest.raises(ConfigError, match="rollout.max_staleness is now asynchronous.max_staleness"):
+        parse_config(tree)
+    del tree["rollout"]["max_staleness"]
+    tree["rollout"]["scheduler"] = "kv"
+    with pytest.raises(ConfigError, match="rollout.scheduler is now rollout.scheduler.policy"):
+        parse_config(tree)
+    tree["rollout"]["scheduler"] = {"policy": "kv"}
+    tree["rollout"]["engine_retries"] = 1
+    with pytest.raises(ConfigError, match="rollout.engine_retries is now rollout.scheduler.retries"):
         parse_config(tree)
 
 
@@ -199,12 +230,12 @@ def test_k0_is_the_synchronous_loop_byte_for_byte(tool_caller, tmp_path):
         tree = rl_config(tool_caller, tmp_path / "train.jsonl", tmp_path / out)
         del tree["reward"]  # the verifier on the tool-computed answers
         tree["run"].update(steps=3, save_every=3, batch_size=2)
-        tree["rollout"].update(max_turns=3, max_response_tokens=96, max_batch_size=8, samples=4)
+        tree["rollout"].update(max_turns=3, max_response_tokens=96, engine={"max_batch_size": 8}, samples=4)
         tree["roc"] = {"keep": 2}
         return parse_config(tree)
 
     _train(config("k0"))
-    _train(config("sync"), lockstep=True)
+    _train(config("sync"), trainer=LockstepTrainer)
     a, b = latest_checkpoint(tmp_path / "k0"), latest_checkpoint(tmp_path / "sync")
     assert a.name == b.name == "step-000003"
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
@@ -248,7 +279,7 @@ def test_k1_trains_tokens_at_most_one_update_old_and_records_their_versions(tiny
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_engine_threads_split_the_cores_while_the_update_runs_beside_the_engine(tiny_dir, data, monkeypatch):
-    """rollout.engine_threads at k = 1 in-process: while an update runs, its thread uses the rest
+    """asynchronous.engine_threads at k = 1 in-process: while an update runs, its thread uses the rest
     of model.threads and the engine's thread engine_threads; each goes back to all of them after."""
     import threading
 
@@ -388,7 +419,8 @@ def test_an_asynchronous_run_killed_resumes_from_its_checkpoint_and_trains_each_
     out = data / "killed"
     tree = rl_config(tiny_dir, data / "train.jsonl", out)
     tree["run"].update(steps=6, save_every=2)
-    tree["rollout"].update(max_staleness=2, top_k=0)
+    tree["rollout"]["top_k"] = 0
+    tree["asynchronous"] = {"max_staleness": 2}
     tree["loss"] = {"tis_cap": 2.0}
     (data / "killed.yaml").write_text(yaml.safe_dump(tree))
     train_until_killed(data / "killed.yaml", out)
@@ -405,7 +437,7 @@ def test_an_asynchronous_run_killed_resumes_from_its_checkpoint_and_trains_each_
 
 
 async def test_keep_stale_kv_keeps_the_running_rows_kv_but_no_kept_prefix_across_an_update(tiny):
-    """``rollout.keep_stale_kv``: the running row is not prefilled again (its KV is as old as its
+    """``asynchronous.keep_stale_kv``: the running row is not prefilled again (its KV is as old as its
     admission, which the trainer's bound covers), but the kept prefixes are dropped: a request
     admitted after the update (another group, perhaps many versions on) never reads KV computed
     under old weights."""
@@ -505,8 +537,8 @@ def test_a_step_with_tokens_of_another_version_is_refused_before_it_trains(tiny_
     nothing is trained, logged or saved."""
     from rstar2.rl.trainer import RunError
 
-    real = HFEngine._told
-    monkeypatch.setattr(HFEngine, "_told", lambda self, version: real(self, version + 1))
+    real = HFEngine._new_weights
+    monkeypatch.setattr(HFEngine, "_new_weights", lambda self, version: real(self, version + 1))
     with pytest.raises(
         RunError, match=r"RL step 1.*StalenessError: engine rank0 .*version 1, outside \[0, 0\]"
     ):
@@ -521,9 +553,8 @@ async def test_new_weights_are_written_off_the_event_loop(tiny, tmp_path, monkey
     """Publishing to an engine copy (an asynchronous run) leaves the event loop free: rollouts and
     tool calls of the next steps go on while the weights are written and checked."""
     import copy
-    import time
 
-    from rstar2.config import RolloutSection
+    from rstar2.config import EngineSection
     from rstar2.rl import distributed as D
     from rstar2.rl.sync import publish
 
@@ -548,10 +579,10 @@ async def test_new_weights_are_written_off_the_event_loop(tiny, tmp_path, monkey
     await publish(
         model,
         [engine],
-        RolloutSection(),
+        "copy",
+        EngineSection(),
         D.World(),
         tmp_path,
-        same_model=False,
         probe_prompt=[1, 2],
         pad_id=0,
         step=3,

@@ -13,7 +13,8 @@ import torch
 from rstar2.config import parse_config
 from rstar2.rl.launch import RunError
 from rstar2.rl.metrics_log import read_metrics
-from rstar2.rl.trainer import RLTrainer, step_metrics
+from rstar2.rl.step_metrics import step_metrics
+from rstar2.rl.trainer import RLTrainer
 from rstar2.sandbox.result import ExecResult
 
 from .test_trainer import rl_config
@@ -92,7 +93,7 @@ def record(fault: str | None, correct: bool, calls: int = 1, failed: int = 0) ->
     return {
         "reward": float(correct), "correct": correct, "kept": True, "tokens": 10, "model_tokens": 8, "turns": 2,
         "finish": "error" if fault == "engine" else "answer", "calls": calls, "failed": failed,
-        "p_err": 0.0, "tool_s": 0.0, "reward_s": 0.0, "fault": fault,
+        "p_err": 0.0, "p_format": 0.0, "tool_s": 0.0, "reward_s": 0.0, "fault": fault,
     }  # fmt: skip
 
 

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
+from rstar2.config import LossSection
 from rstar2.rl.batch import collate, micro_batches, with_weights
 from rstar2.rl.grpo import (
-    LossConfig,
     group_advantages,
     policy_loss,
     token_logprobs,
@@ -50,10 +50,10 @@ def test_token_weights_token_mean_and_per_group():
         token_weights(mask, aggregation="seq-mean")  # type: ignore[arg-type]
 
 
-def _loss(ratio: float, adv: float, cfg: LossConfig | None = None):
+def _loss(ratio: float, adv: float, cfg: LossSection | None = None):
     old = torch.zeros(1, 1)
     logp = torch.full((1, 1), math.log(ratio), requires_grad=True)
-    loss, stats = policy_loss(logp, old, torch.full((1, 1), adv), torch.ones(1, 1), cfg or LossConfig())
+    loss, stats = policy_loss(logp, old, torch.full((1, 1), adv), torch.ones(1, 1), cfg or LossSection())
     loss.backward()
     return float(loss.detach()), float(logp.grad), stats
 
@@ -95,13 +95,13 @@ def test_kl_and_truncated_importance_sampling_by_hand():
     ref = torch.full((1, 1), math.log(0.5))
     # k3: exp(d) - d - 1 with d = ref - logp = log 0.5 → 0.5 + 0.6931 - 1 = 0.19315
     loss, _ = policy_loss(
-        logp, old, torch.zeros(1, 1), torch.ones(1, 1), LossConfig(kl_coef=2.0), ref_logp=ref
+        logp, old, torch.zeros(1, 1), torch.ones(1, 1), LossSection(kl_coef=2.0), ref_logp=ref
     )
     assert float(loss) == pytest.approx(2 * (0.5 + math.log(2) - 1), rel=1e-5)
     # TIS: weight min(exp(old - engine), cap) = min(e^1, 2) = 2 on -A * 1
     engine = torch.full((1, 1), -1.0)
     loss, stats = policy_loss(
-        logp, old, torch.ones(1, 1), torch.ones(1, 1), LossConfig(tis_cap=2.0), engine_logp=engine
+        logp, old, torch.ones(1, 1), torch.ones(1, 1), LossSection(tis_cap=2.0), engine_logp=engine
     )
     assert float(loss) == pytest.approx(-2.0)
     assert float(stats["engine_gap"]) == pytest.approx(1.0)
@@ -198,7 +198,7 @@ def test_kl_to_a_reference_model_enters_the_update(tiny):
     with torch.no_grad():
         for p in other.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    cfg = LossConfig(kl_coef=0.3)
+    cfg = LossSection(kl_coef=0.3)
 
     def loss_with(ref):
         m = copy.deepcopy(model)
@@ -230,7 +230,7 @@ def test_entropy_by_class_is_the_mean_entropy_of_each_class_tokens(tiny):
     seqs = [(p, r, m, [0.0] * len(r)) for p, r, m in zip(prompts, responses, masks, strict=True)]
     batch = with_weights(collate(seqs, [1.0, -1.0], [0, 0], classes=classes), "token-mean")
     opt, sched = build_optimizer(model, OptimSection(lr=0.0, warmup_steps=0), total_steps=1)
-    stats = class_entropy_means(policy_update(Learner(model, opt, sched), batch, LossConfig()))
+    stats = class_entropy_means(policy_update(Learner(model, opt, sched), batch, LossSection()))
 
     expected: dict[str, list[float]] = {c: [] for c in CLASSES}
     with torch.no_grad():

@@ -6,14 +6,15 @@ import random
 
 import pytest
 
+from rstar2.config import RocSection
 from rstar2.rl.roc import (
-    RocConfig,
     Scored,
     class_counts,
     count_answers,
     error_penalty,
     format_penalty,
     pick_positives,
+    roc_counts,
     roc_select,
     score,
     select_group,
@@ -90,8 +91,8 @@ def test_uniform_ignores_penalties_and_keeps_as_many_as_roc():
     ]
     for seed in range(20):
         rng = random.Random(seed)
-        lowest = select_group(group, RocConfig(keep=4), rng).kept
-        uniform = select_group(group, RocConfig(keep=4, mode="uniform"), rng).kept
+        lowest = select_group(group, RocSection(keep=4), rng).kept
+        uniform = select_group(group, RocSection(keep=4, mode="uniform"), rng).kept
         assert len(lowest) == len(uniform)  # the same numbers of each class
         assert sum(group[i].correct for i in lowest) == sum(group[i].correct for i in uniform)
 
@@ -99,7 +100,7 @@ def test_uniform_ignores_penalties_and_keeps_as_many_as_roc():
 def test_one_incorrect_and_31_correct():
     group = [Scored(1.0, p_err=i / 31) for i in range(31)] + [Scored(0.0)]
     group = group[::-1]  # negative first, positives with decreasing penalty
-    choice = select_group(group, RocConfig(keep=16), random.Random(0))
+    choice = select_group(group, RocSection(keep=16), random.Random(0))
     assert len(choice.kept) == 16
     assert 0 in choice.kept  # the only negative
     kept_pos = [group[i].p_err for i in choice.kept if group[i].correct]
@@ -108,9 +109,9 @@ def test_one_incorrect_and_31_correct():
 
 def test_all_correct_groups_are_dropped_or_kept_by_penalty():
     group = [Scored(1.0)] * 4
-    assert select_group(group, RocConfig(keep=2), random.Random(0)).dropped == "all_correct"
-    assert select_group([Scored(0.0)] * 4, RocConfig(keep=2), random.Random(0)).dropped == "all_incorrect"
-    kept = select_group(group, RocConfig(keep=2, drop_equal_reward_groups=False), random.Random(0))
+    assert select_group(group, RocSection(keep=2), random.Random(0)).dropped == "all_correct"
+    assert select_group([Scored(0.0)] * 4, RocSection(keep=2), random.Random(0)).dropped == "all_incorrect"
+    kept = select_group(group, RocSection(keep=2, drop_equal_reward_groups=False), random.Random(0))
     assert kept.kept == [0, 1] and kept.dropped is None  # zero penalty everywhere: rollout order
 
 
@@ -118,23 +119,22 @@ def test_negatives_are_uniform():
     group = [Scored(1.0)] * 8 + [Scored(0.0)] * 8
     seen = {i: 0 for i in range(8, 16)}
     for seed in range(2000):
-        for i in select_group(group, RocConfig(keep=8), random.Random(seed)).kept:
+        for i in select_group(group, RocSection(keep=8), random.Random(seed)).kept:
             if i >= 8:
                 seen[i] += 1
     # each negative kept with probability 4/8
     assert all(abs(c / 2000 - 0.5) < 0.05 for c in seen.values())
 
 
-def test_roc_select_metrics_compare_all_and_kept_positives():
+def test_roc_select_keeps_clean_positives_and_counts_groups():
     g1 = [Scored(1.0, 1.0), Scored(1.0, 0.0), Scored(0.0), Scored(0.0)]
     g2 = [Scored(1.0)] * 4
-    res = roc_select([g1, g2], RocConfig(keep=2, min_per_class=1), random.Random(0))
-    assert res.kept[1] == []
-    assert 1 in res.kept[0] and 0 not in res.kept[0]
-    m = res.metrics
-    assert m["roc/groups_kept"] == 1 and m["roc/groups_all_correct"] == 1
-    assert m["roc/p_err_correct_all"] == pytest.approx(1.0 / 6)  # (1 + 0 + 0*4) / 6
-    assert m["roc/p_err_correct_kept"] == 0.0
+    choices = roc_select([g1, g2], RocSection(keep=2, min_per_class=1), random.Random(0))
+    assert choices[1].kept == []
+    assert 1 in choices[0].kept and 0 not in choices[0].kept  # the clean positive, not the failing one
+    m = roc_counts(choices)
+    assert m["roc/groups"] == 2 and m["roc/groups_kept"] == 1
+    assert m["roc/groups_all_correct"] == 1 and m["roc/groups_all_incorrect"] == 0
 
 
 def _call(status: str) -> ToolCallRecord:
@@ -194,6 +194,6 @@ def test_format_penalty_counts_assistant_turns_or_tool_rounds():
 
 def test_config_is_checked():
     with pytest.raises(ValueError, match="keep"):
-        RocConfig(keep=0)
+        RocSection(keep=0)
     with pytest.raises(ValueError, match="mode"):
-        RocConfig(keep=2, mode="best")  # type: ignore[arg-type]
+        RocSection(keep=2, mode="best")  # type: ignore[arg-type]

@@ -25,7 +25,7 @@ from rstar2.rl.metrics_log import read_metrics
 
 from ..conftest import ROOT, free_port, start_cli, stop, wait_http
 from .test_async import assert_versions_in_bound
-from .test_trainer import FP32, rl_config
+from .test_trainer import FP32, place, rl_config
 
 _PATH = os.pathsep.join(p for p in (str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")) if p)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": _PATH}
@@ -79,8 +79,7 @@ def problems(tmp_path_factory):
 def small_rl(model: Path, data: Path, out: Path, steps: int = 2, **rollout) -> dict:
     tree = rl_config(model, data, out)
     tree["run"].update(steps=steps, save_every=1, samples_per_step=8)
-    tree["rollout"].update(rollout)
-    return tree
+    return place(tree, **rollout)
 
 
 # -- a remote engine --------------------------------------------------------------------------

@@ -57,10 +57,10 @@ async def test_a_push_that_one_server_refuses_stops_the_run_naming_it(tmp_path):
     """All servers are told at once; when one does not take the weights (after its retries) the
     error names it and the version, so the run stops before training on tokens from servers on
     different versions. A server that states another version than the one sent is refused too."""
-    from rstar2.config import RolloutSection
+    from rstar2.config import EngineSection
     from rstar2.rl.sync import load_into_servers
 
-    settings = RolloutSection(reload_retries=0)
+    settings = EngineSection(reload_retries=0)
     good, bad = _Server("http://a:1"), _Server("http://b:2", refuses=True)
     with pytest.raises(
         WeightSyncError, match=r"1 of 2 engines did not take the weights of version 4.*http://b:2"

@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from rstar2.config import parse_config
+from rstar2.config import MOVED_FROM_ROLLOUT, parse_config, put
 from rstar2.rl.checkpoint import latest_checkpoint
 from rstar2.rl.metrics_log import read_metrics
 from rstar2.rl.trainer import RLTrainer
@@ -33,6 +33,14 @@ STEPS = 6
 FP32 = {"compute": "fp32"}
 
 
+def place(tree: dict, **settings) -> dict:
+    """Rollout settings by their own names, put where they live (rollout.engine.servers,
+    asynchronous.max_staleness, ...: ``config.MOVED_FROM_ROLLOUT``), else under rollout."""
+    for key, value in settings.items():
+        put(tree, MOVED_FROM_ROLLOUT.get(key, f"rollout.{key}"), value)
+    return tree
+
+
 def rl_config(model_dir: Path, data: Path, out: Path) -> dict:
     return {
         "kind": "rl",
@@ -46,7 +54,7 @@ def rl_config(model_dir: Path, data: Path, out: Path) -> dict:
             "top_k": 4,
             "system_prompt": "Answer.",
             "tools_in_prompt": False,  # ~80-token prompts instead of ~650
-            "max_batch_size": 1,  # one request at a time: the same float path in every run
+            "engine": {"max_batch_size": 1},  # one request at a time: the same float path in every run
             "sandbox_workers": 1,
             "verifier_workers": 1,
         },

@@ -7,7 +7,7 @@ import json
 import torch
 
 from rstar2.chat.tools import PYTHON_TOOL
-from rstar2.config import RolloutSection
+from rstar2.config import RolloutSection, SchedulerSection
 from rstar2.engines.hf import HFEngine
 from rstar2.rollout import Rollout, Trajectory
 
@@ -113,7 +113,8 @@ async def test_a_turn_granted_in_pieces_is_the_same_turn(chatml, tiny, pool, ver
     one a whole-turn request gives."""
     whole = await Rollout(scripted(chatml, tiny), chatml, pool, verifier).run("answers", "4")
     engine = scripted(chatml, tiny)
-    pieces = Rollout(engine, chatml, pool, verifier, RolloutSection(grant_tokens=3))
+    grants = RolloutSection(scheduler=SchedulerSection(grant_tokens=3))
+    pieces = Rollout(engine, chatml, pool, verifier, grants)
     traj = await pieces.run("answers", "4")
     assert traj.response_ids == whole.response_ids and traj.loss_mask == whole.loss_mask
     assert traj.reward == 1.0 and len(engine.generated["answers"]) > 2 * len(traj.turns)

@@ -34,6 +34,12 @@ SCRIPT = [
 PROBLEM = "Find 1 + 2 + ... + 10."
 
 
+def closing_text(fmt: ChatFormat, model_end: str) -> str:
+    """What the template writes after a final assistant turn beyond the model's own stop token."""
+    end = fmt.after_assistant
+    return end[len(model_end) :] if end.startswith(model_end) else ""
+
+
 TEMPLATES = ["chatml", "llama3", "smollm2"]
 
 
@@ -75,7 +81,7 @@ async def test_ids_decode_to_the_template_rendering_and_mask_is_the_model(setup,
     rendered = fmt.render(messages)
     decoded = fmt.decode(traj.prompt_ids + traj.response_ids)
     end = fmt.decode(traj.response_ids[-1:])
-    assert decoded + fmt.closing_text(end) == rendered
+    assert decoded + closing_text(fmt, end) == rendered
 
     # the loss mask selects exactly what the engine generated, in order; logprobs align
     model_ids = [t for t, m in zip(traj.response_ids, traj.loss_mask, strict=True) if m]
@@ -109,7 +115,7 @@ async def test_the_trajectory_keeps_the_engines_own_ids_and_logprobs(template, t
         messages.append({"role": "assistant", "content": turn.text})
         messages += [{"role": "tool", "content": c.response} for c in turn.calls]
     end_text = fmt.decode(traj.response_ids[-1:])
-    assert fmt.decode(traj.prompt_ids + traj.response_ids) + fmt.closing_text(end_text) == fmt.render(
+    assert fmt.decode(traj.prompt_ids + traj.response_ids) + closing_text(fmt, end_text) == fmt.render(
         messages
     )
 
@@ -132,7 +138,7 @@ def test_a_template_without_tools_support_finds_the_tools_in_the_system_message(
         {"role": "assistant", "content": "<answer> \\boxed{5} </answer>"},
     ]
     ids, mask = fmt.conversation_ids(msgs)
-    assert fmt.decode(ids) + fmt.closing_text("<|im_end|>") == fmt.render(msgs)
+    assert fmt.decode(ids) + closing_text(fmt, "<|im_end|>") == fmt.render(msgs)
     learned = fmt.decode([i for i, m in zip(ids, mask, strict=True) if m])
     assert (
         learned

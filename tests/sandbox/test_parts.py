@@ -21,12 +21,11 @@ def exited(code: int) -> int:
 
 
 def output(limits: Limits, out: bytes = b"", err: bytes = b"", report: bytes = b"") -> CallOutput:
-    fds = [os.pipe() for _ in range(3)]
-    for (_, w), data in zip(fds, (out, err, report), strict=True):
+    cap, writing_ends = CallOutput.with_pipes(limits)
+    for w, data in zip(writing_ends, (out, err, report), strict=True):
         os.write(w, data)
         os.close(w)
-    cap = CallOutput(limits.output_bytes, limits.max_output_mb, *(r for r, _ in fds))
-    for r, _ in fds:
+    for r in cap.streams:
         while cap.read(r):
             pass
     cap.close()

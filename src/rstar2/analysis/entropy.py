@@ -1,11 +1,7 @@
 """Token entropy of trajectories, as the rStar2-Agent report reads it (its Fig. 10–11): which model
 tokens are high-entropy, and whether they sit in reasoning, in *reflection* right after a tool
-response, inside code, or in the answer.
-
-The pure parts (entropy of logits, the top-share mask, the summary) take plain lists so they can be
-tested by hand; ``teacher_forced_entropy`` runs the model once over a trajectory. Which class a token
-belongs to is the chat format's knowledge (``chat/token_classes.py``).
-"""
+response, inside code, or in the answer. The top-share mask and the summary take plain lists, so they
+can be tested by hand."""
 
 from __future__ import annotations
 
@@ -73,7 +69,6 @@ class Summary:
         return sum(self.high.values())
 
     def lines(self) -> list[str]:
-        """Per class, one line: its tokens, its high-entropy share, its share of all high ones."""
         return [
             f"{r['class']:>10}: {r['tokens']:>7} tokens, {r['high_share_in_class']:6.1%} high-entropy, "
             f"{r['share_of_high']:6.1%} of all high"

@@ -39,6 +39,7 @@ def analyze(
     html_trajectories: int = 20,
     progress: bool = True,
 ) -> Summary:
+    from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..device import pick_device
@@ -55,51 +56,34 @@ def analyze(
     rows = list(trajectory_rows(trajectories, limit))
     if not rows:
         raise ValueError(f"{trajectories}: no trajectories with prompt_ids and response_ids")
-    items: list[TrajectoryEntropy] = []
     decoded = TokenClasses(tok, window)  # each token id decoded once
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(rows), desc="entropy", unit="traj")
-    for d in rows:
-        resp, mask = d["response_ids"], d.get("loss_mask") or [1] * len(d["response_ids"])
-        ent = teacher_forced_entropy(model, d["prompt_ids"], resp, temperature) if resp else []
-        entropy = [e if m else None for e, m in zip(ent, mask, strict=True)]
-        pieces = [decoded.piece(i) for i in resp]
-        items.append(
-            TrajectoryEntropy(
-                pieces,
-                entropy,
-                classify(pieces, mask, window),
-                mark_high(entropy, top),
-                float(d.get("reward", 0.0)),
-                str(d.get("problem", "")),
-            )
-        )
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+    bar = tqdm(rows, desc="entropy", unit="traj", disable=not progress)
+    items = [_entropy_of(d, model, decoded, top, window, temperature) for d in bar]
     summary = summarize(items)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"model": str(model_path), "trajectories": str(trajectories), "top": top, "window": window}
-    (out / "entropy.json").write_text(
-        json.dumps(
-            {
-                **settings,
-                "count": len(items),
-                "classes": summary.rows(),
-                "top_tokens": summary.top_tokens,
-                "by_position": summary.by_position,
-            },
-            indent=1,
-        )
-    )
+    report = {**settings, "count": len(items), "classes": summary.rows(), "top_tokens": summary.top_tokens}
+    report["by_position"] = summary.by_position
+    (out / "entropy.json").write_text(json.dumps(report, indent=1))
     (out / "entropy.md").write_text(markdown(summary, settings, len(items)))
     plot(summary, out / "entropy.png")
     (out / "tokens.html").write_text(tokens_html(items[:html_trajectories], top))
     return summary
+
+
+def _entropy_of(
+    d: dict[str, Any], model: Any, decoded: TokenClasses, top: float, window: int, temperature: float
+) -> TrajectoryEntropy:
+    """One trajectory's response tokens: their entropy under ``model`` (none on tool output), their
+    classes and the ``top`` share of them marked high."""
+    resp, mask = d["response_ids"], d.get("loss_mask") or [1] * len(d["response_ids"])
+    ent = teacher_forced_entropy(model, d["prompt_ids"], resp, temperature) if resp else []
+    entropy = [e if m else None for e, m in zip(ent, mask, strict=True)]
+    pieces = [decoded.piece(i) for i in resp]
+    classes, high = classify(pieces, mask, window), mark_high(entropy, top)
+    return TrajectoryEntropy(
+        pieces, entropy, classes, high, float(d.get("reward", 0.0)), str(d.get("problem", ""))
+    )
 
 
 def markdown(s: Summary, settings: dict[str, Any], count: int) -> str:

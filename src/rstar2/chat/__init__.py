@@ -3,7 +3,7 @@ rendering through the tokenizer's own chat template."""
 
 from .format import ChatFormat, TemplateError, end_of_turn_ids, ensure_chat_template
 from .prompt import CHATML_TEMPLATE, SYSTEM_PROMPT, USER_PREFIX, problem_messages
-from .tool_response import DEFAULT_LIMIT_CHARS, is_tool_error, render_result
+from .tool_response import DEFAULT_LIMIT_CHARS, render_result
 from .tools import (
     PYTHON_TOOL,
     SESSION_TOOL,
@@ -30,7 +30,6 @@ __all__ = [
     "ParsedTurn",
     "ToolCall",
     "ToolCallError",
-    "is_tool_error",
     "parse_call",
     "parse_tool_calls",
     "render_result",

@@ -1,16 +1,13 @@
-"""Token-in, token-out conversation building through the tokenizer's own chat template.
-
-A rollout never re-tokenizes the conversation: the ids the engine sampled are kept as they are,
-and only the new tool turn is tokenized. Its text is what the chat template adds for the tool
-messages, found as the difference of two renderings of a stand-in conversation (so any template
-works: ChatML, Llama-3, ...), plus whatever the template writes after an assistant message that
-the model itself did not generate (ChatML's newline after ``<|im_end|>``).
+"""Token-in, token-out conversation building through the tokenizer's own chat template: only a new
+tool turn is tokenized, its text found as the difference of two renderings of a stand-in
+conversation (so any template works), plus what the template writes after an assistant message
+that the model itself did not generate (ChatML's newline after ``<|im_end|>``).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
 from typing import Any
 
@@ -71,14 +68,10 @@ def calls_as_text(messages: list[dict]) -> list[dict]:
             for call in m["tool_calls"]:
                 f = call.get("function", call)
                 args = json.loads(f["arguments"]) if isinstance(f["arguments"], str) else f["arguments"]
-                text.append(
-                    f"{TOOL_CALL_OPEN}\n"
-                    + json.dumps({"name": f["name"], "arguments": args})
-                    + f"\n{TOOL_CALL_CLOSE}"
-                )
-            m = {k: v for k, v in m.items() if k != "tool_calls"} | {
-                "content": "\n".join(t for t in text if t)
-            }
+                body = json.dumps({"name": f["name"], "arguments": args})
+                text.append(f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}")
+            rest = {k: v for k, v in m.items() if k != "tool_calls"}
+            m = {**rest, "content": "\n".join(t for t in text if t)}
         out.append(m)
     return out
 
@@ -109,17 +102,8 @@ class ChatFormat:
 
     @classmethod
     def from_settings(cls, tokenizer: Any, chat: Any) -> ChatFormat:
-        """From a config's chat fields (``rstar2.config.ChatSection`` or ``RolloutSection``)."""
-        return cls(
-            tokenizer,
-            stateful=chat.stateful,
-            system_prompt=chat.system_prompt,
-            user_prefix=chat.user_prefix,
-            tool_limit_chars=chat.tool_limit_chars,
-            tool_limit_tokens=chat.tool_limit_tokens,
-            tool_traceback_lines=chat.tool_traceback_lines,
-            tools_in_prompt=chat.tools_in_prompt,
-        )
+        """From a config's ``ChatSection`` or ``RolloutSection``, whose chat fields are this class's."""
+        return cls(tokenizer, **{f.name: getattr(chat, f.name) for f in fields(cls) if f.name != "tokenizer"})
 
     def __post_init__(self) -> None:
         self.system_prompt = SYSTEM_PROMPT if self.system_prompt is None else self.system_prompt
@@ -131,9 +115,8 @@ class ChatFormat:
         self.tools_in_system = self.tools is not None and not takes_tools(self.tokenizer, self.tools)
         self.calls_in_text = not renders_tool_calls(self.tokenizer)
         self.tool_names = (PYTHON_TOOL, SESSION_TOOL) if self.stateful else (PYTHON_TOOL,)
-        stub = [*self.problem_messages("1+1"), {"role": "assistant", "content": _MARK}]
-        self._stub = stub
-        self._stub_text = self.render(stub)
+        self._stub = [*self.problem_messages("1+1"), {"role": "assistant", "content": _MARK}]
+        self._stub_text = self.render(self._stub)
         at = self._stub_text.rfind(_MARK)
         if at < 0:
             raise TemplateError("the chat template does not render assistant content verbatim")
@@ -164,9 +147,8 @@ class ChatFormat:
 
     # -- tool turns -------------------------------------------------------------------------
     def tool_response(self, result: ExecResult | ToolCallError) -> tuple[str, bool]:
-        """One tool response, cut in the middle to the character and (optional) token limits, and
-        whether the model reads less than the code printed: cut here, or already by the code
-        environment (its capture bound, its output limit)."""
+        """One tool response, cut in the middle to the character and token limits, and whether the
+        model reads less than the code printed (cut here, or by the code environment)."""
         text, cut = cut_middle(result_text(result, self.tool_traceback_lines), self.tool_limit_chars)
         if self.tool_limit_tokens is not None:
             ids = self.encode(text)
@@ -202,12 +184,10 @@ class ChatFormat:
 
     def conversation_ids(self, messages: list[dict]) -> tuple[list[int], list[int]]:
         """Ids and loss mask (1 on what each assistant turn writes, its stop token included) of a
-        whole conversation, tokenized piece by piece exactly as a rollout builds it: the prompt,
-        then each assistant turn alone, then each tool turn alone. A system message is added
-        (this format's system prompt) when the conversation has none."""
-        if not messages or messages[0].get("role") != "system":
-            if self.system_prompt:
-                messages = [{"role": "system", "content": self.system_prompt}, *messages]
+        whole conversation, tokenized turn by turn exactly as a rollout builds it (with this
+        format's system prompt when it has none)."""
+        if self.system_prompt and (not messages or messages[0].get("role") != "system"):
+            messages = [{"role": "system", "content": self.system_prompt}, *messages]
         end = self.assistant_end
         eos = [] if end or self.tokenizer.eos_token_id is None else [self.tokenizer.eos_token_id]
         ids: list[int] = []
@@ -218,11 +198,7 @@ class ChatFormat:
                 continue
             head = self.render(messages[:i], add_generation_prompt=True)
             full = self.render(messages[: i + 1])
-            if (
-                not head.startswith(done)
-                or not full.startswith(head)
-                or not full.endswith(self.after_assistant)
-            ):
+            if not (head.startswith(done) and full.startswith(head) and full.endswith(self.after_assistant)):
                 raise TemplateError(
                     f"message {i}: the chat template renders earlier turns differently as the conversation "
                     "grows, so it cannot be tokenized turn by turn"
@@ -236,7 +212,3 @@ class ChatFormat:
         if not any(mask):
             raise ValueError("the conversation has no assistant message to learn from")
         return ids, mask
-
-    def closing_text(self, model_end: str = "") -> str:
-        """What the template writes after a final assistant turn beyond the model's own stop token."""
-        return self.after_assistant[len(model_end) :] if self.after_assistant.startswith(model_end) else ""

@@ -1,13 +1,12 @@
 """The words the policy reads: the system prompt, the user prefix, and a ChatML template with tools.
 
-The format follows the rStar2-Agent report (reasoning in ``<reason>``, one ``<answer>`` with the
-result in ``\\boxed{}``, Hermes-style ``<tool_call>`` JSON); the wording is rstar2's own.
-``CHATML_TEMPLATE`` is installed on tokenizers that have no chat template (the tiny model's);
-real models keep their own template, which receives the tool schemas through ``tools=``, or, when it
-takes none (SmolLM2's), finds them in the system message (``tools_section``).
+The format follows the rStar2-Agent report; the wording is rstar2's own. ``CHATML_TEMPLATE`` is
+installed on tokenizers that have no chat template (the tiny model's); real models keep their own.
 """
 
 from __future__ import annotations
+
+import json
 
 SYSTEM_PROMPT = (
     "You are a careful problem solver. Work the problem out step by step before answering: put your "
@@ -22,6 +21,17 @@ USER_PREFIX = (
     "Here is the problem:\n"
 )
 
+# The tool section's words before and after the schemas (one a line), as both renderings below write them
+TOOLS_INTRO = (
+    "# Tools\n\nYou can call the functions below to help you. Their signatures, as JSON, are listed "
+    "inside <tools></tools>:\n<tools>"
+)
+CALL_FORMAT = (
+    "</tools>\n\nTo call a function, write a JSON object with its name and arguments inside "
+    '<tool_call></tool_call>:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
+    "</tool_call>"
+)
+
 # ChatML with tools. Consecutive tool messages are answered in one user turn, each inside
 # <tool_response>; the tool section is appended to the system message.
 CHATML_TEMPLATE = (
@@ -31,12 +41,10 @@ CHATML_TEMPLATE = (
     "{% if messages and messages[0]['role'] == 'system' %}{% set ns.sys = messages[0]['content'] %}{% endif %}"
     "{% if tools %}"
     "<|im_start|>system{{ nl }}{% if ns.sys %}{{ ns.sys }}{{ nl }}{{ nl }}{% endif %}"
-    "# Tools{{ nl }}{{ nl }}You can call the functions below to help you. Their signatures, as JSON, are "
-    "listed inside <tools></tools>:{{ nl }}<tools>"
-    "{% for tool in tools %}{{ nl }}{{ tool | tojson }}{% endfor %}{{ nl }}</tools>{{ nl }}{{ nl }}"
-    "To call a function, write a JSON object with its name and arguments inside "
-    '<tool_call></tool_call>:{{ nl }}<tool_call>{{ nl }}{"name": <function-name>, "arguments": '
-    "<args-json-object>}{{ nl }}</tool_call><|im_end|>{{ nl }}"
+    + TOOLS_INTRO.replace("\n", "{{ nl }}")
+    + "{% for tool in tools %}{{ nl }}{{ tool | tojson }}{% endfor %}{{ nl }}"
+    + CALL_FORMAT.replace("\n", "{{ nl }}")
+    + "<|im_end|>{{ nl }}"
     "{% elif ns.sys %}<|im_start|>system{{ nl }}{{ ns.sys }}<|im_end|>{{ nl }}{% endif %}"
     "{% for m in messages %}"
     "{% if m['role'] == 'system' %}"
@@ -64,15 +72,8 @@ CHATML_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
 def tools_section(tools: list[dict]) -> str:
     """The tool schemas and the call format as text, in the words of ``CHATML_TEMPLATE``'s section:
     what goes into the system message for a chat template that takes no ``tools=`` (SmolLM2's)."""
-    import json
-
     listed = "\n".join(json.dumps(t) for t in tools)
-    return (
-        "# Tools\n\nYou can call the functions below to help you. Their signatures, as JSON, are listed "
-        f"inside <tools></tools>:\n<tools>\n{listed}\n</tools>\n\nTo call a function, write a JSON "
-        "object with its name and arguments inside <tool_call></tool_call>:\n<tool_call>\n"
-        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
-    )
+    return f"{TOOLS_INTRO}\n{listed}\n{CALL_FORMAT}"
 
 
 def problem_messages(

@@ -1,8 +1,6 @@
-"""Which class each response token belongs to, read from the format's tags: ``code`` inside a tool
-call, ``answer`` inside the answer, ``reflection`` right after a tool response, else ``reasoning``.
-
-The trainer logs entropy per class (``run.reflection_window``) and ``rstar2 analyze entropy`` reads
-trajectories by it; both take the classes from here.
+"""Which class each response token belongs to, read from the format's tags (``code``, ``answer``,
+``reflection`` right after a tool response, else ``reasoning``): for the trainer's entropy per class
+and ``rstar2 analyze entropy``.
 """
 
 from __future__ import annotations
@@ -68,9 +66,8 @@ NO_CLASS = -1  # a tool-response token: not the model's, no class
 
 
 class TokenClasses:
-    """Class indices (into ``CLASSES``; ``NO_CLASS`` for tool tokens) of a response's tokens, for
-    the trainer's per-class entropy. Pieces are decoded once per token id and cached, so a step
-    costs a table lookup per token, not a ``decode`` call."""
+    """Class indices (into ``CLASSES``; ``NO_CLASS`` for tool tokens) of a response's tokens; pieces
+    decoded once per token id and cached, so a step costs a lookup per token, not a ``decode``."""
 
     def __init__(self, tokenizer: Any, window: int = 20) -> None:
         self.tokenizer, self.window = tokenizer, window

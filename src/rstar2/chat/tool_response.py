@@ -1,7 +1,5 @@
-"""What the model reads back after a tool call (the text inside ``<tool_response>``).
-
-Success shows the output (or the value of the last expression); a failure shows a short header
-naming the kind of failure and the end of the traceback; long text is cut in the middle so the
+"""What the model reads back after a tool call (the text inside ``<tool_response>``): the output,
+or a header naming the failure and the traceback's end; long text is cut in the middle, so the
 beginning and the end, where the answer and the error usually are, survive.
 """
 
@@ -22,11 +20,6 @@ _HEADERS = {
 }
 
 
-def is_tool_error(result: ExecResult | ToolCallError) -> bool:
-    """A failed call for Resample-on-Correct: a malformed call, or any status but ``ok``."""
-    return isinstance(result, ToolCallError) or not result.ok
-
-
 def render_result(
     result: ExecResult | ToolCallError,
     limit_chars: int = DEFAULT_LIMIT_CHARS,
@@ -43,20 +36,17 @@ def output_cut(result: ExecResult | ToolCallError) -> bool:
 def result_text(result: ExecResult | ToolCallError, traceback_lines: int = TRACEBACK_LINES) -> str:
     """The whole text of a response, before any cut to the model's limit."""
     if isinstance(result, ToolCallError):
-        text = f"Tool call failed: {result.message}."
-    elif result.ok:
-        text = result.output.rstrip("\n") or "(the code ran and printed nothing)"
-    else:
-        header = _HEADERS.get(result.status, f"Tool call failed: {result.status}.")
-        details = result.reason or ""
-        tail = "\n".join(result.stderr.rstrip("\n").splitlines()[-traceback_lines:])
-        printed = result.stdout.rstrip("\n")
-        parts = [header]
-        if details and details not in tail:
-            parts.append(details)
-        if printed:
-            parts.append(f"Output before the failure:\n{printed}")
-        if tail:
-            parts.append(tail)
-        text = "\n".join(parts)
-    return text
+        return f"Tool call failed: {result.message}."
+    if result.ok:
+        return result.output.rstrip("\n") or "(the code ran and printed nothing)"
+    details = result.reason or ""
+    tail = "\n".join(result.stderr.rstrip("\n").splitlines()[-traceback_lines:])
+    printed = result.stdout.rstrip("\n")
+    parts = [_HEADERS.get(result.status, f"Tool call failed: {result.status}.")]
+    if details and details not in tail:
+        parts.append(details)
+    if printed:
+        parts.append(f"Output before the failure:\n{printed}")
+    if tail:
+        parts.append(tail)
+    return "\n".join(parts)

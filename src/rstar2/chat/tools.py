@@ -1,9 +1,6 @@
-"""The Python tools the policy may call, and parsing its calls out of generated text.
-
-A call is JSON ``{"name": …, "arguments": {…}}`` inside ``<tool_call>…</tool_call>`` (Hermes /
-Qwen style). Whatever the model writes, parsing never raises: a call that cannot be executed
-becomes a ``ToolCallError`` whose message goes back to the model as a tool response and counts
-as a tool error in Resample-on-Correct.
+"""The Python tools the policy may call, and parsing its Hermes-style calls (JSON inside
+``<tool_call>``) out of generated text. Parsing never raises: a call that cannot run becomes a
+``ToolCallError`` whose message the model reads back (a tool error for Resample-on-Correct).
 """
 
 from __future__ import annotations
@@ -23,48 +20,31 @@ _CALL_RE = re.compile(
 )
 
 
+def _function(name: str, description: str, **arguments: str) -> dict[str, Any]:
+    """An OpenAI-style function schema; its arguments are strings, all required."""
+    properties = {k: {"type": "string", "description": v} for k, v in arguments.items()}
+    parameters = {"type": "object", "properties": properties, "required": list(arguments)}
+    function = {"name": name, "description": description, "parameters": parameters}
+    return {"type": "function", "function": function}
+
+
 def tool_schemas(stateful: bool = False) -> list[dict[str, Any]]:
     """OpenAI-style function schemas, as chat templates take them through ``tools=``."""
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": PYTHON_TOOL,
-                "description": (
-                    "Run a Python 3 program in a fresh, isolated interpreter and return what it printed "
-                    "(or the error). Nothing persists between calls. Use print() to see results."
-                ),
-                "parameters": {
-                    "type": "object",
-                    "properties": {
-                        "code": {"type": "string", "description": "The Python source to run."},
-                        "input": {"type": "string", "description": "Text given to the program on stdin."},
-                    },
-                    "required": ["code", "input"],
-                },
-            },
-        }
-    ]
-    if stateful:
-        tools.append(
-            {
-                "type": "function",
-                "function": {
-                    "name": SESSION_TOOL,
-                    "description": (
-                        "Run Python code in this conversation's own interpreter, like a notebook cell: "
-                        "variables, functions and imports of earlier calls are kept. Returns the output, "
-                        "or the value of the last expression."
-                    ),
-                    "parameters": {
-                        "type": "object",
-                        "properties": {"code": {"type": "string", "description": "The cell to run."}},
-                        "required": ["code"],
-                    },
-                },
-            }
-        )
-    return tools
+    python = _function(
+        PYTHON_TOOL,
+        "Run a Python 3 program in a fresh, isolated interpreter and return what it printed "
+        "(or the error). Nothing persists between calls. Use print() to see results.",
+        code="The Python source to run.",
+        input="Text given to the program on stdin.",
+    )
+    session = _function(
+        SESSION_TOOL,
+        "Run Python code in this conversation's own interpreter, like a notebook cell: variables, "
+        "functions and imports of earlier calls are kept. Returns the output, or the value of the "
+        "last expression.",
+        code="The cell to run.",
+    )
+    return [python, session] if stateful else [python]
 
 
 @dataclass
@@ -88,17 +68,6 @@ class ParsedTurn:
     calls: list[ToolCall | ToolCallError] = field(default_factory=list)
     skipped: int = 0  # well-formed or not, calls beyond the per-turn maximum
 
-    @property
-    def has_calls(self) -> bool:
-        return bool(self.calls)
-
-
-def _argument_spec(name: str) -> tuple[tuple[str, ...], dict[str, str]]:
-    """(required arguments, defaults) of a known tool."""
-    if name == PYTHON_TOOL:
-        return ("code",), {"input": ""}  # the schema lists input as required; models often omit it
-    return ("code",), {}
-
 
 def parse_call(raw: str, tools: tuple[str, ...] = (PYTHON_TOOL,)) -> ToolCall | ToolCallError:
     """One ``<tool_call>`` body to a call, or to the error the model should read."""
@@ -120,12 +89,12 @@ def parse_call(raw: str, tools: tuple[str, ...] = (PYTHON_TOOL,)) -> ToolCall | 
             return ToolCallError("the arguments are a string that is not a JSON object", raw, name)
     if not isinstance(args, dict):
         return ToolCallError("the arguments must be a JSON object", raw, name)
-    required, defaults = _argument_spec(name)
+    required = ("code",)
+    defaults = {"input": ""} if name == PYTHON_TOOL else {}  # models often omit the schema's input
     missing = [a for a in required if a not in args]
     if missing:
         return ToolCallError(f"missing argument(s) {', '.join(missing)} for {name}", raw, name)
-    allowed = set(required) | set(defaults)
-    unknown = sorted(set(args) - allowed)
+    unknown = sorted(set(args) - {*required, *defaults})
     if unknown:
         return ToolCallError(f"unexpected argument(s) {', '.join(unknown)} for {name}", raw, name)
     values = {**defaults, **args}
@@ -140,8 +109,5 @@ def parse_tool_calls(text: str, *, tools: tuple[str, ...] = (PYTHON_TOOL,), max_
     if max_calls < 1:
         raise ValueError("max_calls must be at least 1")
     bodies = [m.group(1) for m in _CALL_RE.finditer(text)]
-    turn = ParsedTurn()
-    for body in bodies[:max_calls]:
-        turn.calls.append(parse_call(body, tools))
-    turn.skipped = max(0, len(bodies) - max_calls)
-    return turn
+    calls = [parse_call(body, tools) for body in bodies[:max_calls]]
+    return ParsedTurn(calls, skipped=max(0, len(bodies) - max_calls))

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length"]
 
@@ -49,13 +50,47 @@ class Generation:
 
 @runtime_checkable
 class Engine(Protocol):
+    """What the rollout and the trainer use of every engine."""
+
     name: str
     capacity_tokens: int  # KV-cache tokens the engine can hold at once (capacity-aware scheduling)
     in_flight: int  # requests accepted and not yet answered
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
 
+    async def counters(self) -> dict[str, Any] | None:
+        """Work counted since it started (the trainer's ``engine/*`` metrics); None: it counts none."""
+        ...
+
     async def close(self) -> None: ...
+
+
+class LocalEngine(Engine, Protocol):
+    """An engine in the trainer's process, decoding a torch model (``HFEngine``)."""
+
+    model: Any  # the torch module it decodes: the trainer's own, or its copy
+    threads: int | None  # torch threads of its decoding (None: the process's)
+
+    def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Load these tensors as policy ``version`` (requests in flight continue under them)."""
+        ...
+
+    def invalidate(self, version: int) -> None:
+        """Its model's weights were written elsewhere: policy ``version`` from the next step on."""
+        ...
+
+    def paused(self) -> AbstractContextManager[None]:
+        """Hold the engine between two decoding steps (to read or write its weights whole)."""
+        ...
+
+
+class ServedEngine(Engine, Protocol):
+    """An engine behind an HTTP server (``OpenAIEngine``, ``VLLMEngine``)."""
+
+    async def update_weights(self, model_dir: str, endpoint: str, version: int) -> dict[str, Any]:
+        """The server loads the model folder ``model_dir`` as policy ``version``; its answer says
+        what it now holds where it can (version, fingerprint, parameters written)."""
+        ...
 
 
 def weights_fingerprint(tensors: dict, dtype: str | None = None) -> float:

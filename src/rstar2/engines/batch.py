@@ -1,9 +1,5 @@
 """The running batch of ``HFEngine``: its rows, their slots in the cache, and the kept prefixes.
-
-Given the model, the pad id, the prefix store and the engine's counters when built, it never
-reaches back into the engine. Rows live in the cache's ``owners`` (``engines/kv.py``), so a row and
-its slot move together: a row that leaves takes its slot's contents with it, and the last row moves
-into the hole.
+Rows live in the cache's ``owners`` (``kv.py``), so a row and its slot move together.
 """
 
 from __future__ import annotations
@@ -18,8 +14,8 @@ from typing import Any
 import torch
 
 from .base import Generation, SamplingParams
-from .graphs import DecodeGraphs
-from .kv import PrefixStore, SeqKV, SlotCache, model_mask
+from .graphs import StaticDecode
+from .kv import PrefixStore, SeqKV, SlotCache, last_logits
 from .sampling import next_tokens
 
 MIN_SHARED_PREFIX = 16  # tokens a group's prompts must share before the prefix is prefilled once
@@ -77,13 +73,14 @@ class RunningBatch:
         pad_token_id: int,
         store: PrefixStore | None,
         stats: dict[str, Any],
-        graphs: bool = False,
+        cuda_graphs: bool = False,
     ) -> None:
         self.model, self.device, self.max_rows = model, device, max_rows
         self.pad_token_id, self.store, self.stats = pad_token_id, store, stats
-        # the decode step in the static form CUDA graphs replay (engines/graphs.py), recorded as
-        # graphs on a GPU; None: the eager step
-        self.graphs = DecodeGraphs(model, device, max_rows, capture=device.type == "cuda") if graphs else None
+        # the decode step CUDA graphs replay (graphs.py), captured on a GPU; None: the eager step
+        self.static_decode = (
+            StaticDecode(model, device, max_rows, capture=device.type == "cuda") if cuda_graphs else None
+        )
         self.version = 0  # the policy version of the weights the next forward uses (set by the engine)
         self.reset()
 
@@ -93,8 +90,8 @@ class RunningBatch:
         return self.kv.owners
 
     def reset(self) -> None:
-        if self.graphs is not None and hasattr(self, "kv"):
-            self.kv.clear()  # the graphs read these buffers: keep them
+        if self.static_decode is not None and hasattr(self, "kv"):
+            self.kv.clear()  # the captured graphs read these buffers: keep them
         else:
             self.kv = SlotCache(self.device, self.max_rows)
         self.logits: torch.Tensor | None = None
@@ -125,15 +122,9 @@ class RunningBatch:
         """One pass over ``ids`` (rows ``span`` of ``kv``; row r's ``new[r]`` tokens right-aligned)
         appended to those rows' caches; the logits of each row's last token."""
         positions, mask = kv.plan(span, new, ids.shape[1])
-        out = self.model(
-            input_ids=ids,
-            attention_mask=model_mask(self.model, mask),
-            position_ids=positions,
-            cache=kv,
-            logits_to_keep=1,
-        )
+        logits = last_logits(self.model, ids, positions, mask, kv)
         kv.commit(span, new)
-        return out.logits[:, -1]
+        return logits
 
     def _prefill(
         self, kv: SlotCache, contexts: list[list[int]], kept: list[SeqKV | None], owners: list[Any]
@@ -174,15 +165,10 @@ class RunningBatch:
         prompts = [r.req.prompt_ids for r in rows]
         kept = [self.store.take(p) if self.store is not None else None for p in prompts]
         fresh = [i for i, seq in enumerate(kept) if seq is None or seq.shared]
-        # (one token short of the shortest prompt: each row prefills at least its last token)
-        common = (
-            min(
-                len(os.path.commonprefix([prompts[i] for i in fresh])),
-                min(len(prompts[i]) for i in fresh) - 1,
-            )
-            if len(fresh) > 1
-            else 0
-        )
+        common = 0
+        if len(fresh) > 1:  # one token short of the shortest: each row prefills at least its last
+            shortest = min(len(prompts[i]) for i in fresh)
+            common = min(len(os.path.commonprefix([prompts[i] for i in fresh])), shortest - 1)
         longest_kept = max((kept[i].length for i in fresh if kept[i] is not None), default=0)
         if common >= max(MIN_SHARED_PREFIX, longest_kept + 1):
             ids = prompts[fresh[0]][:common]
@@ -244,8 +230,8 @@ class RunningBatch:
             self.kv.remove(i)
             ids[i] = ids[-1]
             ids.pop()
-        graphed = self.graphs is not None and self.graphs.broken is None
-        self.logits = self.graphs.decode(self.kv, ids, self.pad_token_id) if graphed else None
+        static = self.static_decode if self.static_decode and self.static_decode.broken is None else None
+        self.logits = static.decode(self.kv, ids, self.pad_token_id) if static else None
         if self.logits is None:
             n = len(ids)
             column = torch.tensor(ids, dtype=torch.long).unsqueeze(1).to(self.device)

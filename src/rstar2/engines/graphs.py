@@ -1,27 +1,12 @@
-"""The decode step replayed as CUDA graphs: what makes a small model's decode fast on a GPU.
+"""The decode step replayed as CUDA graphs: on a GPU a small model's decode step is kernel launches
+and Python, not arithmetic, and a graph replays all its kernels with one launch. A graph fixes its
+shapes and addresses, so the step runs in a static form (ARCHITECTURE.md, ``graphs.py``): rows
+padded to a bucket (a padding row writes to the scratch column and its logits are dropped),
+attention over every column of the cache's buffers, inputs copied into static buffers.
 
-On a GPU a decode step of a 135M model is kernel launches and Python, not arithmetic: SmolLM2's
-took ~75 ms at any batch size on an H200 (benchmarks/RESULTS.md), 7-11 ms replayed. A CUDA graph
-records the step's kernels once and replays them with one launch. A graph fixes its shapes and
-addresses, so the step runs in a static form:
-
-- **rows** padded up to a bucket (1, 2, 4, 8, then multiples of 8 up to the engine's rows, as
-  vLLM does); a padding row writes to its slot's scratch column and attends to column 0 only, and
-  its logits are dropped; a graph per bucket, captured the first time a step needs it;
-- **columns**: attention reads every column of the cache's buffers (the mask hides what a row does
-  not hold), so the graph does not depend on the longest row; the buffers are kept when the batch
-  empties, and a graph is captured again only when they grow (by half, so rarely);
-- **inputs**: the step's ids, positions and write columns are copied into static buffers; the mask
-  is computed inside the graph from the positions.
-
-The weights are read where they live, so an optimizer step or ``load_state_dict`` (both in place)
-reaches the next replay; grown buffers, or parameters replaced by new tensors (looked at only when
-the engine sees new weights: ``weights_changed``), drop every graph.
-Capture runs with autocast's weight-cast cache off, so a cast is part of the graph, not a tensor
-cast once under old weights.
-
-``capture=False`` runs the same static step eagerly: the path the CPU tests compare with the
-dynamic decode (same tokens), and what a CPU engine would run if asked for it.
+The weights are read where they live, so in-place writes reach the next replay; capture runs with
+autocast's weight-cast cache off, so a cast is part of the graph, not a tensor cast once under old
+weights. ``capture=False`` runs the same static step eagerly (what the CPU tests compare).
 """
 
 from __future__ import annotations
@@ -31,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .kv import SlotCache, model_mask
+from .kv import SlotCache, last_logits
 
 
 def buckets(max_rows: int) -> list[int]:
@@ -40,8 +25,8 @@ def buckets(max_rows: int) -> list[int]:
     return sorted(set(sizes))
 
 
-class DecodeGraphs:
-    """The static decode step of one engine (see the module docstring)."""
+class StaticDecode:
+    """The static decode step of one engine; ``capture``: recorded as CUDA graphs, else run eagerly."""
 
     def __init__(self, model: Any, device: torch.device, max_rows: int, capture: bool) -> None:
         self.model, self.device, self.max_rows = model, device, max_rows
@@ -50,8 +35,8 @@ class DecodeGraphs:
         # (3, max_rows): ids, positions, write columns of the step (padding rows: pad, 0, scratch)
         self.inputs = torch.zeros((3, max_rows), dtype=torch.long, device=device)
         self.rows_index = torch.arange(max_rows, device=device)
-        self.graphs: dict[int, tuple[Any, torch.Tensor]] = {}  # bucket → (graph, its logits)
-        self._key: tuple[int, ...] | None = None  # the buffers the graphs were taken on
+        self.captured: dict[int, tuple[Any, torch.Tensor]] = {}  # bucket → (CUDA graph, its logits)
+        self._buffers: tuple[int, ...] | None = None  # the cache buffers the graphs were captured on
         self._weights = self._pointers()  # where the parameters the graphs read live
         self.captures = 0  # graphs captured (a counter for tests and the benchmark)
         self.broken: str | None = None  # why a capture failed: the engine then decodes eagerly
@@ -60,51 +45,43 @@ class DecodeGraphs:
         return next(b for b in self.sizes if b >= rows)
 
     def decode(self, kv: SlotCache, ids: list[int], pad_token_id: int) -> torch.Tensor | None:
-        """One decode step of the batch's ``len(ids)`` rows (row r feeds ``ids[r]``) through the
-        static step of their bucket; returns each row's next-token logits (rows, vocab), or None
-        when its graph could not be captured (nothing committed: the caller decodes eagerly)."""
+        """One decode step of the batch's rows (row r feeds ``ids[r]``): each row's next-token logits,
+        or None when its graph could not be captured (nothing committed: the caller decodes eagerly)."""
         n = len(ids)
         b = self.bucket(n)
         kv.reserve(self.max_rows, max(kv.lens[:n]) + 1)
-        key = self._buffers_key(kv)
-        if key != self._key:  # buffers grown: the old graphs point elsewhere
-            self.graphs.clear()
-            self._key = key
-        scratch = kv.cols_cap - 1
-        host = torch.tensor(
-            [
-                ids + [pad_token_id] * (b - n),
-                kv.lens[:n] + [0] * (b - n),
-                kv.lens[:n] + [scratch] * (b - n),
-            ],
-            dtype=torch.long,
-        )
-        self.inputs[:, :b].copy_(host, non_blocking=True)
+        buffers = self._buffers_key(kv)
+        if buffers != self._buffers:  # buffers grown: the captured graphs point elsewhere
+            self.captured.clear()
+            self._buffers = buffers
+        pad = b - n  # padding rows: the pad id, position 0, the scratch column
+        host = [ids + [pad_token_id] * pad, kv.lens[:n] + [0] * pad, kv.lens[:n] + [kv.cols_cap - 1] * pad]
+        self.inputs[:, :b].copy_(torch.tensor(host, dtype=torch.long), non_blocking=True)
         if not self.capture:
             logits = self._step(kv, b)
         else:
-            if b not in self.graphs:
+            if b not in self.captured:
                 try:
-                    self.graphs[b] = self._capture(kv, b)
+                    self.captured[b] = self._capture(kv, b)
                 except RuntimeError as exc:  # an op the graph cannot record: decode eagerly from now on
                     self.broken = f"{type(exc).__name__}: {exc}"
                     warnings.warn(
                         f"CUDA graph capture failed, decoding without graphs: {self.broken}", stacklevel=2
                     )
                     return None
-            graph, out = self.graphs[b]
+            graph, out = self.captured[b]
             graph.replay()
             logits = out
         kv.commit((0, n), [1] * n)
         return logits[:n].clone() if self.capture else logits[:n]
 
     def weights_changed(self) -> None:
-        """The engine saw new weights: written in place the graphs read them as they are; replaced
-        by new tensors, every graph is dropped (captured again when next needed)."""
+        """New weights: written in place, the graphs read them as they are; replaced by new tensors,
+        every graph is dropped."""
         pointers = self._pointers()
         if pointers != self._weights:
             self._weights = pointers
-            self.graphs.clear()
+            self.captured.clear()
 
     # -- the static step -----------------------------------------------------------------------
     def _pointers(self) -> int:
@@ -120,14 +97,7 @@ class DecodeGraphs:
         mask = (columns.view(1, -1) <= pos.view(-1, 1)).view(b, 1, 1, -1)
         kv.span, kv.attend = (0, b), kv.cols_cap
         kv.write_at = (self.rows_index[:b].view(b, 1), cols.view(b, 1))
-        out = self.model(
-            input_ids=ids.view(b, 1),
-            attention_mask=model_mask(self.model, mask),
-            position_ids=pos.view(b, 1),
-            cache=kv,
-            logits_to_keep=1,
-        )
-        return out.logits[:, -1]
+        return last_logits(self.model, ids.view(b, 1), pos.view(b, 1), mask, kv)
 
     def _capture(self, kv: SlotCache, b: int) -> tuple[Any, torch.Tensor]:
         """Warm the step up on a side stream (lazy initialisation stays out of the graph), then

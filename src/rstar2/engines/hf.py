@@ -1,22 +1,10 @@
-"""``HFEngine``: a transformers model served to concurrent async callers, CPU or CUDA, with
-continuous batching and each trajectory's KV kept across its tool turns.
+"""``HFEngine``: a transformers model served to concurrent async callers with continuous batching
+(README, "Engines"). This file is its thread, its queue and the weights rule, checked here before
+every step and nowhere else; the batch and its KV are ``batch.py`` and ``kv.py``.
 
-The engine (this file) is its thread, its queue and the weights rule; the running batch, its
-slots and the kept prefixes are ``engines/batch.py`` and ``engines/kv.py``. One thread of its own
-runs the model step by step. A request that arrives while others decode
-joins the running batch at the next step: its prompt is prefilled (identical prompts, a group's
-2G rollouts, once) and it decodes with the rest; a row that finishes leaves at once. When a
-request ends, its sequence's keys and values are kept (``engines/kv.py``: a token budget, least
-recently used out) so that the trajectory's next turn, whose prompt extends them by the tool's
-response, prefills only the new tokens. The weights rule, checked here and nowhere else before
-every step: parameters changed in place (an optimizer step on the shared model, a
-``load_state_dict``, or any write announced by ``invalidate``) empty the prefix store and
-re-prefill the running rows, so nothing computed under old weights is used.
-
-transformers' own continuous-batching manager (``generate_batch``/``init_continuous_batching``)
-was measured first (benchmarks/RESULTS.md, issue 15) and not used: on CPU it ran at 0.28× this
-engine, kept prefixes computed under old weights after an update, failed every request in flight
-on one bad request, and has no per-request seed, banned ids or finish reason.
+transformers' own continuous batching is not used: it was slower here (benchmarks/RESULTS.md),
+kept prefixes computed under old weights, failed every request in flight on one bad request, and
+has no per-request seed, banned ids or finish reason.
 """
 
 from __future__ import annotations
@@ -49,25 +37,25 @@ def weights_stamp(model: Any) -> int:
 
 
 class HFEngine:
-    """A transformers causal LM behind the ``Engine`` protocol (see the module docstring)."""
+    """A transformers causal LM behind the ``LocalEngine`` protocol."""
+
+    gather_s = 0.01  # seconds of quiet that end a burst of arrivals (``_admit``)
 
     def __init__(
         self,
         model: Any,
         *,
         name: str = "hf",
-        max_batch_size: int = DEFAULT_ROLLOUT.max_batch_size,
+        max_batch_size: int = DEFAULT_ROLLOUT.engine.max_batch_size,
         capacity_tokens: int | None = None,
         keep_tokens: int | None = None,
         pad_token_id: int | None = None,
-        gather_s: float = 0.01,
         compute: str = "auto",
         keep_stale_kv: bool = False,
         cuda_graphs: bool | None = None,
     ) -> None:
         self.model = model.eval()
-        # the decode step replayed as CUDA graphs (engines/graphs.py); None: on a CUDA device. True
-        # on a CPU runs their static step without capture (what the tests compare with the eager one)
+        # decode as CUDA graphs (graphs.py); None: on a CUDA device; True on a CPU: the static step
         self.cuda_graphs = cuda_graphs
         # on new weights, the running rows keep the KV computed under the old ones instead of prefilling again
         self.keep_stale_kv = keep_stale_kv
@@ -77,7 +65,6 @@ class HFEngine:
                 f"HFEngine batches rows of different lengths under its own attention mask, which "
                 f"'{attention}' attention does not take; load the model with attn_implementation='sdpa'"
             )
-        self.gather_s = gather_s
         self.compute = compute  # the trainer's model.compute; decode_compute() picks the engine's
         self.name = name
         self.max_batch_size = max_batch_size
@@ -96,15 +83,15 @@ class HFEngine:
         self._pending: deque[Request] = deque()
         self.in_flight = 0
         self._thread: threading.Thread | None = None
-        self.graphs: Any = None  # its batch's ``DecodeGraphs`` once its thread starts, if it uses them
+        self.static_decode: Any = None  # its batch's ``StaticDecode`` once its thread starts, if used
         self._closed = False
         self.broken: str | None = None  # why the weights are not whole (a load failed half way)
-        self._written = 0  # weight writes told to the engine (update_weights, invalidate)
+        self._weight_writes = 0  # weight writes told to the engine (update_weights, invalidate)
         self.version = 0  # the policy version of its weights (the trainer's updates so far), as told
         # torch threads of the engine's thread now (None: the process's); a trainer whose update
         # runs beside it lowers this meanwhile, so two OpenMP teams do not share the same cores
         self.threads: int | None = None
-        self._stamp: tuple[int, int] | None = None  # (_written, weights_stamp) the batch was computed under
+        self._stamp: tuple[int, int] | None = None  # (_weight_writes, weights_stamp) of the batch
         self.stats = {
             "batches": 0,  # admissions: groups of requests that joined together
             "requests": 0,
@@ -159,12 +146,8 @@ class HFEngine:
             self.in_flight -= 1
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """New policy weights (not needed when the engine shares the trainer's model object), of
-        policy ``version`` (the trainer's update count). Requests in flight continue under them.
-
-        Names and shapes are checked before anything is written (a bad state dict changes
-        nothing); a write that fails half way leaves the engine refusing requests until a load
-        succeeds, never serving half-written weights under the old version."""
+        """Names and shapes are checked before anything is written; a write that fails half way
+        leaves the engine refusing requests until a load succeeds, never serving half a model."""
         with self.paused():
             held = self.model.state_dict()
             unknown = sorted(set(state_dict) - set(held))
@@ -180,32 +163,27 @@ class HFEngine:
                 self.broken = f"a weight load of version {version} failed half way ({exc})"
                 raise
             self.broken = None
-            self._told(version)
+            self._new_weights(version)
 
     def invalidate(self, version: int) -> None:
-        """The weights were written in a way the engine cannot see (through ``param.data``, by
-        another library): the next step treats them as new (kept prefixes dropped, running rows
-        prefilled again unless ``keep_stale_kv``). The trainer says so after each update, with the
-        new ``version``."""
         with self.paused():
-            self._told(version)
+            self._new_weights(version)
 
     @contextmanager
     def paused(self) -> Iterator[None]:
-        """The engine held between two steps (to write its weights, read them whole): the caller
-        waits for the step in progress only, not for every step the engine would start next."""
+        """The caller waits for the step in progress only, not for every step the engine would
+        start next (``_gate``)."""
         with self._gate, self.lock:
             yield
 
     async def counters(self) -> dict[str, Any]:
-        """Its counters since it started (``stats``), the kept prefixes evicted and its rows: what
-        the trainer's per-step ``engine/*`` metrics are differences of (``OpenAIEngine`` has the same)."""
+        """``stats``, the kept prefixes evicted and its rows."""
         return {**self.stats, "evictions": self.store.evicted, "rows": self.max_batch_size}
 
-    def _told(self, version: int) -> None:
+    def _new_weights(self, version: int) -> None:
         if not isinstance(version, int) or version < 0:
             raise ValueError(f"engine {self.name}: a weight write needs its policy version, got {version!r}")
-        self._written += 1
+        self._weight_writes += 1
         self.version = version
 
     async def close(self) -> None:
@@ -232,11 +210,8 @@ class HFEngine:
         # windows); with rows running, take only what is there
         deadline = time.perf_counter() + 10 * self.gather_s
         while True:
-            left = (
-                min(self.gather_s, deadline - time.perf_counter())
-                if wait and len(self._pending) < free
-                else 0
-            )
+            gather = wait and len(self._pending) < free
+            left = min(self.gather_s, deadline - time.perf_counter()) if gather else 0
             try:
                 nxt = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
             except queue.Empty:
@@ -257,11 +232,11 @@ class HFEngine:
         # resolved once: the hardware does not change while the engine serves
         bf16 = resolve_precision(device, decode_compute(device, self.compute)).resolved == "bf16"
         store = self.store if self.prefix_cache else None
-        graphs = self.cuda_graphs if self.cuda_graphs is not None else device.type == "cuda"
+        cuda_graphs = self.cuda_graphs if self.cuda_graphs is not None else device.type == "cuda"
         batch = RunningBatch(
-            self.model, device, self.max_batch_size, self.pad_token_id, store, self.stats, graphs
+            self.model, device, self.max_batch_size, self.pad_token_id, store, self.stats, cuda_graphs
         )
-        self.graphs = batch.graphs
+        self.static_decode = batch.static_decode
         own = applied = torch.get_num_threads()
         while True:
             new = self._admit(self.max_batch_size - len(batch.rows), wait=not batch.rows)
@@ -277,12 +252,12 @@ class HFEngine:
                 if self.broken:  # a load failed half way: nothing is sampled from what it left
                     self._fail_all(batch, new or [])
                     continue
-                stamp = (self._written, weights_stamp(self.model))
+                stamp = (self._weight_writes, weights_stamp(self.model))
                 if stamp != self._stamp:  # new weights
                     self._stamp = stamp
                     batch.version = self.version
-                    if batch.graphs is not None:
-                        batch.graphs.weights_changed()
+                    if batch.static_decode is not None:
+                        batch.static_decode.weights_changed()
                     # kept prefixes are dropped always: a later request (another group, admitted
                     # many versions on) would read them; with keep_stale_kv the running rows keep
                     # theirs, computed since their admission, which the trainer's bound covers

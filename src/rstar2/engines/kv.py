@@ -1,21 +1,10 @@
 """The KV cache of a continuously batched engine: rows join, leave, and outlive their request.
 
-``SlotCache`` is a ``transformers.Cache`` of its own: per layer one key and one value buffer of
-``(rows, heads, columns, head_dim)``, preallocated (rows growing by doubling up to the batch size, columns by half). Each running sequence holds one
-slot (row); row r's tokens are its columns ``[0, len_r)``: the column is the token's position, so no
-row is padded to line up with the others. A forward pass over a range of rows writes each row's
-new tokens at its own columns (a decode step: one column a row; a prefill: the new tokens,
-right-aligned in the pass, padding written to a scratch column) and attends under a mask built
-from the rows' lengths. A row joins by writing its own columns into the next free slot and leaves
-by the last row moving into its slot: neither copies the rest of the batch (transformers'
-``DynamicCache`` concatenates the whole cache at every step; a left-padded batch copies it at every
-join). The cache also holds what occupies each slot (``owners``), moved with the slot, so the
-engine's rows are in the slots' order by construction.
-
-``PrefixStore`` keeps the cache of a sequence whose request ended (a turn that stopped on a tool
-call) within a token budget, least recently used first out: the trajectory's next turn, whose
-prompt extends those tokens, prefills only what is new. The engine empties it when the weights
-change (``engines/hf.py``), so a prefix computed under other weights is never used.
+``SlotCache``: per layer one key and one value buffer of ``(rows, heads, columns, head_dim)``; row r's
+tokens are its columns ``[0, len_r)``, so no row is padded to line up with the others, and a row joins
+or leaves (the last row moving into its slot) without copying the rest of the batch, where
+transformers' ``DynamicCache`` concatenates the whole cache at every step. ``PrefixStore``: the caches
+of ended requests kept for their trajectory's next turn (LRU within a token budget).
 """
 
 from __future__ import annotations
@@ -43,8 +32,7 @@ class SeqKV:
 
 
 class SlotCache(Cache):
-    """The running rows' cache (see the module docstring). ``lens[r]``: tokens row r holds;
-    ``owners[r]``: what occupies row r (the engine's row, or None)."""
+    """The running rows' cache. ``lens[r]``: tokens row r holds; ``owners[r]``: what occupies it."""
 
     def __init__(self, device: torch.device | str = "cpu", max_rows: int | None = None) -> None:
         super().__init__(layers=[])  # the buffers are this object's own, not per-layer objects
@@ -115,8 +103,7 @@ class SlotCache(Cache):
         self.owners.clear()
 
     def add(self, seqs: list[SeqKV | None], owners: list[Any]) -> None:
-        """Rows holding these sequences (None: an empty row), occupied by ``owners``, after the
-        running ones."""
+        """Rows after the running ones holding these sequences (None: empty), occupied by ``owners``."""
         first = self.rows
         self.reserve(first + len(seqs), max((s.length for s in seqs if s is not None), default=0))
         template = next((s for s in seqs if s is not None and s.length), None)
@@ -167,8 +154,7 @@ class SlotCache(Cache):
                 buf[dst, :, :n] = buf[src, :, :n]
 
     def copy_row(self, src: int, owner: Any) -> None:
-        """A new last row, occupied by ``owner``, holding what row ``src`` holds (identical
-        prompts prefilled once)."""
+        """A new last row, occupied by ``owner``, holding what row ``src`` holds."""
         self.reserve(self.rows + 1, 0)
         self._move(src, self.rows)
         self.lens.append(self.lens[src])
@@ -197,13 +183,17 @@ class SlotCache(Cache):
         return SeqKV(ids, keys, values, shared)
 
 
-def model_mask(model: Any, mask: torch.Tensor) -> torch.Tensor:
-    """A boolean attention mask as ``model``'s attention takes it: sdpa the booleans, eager attention
-    adds it to the scores (0 where seen, the lowest value not)."""
-    if getattr(model.config, "_attn_implementation", None) != "eager":
-        return mask
-    dtype = model.dtype
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+def last_logits(
+    model: Any, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, kv: SlotCache
+) -> torch.Tensor:
+    """One pass of ``model`` over the rows ``kv`` planned; the logits of each row's last token. The
+    boolean ``mask`` as the attention takes it: sdpa the booleans, eager attention adds it to the
+    scores (0 where seen, the lowest value not)."""
+    if getattr(model.config, "_attn_implementation", None) == "eager":
+        lowest = torch.finfo(model.dtype).min
+        mask = torch.zeros(mask.shape, dtype=model.dtype, device=mask.device).masked_fill(~mask, lowest)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=kv, logits_to_keep=1)
+    return out.logits[:, -1]
 
 
 def _round_up(n: int, step: int) -> int:

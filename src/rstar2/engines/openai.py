@@ -1,9 +1,6 @@
 """``OpenAIEngine``: an OpenAI-compatible completions server (SGLang, ``rstar2 serve``, a vLLM
-without its RL routes; ``engines/vllm.py`` speaks to a vLLM started with them).
-
-Token ids go in as the prompt of ``/v1/completions``; the sampled ids come back through vLLM's
-``return_token_ids`` (or, on servers without it, from logprob tokens written as ``token_id:N``),
-so a rollout never re-tokenizes text the server produced.
+without its RL routes). Token ids go in as the prompt and come back through ``return_token_ids``
+(or logprob tokens written as ``token_id:N``): a rollout never re-tokenizes the server's text.
 """
 
 from __future__ import annotations
@@ -34,6 +31,18 @@ def capacity_from_vllm_metrics(text: str) -> int | None:
             except (KeyError, ValueError):
                 return None
     return None
+
+
+async def get_object(client: httpx.AsyncClient, path: str, key: str | None = None, **kw: Any) -> dict | None:
+    """The JSON object ``GET path`` answers (or the one under its ``key``); None where there is none."""
+    try:
+        resp = await client.get(path, **kw)
+        found = resp.json() if resp.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    if key is not None and isinstance(found, dict):
+        found = found.get(key)
+    return found if isinstance(found, dict) else None
 
 
 def _token_ids(choice: dict[str, Any]) -> list[int]:
@@ -71,7 +80,6 @@ class OpenAIEngine:
         capacity_tokens: int | None = None,
         timeout_s: float = 600.0,
         retries: int = 3,
-        api_key: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.model = model
@@ -80,30 +88,25 @@ class OpenAIEngine:
         self.capacity_source = "config" if capacity_tokens else "default"
         self.prefix_cache = True  # vLLM and SGLang reuse a prompt's cached prefix
         self.retries = retries
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, headers=headers)
+        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s)
         self.in_flight = 0
         self.send_priority = False  # SamplingParams.priority sent (set by probe_capacity)
+        self.send_seed = True  # SamplingParams.seed sent (VLLMEngine: not to a CPU server)
 
     async def probe_capacity(self) -> int:
         """The server's KV capacity in tokens, unless the config set one: SGLang's (and ``rstar2
-        serve``'s) ``/get_server_info`` ``max_total_num_tokens``, else vLLM's ``/metrics``; if neither
-        answers, the default stays (and ``capacity_source`` says so). Also learns whether the server
-        takes ``SamplingParams.priority`` (``rstar2 serve`` does)."""
+        serve``'s) ``/get_server_info``, else vLLM's ``/metrics``, else the default
+        (``capacity_source`` says which); and whether it takes ``SamplingParams.priority``."""
+        info = await get_object(self._client, "/get_server_info") or {}
+        # rstar2 serve orders its queue by priority; vLLM refuses one unless started with
+        # --scheduling-policy priority, so it is sent only where the server says it is ours
+        self.send_priority = "engine" in info
+        if self.capacity_source != "default":
+            return self.capacity_tokens
         try:
-            resp = await self._client.get("/get_server_info")
-            info = resp.json() if resp.status_code == 200 else {}
-            info = info if isinstance(info, dict) else {}
-            # rstar2 serve orders its queue by priority; vLLM refuses one unless started with
-            # --scheduling-policy priority, so it is sent only where the server says it is ours
-            self.send_priority = "engine" in info
-            if self.capacity_source != "default":
-                return self.capacity_tokens
             if info.get("max_total_num_tokens"):
-                self.capacity_tokens, self.capacity_source = (
-                    int(info["max_total_num_tokens"]),
-                    "server info",
-                )
+                self.capacity_tokens = int(info["max_total_num_tokens"])
+                self.capacity_source = "server info"
                 return self.capacity_tokens
             resp = await self._client.get("/metrics")
             found = capacity_from_vllm_metrics(resp.text) if resp.status_code == 200 else None
@@ -122,25 +125,28 @@ class OpenAIEngine:
                 raise ServerError(f"{self.base_url}/v1/models: {type(exc).__name__}: {exc}") from exc
         return self.model
 
-    def body(self, prompt_ids: list[int], params: SamplingParams, model: str) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "model": model,
-            "prompt": list(prompt_ids),
+    def sampling(self, params: SamplingParams) -> dict[str, Any]:
+        """The sampling fields as vLLM, SGLang and ``rstar2 serve`` all take them: the sampled
+        token's log-prob, special tokens kept in the text, banned ids as a -100 bias."""
+        sampling: dict[str, Any] = {
             "max_tokens": params.max_new_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
             "top_k": params.top_k if params.top_k > 0 else -1,
             "logprobs": 0,
-            "return_token_ids": True,
-            "return_tokens_as_token_ids": True,
             "skip_special_tokens": False,
         }
         if params.stop_token_ids:
-            body["stop_token_ids"] = list(params.stop_token_ids)
-        if params.seed is not None:
-            body["seed"] = params.seed
+            sampling["stop_token_ids"] = list(params.stop_token_ids)
+        if params.seed is not None and self.send_seed:
+            sampling["seed"] = params.seed
         if params.banned_token_ids:
-            body["logit_bias"] = {str(t): -100 for t in params.banned_token_ids}
+            sampling["logit_bias"] = {str(t): -100 for t in params.banned_token_ids}
+        return sampling
+
+    def body(self, prompt_ids: list[int], params: SamplingParams, model: str) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": model, "prompt": list(prompt_ids), **self.sampling(params)}
+        body.update(return_token_ids=True, return_tokens_as_token_ids=True)
         if self.send_priority and params.priority:
             body["priority"] = params.priority
         return body
@@ -150,29 +156,11 @@ class OpenAIEngine:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         self.in_flight += 1
         try:
-            answer = await self._request(self.body(prompt_ids, params, await self._model()))
+            body = self.body(prompt_ids, params, await self._model())
+            answer = await self._call("POST", self.path, json=body, retries=self.retries)
             return self.parse(answer["choices"][0])
         finally:
             self.in_flight -= 1
-
-    async def _request(self, body: dict[str, Any]) -> dict[str, Any]:
-        """POST ``body`` to ``self.path``, retried with back-off when the server cannot be reached
-        or answers 5xx; its JSON answer, or a ``ServerError``."""
-        delay = 0.5
-        for attempt in range(self.retries + 1):
-            try:
-                resp = await self._client.post(self.path, json=body)
-            except httpx.TransportError as exc:
-                if attempt == self.retries:
-                    raise ServerError(f"{self.base_url} unreachable: {exc}") from exc
-            else:
-                if resp.status_code == 200:
-                    return resp.json()
-                if resp.status_code < 500 or attempt == self.retries:
-                    raise ServerError(f"{self.base_url} answered {resp.status_code}: {resp.text[:500]}")
-            await asyncio.sleep(delay)
-            delay *= 2
-        raise AssertionError("unreachable")
 
     def parse(self, choice: dict[str, Any]) -> Generation:
         ids = _token_ids(choice)
@@ -185,24 +173,11 @@ class OpenAIEngine:
 
     async def counters(self) -> dict[str, Any] | None:
         """The server's engine counters (``rstar2 serve``'s ``/health``), or None where it has none."""
-        try:
-            resp = await self._client.get("/health")
-            found = resp.json().get("engine") if resp.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
-            return None
-        return found if isinstance(found, dict) else None
+        return await get_object(self._client, "/health", "engine")
 
     async def update_weights(self, model_dir: str, endpoint: str, version: int) -> dict[str, Any]:
-        """Ask the server to load new weights from ``model_dir`` (a checkpoint folder it can read);
-        returns the server's answer (``rstar2 serve`` adds ``weights_version``, ``weights_fingerprint``
-        and ``dtype``).
-
-        The endpoint is SGLang's (``POST /update_weights_from_disk`` with ``{"model_path": …}``),
-        which ``rstar2 serve`` also offers; ``version`` (the trainer's update count) goes as SGLang's
-        ``weight_version``, and ``rstar2 serve`` then says which version sampled each token (vLLM's
-        own routes are ``VLLMEngine``'s). A refusal (an error status, or ``"success": false`` as SGLang answers)
-        raises ``ServerError``. Requests in flight on ``rstar2 serve`` continue under the new
-        weights."""
+        """Through SGLang's ``endpoint`` (``rstar2 serve`` has it too); a refusal (an error status,
+        SGLang's ``"success": false``) is a ``ServerError``."""
         what = f"{self.base_url}{endpoint} could not load {model_dir}"
         body: dict[str, Any] = {"model_path": str(model_dir), "weight_version": str(version)}
         answer = await self._call("POST", endpoint, what, json=body)
@@ -210,21 +185,31 @@ class OpenAIEngine:
             raise ServerError(f"{what}: {answer.get('message', answer)}")
         return answer
 
-    async def _call(self, method: str, path: str, what: str | None = None, **kw: Any) -> dict[str, Any]:
-        """``method`` ``path``; its JSON object answer ({} if none). No answer, or an error status,
-        is a ``ServerError`` that starts with ``what`` (default: the URL). A kept-alive connection
-        the server closed as the request went out is tried once more (the control routes these
-        calls reach can be repeated)."""
+    async def _call(
+        self, method: str, path: str, what: str | None = None, *, retries: int = 0, **kw: Any
+    ) -> dict[str, Any]:
+        """``method`` ``path``; its JSON object answer ({} if none), or a ``ServerError`` that starts
+        with ``what``. ``retries`` more tries, backing off, while the server cannot be reached or
+        answers 5xx; a kept-alive connection the server closed as the request went out is always
+        tried once more (the routes these calls reach can be repeated)."""
         what = what or f"{self.base_url}{path}"
-        try:
+        delay = 0.5
+        for attempt in range(retries + 1):
             try:
-                resp = await self._client.request(method, path, **kw)
-            except httpx.RemoteProtocolError:
-                resp = await self._client.request(method, path, **kw)
-        except httpx.HTTPError as exc:
-            raise ServerError(f"{what}: {type(exc).__name__}: {exc}") from exc
-        if resp.status_code != 200:
-            raise ServerError(f"{what}: answered {resp.status_code}: {resp.text[:300]}")
+                try:
+                    resp = await self._client.request(method, path, **kw)
+                except httpx.RemoteProtocolError:
+                    resp = await self._client.request(method, path, **kw)
+            except httpx.HTTPError as exc:
+                if attempt == retries:
+                    raise ServerError(f"{what}: {type(exc).__name__}: {exc}") from exc
+            else:
+                if resp.status_code == 200:
+                    break
+                if resp.status_code < 500 or attempt == retries:
+                    raise ServerError(f"{what}: answered {resp.status_code}: {resp.text[:500]}")
+            await asyncio.sleep(delay)
+            delay *= 2
         try:
             answer = resp.json()
         except ValueError:

@@ -1,10 +1,6 @@
-"""``rstar2 serve``: an OpenAI-compatible HTTP server over an ``HFEngine``.
-
-``/v1/completions`` takes a prompt as text or as token ids and, like vLLM, can return the sampled
-token ids (``return_token_ids``) and per-token logprobs with tokens written as ``token_id:N``
-(``return_tokens_as_token_ids``): what ``OpenAIEngine`` needs for token-in, token-out rollouts.
-``/v1/chat/completions`` renders messages (and ``tools``) through the model's chat template and
-returns tool calls in the OpenAI shape, so any OpenAI client can talk to the tiny model.
+"""``rstar2 serve``: an OpenAI-compatible HTTP server over an ``HFEngine``: completions token-in,
+token-out as ``OpenAIEngine`` needs them (vLLM's ``return_token_ids`` and
+``return_tokens_as_token_ids``), and chat with tool calls in the OpenAI shape for any client.
 """
 
 from __future__ import annotations
@@ -28,8 +24,7 @@ from .hf import HFEngine
 
 class _WeightsPath(BaseModel):
     model_path: str
-    # SGLang's field: the trainer's policy version (its update count); rstar2 serve needs it, so
-    # that every token it samples says which policy sampled it
+    # SGLang's field; rstar2 serve needs it, so that every token says which policy sampled it
     weight_version: str | None = None
 
 
@@ -93,14 +88,12 @@ class Served:
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
         self.default_stops = end_of_turn_ids(tokenizer)
         self.dtype = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
-        # the policy version told by the last load (0: the weights it started on), loads so far, the
-        # folder of the last, and the fingerprint of the tensors it named
+        # loads so far, the last one's folder, the tensors it named and their fingerprint (None: not yet)
         self.weights: dict[str, Any] = {"loads": 0, "path": None, "fingerprint": None, "keys": None}
 
     def held_weights(self) -> dict[str, Any]:
-        """What the served model holds: the policy version it was told, load count, folder, and a
-        fingerprint of the tensors the last load named, read back from the model (computed when
-        first asked)."""
+        """What the served model holds: policy version, loads, folder, and a fingerprint of the
+        tensors the last load named, read back from the model (computed when first asked)."""
         w = self.weights
         if w["fingerprint"] is None:
             with self.engine.paused():
@@ -113,6 +106,34 @@ class Served:
             "weights_fingerprint": w["fingerprint"],
             "dtype": self.dtype,
         }
+
+    async def load(self, folder: str, version: str | None) -> int:
+        """The safetensors of ``folder`` written into the model as policy ``version``; how many
+        tensors. A folder that does not fit changes nothing (400); a load that fails half way (500)
+        leaves the engine refusing requests until one succeeds."""
+        from safetensors.torch import load_file
+
+        if not (version or "").isdigit():
+            raise HTTPException(
+                400,
+                f"weight_version {version!r}: give the policy version of these weights "
+                '(a count of updates, e.g. "0"): every token sampled says which version sampled it',
+            )
+        files = sorted(Path(folder).glob("*.safetensors"))
+        if not files:
+            raise HTTPException(400, f"no *.safetensors files in {folder}")
+        state: dict[str, Any] = {}
+        for f in files:
+            state.update(await asyncio.to_thread(load_file, str(f)))
+        try:
+            await asyncio.to_thread(self.engine.update_weights, state, int(version))
+        except ValueError as exc:  # nothing was written
+            raise HTTPException(400, f"{folder}: {exc}") from exc
+        except Exception as exc:  # written in part: what it holds is no longer what was fingerprinted
+            self.weights.update(fingerprint=None, keys=None)
+            raise HTTPException(500, f"{folder}: {exc}") from exc
+        self.weights.update(loads=self.weights["loads"] + 1, path=folder, fingerprint=None, keys=list(state))
+        return len(state)
 
     def params(self, req: _Sampling, i: int) -> SamplingParams:
         stops = () if req.ignore_eos else self.default_stops
@@ -187,36 +208,11 @@ def server_routes(s: Served) -> APIRouter:
 
     @router.post("/update_weights_from_disk")
     async def update_weights_from_disk(body: _WeightsPath) -> dict[str, Any]:
-        """Load new weights (a checkpoint folder, of policy ``weight_version``) into the served
-        model (the RL trainer's call). The answer states the version and the fingerprint of what
-        the model now holds, for the trainer to check. A folder that does not fit changes nothing;
-        a load that fails half way leaves the server refusing requests until one succeeds."""
-        from safetensors.torch import load_file
-
-        if not (body.weight_version or "").isdigit():
-            raise HTTPException(
-                400,
-                f"weight_version {body.weight_version!r}: give the policy version of these weights "
-                '(a count of updates, e.g. "0"): every token sampled says which version sampled it',
-            )
-        files = sorted(Path(body.model_path).glob("*.safetensors"))
-        if not files:
-            raise HTTPException(400, f"no *.safetensors files in {body.model_path}")
-        state: dict[str, Any] = {}
-        for f in files:
-            state.update(await asyncio.to_thread(load_file, str(f)))
-        try:
-            await asyncio.to_thread(s.engine.update_weights, state, int(body.weight_version))
-        except ValueError as exc:  # nothing was written
-            raise HTTPException(400, f"{body.model_path}: {exc}") from exc
-        except Exception as exc:  # written in part: what it holds is no longer what was fingerprinted
-            s.weights.update(fingerprint=None, keys=None)
-            raise HTTPException(500, f"{body.model_path}: {exc}") from exc
-        s.weights.update(
-            loads=s.weights["loads"] + 1, path=body.model_path, fingerprint=None, keys=list(state)
-        )
+        """The RL trainer's weight load; the answer states the version and fingerprint of what the
+        model now holds, for the trainer to check."""
+        loaded = await s.load(body.model_path, body.weight_version)
         held = await asyncio.to_thread(s.held_weights)
-        return {"success": True, "message": f"loaded {len(state)} tensors from {body.model_path}", **held}
+        return {"success": True, "message": f"loaded {loaded} tensors from {body.model_path}", **held}
 
     @router.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -267,8 +263,7 @@ def completion_routes(s: Served) -> APIRouter:
 
 
 def chat_routes(s: Served) -> APIRouter:
-    """``/v1/chat/completions``: messages (and tools) through the chat template; tool calls returned
-    in the OpenAI shape."""
+    """``/v1/chat/completions``: messages through the chat template; tool calls in the OpenAI shape."""
     router = APIRouter()
 
     @router.post("/v1/chat/completions")
@@ -331,8 +326,7 @@ def serve(
     log: Any = print,
     **sizes: Any,
 ) -> None:
-    """``rstar2 serve``: load the model into an ``HFEngine`` (``sizes``: its batch and KV budget)
-    and serve it until interrupted."""
+    """``rstar2 serve``: the model in an ``HFEngine`` (``sizes``: its batch and KV budget), served."""
     import uvicorn
     from transformers import AutoTokenizer
 

@@ -1,21 +1,10 @@
-"""``VLLMEngine``: a vLLM server started for RL (``rstar2 vllm``: its development routes and its
-token-in, token-out route on), spoken to through the routes vLLM offers for exactly this.
+"""``VLLMEngine``: a vLLM server started by ``rstar2 vllm``, through the routes vLLM offers for RL
+(ARCHITECTURE.md, ``vllm.py``): ``/inference/v1/generate`` says which weights sampled each token,
+and new weights are loaded in place with requests in flight kept. What the server is comes from
+its ``/server_info``; a vLLM started without its development routes is an ``OpenAIEngine``.
 
-- **Generation** goes to ``/inference/v1/generate``: token ids in, the sampled ids, their log-probs
-  and the policy version of every token out (vLLM's ``weight_versions`` spans), so a turn that an
-  update crossed says which tokens came from which weights.
-- **New weights** are loaded in place, requests in flight kept: ``/pause`` (``keep``) →
-  ``rstar2_load`` on every worker (``/collective_rpc``; ``engines/vllm_worker.py``: vLLM's
-  ``reload_weights`` from the trainer's model folder, with what it did not load reported) →
-  ``/update_weight_version`` → the prefix cache and the running requests' KV dropped (they prefill
-  again under the new weights) → ``/resume``. A load that left any parameter out is refused.
-- **Seeds** go with each request where the server samples seeded requests safely. vLLM on a CPU
-  can die under many concurrent seeded prefills (``CPU Generator does not use offset``, then every
-  request fails until a restart), so there requests go unseeded and the engine says so once.
-- **Priority** goes where the server was started with ``--scheduling-policy priority``.
-
-What the server is (device, scheduling policy, KV blocks) comes from its ``/server_info``, a
-development route like the weight routes; a vLLM started without them is an ``OpenAIEngine``.
+vLLM on a CPU can die under many concurrent seeded prefills (``CPU Generator does not use
+offset``, then every request fails until a restart): there requests go unseeded.
 """
 
 from __future__ import annotations
@@ -26,7 +15,7 @@ from typing import Any
 import httpx
 
 from .base import Generation, SamplingParams
-from .openai import OpenAIEngine, ServerError
+from .openai import OpenAIEngine, ServerError, get_object
 
 GENERATE = "/inference/v1/generate"
 HOW_TO_START = (
@@ -35,14 +24,10 @@ HOW_TO_START = (
 
 
 async def vllm_config(client: httpx.AsyncClient) -> dict[str, Any] | None:
-    """The server's vLLM configuration (``GET /server_info``), or None when it is no vLLM in
-    development mode."""
-    try:
-        resp = await client.get("/server_info", params={"config_format": "json"}, timeout=10)
-        found = resp.json().get("vllm_config") if resp.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return None
-    return found if isinstance(found, dict) else None
+    """The server's vLLM configuration, or None when it is no vLLM in development mode."""
+    return await get_object(
+        client, "/server_info", "vllm_config", params={"config_format": "json"}, timeout=10
+    )
 
 
 async def is_vllm(url: str) -> bool:
@@ -64,20 +49,15 @@ def token_versions(spans: Any, n: int) -> list[int] | None:
     return versions
 
 
-_TOLD_UNSEEDED: set[str] = set()  # servers already said to go unseeded (once a process)
+_WARNED_UNSEEDED: set[str] = set()  # servers already warned about going unseeded (once a process)
 
 
 class VLLMEngine(OpenAIEngine):
     path = GENERATE
 
-    def __init__(self, base_url: str, **kw: Any) -> None:
-        super().__init__(base_url, **kw)
-        self.send_seed = True
-        self._zero: dict[str, str] | None = None  # each parameter's checksum when zeroed
-
     async def probe_capacity(self) -> int:
-        """What the server is: its KV capacity in tokens (blocks × block size, unless the config
-        set one), whether it samples seeded requests safely (not on a CPU) and orders by priority."""
+        """Its KV capacity (blocks × block size, unless the config set one), and whether it samples
+        seeded requests safely (not on a CPU) and orders by priority."""
         config = await vllm_config(self._client)
         if config is None:
             raise ServerError(f"{self.base_url} answers no /server_info: {HOW_TO_START}")
@@ -87,8 +67,8 @@ class VLLMEngine(OpenAIEngine):
             self.capacity_source = "server info"
         self.send_priority = (config.get("scheduler_config") or {}).get("policy") == "priority"
         self.send_seed = (config.get("device_config") or {}).get("device") != "cpu"
-        if not self.send_seed and self.base_url not in _TOLD_UNSEEDED:
-            _TOLD_UNSEEDED.add(self.base_url)
+        if not self.send_seed and self.base_url not in _WARNED_UNSEEDED:
+            _WARNED_UNSEEDED.add(self.base_url)
             print(
                 f"[rstar2] {self.name}: vLLM on a CPU dies under concurrent seeded requests; "
                 "requests to it go unseeded (rollouts are not reproducible from the seed)",
@@ -97,21 +77,9 @@ class VLLMEngine(OpenAIEngine):
         return self.capacity_tokens
 
     def body(self, prompt_ids: list[int], params: SamplingParams, model: str) -> dict[str, Any]:
-        sampling: dict[str, Any] = {
-            "max_tokens": params.max_new_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "top_k": params.top_k if params.top_k > 0 else -1,
-            "logprobs": 0,  # the sampled token's, from the distribution sampled (--logprobs-mode)
-            "skip_special_tokens": False,
-            "ignore_eos": True,  # only the rollout's stop tokens end a turn, as on every engine
-        }
-        if params.stop_token_ids:
-            sampling["stop_token_ids"] = list(params.stop_token_ids)
-        if params.seed is not None and self.send_seed:
-            sampling["seed"] = params.seed
-        if params.banned_token_ids:
-            sampling["logit_bias"] = {str(t): -100 for t in params.banned_token_ids}
+        # the log-prob is of the distribution sampled (--logprobs-mode); only the rollout's stop
+        # tokens end a turn, as on every engine
+        sampling = {**self.sampling(params), "ignore_eos": True}
         body: dict[str, Any] = {"model": model, "token_ids": list(prompt_ids), "sampling_params": sampling}
         if self.send_priority and params.priority:
             body["priority"] = params.priority
@@ -129,10 +97,9 @@ class VLLMEngine(OpenAIEngine):
         return Generation(ids, [float(c["logprob"]) for c in content], finish, versions)  # type: ignore[arg-type]
 
     async def update_weights(self, model_dir: str, endpoint: str, version: int) -> dict[str, Any]:
-        """Load the model folder ``model_dir`` in place as policy ``version`` (the module's sequence;
-        ``endpoint``, SGLang's route, is not vLLM's and goes unused). Returns ``weights_version``
-        (what the server then states) and ``parameters_written``; a load that left a parameter
-        unwritten, or any refused step, is a ``ServerError``; the server is resumed either way."""
+        """Load ``model_dir`` in place as policy ``version`` (``endpoint``, SGLang's route, goes
+        unused); a load that left a parameter unwritten, or any refused step, is a ``ServerError``,
+        and the server is resumed either way."""
         what = f"{self.base_url} could not load {model_dir}"
         await self._call("POST", "/pause", what, params={"mode": "keep"})
         try:

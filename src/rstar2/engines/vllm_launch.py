@@ -1,25 +1,16 @@
 """``rstar2 vllm``: start a vLLM server the way rstar2's RL needs it.
 
 vLLM lives in a virtual environment of its own (``scripts/setup-vllm.sh``: it pins another
-transformers than rstar2's), so the server runs under that environment's Python:
-``--python``, else ``$RSTAR2_VLLM_PYTHON``, else ``.venv-vllm`` at the repository root, else this
-Python. What rstar2 needs from it:
-
-- ``VLLM_SERVER_DEV_MODE=1`` and ``--enable-scale-out``: the weight routes (pause, reload, version,
-  resume), ``/server_info``, and the token-in, token-out ``/inference/v1/generate`` that states each
-  token's weight version;
-- ``--worker-extension-cls`` rstar2's (``engines/vllm_worker.py``, put on the server's path): the in
-  place load that says what it did not write;
-- ``--logprobs-mode processed_logprobs``: the log-probs of the distribution sampled from (after
-  temperature and the banned tokens' bias), what the trainer corrects by;
-- ``--scheduling-policy priority``: a trajectory's next turn before new ones (``SamplingParams``);
-- on a CPU, the cores its engine is bound to (``VLLM_CPU_OMP_THREADS_BIND``; default every core) and
-  its KV cache in GiB (``VLLM_CPU_KVCACHE_SPACE``).
+transformers than rstar2's), so the server runs under that environment's Python. It needs the
+development routes and ``--enable-scale-out`` (weight loads, ``/server_info``, token-in token-out
+generation with each token's weight version), rstar2's worker extension, the log-probs of the
+distribution sampled from (what the trainer corrects by), and priority scheduling.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,13 +24,10 @@ ENTRY = "vllm.entrypoints.launchers.api_server.entry"  # `vllm serve` without it
 
 
 def vllm_python(given: str | None = None) -> str:
-    """The Python of the environment vLLM is installed in."""
-    if given:
-        return given
-    if os.environ.get("RSTAR2_VLLM_PYTHON"):
-        return os.environ["RSTAR2_VLLM_PYTHON"]
+    """The Python of vLLM's environment: ``given``, else ``$RSTAR2_VLLM_PYTHON``, else ``.venv-vllm``
+    at the repository root, else this Python."""
     local = SRC.parent / ".venv-vllm" / "bin" / "python"
-    return str(local) if local.exists() else sys.executable
+    return given or os.environ.get("RSTAR2_VLLM_PYTHON") or (str(local) if local.exists() else sys.executable)
 
 
 def command(
@@ -79,8 +67,6 @@ def environment(cores: str | None = None, kv_cache_gib: int | None = None) -> di
 
 def installed(python: str | None = None) -> bool:
     """Whether vLLM imports under ``python`` (``vllm_python``'s choice by default)."""
-    import subprocess
-
     exe = vllm_python(python)
     try:
         return subprocess.run([exe, "-c", "import vllm"], capture_output=True, timeout=300).returncode == 0
@@ -111,8 +97,6 @@ def local_server(
     """``rstar2 vllm`` on ``model`` on this machine for the block, its output appended to ``log``;
     yields its URL once it answers. With ``cores``, this process (and what it starts later: the
     code environment, the verifier) keeps to the other cores meanwhile."""
-    import subprocess
-
     from ..local_service import free_port, wait_healthy
 
     port = free_port()

@@ -1,17 +1,15 @@
-"""What rstar2 adds to vLLM's workers (``--worker-extension-cls``, as ``rstar2 vllm`` starts it):
-one call that loads the trainer's model folder in place and says whether every parameter was
-written. It runs inside the vLLM server's process, so it imports nothing of rstar2 but this file.
+"""What rstar2 adds to vLLM's workers (``--worker-extension-cls``): a load of the trainer's model
+folder in place that says whether every parameter was written. It runs inside vLLM's process, so it
+imports nothing of rstar2 but this file.
 
-Why not vLLM's ``reload_weights`` alone: on a CPU, vLLM computes with a packed copy of each linear
-layer's weight, made when a layer's weights are processed. A tied LM head receives no weights of its
-own on a reload, so it is never processed again and keeps computing logits with the start's
-weights (measured: log-probs 1.0 nat away from the new model's). After the reload, every layer that
-computes from such a copy while still holding its weight (embeddings and heads) has the copy made
-again from the weight it now holds.
+Not vLLM's ``reload_weights`` alone: on a CPU, vLLM computes with a packed copy of each linear
+layer's weight, and a tied LM head, which receives no weights of its own on a reload, would keep
+computing logits with the start's weights; such copies are made again from the weights now held.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +32,6 @@ SHAPES += ("intermediate_size", "vocab_size", "head_dim")
 def refuse_other_shapes(folder: str, served: Any) -> None:
     """A folder whose model has other sizes than the served one is refused before anything is
     written (vLLM's loaders would fail half way, leaving the server unable to serve)."""
-    import json
-
     theirs = json.loads((Path(folder) / "config.json").read_text())
     other = {
         key: (theirs[key], getattr(served, key))
@@ -52,13 +48,10 @@ class WorkerExtension:
     """Mixed into vLLM's worker class; its methods are called through ``/collective_rpc``."""
 
     def rstar2_load(self, folder: str) -> dict[str, Any]:
-        """Load ``folder`` in place and say what was not written: ``missing``, the parameters the
-        model's loader did not report loaded (vLLM's own accounting, which covers weights kept
-        only packed), and ``unwritten``, those still zero although every parameter that holds
-        values was zeroed first (independent of that accounting); ``zero_in_folder``: how many
-        tensors the folder holds that are zero throughout; ``parameters``: how many were loaded.
-        A failure is answered as ``error``, never raised: an exception out of a worker's call
-        shuts the whole vLLM server down."""
+        """Load ``folder`` in place and say what was not written: ``missing`` (not reported loaded
+        by vLLM's loader), ``unwritten`` (still zero though every parameter was zeroed first: a
+        check independent of that accounting), ``zero_in_folder``, ``parameters`` loaded. A failure
+        is answered as ``error``, never raised: it would shut the whole vLLM server down."""
         try:
             return self._rstar2_load(folder)
         except Exception as exc:  # noqa: BLE001 - said to the client, which refuses the load

@@ -19,29 +19,21 @@ from .metrics import summarize
 from .report import plot_benchmark, summary_markdown
 
 
-def bench_name(name_or_path: str) -> str:
-    name = ALIASES.get(name_or_path, name_or_path)
-    return Path(name).stem if name.endswith(".jsonl") else name
-
-
 def plan(
     rows: list[dict], bench: str, samples: int, seed: int, done: set[tuple[int, int]]
 ) -> list[dict[str, Any]]:
-    items = []
-    for pi, row in enumerate(rows):
-        for s in range(samples):
-            if (pi, s) in done:
-                continue
-            meta = {"bench": bench, "problem_index": pi, "sample": s, "problem_id": row.get("id", pi)}
-            items.append(
-                {
-                    "problem": row["problem"],
-                    "answer": str(row["answer"]),
-                    "seed": seed + pi * 1009 + s,
-                    "meta": meta,
-                }
-            )
-    return items
+    """The rollouts to sample: ``samples`` of each row but those ``done`` (problem index, sample)."""
+    return [
+        {
+            "problem": row["problem"],
+            "answer": str(row["answer"]),
+            "seed": seed + pi * 1009 + s,
+            "meta": {"bench": bench, "problem_index": pi, "sample": s, "problem_id": row.get("id", pi)},
+        }
+        for pi, row in enumerate(rows)
+        for s in range(samples)
+        if (pi, s) not in done
+    ]
 
 
 async def evaluate(
@@ -53,35 +45,59 @@ async def evaluate(
     limit: int | None = None,
     seed: int = 0,
     progress: bool = True,
-    concurrency: int | None = None,
     settings: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
+    """``samples`` rollouts of each problem of ``benches`` (names or JSONL paths), sampled into
+    ``out_dir``; returns each benchmark's summary."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
     results: dict[str, list[Trajectory]] = {}  # this run's problems: earlier lines and new ones
     items: list[dict[str, Any]] = []
     for b in benches:
-        name = bench_name(b)
+        name = ALIASES.get(b, b)
+        name = Path(name).stem if name.endswith(".jsonl") else name
         rows = load_benchmark(b)[:limit]
-        (out / name).mkdir(exist_ok=True)
         files[name] = out / name / "trajectories.jsonl"
-        old, bad = read_trajectories(files[name])
-        if bad:  # rewrite without the half-written line, so new lines start on a line of their own
-            _rewrite(files[name], old)
-        wanted = range(len(rows))
-        results[name] = [
-            t for t in old if t.meta.get("problem_index") in wanted and t.meta.get("sample", 0) < samples
-        ]
-        done = {(t.meta["problem_index"], t.meta["sample"]) for t in results[name]}
+        results[name], done = _resumed(files[name], rows, samples)
         items += plan(rows, name, samples, seed, done)
+    await _sample_appending(rollout, items, files, results, progress)
+    ks = sorted({2**i for i in range(samples.bit_length())} | {samples})  # powers of two, and samples
+    summaries = {}
+    for name, trajs in results.items():
+        summaries[name] = summarize(trajs, ks=ks)
+        plot_benchmark(name, trajs, out / name / "plots.png", ks=ks)
+    report = {"settings": settings or {}, "benchmarks": summaries}
+    (out / "summary.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+    (out / "summary.md").write_text(summary_markdown(summaries, settings or {}), encoding="utf-8")
+    return summaries
+
+
+def _resumed(path: Path, rows: list[dict], samples: int) -> tuple[list[Trajectory], set[tuple[int, int]]]:
+    """The trajectories ``path`` already holds of ``rows`` (their first ``samples`` samples), and
+    their (problem index, sample) pairs; a line cut by a crash is dropped from the file."""
+    path.parent.mkdir(exist_ok=True)
+    old, bad = read_trajectories(path)
+    if bad:  # rewrite without the half-written line, so new lines start on a line of their own
+        write_jsonl((t.to_dict() for t in old), path)
+    wanted = range(len(rows))
+    kept = [t for t in old if t.meta.get("problem_index") in wanted and t.meta.get("sample", 0) < samples]
+    return kept, {(t.meta["problem_index"], t.meta["sample"]) for t in kept}
+
+
+async def _sample_appending(
+    rollout: Rollout,
+    items: list[dict[str, Any]],
+    files: dict[str, Path],
+    results: dict[str, list[Trajectory]],
+    progress: bool,
+) -> None:
+    """Sample ``items``, each trajectory appended to its benchmark's file (flushed: an interrupted
+    run keeps it) and to its ``results`` as it finishes."""
+    from tqdm import tqdm
 
     handles = {name: path.open("a", encoding="utf-8") for name, path in files.items()}
-    bar = None
-    if progress and items:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(items), desc="eval", unit="traj")
+    bar = tqdm(total=len(items), desc="eval", unit="traj", disable=not (progress and items))
     correct = 0
 
     def on_done(t: Trajectory) -> None:
@@ -91,27 +107,16 @@ async def evaluate(
         fh.flush()
         results[t.meta["bench"]].append(t)
         correct += t.correct
-        if bar is not None:
-            bar.update(1)
+        bar.update(1)
+        if not bar.disable:
             bar.set_postfix(acc=f"{correct / bar.n:.3f}")
 
     try:
-        await rollout.run_many(items, concurrency=concurrency, on_done=on_done)
+        await rollout.run_many(items, on_done=on_done)
     finally:
         for fh in handles.values():
             fh.close()
-        if bar is not None:
-            bar.close()
-
-    ks = _ks(samples)
-    summaries = {}
-    for name, trajs in results.items():
-        summaries[name] = summarize(trajs, ks=ks)
-        plot_benchmark(name, trajs, out / name / "plots.png", ks=ks)
-    report = {"settings": settings or {}, "benchmarks": summaries}
-    (out / "summary.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
-    (out / "summary.md").write_text(summary_markdown(summaries, settings or {}), encoding="utf-8")
-    return summaries
+        bar.close()
 
 
 SHOWN = ("temperature", "top_p", "top_k", "max_response_tokens", "max_turns", "verify_mode")
@@ -136,7 +141,7 @@ def run_eval(
     for b in benches:
         load_benchmark(b)  # a bad name or file fails before anything starts
     check_engine_choice(model, settings, tokenizer)
-    shown = {"model": model or ",".join(settings.servers), "samples": samples}
+    shown = {"model": model or ",".join(settings.engine.servers), "samples": samples}
     shown.update({k: getattr(settings, k) for k in SHOWN})
     if settings.banned_tokens:
         shown["banned_tokens"] = settings.banned_tokens
@@ -148,17 +153,3 @@ def run_eval(
             )
 
     return asyncio.run(go())
-
-
-def _ks(samples: int) -> list[int]:
-    ks, k = [], 1
-    while k <= samples:
-        ks.append(k)
-        k *= 2
-    if samples not in ks:
-        ks.append(samples)
-    return ks
-
-
-def _rewrite(path: Path, trajs: list[Trajectory]) -> None:
-    write_jsonl((t.to_dict() for t in trajs), path)

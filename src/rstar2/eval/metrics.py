@@ -67,7 +67,6 @@ def per_problem_accuracy(trajs: Iterable[Trajectory]) -> dict[Any, float]:
 
 
 def mean_pass_at_k(groups: dict[Any, list[Trajectory]], k: int) -> float:
-    """pass@k averaged over problems."""
     return sum(pass_at_k(len(g), sum(t.correct for t in g), k) for g in groups.values()) / len(groups)
 
 

@@ -15,6 +15,25 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}"
 
 
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files only (the Agg backend: no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path, dpi: int) -> Path:
+    """``fig`` laid out, written to ``path`` and closed."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return path
+
+
 def summary_markdown(summaries: dict[str, dict[str, Any]], settings: dict[str, Any]) -> str:
     lines = ["# Evaluation", ""]
     if settings:
@@ -42,11 +61,7 @@ def plot_benchmark(name: str, trajs: Sequence[Trajectory], path: Path, ks: Seque
     """pass@k over k, response lengths of right and wrong answers, and finish reasons."""
     if not trajs:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     groups = group_by_problem(trajs)
     n_min = min(len(g) for g in groups.values())
     ks = [k for k in ks if k <= n_min] or [1]
@@ -65,8 +80,4 @@ def plot_benchmark(name: str, trajs: Sequence[Trajectory], path: Path, ks: Seque
     reasons = Counter(t.finish_reason for t in trajs)
     axes[2].bar(list(reasons), list(reasons.values()), color="tab:blue")
     axes[2].set(ylabel="trajectories", title="finish reasons")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)

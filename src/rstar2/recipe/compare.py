@@ -1,9 +1,6 @@
 """``rstar2 compare``: GRPO-RoC against plain GRPO over seeds, from a finished recipe run's SFT
-checkpoint (the paper's Fig. 4 question, on a model of one's own).
-
-Each variant runs the recipe's RL stages from the same SFT checkpoint, on the same training
-problems and the same held-out sets, once per seed (``run.seed``: which rollouts are sampled and in
-which order problems come):
+checkpoint (the paper's Fig. 4 question, on a model of one's own). Each variant runs the recipe's
+RL stages from that checkpoint on the same problems and held-out sets, once per seed (``run.seed``):
 
 - ``roc``: GRPO-RoC as the recipe has it: G of the 2G rollouts kept, the correct ones with the
   fewest tool errors and format faults, the incorrect ones at random;
@@ -13,14 +10,11 @@ which order problems come):
 - ``roc-uniform`` (not run by default): 2G sampled and as many correct and incorrect rollouts kept
   as RoC keeps, drawn at random (``roc.mode: uniform``): RoC's downsampling without its choice;
 - ``async-k1``, ``async-k2``, ``async-k4`` (not run by default): ``roc`` with rollouts up to k
-  updates stale (``rollout.max_staleness``) and the decoupled correction; ``async-k4-none`` without
+  updates stale (``asynchronous.max_staleness``) and the decoupled correction; ``async-k4-none`` without
   the correction (what it prevents).
 
 Every (variant, seed) is a recipe run in its own folder, so an interrupted comparison resumes
-where it stopped. The SFT checkpoint is evaluated once on the same sets. The summary
-(``compare.md``, ``compare.json``, one PNG per metric) gives per step the mean and spread over seeds
-of accuracy, the tool-error ratio in correct rollouts (all and kept), response length and format
-faults; after the stages, held-out and ``eval.also`` accuracy with intervals paired over problems.
+where it stopped.
 """
 
 from __future__ import annotations
@@ -38,33 +32,16 @@ from typing import Any
 import yaml
 
 from ..config import parse_config, set_value
-from ..eval.metrics import per_problem_accuracy
+from ..eval.report import pyplot, save_figure
 from ..memory import peak_bytes, release_memory, reset_peak
-from ..rl.metrics_log import read_metrics
-from ..rollout.trajectory import read_trajectories
-from .report_card import eval_dir, paired_change, sampled_trajectories
-from .spec import DataSpec, Recipe, parse_recipe, stage_tree
+from .report_card import accuracy_in, eval_dir, paired_change, percent, stage_metrics
+from .spec import DataSpec, Recipe, parse_recipe, stage_rollout, stage_tree
 
-VARIANTS: dict[str, str] = {
-    "roc": "GRPO-RoC as the recipe has it: 2G sampled, G kept",
-    "grpo-kept": "plain GRPO on G sampled, all trained on (the paper's baseline: as many kept)",
-    "grpo-all": "plain GRPO on all 2G sampled",
-    "roc-uniform": "2G sampled, as many correct and incorrect kept as RoC keeps, drawn at random",
-    # asynchronous RL (rl/staleness.py) against "roc", the synchronous loop of the same recipe
-    "async-k1": "GRPO-RoC, rollouts up to 1 update stale, the decoupled correction (tis_cap 2)",
-    "async-k2": "GRPO-RoC, rollouts up to 2 updates stale, the decoupled correction (tis_cap 2)",
-    "async-k4": "GRPO-RoC, rollouts up to 4 updates stale, the decoupled correction (tis_cap 2)",
-    "async-k4-none": "GRPO-RoC, rollouts up to 4 updates stale, no correction (AReaL's ablation)",
-}
 DEFAULT_VARIANTS = ("roc", "grpo-kept", "grpo-all")
-# the asynchronous variants: (rollout.max_staleness, loss settings)
-DECOUPLED = {"correction": "decoupled", "tis_cap": 2.0}
-ASYNC = {
-    "async-k1": (1, DECOUPLED),
-    "async-k2": (2, DECOUPLED),
-    "async-k4": (4, DECOUPLED),
-    "async-k4-none": (4, {"correction": "none", "tis_cap": None}),
-}
+# the asynchronous variants: (asynchronous.max_staleness, loss.tis_cap: None is no correction)
+ASYNC = {"async-k1": (1, 2.0), "async-k2": (2, 2.0), "async-k4": (4, 2.0), "async-k4-none": (4, None)}
+# every variant (the module's docstring says what each is)
+VARIANTS = ("roc", "grpo-kept", "grpo-all", "roc-uniform", *ASYNC)
 # (metrics.jsonl key, title): the per-step curves, one PNG each
 STEP_KEYS = (
     ("accuracy", "training accuracy (sampled)"),
@@ -74,7 +51,13 @@ STEP_KEYS = (
     ("format/fault_share", "share of rollouts with a format fault"),
     ("tools/calls_per_traj", "tool calls per rollout"),
 )
-SUMMARY = "compare.json"
+# the step metrics the summary table averages over each run's last steps
+TAIL_KEYS = (
+    "tools/error_ratio_correct_all",
+    "tools/error_ratio_correct_kept",
+    "response/length_mean",
+    "format/fault_share",
+)
 
 
 @dataclass(frozen=True)
@@ -158,17 +141,17 @@ def apply_variant(stage: dict, variant: str, *, samples: int, keep: int) -> None
         stage["samples"] = keep if variant == "grpo-kept" else samples
     stage["roc"] = roc
     if variant in ASYNC:
-        k, loss = ASYNC[variant]
-        stage["rollout"] = {**stage.get("rollout", {}), "max_staleness": k}
-        stage["loss"] = {**stage.get("loss", {}), **loss}
+        k, tis_cap = ASYNC[variant]
+        stage["asynchronous"] = {**stage.get("asynchronous", {}), "max_staleness": k}
+        stage["loss"] = {**stage.get("loss", {}), "tis_cap": tis_cap}
 
 
 def arms(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> list[Arm]:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}: choose from {', '.join(VARIANTS)}")
-    return [Arm(v, s, out / f"{v}-s{s}") for s in seeds for v in variants]  # seeds outermost: a stop
-    # part-way leaves whole seeds of every variant
+    # seeds outermost: a stop part-way leaves whole seeds of every variant
+    return [Arm(v, s, out / f"{v}-s{s}") for s in seeds for v in variants]
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -201,19 +184,9 @@ def run_comparison(
         a.name: parse_recipe(arm_tree(tree, checkpoint, a.variant, a.seed, overrides, stages)) for a in plan
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "comparison.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "source": str(source),
-                "checkpoint": str(checkpoint),
-                "seeds": list(seeds),
-                "variants": list(variants),
-                "overrides": list(overrides),
-                "stages": None if stages is None else list(stages),
-            },
-            sort_keys=False,
-        )
-    )
+    asked = dict(source=str(source), checkpoint=str(checkpoint), seeds=list(seeds), variants=list(variants))
+    asked.update(overrides=list(overrides), stages=None if stages is None else list(stages))
+    (out / "comparison.yaml").write_text(yaml.safe_dump(asked, sort_keys=False))
     costs = _read_costs(out)
     first = recipes[plan[0].name]
     if "sft" not in costs:
@@ -226,21 +199,18 @@ def run_comparison(
         log(f"[rstar2] compare: run {n}/{len(plan)}: {arm.name}")
         resume = arm.folder.exists() and any(arm.folder.iterdir())
         recipe = recipes[arm.name]
-        costs[arm.name] = measured(
-            lambda r=recipe, a=arm, res=resume: run_recipe(
-                r, a.folder, resume=res, progress=progress, log=log
-            )
-        )
+        costs[arm.name] = measured(run_recipe, recipe, arm.folder, resume=resume, progress=progress, log=log)
         _write_costs(out, costs)
     return write_summary(out, first, plan, costs)
 
 
-def measured(fn: Callable[[], Any]) -> dict[str, float]:
-    """Run ``fn`` and return its wall seconds and this process's peak resident memory (GiB)."""
+def measured(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, float]:
+    """Run ``fn(*args, **kwargs)`` and return its wall seconds and this process's peak resident
+    memory (GiB)."""
     release_memory()
     reset_peak()
     t0 = time.perf_counter()
-    fn()
+    fn(*args, **kwargs)
     cost = {"seconds": time.perf_counter() - t0, "peak_gib": peak_bytes() / 2**30}
     release_memory()
     return cost
@@ -258,23 +228,23 @@ def _write_costs(out: Path, costs: dict[str, Any]) -> None:
 async def evaluate_start(recipe: Recipe, checkpoint: Path, folder: Path, progress: bool) -> None:
     """The SFT checkpoint on the held-out problems and every ``eval.also`` set, sampled as the arms'
     final evaluations sample (``folder/heldout``, ``folder/<set>``)."""
-    from .run import eval_rows, evaluate_model, open_services, problem_rows
+    from ..rollout.build import open_services
+    from .run import RecipeRun, eval_rows, evaluate_model, problem_rows
 
     sets = {"heldout": eval_rows(recipe)}
     sets.update({Path(n).stem: problem_rows(DataSpec(files=[n]), recipe.seed) for n in recipe.eval.also})
-    async with open_services(recipe) as services:
+    async with open_services(stage_rollout(recipe)) as services:
+        run = RecipeRun(recipe, folder, progress, services=services)
         for name, rows in sets.items():
             if rows:
-                await evaluate_model(recipe, checkpoint, rows, folder / name, services, progress)
+                await evaluate_model(run, checkpoint, rows, folder / name)
 
 
 # -- summarizing --------------------------------------------------------------------------------
 def arm_steps(arm: Arm, recipe: Recipe) -> list[dict[str, Any]]:
     """The arm's step metrics across its stages, numbered on from stage to stage."""
     rows, offset = [], 0
-    for n, stage in enumerate(recipe.stages, 1):
-        p = arm.folder / f"{n:02d}-{stage.name}" / "metrics.jsonl"
-        stage_rows = read_metrics(p) if p.exists() else []
+    for _, stage_rows in stage_metrics(arm.folder, recipe):
         rows += [{**r, "step": offset + r["step"]} for r in stage_rows]
         offset += max((r["step"] for r in stage_rows), default=0)
     return rows
@@ -285,13 +255,7 @@ def final_accuracy(arm: Arm, recipe: Recipe) -> dict[str, dict[Any, float]]:
     n, last = len(recipe.stages), recipe.stages[-1].name
     where = {"heldout": eval_dir(arm.folder, n, last)}
     where.update({Path(s).stem: eval_dir(arm.folder, n, f"{last}-{Path(s).stem}") for s in recipe.eval.also})
-    return {k: per_problem_accuracy(read_trajectories(sampled_trajectories(d))[0]) for k, d in where.items()}
-
-
-def start_accuracy(out: Path, sets: Sequence[str]) -> dict[str, dict[Any, float]]:
-    return {
-        s: per_problem_accuracy(read_trajectories(sampled_trajectories(out / "sft" / s))[0]) for s in sets
-    }
+    return {k: accuracy_in(d) for k, d in where.items()}
 
 
 def _mean_over(per_seed: Sequence[dict[Any, float]]) -> dict[Any, float]:
@@ -305,18 +269,17 @@ def summarize(out: Path, recipe: Recipe, plan: Sequence[Arm]) -> dict[str, Any]:
     spread), its paired change from the SFT checkpoint, and the first variant's (``roc`` by
     default) paired difference from each other one (problems paired, accuracy averaged over seeds)."""
     sets = ["heldout", *(Path(s).stem for s in recipe.eval.also)]
-    start = start_accuracy(out, sets) if (out / "sft").exists() else {}
+    start = {s: accuracy_in(out / "sft" / s) for s in sets} if (out / "sft").exists() else {}
     done = [a for a in plan if _finished(a.folder)]
     variants: dict[str, Any] = {}
     finals: dict[str, dict[str, dict[Any, float]]] = {}
     for v in dict.fromkeys(a.variant for a in plan):
-        mine = [a for a in done if a.variant == v]
-        if not mine:
+        finished = [a for a in done if a.variant == v]
+        if not finished:
             continue
-        accs = [final_accuracy(a, recipe) for a in mine]
-        entry: dict[str, Any] = {"seeds": [a.seed for a in mine], "steps": {}, "final": {}}
-        for a in mine:
-            entry["steps"][a.seed] = arm_steps(a, recipe)
+        accs = [final_accuracy(a, recipe) for a in finished]
+        steps = {a.seed: arm_steps(a, recipe) for a in finished}
+        entry: dict[str, Any] = {"seeds": [a.seed for a in finished], "steps": steps, "final": {}}
         for s in sets:
             per_seed = [sum(acc[s].values()) / max(1, len(acc[s])) for acc in accs]
             mean_acc = _mean_over([acc[s] for acc in accs])
@@ -334,16 +297,11 @@ def summarize(out: Path, recipe: Recipe, plan: Sequence[Arm]) -> dict[str, Any]:
             entry["final"][s] = row
         variants[v] = entry
     first = next(iter(finals), None)  # the reference: the first variant asked for (roc by default)
-    versus = {
-        v: {
-            s: dict(
-                zip(("minus", "ci95", "paired"), paired_change(finals[v][s], finals[first][s]), strict=True)
-            )
-            for s in sets
-        }
-        for v in finals
-        if v != first
-    }
+    versus = {}
+    for v in finals:
+        if v != first:
+            changes = {s: paired_change(finals[v][s], finals[first][s]) for s in sets}
+            versus[v] = {s: {"minus": m, "ci95": h, "paired": n} for s, (m, h, n) in changes.items()}
     return {"sets": sets, "variants": variants, "reference": first, "versus": versus}
 
 
@@ -352,13 +310,9 @@ def _tail_mean(rows: list[dict[str, Any]], key: str, last: int = 5) -> float | N
     return sum(vals) / len(vals) if vals else None
 
 
-def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{100 * x:.1f}%"
-
-
 def write_summary(out: Path, recipe: Recipe, plan: Sequence[Arm], costs: dict[str, Any]) -> Path:
-    s = summarize(out, recipe, plan)
-    pngs = plot_steps(out, s)
+    summary = summarize(out, recipe, plan)
+    pngs = plot_steps(out, summary)
     name = recipe.name
     for a in plan:  # the arms' recipes are named RECIPE-VARIANT-sSEED
         name = name.removesuffix(f"-{a.variant}-s{a.seed}")
@@ -371,70 +325,68 @@ def write_summary(out: Path, recipe: Recipe, plan: Sequence[Arm], costs: dict[st
         "± a 95% interval.",
         "",
     ]
-    sets = s["sets"]
+    sets = summary["sets"]
     head = "| variant | seeds | " + " | ".join(f"{x} | {x}: change from SFT" for x in sets)
     head += " | tool-error ratio in correct, all / kept (last 5 steps) | response tokens | format faults | minutes a run | peak GiB |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
-    for v, e in s["variants"].items():
-        cells = [v, str(len(e["seeds"]))]
-        for x in sets:
-            f = e["final"][x]
-            cells.append(f"{_pct(f['mean'])} ± {100 * f['sd']:.1f}")
-            cells.append(
-                f"{100 * f['change']:+.1f} ± {100 * f['change_ci95']:.1f} (from {_pct(f['start'])})"
-                if "change" in f
-                else "–"
-            )
-        steps = list(e["steps"].values())
-        tails = {
-            k: [t for t in (_tail_mean(r, k) for r in steps) if t is not None]
-            for k in (
-                "tools/error_ratio_correct_all",
-                "tools/error_ratio_correct_kept",
-                "response/length_mean",
-                "format/fault_share",
-            )
-        }
-        avg = {k: (sum(v_) / len(v_) if v_ else None) for k, v_ in tails.items()}
-        cells.append(
-            f"{_pct(avg['tools/error_ratio_correct_all'])} / {_pct(avg['tools/error_ratio_correct_kept'])}"
+    for v, entry in summary["variants"].items():
+        lines.append(
+            _variant_row(v, entry, sets, [costs[a.name] for a in plan if a.variant == v and a.name in costs])
         )
-        cells.append("–" if avg["response/length_mean"] is None else f"{avg['response/length_mean']:.1f}")
-        cells.append(_pct(avg["format/fault_share"]))
-        spent = [costs[a.name] for a in plan if a.variant == v and a.name in costs]
-        cells.append(f"{statistics.fmean(c['seconds'] for c in spent) / 60:.1f}" if spent else "–")
-        cells.append(f"{max(c['peak_gib'] for c in spent):.1f}" if spent else "–")
-        lines.append("| " + " | ".join(cells) + " |")
-    for v, by_set in s["versus"].items():
-        said = ", ".join(
+    for v, by_set in summary["versus"].items():
+        differences = ", ".join(
             f"{x} {100 * d['minus']:+.1f} ± {100 * d['ci95']:.1f} points (paired over {d['paired']})"
             for x, d in by_set.items()
         )
-        lines += ["", f"{s['reference']} minus {v}: {said}."]
+        lines += ["", f"{summary['reference']} minus {v}: {differences}."]
     total = sum(c["seconds"] for c in costs.values())
     lines += ["", f"Time spent: {total / 60:.1f} min over {len(costs)} runs (the SFT evaluation included)."]
     lines += [""] + [f"![{p.stem}]({p.name})" for p in pngs]
     path = out / "compare.md"
     path.write_text("\n".join(lines) + "\n")
-    (out / SUMMARY).write_text(json.dumps({**s, "costs": costs}, indent=1, default=str))
+    (out / "compare.json").write_text(json.dumps({**summary, "costs": costs}, indent=1, default=str))
     return path
 
 
-def plot_steps(out: Path, s: dict[str, Any]) -> list[Path]:
+def _variant_row(variant: str, entry: dict[str, Any], sets: list[str], spent: list[dict[str, float]]) -> str:
+    """A variant's row of the summary table (its columns: ``write_summary``'s head); ``spent``: its
+    runs' costs."""
+    cells = [variant, str(len(entry["seeds"]))]
+    for x in sets:
+        f = entry["final"][x]
+        cells.append(f"{percent(f['mean'])} ± {100 * f['sd']:.1f}")
+        cells.append(
+            f"{100 * f['change']:+.1f} ± {100 * f['change_ci95']:.1f} (from {percent(f['start'])})"
+            if "change" in f
+            else "–"
+        )
+    tails = {
+        k: [t for t in (_tail_mean(r, k) for r in entry["steps"].values()) if t is not None]
+        for k in TAIL_KEYS
+    }
+    avg = {k: (sum(v) / len(v) if v else None) for k, v in tails.items()}
+    length = avg["response/length_mean"]
+    cells += [
+        f"{percent(avg['tools/error_ratio_correct_all'])} / {percent(avg['tools/error_ratio_correct_kept'])}",
+        "–" if length is None else f"{length:.1f}",
+        percent(avg["format/fault_share"]),
+        f"{statistics.fmean(c['seconds'] for c in spent) / 60:.1f}" if spent else "–",
+        f"{max(c['peak_gib'] for c in spent):.1f}" if spent else "–",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def plot_steps(out: Path, summary: dict[str, Any]) -> list[Path]:
     """One PNG per step metric: each variant's mean over seeds, its min-max band shaded."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     paths = []
     for key, title in STEP_KEYS:
         fig, ax = plt.subplots(figsize=(5.2, 3.4))
         drawn = False
-        for v, e in s["variants"].items():
+        for v, entry in summary["variants"].items():
             curves = [
                 {r["step"]: r[key] for r in rows if isinstance(r.get(key), (int, float))}
-                for rows in e["steps"].values()
+                for rows in entry["steps"].values()
             ]
             steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
             if not steps:
@@ -448,9 +400,7 @@ def plot_steps(out: Path, s: dict[str, Any]) -> list[Path]:
             ax.set_xlabel("RL step (all stages)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-            fig.tight_layout()
-            p = out / f"compare_{key.replace('/', '_')}.png"
-            fig.savefig(p, dpi=110)
-            paths.append(p)
-        plt.close(fig)
+            paths.append(save_figure(fig, out / f"compare_{key.replace('/', '_')}.png", dpi=110))
+        else:
+            plt.close(fig)
     return paths

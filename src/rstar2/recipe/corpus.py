@@ -12,13 +12,13 @@ from .tasks import generate
 def tiny_corpus(recipe: Recipe, count: int = 1500) -> list[str]:
     """``count`` rendered conversations. Tool outputs are written here, not run: only their wording
     matters."""
-    from ..chat.prompt import CHATML_TEMPLATE, problem_messages
+    from ..chat.prompt import problem_messages
     from ..chat.tool_response import render_result
     from ..sandbox.result import ExecResult
     from .sft_data import break_code, conversation
     from .tiny_model import build_tokenizer
 
-    render = build_tokenizer(["x"], 260, chat_template=CHATML_TEMPLATE)  # a template renderer only
+    render = build_tokenizer(["x"], 260)  # a template renderer only
     chat = recipe.chat
     error = render_result(
         ExecResult(status="error", stderr="NameError: name 'x' is not defined"),

@@ -1,14 +1,10 @@
-"""Word problems that teach relations, not phrasings: the training families of issue 20.
+"""Word problems that teach relations, not phrasings: the relation families of the training data.
 
 The arithmetic families of ``tasks.py`` state one operation in a fixed sentence, and a model trained
 on them learns to copy the numbers under the operation the wording names. Here a problem is a small
-situation (rates, a percentage of a part, a quantity after changes, unit conversions, sharing and
-grouping, ages, money and change), told one fact a sentence, each fact in several ways, and the
-question may ask for any of its quantities. Levels are steps: level 1 one relation, level 2 two,
-level 3 three with a number that must be ignored. Small numbers come now and then in words. Each
-problem carries a program with named quantities, as a reader would write it (the SFT demos).
-
-The sentences are built with the structure they state, so they live here, not in ``wordings.yaml``.
+situation told one fact a sentence, each fact in several ways, and the question may ask for any of
+its quantities; level 1 is one relation, level 2 two, level 3 three with a number to ignore. The
+sentences are built with the structure they state, so they live here, not in ``wordings.yaml``.
 """
 
 from __future__ import annotations
@@ -26,20 +22,7 @@ _WORDS = (
 ).split()
 _TENS = {30: "thirty", 40: "forty", 50: "fifty", 60: "sixty", 70: "seventy", 80: "eighty", 90: "ninety"}
 
-PEOPLE = [
-    "Priya",
-    "Marco",
-    "Yuki",
-    "Nadia",
-    "Felix",
-    "Amara",
-    "Diego",
-    "Hana",
-    "Kofi",
-    "Elsa",
-    "Ravi",
-    "Ines",
-]
+PEOPLE = "Priya Marco Yuki Nadia Felix Amara Diego Hana Kofi Elsa Ravi Ines".split()
 
 
 @dataclass
@@ -65,10 +48,8 @@ class Say:
         return self.rng.choice(PEOPLE)
 
 
-def _distractor(say: Say, level: int) -> str:
-    """A sentence with a number the answer does not use (level 3 only)."""
-    if level < 3:
-        return ""
+def _distractor(say: Say) -> str:
+    """A sentence with a number the answer does not use (level 3)."""
     r = say.rng
     return " " + say.one(
         f"The place opened {say.n(r.randint(3, 40))} years ago.",
@@ -142,7 +123,7 @@ def _rate(rng: random.Random, level: int, say: Say) -> Made:
             f"It runs {say.n(t)} {per}s a day for {say.n(d)} days, and {bad} of the {unit} are spoiled.",
             f"Over {say.n(d)} days it runs {say.n(t)} {per}s each day; {bad} {unit} have to be thrown away.",
         )
-        + _distractor(say, level)
+        + _distractor(say)
         + say.one(f" How many good {unit} are left?", f" How many {unit} can be kept?")
     )
     return text, r * t * d - bad, f"made = {r} * {t} * {d}\nspoiled = {bad}\nprint(made - spoiled)"
@@ -193,7 +174,7 @@ def _percent(rng: random.Random, level: int, say: Say) -> Made:
             f"Of the rest, {q}% are given away.",
             f"Then {q} percent of the remaining ones are given away.",
         )
-        + _distractor(say, level)
+        + _distractor(say)
         + say.one(" How many are left?", " How many remain after that?")
     )
     code = f"n = {n}\nrest = n - n * {p} // 100\ngiven = rest * {q} // 100\nprint(rest - given)"
@@ -230,11 +211,8 @@ def _change(rng: random.Random, level: int, say: Say) -> Made:
     )
     if level == 1:
         if rng.random() < 0.5:
-            return (
-                f"{start} {take} How many {things} are there now?",
-                a - b,
-                f"start = {a}\nprint(start - {b})",
-            )
+            text = f"{start} {take} How many {things} are there now?"
+            return text, a - b, f"start = {a}\nprint(start - {b})"
         text = say.one(
             f"After {b} {things} were taken away, {say.n(a - b)} were left. How many were there at first?",
             f"{who} gave away {b} {things} and kept {say.n(a - b)}. How many did {who} have before?",
@@ -242,11 +220,8 @@ def _change(rng: random.Random, level: int, say: Say) -> Made:
         return text, a, f"left = {a - b}\ngiven = {b}\nprint(left + given)"
     if level == 2:
         if rng.random() < 0.5:
-            return (
-                f"{start} {take} {add} How many {things} are there now?",
-                a - b + c,
-                f"print({a} - {b} + {c})",
-            )
+            text = f"{start} {take} {add} How many {things} are there now?"
+            return text, a - b + c, f"print({a} - {b} + {c})"
         text = say.one(
             f"{who} gave away {b} {things}, then got {c} more, and now has {a - b + c}. How many did {who} start with?",
             f"After losing {b} {things} and gaining {c}, a collection has {a - b + c}. How many were in it at the start?",
@@ -255,7 +230,7 @@ def _change(rng: random.Random, level: int, say: Say) -> Made:
     d = rng.randint(5, max(6, (a - b + c) // 2))
     text = (
         f"{start} {take} {add}"
-        + _distractor(say, level)
+        + _distractor(say)
         + say.one(
             f" Then {d} are sold. How many {things} remain?",
             f" Finally {d} more leave. How many {things} are there in the end?",
@@ -307,7 +282,7 @@ def _units(rng: random.Random, level: int, say: Say) -> Made:
             f"One part is {say.n(x)} {big} {y} {small}, another is {say.n(x2)} {big} {y2} {small}.",
             f"The first piece measures {x} {big} and {y} {small}; the second {x2} {big} and {y2} {small}.",
         )
-        + _distractor(say, level)
+        + _distractor(say)
         + say.one(
             f" By how many {small} does the first exceed the second?", f" What is the difference in {small}?"
         )
@@ -372,7 +347,7 @@ def _sharing(rng: random.Random, level: int, say: Say) -> Made:
             f"There are {say.n(packs)} packs of {size} {things}, and {g} are lost.",
             f"{say.n(packs)} packs of {size} {things} arrive, but {g} of them are damaged and removed.",
         )
-        + _distractor(say, level)
+        + _distractor(say)
         + say.one(
             f" The rest are shared among {say.n(k)} {people}, equally and as many as possible. How many are left over?",
             f" The remaining ones go to {say.n(k)} {people} in equal whole shares. How many cannot be given out?",
@@ -398,16 +373,13 @@ def _ages(rng: random.Random, level: int, say: Say) -> Made:
                 f"{b} is {yb}. {a}'s age is {m} times {b}'s. What will {a}'s age be {n} years from now?",
             )
             return text, m * yb + n, f"age_a = {m} * {yb}\nprint(age_a + {n})"
-        return (
-            f"{older} {b} is {say.n(yb)}. What is the sum of their ages?",
-            2 * yb + d,
-            f"age_a = {yb} + {d}\nprint(age_a + {yb})",
-        )
+        text = f"{older} {b} is {say.n(yb)}. What is the sum of their ages?"
+        return text, 2 * yb + d, f"age_a = {yb} + {d}\nprint(age_a + {yb})"
     m = rng.randint(2, 3)
     yb = rng.randint(n + 1, 40)
     text = (
         f"{a} is {say.n(m)} times as old as {b}. {c} is {say.n(d)} years older than {a}. {b} is {yb}."
-        + _distractor(say, level)
+        + _distractor(say)
         + say.one(f" How old was {c} {say.n(n)} years ago?", f" What was {c}'s age {n} years ago?")
     )
     return text, m * yb + d - n, f"age_a = {m} * {yb}\nage_c = age_a + {d}\nprint(age_c - {n})"
@@ -462,7 +434,7 @@ def _money(rng: random.Random, level: int, say: Say) -> Made:
     note = next(x for x in _NOTES if x > cost)
     text = (
         f"{who} buys {say.n(q)} {goods} at ${p} each and {say.n(q2)} {goods2} at ${p2} each."
-        + _distractor(say, level)
+        + _distractor(say)
         + say.one(
             f" {who} pays with ${note}. How much change is there?",
             f" Paying with a ${note} note, what change does {who} get?",

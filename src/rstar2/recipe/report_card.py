@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..eval.metrics import mean_ci95, per_problem_accuracy
+from ..eval.report import pyplot, save_figure
 from ..rl.metrics_log import read_metrics
 from ..rollout.health import SIGNS, read_warnings
 from ..rollout.trajectory import read_trajectories
@@ -28,18 +29,8 @@ EVAL_KEYS = (
 )
 
 
-def _pct(x: Any) -> str:
+def percent(x: Any) -> str:
     return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "–"
-
-
-def _viewer(out: Path) -> Path | None:
-    """The run's trajectories in one static HTML page (``rstar2 view``), when it has any."""
-    from ..analysis.view import view
-
-    try:
-        return view(out, out / "view.html")
-    except FileNotFoundError:
-        return None
 
 
 def eval_row(summary: dict[str, Any]) -> dict[str, Any]:
@@ -66,8 +57,8 @@ def table(evals: dict[str, dict[str, Any]]) -> str:
         finishes = ", ".join(f"{k} {v}" for k, v in sorted(r["finish_reasons"].items()))
         tokens = r["mean_response_tokens"]
         lines.append(
-            f"| {name} | {_pct(r['pass@1'])}{ci} | {_pct(r['tool_error_ratio_correct'])} | "
-            f"{tokens:.1f} | {_pct(r['truncated_share'])} | {finishes} |"
+            f"| {name} | {percent(r['pass@1'])}{ci} | {percent(r['tool_error_ratio_correct'])} | "
+            f"{tokens:.1f} | {percent(r['truncated_share'])} | {finishes} |"
             if isinstance(tokens, (int, float))
             else f"| {name} | – | – | – | – | – |"
         )
@@ -83,6 +74,16 @@ def sampled_trajectories(out_dir: Path) -> Path:
     """Where sampling problems into ``out_dir`` leaves its trajectories (the eval harness names the
     folder after the problem file, ``problems.jsonl``)."""
     return out_dir / "problems" / "trajectories.jsonl"
+
+
+def accuracy_in(out_dir: Path) -> dict[Any, float]:
+    return per_problem_accuracy(read_trajectories(sampled_trajectories(out_dir))[0])
+
+
+def stage_metrics(out: Path, recipe: Any) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Each stage's name and step metrics (``metrics.jsonl``; none for a stage not run)."""
+    files = [(s.name, out / f"{n:02d}-{s.name}" / "metrics.jsonl") for n, s in enumerate(recipe.stages, 1)]
+    return [(name, read_metrics(f) if f.exists() else []) for name, f in files]
 
 
 def paired_change(before: dict[Any, float], after: dict[Any, float]) -> tuple[float, float, int]:
@@ -105,14 +106,16 @@ def rl_gain(out: Path, recipe: Any, evals: dict[str, Any]) -> str | None:
     first, last = rl[0], rl[-1]
     before = (names[first - 1], first) if first else ("start", 0)
     after = (names[last], last + 1)
-    files = [sampled_trajectories(eval_dir(out, n, name)) for name, n in (before, after)]
-    if before[0] not in evals or after[0] not in evals or not all(f.exists() for f in files):
+    folders = [eval_dir(out, n, name) for name, n in (before, after)]
+    if before[0] not in evals or after[0] not in evals:
         return None
-    change, half, n = paired_change(*(per_problem_accuracy(read_trajectories(f)[0]) for f in files))
+    if not all(sampled_trajectories(f).exists() for f in folders):
+        return None
+    change, half, n = paired_change(*(accuracy_in(f) for f in folders))
     a, b = evals[before[0]]["pass@1"], evals[after[0]]["pass@1"]
     return (
-        f"RL ({', '.join(names[i] for i in rl)}) took held-out accuracy from {_pct(a)} (after {before[0]}) "
-        f"to {_pct(b)} (after {after[0]}): {100 * change:+.1f} points, 95% interval ± {100 * half:.1f} "
+        f"RL ({', '.join(names[i] for i in rl)}) took held-out accuracy from {percent(a)} (after {before[0]}) "
+        f"to {percent(b)} (after {after[0]}): {100 * change:+.1f} points, 95% interval ± {100 * half:.1f} "
         f"(paired over {n} problems)."
     )
 
@@ -125,8 +128,8 @@ def also_changes(out: Path, recipe: Any, name: str, by_model: dict[str, Any]) ->
         return []
 
     def accuracy(label: str) -> dict[Any, float] | None:
-        f = sampled_trajectories(eval_dir(out, index[label], f"{label}-{Path(name).stem}"))
-        return per_problem_accuracy(read_trajectories(f)[0]) if f.exists() else None
+        folder = eval_dir(out, index[label], f"{label}-{Path(name).stem}")
+        return accuracy_in(folder) if sampled_trajectories(folder).exists() else None
 
     last, after = labels[-1], accuracy(labels[-1])
     lines = []
@@ -141,10 +144,13 @@ def also_changes(out: Path, recipe: Any, name: str, by_model: dict[str, Any]) ->
     return lines
 
 
-def health_table(out: Path, recipe: Any, stages: list[tuple[str, list[dict[str, Any]]]]) -> tuple[str, list]:
-    """Tool-use health of each RL stage (mean and worst step of each sign's share), and the
-    warnings its steps raised (``run.health``)."""
-    lines = [
+def health_section(
+    out: Path, recipe: Any, stages: list[tuple[str, list[dict[str, Any]]]]
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """The report's lines on tool-use health: each RL stage's table row (mean and worst step of
+    each sign's share) and the first ten warnings its steps raised (``run.health``), none when no
+    RL stage has steps; and every warning."""
+    table = [
         "| stage | " + " | ".join(f"{words} (mean / worst)" for words in SIGNS.values()) + " | warnings |",
         "|---|" + "---|" * (len(SIGNS) + 1),
     ]
@@ -152,37 +158,34 @@ def health_table(out: Path, recipe: Any, stages: list[tuple[str, list[dict[str, 
     for n, (stage, (name, rows)) in enumerate(zip(recipe.stages, stages, strict=True), 1):
         if stage.kind != "rl" or not rows:
             continue
-        said = read_warnings(out / f"{n:02d}-{name}")
-        warnings += [{"stage": name, **w} for w in said]
+        stage_warnings = read_warnings(out / f"{n:02d}-{name}")
+        warnings += [{"stage": name, **w} for w in stage_warnings]
         cells = []
         for sign in SIGNS:
             vals = [r[f"health/{sign}"] for r in rows if isinstance(r.get(f"health/{sign}"), (int, float))]
-            cells.append(f"{_pct(sum(vals) / len(vals))} / {_pct(max(vals))}" if vals else "–")
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {len(said)} |")
-    return ("\n".join(lines) if len(lines) > 2 else ""), warnings
+            cells.append(f"{percent(sum(vals) / len(vals))} / {percent(max(vals))}" if vals else "–")
+        table.append(f"| {name} | " + " | ".join(cells) + f" | {len(stage_warnings)} |")
+    if len(table) == 2:
+        return [], warnings
+    lines = ["", "Tool-use health of the RL stages (share of a step's rollouts; limits in `run.health`):", ""]
+    lines += [*table, ""] + [f"- warning, {w['stage']}: {w['message']}" for w in warnings[:10]]
+    if len(warnings) > 10:
+        lines.append(f"- … and {len(warnings) - 10} more (each stage's `health.jsonl`)")
+    return lines, warnings
 
 
 def _plot_steps(out: Path, stages: list[tuple[str, list[dict[str, Any]]]]) -> Path | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     keys = [(k, t) for k, t in STEP_KEYS if any(k in r for _, rows in stages for r in rows)]
     if not keys:
         return None
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(keys), figsize=(4.0 * len(keys), 3.2), squeeze=False)
     offset = 0
     for name, rows in stages:
         for ax, (k, _) in zip(axes.flat, keys, strict=True):
             pts = [(offset + r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float))]
             if pts:
-                ax.plot(
-                    [p[0] for p in pts],
-                    [p[1] for p in pts],
-                    label=name,
-                    marker="." if len(pts) < 50 else None,
-                )
+                ax.plot(*zip(*pts, strict=True), label=name, marker="." if len(pts) < 50 else None)
         offset += max((r["step"] for r in rows), default=0)
         for ax in axes.flat:
             ax.axvline(offset, color="grey", lw=0.5, ls=":")
@@ -191,21 +194,13 @@ def _plot_steps(out: Path, stages: list[tuple[str, list[dict[str, Any]]]]) -> Pa
         ax.set_xlabel("step (all stages)")
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "report_steps.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out / "report_steps.png", dpi=110)
 
 
 def _plot_evals(out: Path, evals: dict[str, dict[str, Any]]) -> Path | None:
     if not evals:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = list(evals)
     rows = [eval_row(evals[n]) for n in names]
     fig, axes = plt.subplots(1, len(EVAL_KEYS), figsize=(4.0 * len(EVAL_KEYS), 3.2), squeeze=False)
@@ -217,22 +212,36 @@ def _plot_evals(out: Path, evals: dict[str, dict[str, Any]]) -> Path | None:
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    path = out / "report_stages.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out / "report_stages.png", dpi=110)
 
 
 def write_report(out: Path, recipe: Any, state: dict[str, Any]) -> Path:
     """``report.md`` (+ ``report.json``, ``report_steps.png``, ``report_stages.png``) in ``out``."""
-    stages = []
-    for n, stage in enumerate(recipe.stages, 1):
-        p = out / f"{n:02d}-{stage.name}" / "metrics.jsonl"
-        stages.append((stage.name, read_metrics(p) if p.exists() else []))
+    stages = stage_metrics(out, recipe)
     evals = state.get("evals", {})
-    steps_png = _plot_steps(out, stages)
-    evals_png = _plot_evals(out, evals)
+    gain = rl_gain(out, recipe, evals)
+    health, warned = health_section(out, recipe, stages)
+    lines = [
+        *_results(out, recipe, state, gain),
+        *_stage_table(recipe, state),
+        *health,
+        *_links(out, [_plot_evals(out, evals), _plot_steps(out, stages)]),
+    ]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    summary = {
+        "evals": {k: eval_row(v) for k, v in evals.items()},
+        "also": {s: {k: eval_row(v) for k, v in e.items()} for s, e in state.get("also", {}).items()},
+        "rl_gain": gain,
+        "stages": state.get("stages", {}),
+        "health_warnings": warned,
+    }
+    (out / "report.json").write_text(json.dumps(summary, indent=2))
+    return path
+
+
+def _results(out: Path, recipe: Any, state: dict[str, Any], gain: str | None) -> list[str]:
+    """The report's head: the evaluations' table, the RL gain, each ``eval.also`` set's table."""
     lines = [
         f"# {recipe.name}: recipe report",
         "",
@@ -244,11 +253,7 @@ def write_report(out: Path, recipe: Any, state: dict[str, Any]) -> Path:
         from ..device import Precision
 
         lines += [f"Training passes: {Precision(**state['precision']).describe()}.", ""]
-    lines += [
-        table(evals),
-        "",
-    ]
-    gain = rl_gain(out, recipe, evals)
+    lines += [table(state.get("evals", {})), ""]
     if gain:
         lines += [gain, ""]
     for name, by_model in state.get("also", {}).items():
@@ -257,56 +262,37 @@ def write_report(out: Path, recipe: Any, state: dict[str, Any]) -> Path:
             changes = also_changes(out, recipe, name, by_model)
             if changes:
                 lines += [f"Change on `{name}`: " + "; ".join(changes) + ".", ""]
-    lines += [
-        "| stage | kind | steps | stopped early | checkpoint |",
-        "|---|---|---|---|---|",
-    ]
+    return lines
+
+
+def _stage_table(recipe: Any, state: dict[str, Any]) -> list[str]:
+    lines = ["| stage | kind | steps | stopped early | checkpoint |", "|---|---|---|---|---|"]
     for stage in recipe.stages:
         s = state.get("stages", {}).get(stage.name, {})
         lines.append(
             f"| {stage.name} | {stage.kind} | {s.get('steps', '–')} | {s.get('stopped_early', '–')} | "
             f"{s.get('checkpoint', 'not run')} |"
         )
-    health, warned = health_table(out, recipe, stages)
-    if health:
-        lines += [
-            "",
-            "Tool-use health of the RL stages (share of a step's rollouts; limits in `run.health`):",
-            "",
-        ]
-        lines += [health, ""]
-        for w in warned[:10]:
-            lines.append(f"- warning, {w['stage']}: {w['message']}")
-        if len(warned) > 10:
-            lines.append(f"- … and {len(warned) - 10} more (each stage's `health.jsonl`)")
-    for png in (evals_png, steps_png):
-        if png is not None:
-            lines += ["", f"![{png.stem}]({png.name})"]
-    viewer = _viewer(out)
-    if viewer is not None:
-        lines += [
-            "",
-            f"Trajectories (held-out evaluations, RL samples with RoC's choices): [{viewer.name}]({viewer.name})",
-        ]
+    return lines
+
+
+def _links(out: Path, pngs: list[Path | None]) -> list[str]:
+    """The plots, the trajectory viewer (``rstar2 view``) and the entropy analysis, where the run has
+    them, each after an empty line."""
+    from ..analysis.view import view
+
+    found = [f"![{png.stem}]({png.name})" for png in pngs if png is not None]
+    try:
+        view(out, out / "view.html")
+        found.append(
+            "Trajectories (held-out evaluations, RL samples with RoC's choices): [view.html](view.html)"
+        )
+    except FileNotFoundError:  # the run has no trajectories
+        pass
     if (out / "entropy" / "entropy.md").exists():
-        lines += [
-            "",
+        found.append(
             "Token entropy of the final model (reasoning, reflection after tool responses, code, answer): "
             "[entropy/entropy.md](entropy/entropy.md), tokens coloured by entropy: "
-            "[entropy/tokens.html](entropy/tokens.html)",
-        ]
-    path = out / "report.md"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (out / "report.json").write_text(
-        json.dumps(
-            {
-                "evals": {k: eval_row(v) for k, v in evals.items()},
-                "also": {s: {k: eval_row(v) for k, v in e.items()} for s, e in state.get("also", {}).items()},
-                "rl_gain": gain,
-                "stages": state.get("stages", {}),
-                "health_warnings": warned,
-            },
-            indent=2,
+            "[entropy/tokens.html](entropy/tokens.html)"
         )
-    )
-    return path
+    return [line for block in found for line in ("", block)]

@@ -1,19 +1,16 @@
-"""Running a recipe: the model, then each stage in order, an evaluation after each, a report.
-
-A stage's data is written into the run folder before it trains (generated problems, SFT
-conversations with real tool outputs, or the problems a difficulty filter kept), its checkpoint
-starts the next stage, and ``recipe_state.json`` records finished stages, so ``--resume`` skips
-them and continues the interrupted one from its last checkpoint.
-"""
+"""Running a recipe: the model, then each stage in order, an evaluation after each, a report. A
+stage's data is written into the run folder before it trains, its checkpoint starts the next stage,
+and ``recipe_state.json`` records finished stages, so ``--resume`` skips them and continues the
+interrupted one from its last checkpoint."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from dataclasses import asdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +21,9 @@ from ..memory import release_memory
 from .spec import (
     PROBE_FILE,
     DataSpec,
-    EvalSpec,
     FilterSpec,
     GeneratorSpec,
+    LadderSpec,
     Recipe,
     StageSpec,
     stage_rollout,
@@ -35,6 +32,27 @@ from .spec import (
 from .tasks import FAMILIES, Task, cells, generate
 
 STATE_FILE = "recipe_state.json"
+
+
+@dataclass
+class RecipeRun:
+    """What the parts of one run share: the recipe, its folder, progress bars, where its lines go,
+    its code environment and verifier pool (``services``: ``rollout.build.open_services``), its ``state``
+    (``recipe_state.json``: the finished stages and evaluations, what ``--resume`` skips) and
+    ``where`` in the recipe it is (what a failure is reported at)."""
+
+    recipe: Recipe
+    out: Path
+    progress: bool = True
+    log: Callable[[str], None] = print
+    services: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+    where: str = "set-up"
+
+    def save_state(self) -> None:
+        tmp = self.out / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(self.state, indent=2))
+        tmp.replace(self.out / STATE_FILE)
 
 
 # -- model --------------------------------------------------------------------------------------
@@ -53,18 +71,10 @@ def prepare_model(recipe: Recipe, out: Path) -> Path:
         import_model(m.source, target)
         return target
     from .corpus import tiny_corpus
-    from .tiny_model import build_model, build_tokenizer, save_pretrained
+    from .tiny_model import SHAPE, build_model, build_tokenizer, save_pretrained
 
     tok = build_tokenizer(tiny_corpus(recipe), m.vocab)
-    model = build_model(
-        tok,
-        hidden=m.hidden,
-        layers=m.layers,
-        heads=m.heads,
-        mlp=m.mlp,
-        max_positions=m.max_positions,
-        seed=recipe.seed,
-    )
+    model = build_model(tok, seed=recipe.seed, **m.model_dump(include=SHAPE))
     tmp = out / "model-init.tmp"
     save_pretrained(model, tok, tmp)
     tmp.replace(target)
@@ -95,13 +105,12 @@ def generated(
     return generate(count or g.count, seed=seed, split=split, wording=wording, **spec)
 
 
-async def sft_rows(
-    recipe: Recipe, data: DataSpec, code_env: Any, progress: bool = False, what: str = "SFT data"
-) -> list[dict[str, Any]]:
+async def sft_rows(run: RecipeRun, data: DataSpec, what: str = "SFT data") -> list[dict[str, Any]]:
     from tqdm.auto import tqdm
 
     from .sft_data import build_conversations
 
+    recipe = run.recipe
     rows: list[dict[str, Any]] = []
     for f in data.files:
         rows += read_jsonl(f)
@@ -109,24 +118,17 @@ async def sft_rows(
     if g is not None:
         seed = recipe.seed if g.seed is None else g.seed
         tasks = generated(g, seed)
-        bar = tqdm(total=len(tasks), desc=f"{what} (real tool runs)", unit="conv", disable=not progress)
+        bar = tqdm(total=len(tasks), desc=f"{what} (real tool runs)", unit="conv", disable=not run.progress)
+        code_env = run.services["code_env"]
         rows += await build_conversations(
-            tasks,
-            code_env,
-            system_prompt=recipe.chat.system_prompt,
-            user_prefix=recipe.chat.user_prefix,
-            error_rate=g.error_rate,
-            tool_limit_chars=recipe.chat.tool_limit_chars,
-            traceback_lines=recipe.chat.tool_traceback_lines,
-            seed=seed,
-            on_done=lambda: bar.update(1),
+            tasks, code_env, recipe.chat, error_rate=g.error_rate, seed=seed, on_done=bar.update
         )
         bar.close()
     return rows[: data.limit]
 
 
 async def _sample(
-    recipe: Recipe,
+    run: RecipeRun,
     settings: RolloutSection,
     model_dir: Path,
     rows: list[dict[str, Any]],
@@ -134,26 +136,24 @@ async def _sample(
     *,
     samples: int,
     seed: int,
-    services: dict,
-    progress: bool,
 ) -> dict:
-    """Eval-style sampling through ``rstar2 eval``'s harness: ``samples`` rollouts per problem, on
-    the in-process engine over ``model_dir`` (on ``model.device``) or on the recipe's servers once
-    they have loaded it."""
+    """``samples`` rollouts per problem through ``rstar2 eval``'s harness, on the in-process engine
+    over ``model_dir`` or on the recipe's servers once they have loaded it."""
     from ..eval.harness import evaluate
     from ..rl.sync import load_into_servers
     from ..rollout.build import open_engines, open_rollout
 
+    recipe, services = run.recipe, run.services
     out_dir.mkdir(parents=True, exist_ok=True)
     problems = write_jsonl(rows, out_dir / "problems.jsonl")
-    engines = await open_engines(settings, str(model_dir), recipe.model.device, recipe.model.dtype)
+    engines = await open_engines(settings.engine, str(model_dir), recipe.model.device, recipe.model.dtype)
     try:
-        if settings.servers:
+        if settings.engine.servers:
             # version 0: the policy this sampling reads (an RL stage pushes its own start after)
-            await load_into_servers(engines, model_dir, settings, version=0)
+            await load_into_servers(engines, model_dir, settings.engine, version=0)
         async with open_rollout(settings, tokenizer=str(model_dir), engines=engines, **services) as rollout:
             summaries = await evaluate(
-                rollout, [str(problems)], out_dir, samples=samples, seed=seed, progress=progress
+                rollout, [str(problems)], out_dir, samples=samples, seed=seed, progress=run.progress
             )
     finally:
         for e in engines:
@@ -162,34 +162,22 @@ async def _sample(
 
 
 async def solved_counts(
-    recipe: Recipe,
+    run: RecipeRun,
     stage: StageSpec,
-    temperature: float,
+    sampling: FilterSpec | LadderSpec,
     model_dir: Path,
     rows: list[dict],
     out_dir: Path,
-    samples: int,
     seed: int,
-    services: dict,
-    progress: bool,
 ) -> list[int]:
-    """How many of ``samples`` rollouts of the current policy solve each row, sampled as the stage
-    samples (its settings, at ``temperature``): what the difficulty filter and the ladder read."""
+    """How many of ``sampling.samples`` rollouts of the current policy solve each row, sampled as
+    the stage samples (its settings, at ``sampling.temperature``): what the difficulty filter and
+    the ladder read."""
     from ..rollout.trajectory import read_trajectories
     from .report_card import sampled_trajectories
 
-    settings = stage_rollout(recipe, stage, temperature=temperature)
-    await _sample(
-        recipe,
-        settings,
-        model_dir,
-        rows,
-        out_dir,
-        samples=samples,
-        seed=seed,
-        services=services,
-        progress=progress,
-    )
+    settings = stage_rollout(run.recipe, stage, temperature=sampling.temperature)
+    await _sample(run, settings, model_dir, rows, out_dir, samples=sampling.samples, seed=seed)
     trajs, _ = read_trajectories(sampled_trajectories(out_dir))
     solved = [0] * len(rows)
     for t in trajs:
@@ -198,29 +186,11 @@ async def solved_counts(
 
 
 async def filter_problems(
-    recipe: Recipe,
-    stage: StageSpec,
-    flt: FilterSpec,
-    model_dir: Path,
-    rows: list[dict],
-    out_dir: Path,
-    services: dict,
-    progress: bool,
+    run: RecipeRun, stage: StageSpec, flt: FilterSpec, model_dir: Path, rows: list[dict], out_dir: Path
 ) -> list[dict[str, Any]]:
     """The problems the current policy solves between ``min_solved`` and ``max_solved`` times of
     ``samples`` (the paper's last stage keeps those not solved every time)."""
-    solved = await solved_counts(
-        recipe,
-        stage,
-        flt.temperature,
-        model_dir,
-        rows,
-        out_dir,
-        flt.samples,
-        recipe.seed + 17,
-        services,
-        progress,
-    )
+    solved = await solved_counts(run, stage, flt, model_dir, rows, out_dir, seed=run.recipe.seed + 17)
     top = flt.samples - 1 if flt.max_solved is None else flt.max_solved
     kept = [r for r, s in zip(rows, solved, strict=True) if flt.min_solved <= s <= top]
     summary = {
@@ -252,66 +222,52 @@ def choose_cells(grid: list[tuple[str, int]], rates: list[float]) -> tuple[list[
     chosen: list[int] = []
     rungs: list[str] = []
     for family in dict.fromkeys(f for f, _ in grid):
-        mine = sorted((lv, i) for i, (f, lv) in enumerate(grid) if f == family)
-        in_reach = [i for lv, i in mine if 0 < rates[i] < 1]
+        by_level = sorted((lv, i) for i, (f, lv) in enumerate(grid) if f == family)
+        in_reach = [i for lv, i in by_level if 0 < rates[i] < 1]
         if in_reach:
             chosen += in_reach
             continue
-        unsolved = [i for lv, i in mine if rates[i] < 1]
+        unsolved = [i for lv, i in by_level if rates[i] < 1]
         if unsolved:
             chosen.append(unsolved[0])
             rungs.append(family)
     return (sorted(chosen), rungs) if chosen else (list(range(len(grid))), [])
 
 
-async def ladder_rows(
-    recipe: Recipe,
-    stage: StageSpec,
-    model_dir: Path,
-    out_dir: Path,
-    services: dict,
-    progress: bool,
-    log: Callable[[str], None] = print,
-) -> list[dict[str, Any]]:
-    """The difficulty ladder (``stage.ladder``): the current policy's pass rate on each (family,
-    level) cell of the stage's generator, then the stage's problems drawn equally from the cells
-    ``choose_cells`` takes (the levels solved sometimes, else a family's next rung);
-    ``ladder.json`` records the rates and the choice."""
-
-    spec, g = stage.ladder, stage.data.generator
-    assert spec is not None and g is not None  # the stage's validator
-    seed = recipe.seed if g.seed is None else g.seed
-    grid = cells(g.families, g.digits, g.levels)
-    probes: list[dict[str, Any]] = []
-    for i, (family, level) in enumerate(grid):
-        # probes of their own seed: the policy is measured on problems it is not then trained on by design
-        probes += [{**r, "cell": i} for r in _cell_rows(g, family, level, spec.probes, seed + 7919)]
-    per_probe = await solved_counts(
-        recipe,
-        stage,
-        spec.temperature,
-        model_dir,
-        probes,
-        out_dir,
-        spec.samples,
-        recipe.seed + 23,
-        services,
-        progress,
-    )
-    solved = [0] * len(grid)
-    for row, n in zip(probes, per_probe, strict=True):
-        solved[row["cell"]] += n
-    rates = [n / (spec.probes * spec.samples) for n in solved]
-    chosen, rungs = choose_cells(grid, rates)
+def _drawn_equally(g: GeneratorSpec, chosen: list[tuple[str, int]], seed: int) -> list[dict[str, Any]]:
+    """``g.count`` problems drawn equally from the ``chosen`` cells (the first cells one more each
+    while the count does not divide), a problem drawn twice kept once."""
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
-    for k, i in enumerate(chosen):
-        family, level = grid[i]
+    for k, (family, level) in enumerate(chosen):
         share = g.count // len(chosen) + (k < g.count % len(chosen))
         for r in _cell_rows(g, family, level, share, seed):
             if r["problem"] not in seen:
                 seen.add(r["problem"])
                 rows.append(r)
+    return rows
+
+
+async def ladder_rows(
+    run: RecipeRun, stage: StageSpec, model_dir: Path, out_dir: Path
+) -> list[dict[str, Any]]:
+    """The difficulty ladder (``stage.ladder``): the current policy's pass rate on ``probes`` problems
+    of each (family, level) cell of the stage's generator, then the stage's problems drawn equally
+    from the cells ``choose_cells`` takes; ``ladder.json`` records the rates and the choice."""
+    spec, g = stage.ladder, stage.data.generator
+    assert spec is not None and g is not None  # the stage's validator
+    seed = run.recipe.seed if g.seed is None else g.seed
+    grid = cells(g.families, g.digits, g.levels)
+    probes: list[dict[str, Any]] = []
+    for i, (family, level) in enumerate(grid):  # a seed of their own: not the problems then trained on
+        probes += [{**r, "cell": i} for r in _cell_rows(g, family, level, spec.probes, seed + 7919)]
+    per_probe = await solved_counts(run, stage, spec, model_dir, probes, out_dir, seed=run.recipe.seed + 23)
+    solved = [0] * len(grid)
+    for row, n in zip(probes, per_probe, strict=True):
+        solved[row["cell"]] += n
+    rates = [n / (spec.probes * spec.samples) for n in solved]
+    chosen, rungs = choose_cells(grid, rates)
+    rows = _drawn_equally(g, [grid[i] for i in chosen], seed)
     summary = {
         "cells": [
             {"family": f, "level": lv, "pass_rate": rate, "chosen": i in chosen}
@@ -321,41 +277,31 @@ async def ladder_rows(
         "problems": len(rows),
     }
     (out_dir / "ladder.json").write_text(json.dumps(summary, indent=2))
-    log(
+    run.log(
         f"[rstar2] ladder of {stage.name}: {len(chosen)} of {len(grid)} (family, level) cells, "
         f"{len(rungs)} families at their next rung (none in reach), {len(rows)} problems"
     )
     return rows
 
 
-async def stage_data(
-    recipe: Recipe,
-    stage: StageSpec,
-    model_dir: Path,
-    stage_dir: Path,
-    services: dict,
-    progress: bool,
-    log: Callable[[str], None] = print,
-) -> Path:
+async def stage_data(run: RecipeRun, stage: StageSpec, model_dir: Path, stage_dir: Path) -> Path:
     """The stage's training file, written once (a resumed run reuses it)."""
     path = stage_dir / "train.jsonl"
     if path.exists():
         return path
     if stage.probe is not None:  # written first: a resumed run has it whenever it has train.jsonl
-        probe = await sft_rows(recipe, stage.probe, services["code_env"], progress, "SFT probe")
-        write_jsonl(probe, stage_dir / PROBE_FILE)
+        write_jsonl(await sft_rows(run, stage.probe, "SFT probe"), stage_dir / PROBE_FILE)
+    seed = run.recipe.seed
     if stage.kind == "sft":
-        rows = await sft_rows(recipe, stage.data, services["code_env"], progress)
+        rows = await sft_rows(run, stage.data)
     elif stage.ladder is not None:  # the files as given, the generator's problems from the cells in reach
-        files = problem_rows(DataSpec(files=stage.data.files), recipe.seed) if stage.data.files else []
-        ladder = await ladder_rows(recipe, stage, model_dir, stage_dir / "ladder", services, progress, log)
+        files = problem_rows(DataSpec(files=stage.data.files), seed) if stage.data.files else []
+        ladder = await ladder_rows(run, stage, model_dir, stage_dir / "ladder")
         rows = (files + ladder)[: stage.data.limit]
     else:
-        rows = problem_rows(stage.data, recipe.seed)
+        rows = problem_rows(stage.data, seed)
     if stage.kind == "rl" and stage.filter is not None:
-        rows = await filter_problems(
-            recipe, stage, stage.filter, model_dir, rows, stage_dir / "filter", services, progress
-        )
+        rows = await filter_problems(run, stage, stage.filter, model_dir, rows, stage_dir / "filter")
     if not rows:
         raise ValueError(f"stage {stage.name}: no training data")
     return write_jsonl(rows, path)
@@ -374,16 +320,11 @@ def eval_rows(recipe: Recipe) -> list[dict[str, Any]]:
 
 
 async def evaluate_model(
-    recipe: Recipe,
-    model_dir: Path,
-    rows: list[dict],
-    out_dir: Path,
-    services: dict,
-    progress: bool,
-    plain: bool = False,
+    run: RecipeRun, model_dir: Path, rows: list[dict], out_dir: Path, plain: bool = False
 ) -> dict:
     """``plain``: the zero-shot baseline without the tool format (``config.NO_TOOLS``)."""
-    spec: EvalSpec = recipe.eval
+    recipe = run.recipe
+    spec = recipe.eval
     has_rl = any(s.kind == "rl" for s in recipe.stages)
     base = stage_rollout(recipe)  # the last RL stage's settings: held-out scores as training samples
     overrides = {
@@ -392,31 +333,33 @@ async def evaluate_model(
         "max_response_tokens": spec.max_response_tokens or (base.max_response_tokens if has_rl else 1024),
     }
     settings = stage_rollout(recipe, **{**overrides, **(NO_TOOLS if plain else {})})
-    return await _sample(
-        recipe,
-        settings,
-        model_dir,
-        rows,
-        out_dir,
-        samples=spec.samples,
-        seed=recipe.seed + 1,
-        services=services,
-        progress=progress,
-    )
+    return await _sample(run, settings, model_dir, rows, out_dir, samples=spec.samples, seed=recipe.seed + 1)
+
+
+async def _evaluate(
+    run: RecipeRun,
+    label: str,
+    index: int,
+    model: Path,
+    held_out: list[dict],
+    also: dict[str, list[dict]],
+    plain: bool = False,
+) -> None:
+    """``model`` on the held-out problems and on each ``also`` set (``eval.also``: a name and its
+    rows), once per label: each result saved in the run's state as it is done."""
+    from .report_card import eval_dir
+
+    run.where = f"evaluation {label}"
+    todo = [(run.state["evals"], label, held_out)] if held_out else []
+    todo += [(run.state["also"][name], f"{label}-{Path(name).stem}", rows) for name, rows in also.items()]
+    for done, folder, rows in todo:
+        if label not in done:
+            done[label] = await evaluate_model(run, model, rows, eval_dir(run.out, index, folder), plain)
+            run.save_state()
+            release_memory()
 
 
 # -- the run ------------------------------------------------------------------------------------
-def _state(out: Path) -> dict[str, Any]:
-    p = out / STATE_FILE
-    return json.loads(p.read_text()) if p.exists() else {"stages": {}, "evals": {}}
-
-
-def _save_state(out: Path, state: dict[str, Any]) -> None:
-    tmp = out / (STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps(state, indent=2))
-    tmp.replace(out / STATE_FILE)
-
-
 async def train_stage(cfg, resume: bool, services: dict) -> bool:
     """Run one stage's trainer; returns whether it stopped early (SFT's ``stop_loss``/``stop_skill``)."""
     if cfg.kind == "sft":
@@ -476,28 +419,18 @@ def run_named(
     return "\n".join([table(state.get("evals", {})), *([gain] if gain else []), f"report: {report}"])
 
 
-@asynccontextmanager
-async def open_services(recipe: Recipe) -> AsyncIterator[dict[str, Any]]:
-    """One code environment and one verifier pool for the whole run (starting them per stage and
-    per evaluation costs more than a tiny stage)."""
-    from ..rollout.build import open_services as open_rollout_services
-
-    async with open_rollout_services(stage_rollout(recipe)) as services:
-        yield services
-
-
 async def _run(recipe: Recipe, out: Path, resume: bool, progress: bool, log: Callable[[str], None]) -> Path:
     """The run; a failure becomes a ``RunError`` naming the part of the recipe it happened in (the
     traceback in ``error.txt``); the folder keeps every finished stage for ``--resume``."""
     from ..rl.launch import RunError, write_error
 
-    where = ["set-up"]
+    run = RecipeRun(recipe, out, progress, log)
     try:
-        with on_local_vllm(recipe, out, log) as recipe:
-            return await _stages(recipe, out, resume, progress, log, where)
+        with on_local_vllm(recipe, out, log) as run.recipe:
+            return await _stages(run, resume)
     except Exception as exc:
         write_error(out, exc)
-        raise RunError.at(f"recipe {recipe.name}, {where[0]}", out, exc) from exc
+        raise RunError.at(f"recipe {recipe.name}, {run.where}", out, exc) from exc
 
 
 @contextmanager
@@ -523,96 +456,91 @@ def on_local_vllm(recipe: Recipe, out: Path, log: Callable[[str], None]) -> Iter
         yield recipe.model_copy(update={"servers": [url], "vllm": None})
 
 
-async def _stages(
-    recipe: Recipe, out: Path, resume: bool, progress: bool, log: Callable[[str], None], where: list[str]
-) -> Path:
-    from ..rl.checkpoint import latest_checkpoint
-    from .report_card import eval_dir, sampled_trajectories, write_report
+async def _stages(run: RecipeRun, resume: bool) -> Path:
+    """The stages not yet finished, in order, the model evaluated before the first and after each;
+    the final model's token entropy; the report."""
+    from ..rollout.build import open_services
+    from .report_card import write_report
 
+    recipe, out = run.recipe, run.out
     precision = resolve_precision(pick_device(recipe.model.device), recipe.model.compute)
-    log(f"[rstar2] recipe {recipe.name}: {precision.describe()}")
+    run.log(f"[rstar2] recipe {recipe.name}: {precision.describe()}")
     (out / "recipe.yaml").write_text(record(precision) + dump_config(recipe))
-    state = _state(out)
-    state["precision"] = asdict(precision)
+    state_file = out / STATE_FILE
+    run.state = json.loads(state_file.read_text()) if state_file.exists() else {"stages": {}, "evals": {}}
+    run.state["precision"] = asdict(precision)
     current = prepare_model(recipe, out)
     held_out = eval_rows(recipe)
     if held_out:
         write_jsonl(held_out, out / "heldout.jsonl")
     also = {name: problem_rows(DataSpec(files=[name]), recipe.seed) for name in recipe.eval.also}
-    state.setdefault("also", {name: {} for name in also})
-
-    async def evaluate(label: str, index: int, model: Path, plain: bool = False, sets: bool = False) -> None:
-        """The held-out problems (and, with ``sets``, every ``eval.also`` set), once per label."""
-        where[0] = f"evaluation {label}"
-        if held_out and label not in state["evals"]:
-            state["evals"][label] = await evaluate_model(
-                recipe, model, held_out, eval_dir(out, index, label), services, progress, plain
-            )
-            _save_state(out, state)
-            release_memory()
-        for name, rows in also.items() if sets else []:
-            if label not in state["also"][name]:
-                folder = eval_dir(out, index, f"{label}-{Path(name).stem}")
-                state["also"][name][label] = await evaluate_model(
-                    recipe, model, rows, folder, services, progress, plain
-                )
-                _save_state(out, state)
-                release_memory()
-
-    async with open_services(recipe) as services:
+    run.state.setdefault("also", {name: {} for name in also})
+    # one code environment and verifier pool for the whole run: per stage they cost more than a tiny stage
+    async with open_services(stage_rollout(recipe)) as run.services:
         if recipe.eval.before:
-            log("[rstar2] evaluating the starting model")
-            await evaluate("start", 0, current, sets=True)
+            run.log("[rstar2] evaluating the starting model")
+            await _evaluate(run, "start", 0, current, held_out, also)
         if recipe.eval.plain_before:
-            log("[rstar2] evaluating the starting model plain (no tools, lenient)")
-            await evaluate("start-plain", 0, current, plain=True, sets=True)
+            run.log("[rstar2] evaluating the starting model plain (no tools, lenient)")
+            await _evaluate(run, "start-plain", 0, current, held_out, also, plain=True)
         for n, stage in enumerate(recipe.stages, 1):
-            stage_dir = out / f"{n:02d}-{stage.name}"
-            done = state["stages"].get(stage.name)
+            done = run.state["stages"].get(stage.name)
             if done:
                 current = Path(done["checkpoint"])
                 continue
-            log(f"[rstar2] stage {n}/{len(recipe.stages)}: {stage.name} ({stage.kind})")
-            stage_dir.mkdir(parents=True, exist_ok=True)
-            where[0] = f"stage {stage.name} ({n}/{len(recipe.stages)}): its data"
-            train = await stage_data(recipe, stage, current, stage_dir, services, progress, log)
-            tree = stage_tree(recipe, stage, model_path=str(current), train=str(train), out=str(stage_dir))
-            tree["run"]["progress"] = progress
-            if n > 1 and recipe.stages[n - 2].kind == stage.kind:
-                # RL after RL continues the optimizer (unless the stage resets it); RL after SFT starts fresh
-                tree["run"]["init_from"] = str(current)
-            where[0] = f"stage {stage.name} ({n}/{len(recipe.stages)})"
-            stopped = await train_stage(parse_config(tree), resume, services)
-            release_memory()
-            ckpt = latest_checkpoint(stage_dir)
-            if ckpt is None:
-                raise RuntimeError(f"stage {stage.name} ended without a checkpoint in {stage_dir}")
-            current = ckpt
-            state["stages"][stage.name] = {
-                "checkpoint": str(ckpt),
-                "kind": stage.kind,
-                "steps": int(ckpt.name.split("-")[-1]),  # the stage's steps, a resumed part included
-                "stopped_early": stopped,
-            }
-            _save_state(out, state)
+            current = await _train(run, n, current, resume)
             # the eval.also sets after SFT too: the report pairs them with the final model's
-            await evaluate(stage.name, n, current, sets=stage.kind == "sft")
-        last = recipe.stages[-1]
-        await evaluate(last.name, len(recipe.stages), current, sets=True)
-    held_out_trajs = sampled_trajectories(eval_dir(out, len(recipe.stages), last.name))
-    if recipe.eval.entropy_trajectories and held_out_trajs.exists() and state.get("entropy") != str(current):
-        # `rstar2 analyze entropy` of the final model on its own held-out trajectories (once per model)
-        from ..analysis.entropy_report import analyze
+            await _evaluate(run, stage.name, n, current, held_out, also if stage.kind == "sft" else {})
+        await _evaluate(run, recipe.stages[-1].name, len(recipe.stages), current, held_out, also)
+    _final_entropy(run, current)
+    return write_report(out, recipe, run.state)
 
-        where[0] = "entropy analysis of the final model"
-        log(f"[rstar2] token entropy of the final model on its held-out trajectories ({last.name})")
-        analyze(
-            current,
-            held_out_trajs,
-            out / "entropy",
-            limit=recipe.eval.entropy_trajectories,
-            progress=progress,
-        )
-        state["entropy"] = str(current)
-        _save_state(out, state)
-    return write_report(out, recipe, state)
+
+async def _train(run: RecipeRun, n: int, current: Path, resume: bool) -> Path:
+    """Stage ``n``: its data, then its trainer from the model ``current``; returns its last
+    checkpoint, the stage recorded as finished in the run's state."""
+    from ..rl.checkpoint import latest_checkpoint
+
+    recipe, stage = run.recipe, run.recipe.stages[n - 1]
+    stage_dir = run.out / f"{n:02d}-{stage.name}"
+    run.log(f"[rstar2] stage {n}/{len(recipe.stages)}: {stage.name} ({stage.kind})")
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    run.where = f"stage {stage.name} ({n}/{len(recipe.stages)}): its data"
+    train = await stage_data(run, stage, current, stage_dir)
+    tree = stage_tree(recipe, stage, model_path=str(current), train=str(train), out=str(stage_dir))
+    tree["run"]["progress"] = run.progress
+    if n > 1 and recipe.stages[n - 2].kind == stage.kind:
+        # RL after RL continues the optimizer (unless the stage resets it); RL after SFT starts fresh
+        tree["run"]["init_from"] = str(current)
+    run.where = f"stage {stage.name} ({n}/{len(recipe.stages)})"
+    stopped = await train_stage(parse_config(tree), resume, run.services)
+    release_memory()
+    ckpt = latest_checkpoint(stage_dir)
+    if ckpt is None:
+        raise RuntimeError(f"stage {stage.name} ended without a checkpoint in {stage_dir}")
+    run.state["stages"][stage.name] = {
+        "checkpoint": str(ckpt),
+        "kind": stage.kind,
+        "steps": int(ckpt.name.split("-")[-1]),  # the stage's steps, a resumed part included
+        "stopped_early": stopped,
+    }
+    run.save_state()
+    return ckpt
+
+
+def _final_entropy(run: RecipeRun, model: Path) -> None:
+    """``rstar2 analyze entropy`` of the final model on its own held-out trajectories, once per model."""
+    from .report_card import eval_dir, sampled_trajectories
+
+    recipe, last = run.recipe, run.recipe.stages[-1].name
+    trajectories = sampled_trajectories(eval_dir(run.out, len(recipe.stages), last))
+    limit = recipe.eval.entropy_trajectories
+    if not limit or not trajectories.exists() or run.state.get("entropy") == str(model):
+        return
+    from ..analysis.entropy_report import analyze
+
+    run.where = "entropy analysis of the final model"
+    run.log(f"[rstar2] token entropy of the final model on its held-out trajectories ({last})")
+    analyze(model, trajectories, run.out / "entropy", limit=limit, progress=run.progress)
+    run.state["entropy"] = str(model)
+    run.save_state()

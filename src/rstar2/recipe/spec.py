@@ -1,12 +1,7 @@
-"""The recipe file: one YAML that describes a whole run, model to last stage.
-
-A recipe names the model (a directory, or "build the tiny model"), the chat format, the code
-environment and engines, the held-out evaluation, and a list of stages (``sft`` or ``rl``). A
-stage's settings are those of a ``kind: sft``/``kind: rl`` config file (the same sections, the same
-defaults), merged over the recipe's ``defaults``; a few common ones have short names (``steps``,
-``batch_size``, ``lr``, ...). Everything is validated before anything runs: an unknown key, a
-missing data file or a stage keeping more rollouts than it samples is an error naming the key.
-"""
+"""The recipe file: one YAML that describes a whole run, model to last stage. A stage's settings are
+those of a ``kind: sft``/``kind: rl`` config file, merged over the recipe's ``defaults``, a few with
+short names (``SHORT_KEYS``). Everything is validated before anything runs: an unknown key, a missing
+data file or a stage keeping more rollouts than it samples is an error naming the key."""
 
 from __future__ import annotations
 
@@ -150,7 +145,7 @@ SHORT_KEYS = {
     "stop_loss": "sft.stop_loss",
     "stop_skill": "sft.stop_skill",
 }
-SECTIONS = ("rollout", "roc", "loss", "optim", "run", "sft")
+SECTIONS = ("rollout", "asynchronous", "roc", "loss", "optim", "run", "sft")
 PROBE_FILE = "probe.jsonl"  # an SFT stage's probe conversations, in its folder
 
 
@@ -176,6 +171,7 @@ class StageSpec(_Spec):
     keep: int | None = None
     temperature: float | None = None
     rollout: dict[str, Any] = Field(default_factory=dict)
+    asynchronous: dict[str, Any] = Field(default_factory=dict)
     roc: dict[str, Any] = Field(default_factory=dict)
     loss: dict[str, Any] = Field(default_factory=dict)
     optim: dict[str, Any] = Field(default_factory=dict)
@@ -252,13 +248,7 @@ def stage_tree(recipe: Recipe, stage: StageSpec, *, model_path: str, train: str,
     m, c = recipe.model, recipe.chat
     tree: dict[str, Any] = {
         "kind": stage.kind,
-        "model": {
-            "path": model_path,
-            "device": m.device,
-            "dtype": m.dtype,
-            "compute": m.compute,
-            "threads": m.threads,
-        },
+        "model": {"path": model_path, **m.model_dump(include={"device", "dtype", "compute", "threads"})},
         "data": {"train": train, "limit": stage.data.limit},
         "run": {"out": out, "seed": recipe.seed},
     }
@@ -282,7 +272,7 @@ def stage_tree(recipe: Recipe, stage: StageSpec, *, model_path: str, train: str,
 
 def recipe_services(recipe: Recipe) -> dict[str, Any]:
     """The recipe's engines, code environment and verifier, as rollout settings."""
-    where = {"servers": recipe.servers, "sandbox": recipe.sandbox}
+    where: dict[str, Any] = {"engine": {"servers": recipe.servers}, "sandbox": recipe.sandbox}
     for key in ("sandbox_workers", "verifier_workers"):
         if getattr(recipe, key) is not None:
             where[key] = getattr(recipe, key)
@@ -309,6 +299,12 @@ def _exists(f: str) -> bool:
     return Path(f).exists() or f in BENCHMARKS or f in ALIASES
 
 
+def _must_exist(key: str, files: list[str]) -> None:
+    for f in files:
+        if not _exists(f):
+            raise ConfigError(f"{key}: {f} does not exist")
+
+
 def check_stage(recipe: Recipe, stage: StageSpec, check_paths: bool = True) -> None:
     """Validate a stage's config now, with stand-in paths, so a typo fails before anything runs."""
     try:
@@ -316,9 +312,8 @@ def check_stage(recipe: Recipe, stage: StageSpec, check_paths: bool = True) -> N
     except ConfigError as exc:
         raise ConfigError(f"stages.{stage.name}: {exc}") from None
     for key, data in (("data", stage.data), ("probe", stage.probe)):
-        for f in data.files if check_paths and data is not None else []:
-            if not _exists(f):
-                raise ConfigError(f"stages.{stage.name}.{key}.files: {f} does not exist")
+        if check_paths and data is not None:
+            _must_exist(f"stages.{stage.name}.{key}.files", data.files)
 
 
 def parse_recipe(tree: dict[str, Any], base: Path | None = None, check_paths: bool = True) -> Recipe:
@@ -331,22 +326,20 @@ def parse_recipe(tree: dict[str, Any], base: Path | None = None, check_paths: bo
             data.files = [f if Path(f).is_absolute() or _exists(f) else str(base / f) for f in data.files]
     for stage in recipe.stages:
         check_stage(recipe, stage, check_paths)
-    if recipe.eval.data is not None and check_paths:
-        for f in recipe.eval.data.files:
-            if not _exists(f):
-                raise ConfigError(f"eval.data.files: {f} does not exist")
-    if check_paths and recipe.model.path and not Path(recipe.model.path).exists():
+    if not check_paths:
+        return recipe
+    if recipe.eval.data is not None:
+        _must_exist("eval.data.files", recipe.eval.data.files)
+    if recipe.model.path and not Path(recipe.model.path).exists():
         raise ConfigError(f"model.path: {recipe.model.path} does not exist")
-    if check_paths and recipe.model.source:
+    if recipe.model.source:
         from ..importer import resolve_source
 
         try:
             resolve_source(recipe.model.source)
         except (FileNotFoundError, ValueError) as exc:
             raise ConfigError(f"model.source: {exc}") from None
-    for f in recipe.eval.also if check_paths else []:
-        if not _exists(f):
-            raise ConfigError(f"eval.also: {f} does not exist")
+    _must_exist("eval.also", recipe.eval.also)
     return recipe
 
 

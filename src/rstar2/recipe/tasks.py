@@ -1,12 +1,7 @@
-"""Synthetic problems with integer answers where the Python tool genuinely matters.
-
-A tiny model cannot multiply 4-digit numbers or take powers modulo n in its head, but it can learn
-to copy the numbers into a one-line program and copy the printed result into its answer. Every
-family writes a short word problem, its answer and the program that solves it (the SFT demos).
-
-Held-out problems are never training problems: a problem's split is fixed by a hash of its text,
-so any two generated sets of different splits are disjoint whatever their seeds and sizes.
-"""
+"""Synthetic problems with integer answers where the Python tool genuinely matters: a tiny model
+cannot multiply 4-digit numbers in its head, but it can copy them into a one-line program. Held-out
+problems are never training problems: a problem's split is fixed by a hash of its text, so sets of
+different splits are disjoint whatever their seeds and sizes."""
 
 from __future__ import annotations
 
@@ -45,27 +40,20 @@ def number(rng: random.Random, digits: tuple[int, int]) -> int:
     return rng.randint(10 ** (d - 1) if d > 1 else 1, 10**d - 1)
 
 
-class Numbers:
-    """Writes a problem's numbers: plain, or (varied wording) now and then with thousands separators."""
-
-    def __init__(self, rng: random.Random, varied: bool) -> None:
-        self.rng, self.varied = rng, varied
-
-    def __call__(self, n: int) -> str:
-        return f"{n:,}" if self.varied and n >= 1000 and self.rng.random() < 0.4 else str(n)
-
-    def listed(self, xs: Sequence[int]) -> str:
-        return f"{', '.join(map(self, xs[:-1]))} and {self(xs[-1])}"
-
-
 def _write(
     rng: random.Random, varied: bool, wordings: Sequence[str], values: dict[str, int | list[int]]
 ) -> str:
     """The first wording (the plain generator's), or (varied) any of them, with ``values`` written
     in: a list as "a, b and c", large numbers now and then with thousands separators."""
     text = rng.choice(wordings) if varied else wordings[0]
-    w = Numbers(rng, varied)
-    return text.format(**{k: w.listed(v) if isinstance(v, list) else w(v) for k, v in values.items()})
+
+    def written(n: int) -> str:
+        return f"{n:,}" if varied and n >= 1000 and rng.random() < 0.4 else str(n)
+
+    def listed(xs: list[int]) -> str:
+        return f"{', '.join(map(written, xs[:-1]))} and {written(xs[-1])}"
+
+    return text.format(**{k: listed(v) if isinstance(v, list) else written(v) for k, v in values.items()})
 
 
 # Each family draws its numbers and returns them (named as in its wordings), the answer and the
@@ -182,10 +170,8 @@ def generate(
     levels: tuple[int, int] = (1, 3),
 ) -> list[Task]:
     """``count`` distinct problems of one split, families in turn (equally present, except that a
-    family with few distinct problems, like small binomials, gives way to the others).
-    ``wording="varied"``: each family in several phrasings and contexts, large numbers now and
-    then with thousands separators (the plain wording is one of them), small numbers of the
-    relation families now and then in words. ``levels``: the relation families' steps."""
+    family with few distinct problems, like small binomials, gives way to the others); the other
+    settings are a recipe's generator's (``GeneratorSpec``)."""
     names = expand_families(families)
     if not (1 <= levels[0] <= levels[1] <= max(relations.LEVELS)):
         raise ValueError(f"levels must be a range within {relations.LEVELS}, got {levels}")

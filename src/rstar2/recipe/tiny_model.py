@@ -1,10 +1,6 @@
-"""A tokenizer and a model of standard Hugging Face types, built locally from nothing.
-
-No weights can be downloaded on many machines (and none should be needed to try rstar2), so the
-embedded default trains a small byte-level BPE with ``tokenizers`` and initialises a small Qwen2
-model from a config. Both are saved and reloaded through ``from_pretrained``, the same code path
-as any real model.
-"""
+"""A tokenizer and a model of standard Hugging Face types, built locally from nothing: no weights can
+be downloaded on many machines, and none should be needed to try rstar2. Both are saved and reloaded
+through ``from_pretrained``, the same code path as any real model."""
 
 from __future__ import annotations
 
@@ -15,27 +11,27 @@ from typing import Any
 from ..chat import tags
 from ..chat.prompt import CHATML_SPECIAL_TOKENS, CHATML_TEMPLATE
 from ..chat.tools import PYTHON_TOOL
+from .spec import ModelSpec
+
+# The shape a recipe's `model: {build: tiny}` gets by default (the recipe's spec states it), and
+# build_model's keywords for it, named as the spec names them.
+TINY = ModelSpec(build="tiny")
+SHAPE = {"hidden", "layers", "heads", "mlp", "max_positions"}
 
 # The JSON around a tool call's code, as the chat template writes it: two tokens instead of ~20.
 TOOL_CALL_OPEN = '{"name": "' + PYTHON_TOOL + '", "arguments": {"code": "'
 TOOL_CALL_CLOSE = '"}}'
 
 # Tags of the paper's format: single tokens keep the tiny model's sequences short.
-FORMAT_TOKENS = (
-    *tags.ALL,
-    "\\boxed",
-    TOOL_CALL_OPEN,
-    TOOL_CALL_CLOSE,
-)
+FORMAT_TOKENS = (*tags.ALL, "\\boxed", TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
 
 
 def build_tokenizer(
     corpus: Iterable[str],
-    vocab_size: int = 512,
+    vocab_size: int = TINY.vocab,
     *,
     special_tokens: tuple[str, ...] = CHATML_SPECIAL_TOKENS,
-    format_tokens: tuple[str, ...] = FORMAT_TOKENS,
-    chat_template: str | None = CHATML_TEMPLATE,
+    chat_template: str = CHATML_TEMPLATE,
     eos_token: str = "<|im_end|>",
     pad_token: str = "<|endoftext|>",
 ) -> Any:
@@ -69,20 +65,19 @@ def build_tokenizer(
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token=eos_token, pad_token=pad_token, clean_up_tokenization_spaces=False
     )
-    fast.add_tokens(list(format_tokens))
-    if chat_template:
-        fast.chat_template = chat_template
+    fast.add_tokens(list(FORMAT_TOKENS))
+    fast.chat_template = chat_template
     return fast
 
 
 def build_model(
     tokenizer: Any,
     *,
-    hidden: int = 128,
-    layers: int = 4,
-    heads: int = 4,
-    mlp: int = 512,
-    max_positions: int = 512,
+    hidden: int = TINY.hidden,
+    layers: int = TINY.layers,
+    heads: int = TINY.heads,
+    mlp: int = TINY.mlp,
+    max_positions: int = TINY.max_positions,
     seed: int = 0,
 ) -> Any:
     """A Qwen2-architecture causal LM with random weights (fp32, tied embeddings)."""

@@ -1,16 +1,12 @@
-"""The reward: extract the final answer and decide whether it equals the reference.
-
-``verify_answer(reference, response)`` is the 0/1 reward of GRPO-RoC. Plain numbers are
-decided exactly in the caller's process; anything that needs a CAS runs in a time-boxed
-worker process (``VerifierPool``), or on the code environment's workers
-(``SandboxVerifier``) when the trainer should not spend its own CPU on it.
+"""The reward: ``verify_answer(reference, response)`` is the 0/1 reward of GRPO-RoC. Plain numbers
+are decided in the caller's process; a CAS check runs in a time-boxed process (``VerifierPool``),
+or on the code environment's workers (``SandboxVerifier``).
 """
 
 from __future__ import annotations
 
 from .equivalence import Verdict, cas_check, check_answer, quick_check, triage
 from .extract import Mode, extract_answer, last_boxed
-from .guards import GuardLimits
 from .offload import SandboxVerifier
 from .verifier_pool import DEFAULT_TIMEOUT_S, VerifierPool, default_pool, verify_batch
 
@@ -27,7 +23,6 @@ def verify_answer(reference: str, response: str, *, mode: Mode = "strict") -> bo
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
-    "GuardLimits",
     "SandboxVerifier",
     "Verdict",
     "VerifierPool",

@@ -1,14 +1,12 @@
-"""The checking processes behind ``VerifierPool``.
-
-``python -m rstar2.reward.checker FD`` starts a *template*: it imports sympy and math-verify,
-warms their caches, then forks one checker per request and hands the parent a socket to it
-(SCM_RIGHTS). A replacement checker therefore costs a fork, not a 2-second import, and no
-part of the caller's ``__main__`` is ever re-imported (the trap of multiprocessing's
-spawn/forkserver modes in scripts without a ``__main__`` guard).
+"""The checking processes behind ``VerifierPool``: ``python -m rstar2.reward.checker FD`` starts a
+template that warms the CAS, then forks one checker per request and hands the parent a socket to it.
+A replacement costs a fork, not a 2-second import, and the caller's ``__main__`` is never
+re-imported (the trap of multiprocessing's spawn/forkserver modes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import resource
@@ -17,29 +15,25 @@ import socket
 import sys
 from multiprocessing.connection import Connection
 
+from .equivalence import Verdict, check_answer, warm_up
 from .guards import MEMORY_CAP_REASON
 
 
 def _die_with_parent() -> None:
     from ..sandbox import linux
 
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the socket's EOF ends it instead
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the EOF on the socket ends the process instead
-        pass
 
 
 def serve_checks(conn: Connection, memory_mb: int) -> None:
     """A checker: receive (reference, answer), send a verdict dict, until EOF."""
-    from .equivalence import Verdict, check_answer, warm_up
-
     if memory_mb > 0:
         limit = memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    try:  # touch the CAS once more: the fork's copy-on-write faults are paid before the time box
+    # touch the CAS once more: the fork's copy-on-write faults are paid before the time box
+    with contextlib.suppress(Exception):
         warm_up()
-    except Exception:  # noqa: BLE001
-        pass
     conn.send("ready")
     while True:
         try:
@@ -57,16 +51,12 @@ def serve_checks(conn: Connection, memory_mb: int) -> None:
 
 
 def template(control: socket.socket) -> None:
-    from .equivalence import warm_up
-
     # no PDEATHSIG here: it would fire when the *thread* that started us ends; the template
     # leaves when its control socket reaches EOF (the owner closed it or died)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # checkers are reaped by the kernel
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    try:
+    with contextlib.suppress(Exception):  # a broken CAS shows in the checks themselves
         warm_up()
-    except Exception:  # noqa: BLE001 - a broken CAS shows in the checks themselves
-        pass
     gc.freeze()  # keep the collector from touching (and copying) the template's pages in checkers
     control.sendall(b"R")
     while True:

@@ -1,12 +1,8 @@
-"""Is an extracted answer equal to the reference? Decided in two steps.
-
-``quick_check`` is pure string and ``Fraction`` work, safe to run anywhere: identical strings,
-plain numbers (exact), word answers (as strings) and the input guards. It decides most RL
-rewards (integers) in microseconds. ``cas_check`` hands the rest to ``math-verify`` (LaTeX
-parsing and sympy equivalence) with decimals made exact and closed-form numbers compared to
-40 digits, so rounding never makes two different numbers equal. A CAS call
-can take unbounded time: callers run it under a time box (``rstar2.reward.verifier_pool``). ``triage``
-is the local part every caller shares: extraction, then ``quick_check``.
+"""Is an extracted answer equal to the reference? ``quick_check`` is pure string and ``Fraction``
+work, safe anywhere, and decides most RL rewards (integers) in microseconds; ``cas_check`` hands
+the rest to ``math-verify`` with decimals made exact and closed-form numbers compared to 40 digits,
+so rounding never makes two different numbers equal. A CAS call can take unbounded time: callers
+run it under a time box (``verifier_pool.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from typing import Any
 
 from .extract import Mode, extract_answer
 from .forms import listed_numbers, matrix_cells, normalize_pair, top_level_items
-from .guards import DEFAULT_LIMITS, GuardLimits, refuse, stray_words
+from .guards import MAX_CHARS, refuse, stray_words
 from .macros import hedges
 from .normalize import (
     has_decimal_literal,
@@ -53,10 +49,10 @@ class Verdict:
         return cls(**{k: data[k] for k in ("correct", "reason", "answer", "path", "seconds") if k in data})
 
 
-def quick_check(reference: str, answer: str, limits: GuardLimits = DEFAULT_LIMITS) -> Verdict | None:
+def quick_check(reference: str, answer: str) -> Verdict | None:
     """A verdict without any CAS work, or None when the CAS must decide."""
-    if len(answer) > 2 * limits.max_chars:  # before any regex: normalizing megabytes is not free
-        return Verdict(False, f"refused: answer longer than {limits.max_chars} characters", answer, "guard")
+    if len(answer) > 2 * MAX_CHARS:  # before any regex: normalizing megabytes is not free
+        return Verdict(False, f"refused: answer longer than {MAX_CHARS} characters", answer, "guard")
     ref, ans = normalize_pair(reference, answer)
     if not ans:
         return Verdict(False, "empty answer", answer, "none")
@@ -72,7 +68,7 @@ def quick_check(reference: str, answer: str, limits: GuardLimits = DEFAULT_LIMIT
     listed = _same_listed_numbers(ref, ans)
     if listed is not None:
         return Verdict(listed, "same numbers" if listed else "different numbers", answer, "fast")
-    cells = _same_matrix(ref, ans, limits)
+    cells = _same_matrix(ref, ans)
     if cells is not None:
         return Verdict(cells, "equal matrices" if cells else "different matrices", answer, "fast")
     ref_text = text_answer(ref)
@@ -80,7 +76,7 @@ def quick_check(reference: str, answer: str, limits: GuardLimits = DEFAULT_LIMIT
         ans_text = text_answer(ans)
         same = ans_text == ref_text
         return Verdict(same, "same words" if same else "different words", answer, "text")
-    why = _hedged(ref, ans) or refuse(ans, limits)
+    why = _hedged(ref, ans) or refuse(ans)
     if why is not None:
         return Verdict(False, f"refused: {why}", answer, "guard")
     words = stray_words(ans) - stray_words(ref)
@@ -88,7 +84,7 @@ def quick_check(reference: str, answer: str, limits: GuardLimits = DEFAULT_LIMIT
         return Verdict(
             False, f"refused: words beside the value ({', '.join(sorted(words))})", answer, "guard"
         )
-    why = refuse(ref, limits)
+    why = refuse(ref)
     if why is not None:
         return Verdict(False, f"reference refused: {why}", answer, "guard")
     return None
@@ -128,7 +124,7 @@ def _same_listed_numbers(ref: str, ans: str) -> bool | None:
     return a == b
 
 
-def _same_matrix(ref: str, ans: str, limits: GuardLimits) -> bool | None:
+def _same_matrix(ref: str, ans: str) -> bool | None:
     """Two matrices in any environment: same shape and each cell equal; None when a cell needs
     the CAS (or either side is not a matrix)."""
     a, b = matrix_cells(ref), matrix_cells(ans)
@@ -137,7 +133,7 @@ def _same_matrix(ref: str, ans: str, limits: GuardLimits) -> bool | None:
     if [len(r) for r in a] != [len(r) for r in b]:
         return False
     for x, y in zip((c for r in a for c in r), (c for r in b for c in r), strict=True):
-        cell = quick_check(x, y, limits)
+        cell = quick_check(x, y)
         if cell is None:
             return None
         if not cell.correct:
@@ -150,22 +146,14 @@ def _has_letters(s: str) -> bool:
 
 
 def triage(
-    reference: str,
-    response: str,
-    *,
-    mode: Mode = "strict",
-    extracted: bool = False,
-    limits: GuardLimits = DEFAULT_LIMITS,
+    reference: str, response: str, *, mode: Mode = "strict", extracted: bool = False
 ) -> tuple[Verdict | None, str | None]:
-    """The part of a check every caller runs locally: find the answer, try the fast path.
-
-    Returns ``(verdict, answer)``: a verdict when decided here (no answer, fast path, guards),
-    else ``(None, answer)`` for the CAS to judge under a time box.
-    """
+    """The part of a check every caller runs locally: find the answer, try the fast path;
+    ``(None, answer)`` when the CAS must judge it under a time box."""
     answer = response if extracted else extract_answer(response, mode)
     if answer is None:
         return Verdict(False, "no answer found", None, "none"), None
-    return quick_check(str(reference), answer, limits), answer
+    return quick_check(str(reference), answer), answer
 
 
 def cas_check(reference: str, answer: str) -> Verdict:
@@ -173,33 +161,30 @@ def cas_check(reference: str, answer: str) -> Verdict:
     from math_verify import verify
 
     ref, ans = normalize_pair(reference, answer)
-    exact = has_decimal_literal(ref) or has_decimal_literal(ans)
-    if exact:
+    if has_decimal_literal(ref) or has_decimal_literal(ans):
         ref, ans = rationalize_decimals(ref), rationalize_decimals(ans)
     gold, pred = _parse(ref), _parse(ans)
     if not gold:
         return Verdict(False, "reference not parseable", answer, "cas")
     if not pred:
         return Verdict(False, "answer not parseable", answer, "cas")
-    same_equation = _same_equation(gold[0], pred[0])
-    if same_equation is not None:  # two equations: decided here, no simplify() over them
-        return Verdict(same_equation, "equivalent" if same_equation else "not equivalent", answer, "cas")
-    numeric = _numeric_verdict(gold[0], pred[0])
-    if numeric is not None:  # two closed-form numbers: decided to 40 digits, no simplify()
-        return Verdict(numeric, "equivalent" if numeric else "not equivalent", answer, "cas")
-    positive = _equal_for_positive_unknowns(gold[0], pred[0])
-    if positive is not None:  # "\\sqrt{1/n}" and "\\frac{1}{\\sqrt{n}}": equal where n > 0
-        return Verdict(positive, "equivalent" if positive else "not equivalent", answer, "cas")
-    # decimals are exact fractions by now, so math-verify's numeric comparison has no floats to
-    # round; 50 digits keeps its "(a - b).evalf() == 0" from calling near-equal numbers equal
-    same = verify(gold, pred, numeric_precision=50, timeout_seconds=None)
+    # decided here where they can be, without math-verify's simplify(): two equations, two
+    # closed-form numbers (to 40 digits), two expressions in positive unknowns ("\\sqrt{1/n}")
+    for decide in (_same_equation, _numeric_verdict, _equal_for_positive_unknowns):
+        same = decide(gold[0], pred[0])
+        if same is not None:
+            break
+    else:
+        # decimals are exact fractions by now, so math-verify's numeric comparison has no floats to
+        # round; 50 digits keeps its "(a - b).evalf() == 0" from calling near-equal numbers equal
+        same = verify(gold, pred, numeric_precision=50, timeout_seconds=None)
     return Verdict(same, "equivalent" if same else "not equivalent", answer, "cas")
 
 
-def check_answer(reference: str, answer: str, limits: GuardLimits = DEFAULT_LIMITS) -> Verdict:
+def check_answer(reference: str, answer: str) -> Verdict:
     """Both steps in this process, with no time box (the pool adds one)."""
     start = time.perf_counter()
-    verdict = quick_check(reference, answer, limits)
+    verdict = quick_check(reference, answer)
     if verdict is None:
         try:
             verdict = cas_check(reference, answer)
@@ -276,13 +261,11 @@ def _equal_for_positive_unknowns(gold: Any, pred: Any) -> bool | None:
     try:
         diff = gold - pred
         for point in _POINTS:
-            value = sympy.N(diff.subs(dict(zip(symbols, map(sympy.Rational, point), strict=False))), 30)
+            at = dict(zip(symbols, map(sympy.Rational, point), strict=False))
+            value = sympy.N(diff.subs(at), 30)
             if not value.is_number or value.has(sympy.zoo, sympy.nan):
                 return None
-            scale = max(
-                1, abs(sympy.N(gold.subs(dict(zip(symbols, map(sympy.Rational, point), strict=False))), 30))
-            )
-            if abs(value) > sympy.Float(10) ** -20 * scale:
+            if abs(value) > sympy.Float(10) ** -20 * max(1, abs(sympy.N(gold.subs(at), 30))):
                 return False
         positive = {x: sympy.Symbol(x.name, positive=True) for x in symbols}
         return True if sympy.simplify(diff.subs(positive)) == 0 else None
@@ -291,28 +274,18 @@ def _equal_for_positive_unknowns(gold: Any, pred: Any) -> bool | None:
 
 
 def _numeric_verdict(gold: Any, pred: Any) -> bool | None:
-    """Equal or not for two closed-form numbers (no symbols, sets, relations), else None.
-
-    Evaluating both to 50 digits decides most MATH-style pairs (radicals, pi, fractions) without
-    sympy's ``simplify``, which is what makes a CAS check slow.
-    """
+    """Equal or not for two closed-form numbers (no symbols, sets, relations), else None: both
+    to 50 digits decide most pairs without sympy's ``simplify``, what makes a CAS check slow."""
     import sympy
 
     if not isinstance(gold, sympy.Expr) or not isinstance(pred, sympy.Expr):
         return None
     try:
         gold, pred = gold.doit(), pred.doit()
-        if (
-            gold.free_symbols
-            or pred.free_symbols
-            or gold.has(sympy.UnevaluatedExpr)
-            or pred.has(sympy.UnevaluatedExpr)
-        ):
+        if any(e.free_symbols or e.has(sympy.UnevaluatedExpr) for e in (gold, pred)):
             return None
         g, p = sympy.N(gold, 50), sympy.N(pred, 50)
-        if not (g.is_number and p.is_number) or g.has(sympy.zoo, sympy.nan) or p.has(sympy.zoo, sympy.nan):
-            return None
-        if g.is_infinite or p.is_infinite:
+        if any(not e.is_number or e.has(sympy.zoo, sympy.nan) or e.is_infinite for e in (g, p)):
             return None
         scale = max(sympy.Float(1), abs(g))
         return bool(abs(g - p) < sympy.Float(10) ** -40 * scale)

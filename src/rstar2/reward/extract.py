@@ -1,17 +1,13 @@
-"""Find the final answer in a model's response.
-
-The paper's format puts the answer in ``\\boxed{}`` inside one ``<answer>…</answer>`` block;
-``strict`` mode reads only that. ``lenient`` mode is for other models' outputs and for baselines:
-the last boxed anywhere, "the final answer is …", a response that is itself a short answer, then
-the last sentence: its last math span (``$…$``, ``\\(…\\)``, ``\\[…\\]``), else what follows its
-last "is" / "are" / "=" / "equals", else its last number. Every scan here is linear in the
-response length (the sentence rules read only the last 2,000 characters), so 10 MB responses or
-10,000 unclosed ``\\boxed{`` cost milliseconds.
+"""Find the final answer in a model's response: ``strict`` reads only the paper's format (the
+``\\boxed{}`` of an ``<answer>`` block), ``lenient`` is for other models and baselines. Every scan is
+linear in the response length, so 10 MB responses or 10,000 unclosed ``\\boxed{`` cost milliseconds.
 """
 
 from __future__ import annotations
 
 import re
+from collections import deque
+from collections.abc import Iterator
 from typing import Literal
 
 from ..chat.tags import ANSWER_CLOSE, ANSWER_OPEN
@@ -142,11 +138,15 @@ _CUED_DISPLAY_RE = re.compile(
 )
 
 
+def _last(matches: Iterator[re.Match]) -> re.Match | None:
+    """The last of a scan's matches (none kept but the last)."""
+    last = deque(matches, maxlen=1)
+    return last[0] if last else None
+
+
 def _cued_display(text: str) -> str | None:
     """The math span right after the last "answer" cue, when that span is all the cue says."""
-    found = None
-    for m in _CUED_DISPLAY_RE.finditer(text[-2000:]):
-        found = m
+    found = _last(_CUED_DISPLAY_RE.finditer(text[-2000:]))
     if found is None:
         return None
     inner = _span_text(found).strip()
@@ -154,13 +154,10 @@ def _cued_display(text: str) -> str | None:
 
 
 def _final_answer_phrase(text: str, depth: int = 0) -> str | None:
-    tail = text[-2000:]
-    found = None
-    for m in _FINAL_RE.finditer(tail):
-        found = m.group(1)
-    if found is None:
+    last = _last(_FINAL_RE.finditer(text[-2000:]))
+    if last is None:
         return None
-    found = strip_delimiters(found.strip().rstrip("."))
+    found = strip_delimiters(last.group(1).strip().rstrip("."))
     if not 0 < len(found) <= _MAX_FALLBACK_CHARS:
         return None
     if depth == 0 and _looks_like_prose(found) and last_boxed(found) is None:
@@ -169,13 +166,20 @@ def _final_answer_phrase(text: str, depth: int = 0) -> str | None:
     return found
 
 
+def _final_answer(text: str) -> str | None:
+    """What "the final answer is …" states, its box's content if it has one."""
+    phrase = _final_answer_phrase(text)
+    if phrase is None:
+        return None
+    inner = last_boxed(phrase)
+    return inner if inner is not None else phrase
+
+
 def _bare_final_number(text: str) -> str | None:
     """The last number, with up to three words after it ("42 stickers left", "12 dozen eggs"):
     units are dropped when comparing, words that change the value ("6 squared") are not."""
     tail = text[-500:].strip()
-    found = None
-    for m in _NUMBER_RE.finditer(tail):
-        found = m
+    found = _last(_NUMBER_RE.finditer(tail))
     if found is None:
         return None
     words = _WORDS_AFTER_RE.match(tail, found.end())
@@ -188,10 +192,8 @@ def _short_answer(text: str) -> str | None:
     if len(text) > 4 * _MAX_FALLBACK_CHARS:  # a long text is no short answer (and not worth a scan)
         return None
     short = strip_delimiters(_unbold(text).strip())
-    if _MATH_DOLLAR_RE.search(short) or _LEAD_WORD_RE.match(
-        short
-    ):  # "So, $x=5$.", "Thus: 7": a sentence after all
-        return None
+    if _MATH_DOLLAR_RE.search(short) or _LEAD_WORD_RE.match(short):  # "So, $x=5$.", "Thus: 7"
+        return None  # a sentence after all
     if short and len(short) <= _MAX_FALLBACK_CHARS and not _looks_like_prose(short):
         return short.rstrip(".").strip() or None
     return None
@@ -239,33 +241,19 @@ def _result_after(text: str) -> str | None:
 
 
 def _from_answer_block(scope: str) -> str | None:
-    boxed = last_boxes(scope)
-    if boxed is not None:
-        return boxed
-    short = _short_answer(scope)  # <answer>33</answer> or <answer>$\\frac{1}{2}$</answer>
-    if short is not None:
-        return short
-    phrase = _final_answer_phrase(scope)
-    if phrase is not None:
-        inner = last_boxed(phrase)
-        return inner if inner is not None else phrase
-    return _bare_final_number(scope)
+    # a short answer: <answer>33</answer> or <answer>$\\frac{1}{2}$</answer>
+    for find in (last_boxes, _short_answer, _final_answer, _bare_final_number):
+        if (found := find(scope)) is not None:
+            return found
+    return None
 
 
 def _lenient_scope(text: str) -> str | None:
-    boxed = last_boxes(text)
-    if boxed is not None:
-        return boxed
-    display = _cued_display(_unbold(text[-4000:]))
-    if display is not None:
-        return display
-    phrase = _final_answer_phrase(_unbold(text[-4000:]))
-    if phrase is not None:
-        inner = last_boxed(phrase)
-        return inner if inner is not None else phrase
-    short = _short_answer(text)
-    if short is not None:
-        return short
+    tail = _unbold(text[-4000:])
+    steps = ((last_boxes, text), (_cued_display, tail), (_final_answer, tail), (_short_answer, text))
+    for find, scope in steps:
+        if (found := find(scope)) is not None:
+            return found
     sentence = _last_sentence(text)
     stated = _stated_result(sentence) if sentence else None
     if stated is not None:
@@ -281,7 +269,8 @@ def extract_answer(response: str, mode: Mode = "strict") -> str | None:
     text, else "answer is …", else its last number.
     ``lenient``: the answer block if there is one, else the last boxed anywhere, else "final
     answer is …", else the response itself when it is a short answer, else the result stated
-    in the last sentence (its last math span, or what follows "is" / "=" …), else its last number.
+    in the last sentence (what follows its last "is" / "are" / "=" / "equals", or its last math
+    span: ``$…$``, ``\\(…\\)``, ``\\[…\\]``), else its last number.
     """
     if mode not in ("strict", "lenient"):
         raise ValueError(f"mode must be 'strict' or 'lenient', not {mode!r}")

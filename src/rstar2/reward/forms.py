@@ -7,6 +7,7 @@ are the pieces; ``normalize_pair`` decides how a reference and an answer meet.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from fractions import Fraction
 
 from .normalize import ASSIGNMENT, drop_assignment, normalize, plain_number
@@ -98,16 +99,24 @@ def normalize_pair(reference: str, answer: str) -> tuple[str, str]:
     return ref, ans
 
 
-def top_level_items(s: str) -> list[str]:
-    """The items of ``s`` split at commas and semicolons outside brackets (``(1,2), 3`` → two);
-    a thousands separator (``10,455``) splits nothing."""
-    items, depth, start = [], 0, 0
+def _outside_brackets(s: str) -> Iterator[tuple[int, str]]:
+    """Each character of ``s`` outside any bracket (an unmatched closing one is ignored)."""
+    depth = 0
     for i, c in enumerate(s):
         if c in "{([":
             depth += 1
         elif c in "})]":
             depth = max(0, depth - 1)
-        elif c in ",;" and depth == 0 and not _THOUSANDS_COMMA.match(s, i - 1):
+        elif depth == 0:
+            yield i, c
+
+
+def top_level_items(s: str) -> list[str]:
+    """The items of ``s`` split at commas and semicolons outside brackets (``(1,2), 3`` → two);
+    a thousands separator (``10,455``) splits nothing."""
+    items, start = [], 0
+    for i, c in _outside_brackets(s):
+        if c in ",;" and not _THOUSANDS_COMMA.match(s, i - 1):
             items.append(s[start:i].strip())
             start = i + 1
     items.append(s[start:].strip())
@@ -120,14 +129,7 @@ _TUPLE = re.compile(r"^(?:\\left\s*)?\((.*?)(?:\\right\s*)?\)$", re.DOTALL)
 
 def last_side(s: str) -> str:
     """What follows the last ``=`` outside brackets (``\\sum_{k=1}^n k`` has none)."""
-    depth, cut = 0, -1
-    for i, c in enumerate(s):
-        if c in "{([":
-            depth += 1
-        elif c in "})]":
-            depth = max(0, depth - 1)
-        elif c == "=" and depth == 0:
-            cut = i
+    cut = max((i for i, c in _outside_brackets(s) if c == "="), default=-1)
     return s[cut + 1 :].strip() if cut >= 0 and s[cut + 1 :].strip() else s
 
 

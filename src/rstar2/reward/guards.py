@@ -1,15 +1,11 @@
-"""Refuse answers that would make a CAS work for minutes, before any sympy call.
-
-A model (or an adversary) can write ``9^9^9^9``, ``100000!``, 1,000 nested brackets or a
-megabyte of digits. None of these is a plausible competition answer, so each is judged
-"not equivalent" at once (unless it is literally the reference) with a reason that is logged.
+"""Refuse answers that would make a CAS work for minutes (``9^9^9^9``, ``100000!``, 1,000 nested
+brackets, a megabyte of digits), before any sympy call: none is a plausible competition answer.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 
 from .macros import unreadable
 from .normalize import MAX_DIGITS
@@ -19,16 +15,10 @@ from .normalize import MAX_DIGITS
 MEMORY_CAP_REASON = "memory cap reached"
 
 
-@dataclass(frozen=True)
-class GuardLimits:
-    max_chars: int = 2000
-    max_depth: int = 40
-    max_digits: int = MAX_DIGITS
-    max_result_digits: int = 10_000  # estimated digits of a power or factorial
-    max_factorial: int = 2000
-
-
-DEFAULT_LIMITS = GuardLimits()
+MAX_CHARS = 2000
+MAX_DEPTH = 40
+MAX_RESULT_DIGITS = 10_000  # estimated digits of a power or factorial
+MAX_FACTORIAL = 2000
 
 _HEDGE = re.compile(r"\\approx|\\sim\b|\\simeq|≈|\?")
 _POWER = re.compile(r"(\d+(?:\.\d+)?)\s*(?:\^|\*\*)\s*\{?\s*(\d+)\s*\}?")
@@ -65,27 +55,27 @@ def stray_words(answer: str) -> set[str]:
     return {w.lower() for w in _WORD.findall(bare)} - _MATH_WORDS
 
 
-def refuse(answer: str, limits: GuardLimits = DEFAULT_LIMITS) -> str | None:
+def refuse(answer: str) -> str | None:
     """Why this answer is not worth a CAS call, or None when it is safe to parse."""
     if _HEDGE.search(answer):
         return "a hedged answer (approximate, or a question)"
     why = unreadable(answer)
     if why is not None:  # the CAS would drop it, and what it holds with it
         return why
-    if len(answer) > limits.max_chars:
-        return f"answer longer than {limits.max_chars} characters"
-    if nesting_depth(answer) > limits.max_depth:
-        return f"brackets nested deeper than {limits.max_depth}"
+    if len(answer) > MAX_CHARS:
+        return f"answer longer than {MAX_CHARS} characters"
+    if nesting_depth(answer) > MAX_DEPTH:
+        return f"brackets nested deeper than {MAX_DEPTH}"
     for run in re.findall(r"\d+", answer):
-        if len(run) > limits.max_digits:
-            return f"a number with more than {limits.max_digits} digits"
+        if len(run) > MAX_DIGITS:
+            return f"a number with more than {MAX_DIGITS} digits"
     if _TOWER.search(answer):
         return "a tower of numeric powers"
     for base, exp in _POWER.findall(answer):
         b, e = float(base), int(exp) if len(exp) < 12 else 10**12
-        if b > 1 and e * math.log10(b) > limits.max_result_digits:
-            return f"a power with more than {limits.max_result_digits} digits"
+        if b > 1 and e * math.log10(b) > MAX_RESULT_DIGITS:
+            return f"a power with more than {MAX_RESULT_DIGITS} digits"
     for n in _FACTORIAL.findall(answer):
-        if len(n) > 6 or int(n) > limits.max_factorial:
-            return f"a factorial of more than {limits.max_factorial}"
+        if len(n) > 6 or int(n) > MAX_FACTORIAL:
+            return f"a factorial of more than {MAX_FACTORIAL}"
     return None

@@ -1,20 +1,17 @@
 """Text macros and unknown macros in an answer: which are mathematics, which are decoration.
 
-A grader that deletes ``\\text{…}``, ``\\mathrm{…}`` and macros it does not know pays the policy
-for ``42 + \\text{anything}``, ``42\\text{ (or maybe 17)}`` and ``42\\sqrt(17)`` against ``42``, and
-reads ``1 - \\frac{1}{\\mathrm{e}}`` as ``1 + \\frac{1}{\\mathrm{e}}``. The rule here, applied before
-any CAS sees the answer:
+A grader that deletes ``\\text{…}``, ``\\mathrm{…}`` and unknown macros pays the policy for
+``42 + \\text{anything}`` or ``42\\sqrt(17)`` against ``42``, and reads ``1 - \\frac{1}{\\mathrm{e}}``
+as ``1 + \\frac{1}{\\mathrm{e}}``. The rule, applied before any CAS sees the answer:
 
-- a text or font macro holding mathematics (``\\mathrm{e}``, ``\\text{x}``, ``\\mathbf{0}``) is that
-  mathematics: the macro goes, its content stays;
+- a text or font macro holding mathematics (``\\mathrm{e}``, ``\\text{x}``) is that mathematics;
 - ``\\operatorname{sin}`` is ``\\sin`` when the CAS knows the function; any other name is kept;
 - words between items (``\\text{ and }``, ``\\text{or}``) are the plain separators ``and`` / ``or``;
-- words that are a unit or a label (``\\text{ cm}^2``, ``\\textnormal{ miles}``) are dropped only
-  at the end of the answer, and only when what is left is a whole answer (not ending on an
-  operator) and the words hold nothing mathematical (no digits, brackets or hedges);
+- words that are a unit or a label (``\\text{ cm}^2``) are dropped only at the end of a whole answer
+  (not ending on an operator) and when they hold no digits, brackets or hedges;
 - ``\\sqrt(17)`` is read as ``\\sqrt{17}``, what it plainly means;
-- whatever is left that the CAS would drop or misread (a text macro, ``\\operatorname{f}``, an
-  unknown ``\\foo``, ``\\frac(1)(2)``) is named by ``unreadable`` and the answer is refused.
+- whatever else the CAS would drop or misread (a text macro, ``\\operatorname{f}``, an unknown
+  ``\\foo``, ``\\frac(1)(2)``) is named by ``unreadable`` and the answer is refused.
 """
 
 from __future__ import annotations

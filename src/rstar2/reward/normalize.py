@@ -1,8 +1,5 @@
-"""Answer strings to a canonical form, and the exact fast path for plain numbers.
-
-Most RL rewards compare integers; those (and decimals, simple fractions, percentages,
-scientific notation, thousands separators) are decided here exactly with ``Fraction``,
-never by rounding, so ``0.333`` is not ``1/3`` and ``50`` is not ``0.5``.
+"""Answer strings to a canonical form, and the exact fast path for plain numbers: decided with
+``Fraction``, never by rounding, so ``0.333`` is not ``1/3`` and ``50`` is not ``0.5``.
 """
 
 from __future__ import annotations
@@ -28,14 +25,7 @@ _WORD_UNIT = re.compile(
     r"(?:\s+[A-Za-z]{2,}[A-Za-z/.]*)*(?:\^\{?[23]\}?)?$"
 )
 # number words that scale the value ("1.5 million"): applied, never stripped as a unit
-_SCALES = {
-    "hundred": 100,
-    "thousand": 1000,
-    "million": 10**6,
-    "billion": 10**9,
-    "trillion": 10**12,
-    "dozen": 12,
-}
+_SCALES = dict(hundred=100, thousand=1000, million=10**6, billion=10**9, trillion=10**12, dozen=12)
 _SCALE_WORD = re.compile(r"(?<=\d)\s+(" + "|".join(_SCALES) + r")\b", re.IGNORECASE)
 # words that make a number something else ("6 squared", "5 factorial"): never stripped as a unit
 _NOT_UNITS = frozenset("squared cubed factorial times plus minus over divided and or to of by".split())
@@ -44,13 +34,14 @@ ASSIGNMENT = re.compile(r"^\s*[A-Za-z](?:_\{?\w+\}?)?\s*(?:=|\\in)\s*(?!.*=)")
 _TEXT_WRAP = re.compile(r"^\\(?:text|textbf|mathrm|mbox|textit|mathbf)\{(.*)\}$", re.DOTALL)
 
 _NUM = r"(?:\d+(?:\.\d*)?|\.\d+)"
+# unsigned forms (``_parse_value`` takes the sign off first)
 _PLAIN = re.compile(
-    rf"^([+-]?)({_NUM})(?:[eE]([+-]?\d+)|\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{{?\s*([+-]?\d+)\s*\}}?)?$"
+    rf"^({_NUM})(?:[eE]([+-]?\d+)|\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{{?\s*([+-]?\d+)\s*\}}?)?$"
 )
-_THOUSANDS = re.compile(r"^([+-]?)(\d{1,3}(?:(?:, ?| )\d{3})+)(\.\d+)?$")
-_FRAC = re.compile(r"^([+-]?)\\frac\s*(?:\{\s*([+-]?\d+)\s*\}|(\d))\s*(?:\{\s*(\d+)\s*\}|(\d))$")
-_SLASH = re.compile(r"^([+-]?)(\d+)\s*/\s*(\d+)$")
-_MIXED = re.compile(r"^([+-]?)(\d+)\s*\\frac\s*\{?(\d+)\}?\s*\{?(\d+)\}?$")
+_THOUSANDS = re.compile(r"^(\d{1,3}(?:(?:, ?| )\d{3})+)(\.\d+)?$")
+_FRAC = re.compile(r"^\\frac\s*(?:\{\s*([+-]?\d+)\s*\}|(\d))\s*(?:\{\s*(\d+)\s*\}|(\d))$")
+_SLASH = re.compile(r"^(\d+)\s*/\s*(\d+)$")
+_MIXED = re.compile(r"^(\d+)\s*\\frac\s*\{?(\d+)\}?\s*\{?(\d+)\}?$")
 _DECIMAL_LITERAL = re.compile(r"^[+-]?(\d*)\.(\d+)$")
 _CHOICE = re.compile(r"^\(([A-Ea-e])\)$|^([A-E])$")
 
@@ -196,53 +187,40 @@ def plain_number(s: str) -> PlainNumber | None:
     return PlainNumber(value, percent, len(literal.group(2)), len(digits))
 
 
-_REPEATING = re.compile(r"^([+-]?)(\d*)\.(\d*)\\overline\s*\{(\d+)\}$")
+_REPEATING = re.compile(r"^(\d*)\.(\d*)\\overline\s*\{(\d+)\}$")
 
 
 def _parse_value(s: str) -> Fraction | None:
-    m = _REPEATING.match(s)
-    if m:  # 0.1\overline{6} = 1/6
-        sign, whole, fixed, period = m.groups()
+    """The value of one sign (or none) before an unsigned form; None for anything else."""
+    signed = s[:1] in ("+", "-")
+    value = _unsigned_value(s[1:] if signed else s)
+    return -value if value is not None and s[:1] == "-" else value
+
+
+def _unsigned_value(s: str) -> Fraction | None:
+    if m := _REPEATING.match(s):  # 0.1\overline{6} = 1/6
+        whole, fixed, period = m.groups()
         v = Fraction(int(whole or "0")) + Fraction(int(fixed or "0"), 10 ** len(fixed))
-        v += Fraction(int(period), (10 ** len(period) - 1) * 10 ** len(fixed))
-        return -v if sign == "-" else v
-    m = _PLAIN.match(s)
-    if m:
-        sign, digits, exp1, exp2 = m.groups()
+        return v + Fraction(int(period), (10 ** len(period) - 1) * 10 ** len(fixed))
+    if m := _PLAIN.match(s):
+        digits, exp1, exp2 = m.groups()
         exp = exp1 if exp1 is not None else exp2
-        if exp is not None and abs(int(exp)) > MAX_DIGITS:
-            return None
-        v = Fraction(digits)
-        if exp is not None:
-            v *= Fraction(10) ** int(exp)
-        return -v if sign == "-" else v
-    m = _THOUSANDS.match(s)
-    if m:
-        sign, whole, frac = m.groups()
-        v = Fraction(whole.replace(",", "").replace(" ", "") + (frac or ""))
-        return -v if sign == "-" else v
-    m = _FRAC.match(s)
-    if m:
-        sign, n1, n2, d1, d2 = m.groups()
+        if exp is None:
+            return Fraction(digits)
+        return Fraction(digits) * Fraction(10) ** int(exp) if abs(int(exp)) <= MAX_DIGITS else None
+    if m := _THOUSANDS.match(s):
+        whole, frac = m.groups()
+        return Fraction(whole.replace(",", "").replace(" ", "") + (frac or ""))
+    if m := _FRAC.match(s):
+        n1, n2, d1, d2 = m.groups()
         den = int(d1 or d2)
-        if den == 0:
-            return None
-        v = Fraction(int(n1 or n2), den)
-        return -v if sign == "-" else v
-    m = _SLASH.match(s)
-    if m:
-        sign, n, d = m.groups()
-        if int(d) == 0:
-            return None
-        v = Fraction(int(n), int(d))
-        return -v if sign == "-" else v
-    m = _MIXED.match(s)
-    if m:
-        sign, whole, n, d = m.groups()
-        if int(d) == 0 or int(n) >= int(d):
-            return None
-        v = int(whole) + Fraction(int(n), int(d))
-        return -v if sign == "-" else v
+        return Fraction(int(n1 or n2), den) if den else None
+    if m := _SLASH.match(s):
+        n, d = (int(g) for g in m.groups())
+        return Fraction(n, d) if d else None
+    if m := _MIXED.match(s):
+        whole, n, d = (int(g) for g in m.groups())
+        return whole + Fraction(n, d) if n < d else None  # a proper fraction (so d > 0)
     return None
 
 

@@ -1,10 +1,6 @@
-"""Run answer checks on the code environment's workers, as the paper does.
-
-The trainer keeps the fast path (plain numbers, words, refused inputs: microseconds) and sends
-each CAS check as a tiny Python program to a sandbox (``LocalPool``, the HTTP ``Client`` or a
-Redis-backed service). The sandbox's wall-clock limit is the time box and its memory limit the
-cap, so a pathological answer costs one sandbox call and never the trainer. For speed, start the
-sandbox with ``--preload default,rstar2.reward.equivalence`` so workers import the CAS once.
+"""Run answer checks on the code environment's workers, as the paper does: each CAS check is a tiny
+program whose sandbox limits are its time box and memory cap, so a pathological answer never costs
+the trainer. Start the sandbox with ``--preload default,rstar2.reward.equivalence`` for speed.
 """
 
 from __future__ import annotations
@@ -12,13 +8,13 @@ from __future__ import annotations
 import base64
 import json
 import time
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..sandbox.request import ExecRequest
 from ..sandbox.result import ExecResult
-from .equivalence import Verdict, triage
+from .equivalence import Verdict, check_answer, triage
 from .extract import Mode
-from .guards import DEFAULT_LIMITS, GuardLimits
 from .verifier_pool import DEFAULT_TIMEOUT_S
 
 _PROGRAM = "from rstar2.reward.offload import check_payload\ncheck_payload({payload!r})\n"
@@ -30,8 +26,6 @@ class Sandbox(Protocol):
 
 def check_payload(payload: str) -> None:
     """Entry point inside the sandbox: decode one pair, print its verdict as JSON."""
-    from .equivalence import check_answer
-
     data = json.loads(base64.b64decode(payload))
     print(json.dumps(check_answer(data["reference"], data["answer"]).to_dict()))
 
@@ -56,23 +50,14 @@ def verdict_from_result(result: ExecResult, answer: str, seconds: float) -> Verd
     return Verdict(False, f"sandbox {result.status}: {detail}", answer, "error", seconds)
 
 
+@dataclass
 class SandboxVerifier:
     """``await check(reference, response)`` with the CAS step executed in a sandbox."""
 
-    def __init__(
-        self,
-        sandbox: Sandbox,
-        *,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        memory_mb: int = 1024,
-        mode: Mode = "strict",
-        guard_limits: GuardLimits = DEFAULT_LIMITS,
-    ) -> None:
-        self.sandbox = sandbox
-        self.timeout_s = timeout_s
-        self.memory_mb = memory_mb
-        self.mode = mode
-        self.guard_limits = guard_limits
+    sandbox: Sandbox
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    memory_mb: int = 1024
+    mode: Mode = "strict"
 
     async def check(self, reference: str, response: str, *, extracted: bool = False) -> Verdict:
         return (await self.check_many([(reference, response)], extracted=extracted))[0]
@@ -82,9 +67,7 @@ class SandboxVerifier:
         verdicts: list[Verdict | None] = []
         remote: list[tuple[int, str, str]] = []
         for reference, response in pairs:
-            verdict, answer = triage(
-                reference, response, mode=self.mode, extracted=extracted, limits=self.guard_limits
-            )
+            verdict, answer = triage(reference, response, mode=self.mode, extracted=extracted)
             if verdict is None:
                 remote.append((len(verdicts), str(reference), str(answer)))
             verdicts.append(verdict)

@@ -52,8 +52,7 @@ def grade_file(
 
 
 def read_pairs(path: Path) -> list[dict[str, Any]]:
-    """Rows with ``reference`` and ``response`` (as text) and an optional ``label``; a row
-    without them is an error naming its line."""
+    """Rows with ``reference`` and ``response`` (as text) and an optional ``label``."""
     rows = []
     for n, row in iter_jsonl(path):
         if not isinstance(row, dict) or "reference" not in row or "response" not in row:

@@ -1,18 +1,15 @@
-"""Time-boxed checking in worker processes, without signals.
-
-``math-verify`` times out with ``signal.alarm``, which works only in the main thread and can be
-swallowed by sympy. Here each CAS check runs in a worker process with an address-space cap, and
-the parent enforces the time box from outside: a checker that used more CPU time than the box
-(or 3x the box in wall time, when a busy machine starves it) is killed and replaced, and its
-check counts as "not equivalent" with reason "timeout". Replacements are forked from a template
-process that already imported sympy and math-verify (``rstar2.reward.checker``; one per process,
-shared by all pools), so they are cheap. Fast-path answers (integers, plain numbers, words,
-refused inputs) never leave the caller's process.
+"""Time-boxed checking in worker processes, without signals: ``math-verify``'s ``signal.alarm``
+works only in the main thread and can be swallowed by sympy. Each CAS check runs in a checker
+process under an address-space cap; one over its box in CPU time (or 3x in wall time, when a busy
+machine starves it) is killed and replaced by a fork of the pre-warmed template (``checker.py``),
+and its check counts as "not equivalent". Fast-path answers never leave the caller's process.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -31,7 +28,7 @@ from typing import Any
 
 from .equivalence import Verdict, triage
 from .extract import Mode
-from .guards import DEFAULT_LIMITS, MEMORY_CAP_REASON, GuardLimits
+from .guards import MEMORY_CAP_REASON
 
 _log = logging.getLogger("rstar2.reward")
 DEFAULT_TIMEOUT_S = 2.0
@@ -47,7 +44,7 @@ class _Task:
     answer: str
     future: Future
     submitted: float = field(default_factory=time.perf_counter)
-    timeout_s: float | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S  # its time box
 
 
 class _Template:
@@ -56,19 +53,15 @@ class _Template:
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
         self.control: socket.socket | None = None
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
         package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rstar2.reward.checker", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()],
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
+        command = [sys.executable, "-m", "rstar2.reward.checker", str(theirs.fileno())]
+        self.proc = subprocess.Popen(command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
         theirs.close()
         ours.settimeout(_START_TIMEOUT_S)
         if ours.recv(1) != b"R":
@@ -77,38 +70,33 @@ class _Template:
         self.control = ours
 
     def spawn(self, memory_mb: int) -> tuple[int, Connection]:
+        """A new checker (its pid and the socket to it); a template that died is started again."""
         with self.lock:
-            return self._spawn(memory_mb)
-
-    def _spawn(self, memory_mb: int) -> tuple[int, Connection]:
-        for attempt in range(2):
-            try:
-                if self.proc is None or self.proc.poll() is not None or self.control is None:
-                    self._close()
-                    self._start()
-                assert self.control is not None
-                self.control.sendall(str(memory_mb).encode())
-                msg, fds, _, _ = socket.recv_fds(self.control, 64, 1)
-                return int(msg), Connection(fds[0])
-            except (OSError, RuntimeError, ValueError, IndexError):
-                self._close()
-                if attempt:
-                    raise
-        raise RuntimeError("unreachable")
+            for attempt in range(2):
+                try:
+                    if self.proc is None or self.proc.poll() is not None or self.control is None:
+                        self.close()
+                        self._start()
+                    assert self.control is not None
+                    self.control.sendall(str(memory_mb).encode())
+                    msg, fds, _, _ = socket.recv_fds(self.control, 64, 1)
+                    return int(msg), Connection(fds[0])
+                except (OSError, RuntimeError, ValueError, IndexError):
+                    self.close()
+                    if attempt:
+                        raise
+            raise RuntimeError("unreachable")
 
     def close(self) -> None:
         with self.lock:
-            self._close()
-
-    def _close(self) -> None:
-        if self.control is not None:
-            self.control.close()
-            self.control = None
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.wait(timeout=10)
-            self.proc = None
+            if self.control is not None:
+                self.control.close()
+                self.control = None
+            if self.proc is not None:
+                if self.proc.poll() is None:
+                    self.proc.kill()
+                self.proc.wait(timeout=10)
+                self.proc = None
 
 
 def _process_wide(factory: Callable[[], Any]) -> Callable[[], Any]:
@@ -163,10 +151,8 @@ class _Worker:
         return False
 
     def kill(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.conn.close()
 
 
@@ -182,12 +168,8 @@ class PoolStats:
 
 
 class VerifierPool:
-    """N worker processes that run CAS checks under a hard per-check time box.
-
-    ``submit`` returns a ``concurrent.futures.Future[Verdict]``; ``check`` waits for one;
-    ``map`` checks many; ``acheck`` is the asyncio form. Thread-safe. A check over
-    ``timeout_s`` is "not equivalent" (reason ``timeout``) and its worker is replaced.
-    """
+    """N checker processes under a hard per-check time box: ``submit`` (a ``Future[Verdict]``),
+    ``check``, ``map``, ``acheck``; thread-safe. A check over ``timeout_s`` is "not equivalent"."""
 
     def __init__(
         self,
@@ -195,7 +177,6 @@ class VerifierPool:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         memory_mb: int = DEFAULT_MEMORY_MB,
         mode: Mode = "strict",
-        guard_limits: GuardLimits = DEFAULT_LIMITS,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
@@ -203,7 +184,6 @@ class VerifierPool:
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
         self.mode = mode
-        self.guard_limits = guard_limits
         self.stats = PoolStats()
         self._pending: deque[_Task] = deque()
         self._lock = threading.Lock()
@@ -214,7 +194,6 @@ class VerifierPool:
         self._template = _template()
         self._workers: list[_Worker | None] = []
 
-    # ------------------------------------------------------------------ public API
     def start(self) -> VerifierPool:
         with self._lock:
             if self._thread is None and not self._closed:
@@ -236,9 +215,7 @@ class VerifierPool:
         future: Future = Future()
         start = time.perf_counter()
         self.stats.checks += 1
-        verdict, answer = triage(
-            reference, response, mode=mode or self.mode, extracted=extracted, limits=self.guard_limits
-        )
+        verdict, answer = triage(reference, response, mode=mode or self.mode, extracted=extracted)
         if verdict is not None:
             if answer is not None:
                 self.stats.fast += 1
@@ -249,8 +226,9 @@ class VerifierPool:
             raise RuntimeError("VerifierPool is closed")
         self.start()
         self.stats.cas += 1
+        task = _Task(str(reference), str(answer), future, start, timeout_s or self.timeout_s)
         with self._lock:
-            self._pending.append(_Task(str(reference), str(answer), future, start, timeout_s))
+            self._pending.append(task)
         self._wake()
         return future
 
@@ -259,8 +237,6 @@ class VerifierPool:
         return self.submit(reference, response, **options).result()
 
     async def acheck(self, reference: str, response: str, **options: Any) -> Verdict:
-        import asyncio
-
         return await asyncio.wrap_future(self.submit(reference, response, **options))
 
     def map(
@@ -276,11 +252,6 @@ class VerifierPool:
                 f.add_done_callback(lambda f: on_done(f.result()))
         return [f.result() for f in futures]
 
-    @property
-    def worker_pids(self) -> list[int]:
-        """Process ids of the live checkers (for monitoring)."""
-        return [w.pid for w in list(self._workers) if w is not None]
-
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -294,12 +265,9 @@ class VerifierPool:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ dispatcher thread
     def _wake(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
-        except OSError:
-            pass
 
     def _dispatch(self) -> None:
         workers: list[_Worker | None] = [None] * self.n_workers
@@ -321,11 +289,9 @@ class VerifierPool:
                     timeout = 1.0  # the template is failing: retry once a second
                 ready = wait([w.conn for w in live] + [self._wake_r], timeout=timeout)
                 if self._wake_r in ready:
-                    try:
+                    with contextlib.suppress(BlockingIOError):
                         while self._wake_r.recv(4096):
                             pass
-                    except BlockingIOError:
-                        pass
                 for i, w in enumerate(workers):
                     if w is not None and w.conn in ready:
                         workers[i] = self._receive(w)
@@ -344,21 +310,16 @@ class VerifierPool:
             used = (w.cpu_seconds() or 0.0) - w.cpu_at_start
             w.kill()
             workers[i] = None
-            box = task.timeout_s or self.timeout_s
-            if used < 0.5 * box:  # the wall-clock backstop, not the answer: the machine starved it
-                self.stats.replaced += 1
-                _log.warning("answer check starved of CPU past its backstop (%.2f s CPU used)", used)
-                reason = f"stalled: {used:.2f} s CPU in {now - task.submitted:.1f} s"
-                task.future.set_result(Verdict(False, reason, task.answer, "stalled", now - task.submitted))
-                continue
-            self.stats.timeouts += 1  # counted before the caller can see the verdict
             self.stats.replaced += 1
-            _log.warning(
-                "answer check over its %.1f s time box (counted wrong): %.80r",
-                task.timeout_s or self.timeout_s,
-                task.answer,
-            )
-            task.future.set_result(Verdict(False, "timeout", task.answer, "timeout", now - task.submitted))
+            box = task.timeout_s
+            if used < 0.5 * box:  # the wall-clock backstop, not the answer: the machine starved it
+                _log.warning("answer check starved of CPU past its backstop (%.2f s CPU used)", used)
+                reason, path = f"stalled: {used:.2f} s CPU in {now - task.submitted:.1f} s", "stalled"
+            else:
+                self.stats.timeouts += 1  # counted before the caller can see the verdict
+                _log.warning("answer check over its %.1f s time box (counted wrong): %.80r", box, task.answer)
+                reason = path = "timeout"
+            task.future.set_result(Verdict(False, reason, task.answer, path, now - task.submitted))
 
     def _fill(self, workers: list[_Worker | None]) -> None:
         for i, w in enumerate(workers):
@@ -378,8 +339,7 @@ class VerifierPool:
                 if not self._pending:
                     return
                 task = self._pending.popleft()
-            box = task.timeout_s or self.timeout_s
-            now = time.perf_counter()
+            box, now = task.timeout_s, time.perf_counter()
             w.task, w.box_s, w.deadline = task, box, now + box
             w.hard_deadline = now + box * _WALL_BACKSTOP
             w.cpu_at_start = w.cpu_seconds() or 0.0
@@ -394,16 +354,8 @@ class VerifierPool:
         except (EOFError, OSError):
             self.stats.worker_deaths += 1
             if w.task is not None:
-                task, w.task = w.task, None
-                task.future.set_result(
-                    Verdict(
-                        False,
-                        "verifier worker died",
-                        task.answer,
-                        "error",
-                        time.perf_counter() - task.submitted,
-                    )
-                )
+                task, seconds = w.task, time.perf_counter() - w.task.submitted
+                task.future.set_result(Verdict(False, "verifier worker died", task.answer, "error", seconds))
             w.kill()
             return None
         if msg == "ready":
@@ -418,9 +370,7 @@ class VerifierPool:
             verdict = Verdict.from_dict(msg)
             verdict.seconds = time.perf_counter() - task.submitted
             task.future.set_result(verdict)
-        if fatal:
-            return None
-        return w
+        return None if fatal else w
 
     def _fail_pending(self, reason: str) -> None:
         with self._lock:
@@ -429,12 +379,8 @@ class VerifierPool:
             task.future.set_result(Verdict(False, reason, task.answer, "error"))
 
 
-_default_pool: Callable[[], VerifierPool] = _process_wide(VerifierPool)
-
-
-def default_pool() -> VerifierPool:
-    """The process-wide pool behind ``verify_answer`` (its workers start on the first CAS check)."""
-    return _default_pool()
+# the pool behind ``verify_answer`` (its workers start on the first CAS check)
+default_pool: Callable[[], VerifierPool] = _process_wide(VerifierPool)
 
 
 def verify_batch(

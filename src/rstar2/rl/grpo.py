@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
+
+from ..config import LossSection
+
+DEFAULT_LOSS = LossSection()
 
 Aggregation = Literal["token-mean", "group-token-mean"]
 
@@ -111,21 +114,12 @@ def token_logprobs(
     return logp, entropy
 
 
-@dataclass(frozen=True)
-class LossConfig:
-    clip_low: float = 0.2
-    clip_high: float = 0.28  # clip-higher: more room for raising unlikely tokens
-    kl_coef: float = 0.0  # k3 estimator against a reference policy; 0 = no reference needed
-    entropy_coef: float = 0.0
-    tis_cap: float | None = None  # truncated importance sampling vs the engine's logprobs
-
-
 def policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
     weights: torch.Tensor,
-    cfg: LossConfig = LossConfig(),
+    cfg: LossSection = DEFAULT_LOSS,
     *,
     engine_logp: torch.Tensor | None = None,
     ref_logp: torch.Tensor | None = None,

@@ -159,3 +159,50 @@ def quietly(what: str = "clean-up") -> Iterator[None]:
         yield
     except Exception as exc:
         print(f"[rstar2] {what}: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+class Steps:
+    """The steps of a run as SFT and RL both take them: a progress bar, a checkpoint when due, and
+    the step an error belongs to."""
+
+    def __init__(self, kind: str, cfg: TrainConfig, training: Training, total: int):
+        self.kind, self.training, self.total = kind, training, total
+        self.save_every = max(1, cfg.run.save_every)
+        self.where = f"{kind} start"  # what a failure now belongs to
+        self.bar = None
+        if cfg.run.progress and training.start.world.main:
+            from tqdm.auto import tqdm
+
+            desc = f"{kind.lower()} steps"
+            self.bar = tqdm(total=total, initial=training.step, desc=desc, unit="step")
+
+    def begin(self, step: int) -> None:
+        self.where = f"{self.kind} step {step}"
+
+    def done(self, step: int, **shown: str) -> bool:
+        """Step ``step`` ended (``shown`` beside the bar); whether a checkpoint is due."""
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(shown)
+        return step == self.total or step % self.save_every == 0
+
+
+@contextmanager
+def run_steps(kind: str, cfg: TrainConfig, training: Training, total: int) -> Iterator[Steps]:
+    """Around a run's steps: a failure becomes one ``RunError`` naming the step (its traceback in
+    ``error.txt``); the bar, the metrics log and the process group are closed whatever happens,
+    and a failure there never hides the first."""
+    steps, world = Steps(kind, cfg, training, total), training.start.world
+    try:
+        yield steps
+    except BaseException as exc:
+        if world.main:
+            write_error(training.run_dir, exc)
+        if isinstance(exc, Exception) and not isinstance(exc, RunError):
+            raise RunError.at(steps.where, training.run_dir, exc) from exc
+        raise
+    finally:
+        closers = [steps.bar.close] if steps.bar is not None else []
+        for close in [*closers, training.log.close, lambda: D.close(world)]:
+            with quietly():
+                close()

@@ -32,7 +32,7 @@ PLOT_KEYS = (
         ("engine/occupancy", "engine/join_share", "engine/busy_share"),
         "engine: rows held, joins, busy (share)",
     ),
-    # asynchronous runs (rollout.max_staleness > 0)
+    # asynchronous runs (asynchronous.max_staleness > 0)
     (("staleness/mean", "staleness/max"), "staleness of trained tokens (updates)"),
     (("update/tis_mean", "update/tis_max", "update/tis_truncated"), "importance weight pi_old/mu"),
 )

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from ..config import RocSection
+
 Mode = Literal["lowest", "weighted", "uniform"]
 
 _ANSWER_PAIR = re.compile(r"<answer>.*?</answer>", re.DOTALL)
@@ -34,24 +36,6 @@ class Scored:
     @property
     def penalty(self) -> float:
         return self.p_err + self.p_format
-
-
-@dataclass(frozen=True)
-class RocConfig:
-    keep: int  # G: rollouts kept per problem (of the 2G sampled)
-    mode: Mode = "lowest"
-    min_per_class: int = 2  # keep at least this many of each class where present
-    drop_equal_reward_groups: bool = True
-    error_penalty: bool = True
-    format_penalty: bool = True
-
-    def __post_init__(self) -> None:
-        if self.keep < 1:
-            raise ValueError(f"roc keep must be >= 1, got {self.keep}")
-        if self.mode not in ("lowest", "weighted", "uniform"):
-            raise ValueError(f"roc mode must be 'lowest', 'weighted' or 'uniform', got {self.mode!r}")
-        if self.min_per_class < 0:
-            raise ValueError(f"roc min_per_class must be >= 0, got {self.min_per_class}")
 
 
 # -- penalties ----------------------------------------------------------------------------------
@@ -144,49 +128,34 @@ class GroupChoice:
     dropped: str | None = None  # why nothing was kept: "all_correct" / "all_incorrect"
 
 
-def select_group(group: Sequence[Scored], cfg: RocConfig, rng: random.Random) -> GroupChoice:
+def select_group(group: Sequence[Scored], cfg: RocSection, rng: random.Random) -> GroupChoice:
+    """RoC's choice in one group (``roc.enabled: false``: the whole group, plain GRPO)."""
     pos = [i for i, s in enumerate(group) if s.correct]
     neg = [i for i, s in enumerate(group) if not s.correct]
     if cfg.drop_equal_reward_groups and len({s.reward for s in group}) <= 1:
         return GroupChoice([], "all_correct" if pos else "all_incorrect")
-    k_pos, k_neg = class_counts(len(pos), len(neg), cfg.keep, cfg.min_per_class)
+    keep = cfg.keep if cfg.enabled else len(group)
+    k_pos, k_neg = class_counts(len(pos), len(neg), keep, cfg.min_per_class)
     kept_pos = [pos[i] for i in pick_positives([group[i].penalty for i in pos], k_pos, cfg.mode, rng)]
     kept_neg = sorted(rng.sample(neg, k_neg))
     return GroupChoice(sorted(kept_pos + kept_neg))
 
 
-@dataclass
-class RocResult:
-    kept: list[list[int]]  # per group: indices kept (empty when the group was dropped)
-    metrics: dict[str, float]
-
-
-def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else 0.0
-
-
 def roc_select(
-    groups: Sequence[Sequence[Scored]], cfg: RocConfig, rng: random.Random | Sequence[random.Random]
-) -> RocResult:
-    """Select per group; metrics compare the penalties of all correct rollouts with the kept ones.
-    ``rng``: one generator for all groups, or one per group (the trainer seeds each group's from
-    its global index, so the choices do not depend on how groups are spread over processes)."""
+    groups: Sequence[Sequence[Scored]], cfg: RocSection, rng: random.Random | Sequence[random.Random]
+) -> list[GroupChoice]:
+    """RoC's choice in each group. ``rng``: one generator for all groups, or one per group (the
+    trainer seeds each group's from its global index, so the choices do not depend on how groups
+    are spread over processes)."""
     rngs = [rng] * len(groups) if isinstance(rng, random.Random) else list(rng)
-    choices = [select_group(g, cfg, r) for g, r in zip(groups, rngs, strict=True)]
-    all_pos = [s for g in groups for s in g if s.correct]
-    kept_pos = [g[i] for g, c in zip(groups, choices, strict=True) for i in c.kept if g[i].correct]
-    kept = [g[i] for g, c in zip(groups, choices, strict=True) for i in c.kept]
-    metrics = {
-        "roc/groups": float(len(groups)),
+    return [select_group(g, cfg, r) for g, r in zip(groups, rngs, strict=True)]
+
+
+def roc_counts(choices: Sequence[GroupChoice]) -> dict[str, float]:
+    """Groups seen, kept, and dropped for equal rewards (all correct, all incorrect)."""
+    return {
+        "roc/groups": float(len(choices)),
         "roc/groups_kept": float(sum(c.dropped is None for c in choices)),
         "roc/groups_all_correct": float(sum(c.dropped == "all_correct" for c in choices)),
         "roc/groups_all_incorrect": float(sum(c.dropped == "all_incorrect" for c in choices)),
-        "roc/rollouts": float(sum(len(g) for g in groups)),
-        "roc/rollouts_kept": float(len(kept)),
-        "roc/kept_correct_share": _mean([float(s.correct) for s in kept]),
-        "roc/p_err_correct_all": _mean([s.p_err for s in all_pos]),
-        "roc/p_err_correct_kept": _mean([s.p_err for s in kept_pos]),
-        "roc/p_format_correct_all": _mean([s.p_format for s in all_pos]),
-        "roc/p_format_correct_kept": _mean([s.p_format for s in kept_pos]),
     }
-    return RocResult([c.kept for c in choices], metrics)

@@ -19,7 +19,7 @@ from ..jsonl import iter_jsonl
 from . import distributed as D
 from .batch import Batch, collate, with_weights
 from .data import DataStream
-from .launch import RunError, begin, load_training, quietly, write_error
+from .launch import begin, load_training, run_steps
 from .update import Learner, forward_logprobs, logprobs_of, optimizer_step
 
 
@@ -94,70 +94,50 @@ class SFTTrainer:
 
     def train(self) -> list[dict[str, Any]]:
         self._load()
-        cfg, world = self.cfg, self.world
-        pad = self.tokenizer.pad_token_id or 0
-        bar = None
-        if cfg.run.progress and world.main:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=self.total, initial=self.step_no, desc="sft steps", unit="step")
-        history = []
-        recent: deque[float] = deque(maxlen=cfg.sft.stop_window)
+        history: list[dict[str, Any]] = []
+        self.recent: deque[float] = deque(maxlen=self.cfg.sft.stop_window)
         self.stopped_early = False
-        failing = self.step_no + 1
-        try:
+        with run_steps("SFT", self.cfg, self.run, self.total) as steps:
             while self.step_no < self.total:
-                failing = self.step_no + 1  # the step an error below belongs to (also its save)
-                t0 = time.perf_counter()
-                chunk = self.data.take(cfg.run.batch_size)
-                share = chunk[world.rank :: world.size]  # this process's examples
-                units, tokens = D.all_sum(
-                    [float(sum(sum(m[1:]) for _, m in share)), float(sum(len(ids) for ids, _ in share))],
-                    world,
-                )
-                batch = sft_batch(share or chunk[:1], pad, units).to(world.device)
-                if not share:
-                    batch.weights.zero_()  # a stand-in row: this process still joins the collectives
-                m = sft_step(
-                    self.run.learner,
-                    batch,
-                    cfg.optim.micro_batch_tokens,
-                    cfg.optim.grad_clip,
-                    cfg.model.compute,
-                )
-                self.step_no += 1
-                seconds = time.perf_counter() - t0
-                m.update({"tokens_per_s": tokens / seconds, "time/step_s": seconds})
-                if self.step_no == 1:
-                    m["examples"], m["examples_dropped"] = float(len(self.data.rows)), float(self.dropped)
-                if self.probe is not None and self.step_no % cfg.sft.probe_every == 0:
-                    m["probe/exact"] = exact_probability(
-                        self.run.learner, self.probe, cfg.optim.micro_batch_tokens, cfg.model.compute
-                    )
-                self.run.log.log(self.step_no, m)
+                steps.begin(self.step_no + 1)
+                m = self._step()
                 history.append(m)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{m['loss']:.4f}")
-                recent.append(m["loss"])
-                stop = (
-                    cfg.sft.stop_loss is not None
-                    and len(recent) == recent.maxlen
-                    and sum(recent) / len(recent) < cfg.sft.stop_loss
-                ) or (cfg.sft.stop_skill is not None and m.get("probe/exact", 0.0) >= cfg.sft.stop_skill)
-                self.stopped_early = stop
-                if stop or self.step_no == self.total or self.step_no % max(1, cfg.run.save_every) == 0:
+                self.stopped_early = self._stop(m)
+                if steps.done(self.step_no, loss=f"{m['loss']:.4f}") or self.stopped_early:
                     self.run.save(self.step_no, {"data_position": self.data.position, "metrics": m})
-                if stop:
+                if self.stopped_early:
                     break
-        except Exception as exc:
-            error = RunError.at(f"SFT step {failing}", self.run_dir, exc)
-            if world.main:
-                write_error(self.run_dir, exc)
-            raise error from exc
-        finally:
-            closers = [bar.close] if bar is not None else []
-            for close in [*closers, self.run.log.close, lambda: D.close(world)]:
-                with quietly():
-                    close()
         return history
+
+    def _step(self) -> dict[str, Any]:
+        """One optimizer step on the next ``run.batch_size`` examples (this process's share), logged."""
+        cfg, world = self.cfg, self.world
+        t0 = time.perf_counter()
+        chunk = self.data.take(cfg.run.batch_size)
+        share = chunk[world.rank :: world.size]  # this process's examples
+        units, tokens = D.all_sum(
+            [float(sum(sum(m[1:]) for _, m in share)), float(sum(len(ids) for ids, _ in share))], world
+        )
+        batch = sft_batch(share or chunk[:1], self.tokenizer.pad_token_id or 0, units).to(world.device)
+        if not share:
+            batch.weights.zero_()  # a stand-in row: this process still joins the collectives
+        tokens_max, compute = cfg.optim.micro_batch_tokens, cfg.model.compute
+        m = sft_step(self.run.learner, batch, tokens_max, cfg.optim.grad_clip, compute)
+        self.step_no += 1
+        seconds = time.perf_counter() - t0
+        m.update({"tokens_per_s": tokens / seconds, "time/step_s": seconds})
+        if self.step_no == 1:
+            m["examples"], m["examples_dropped"] = float(len(self.data.rows)), float(self.dropped)
+        if self.probe is not None and self.step_no % cfg.sft.probe_every == 0:
+            m["probe/exact"] = exact_probability(self.run.learner, self.probe, tokens_max, compute)
+        self.run.log.log(self.step_no, m)
+        return m
+
+    def _stop(self, m: dict[str, Any]) -> bool:
+        """Stop early: the recent mean loss under ``sft.stop_loss``, or the probe at ``sft.stop_skill``."""
+        sft, recent = self.cfg.sft, self.recent
+        recent.append(m["loss"])
+        if sft.stop_loss is not None and len(recent) == recent.maxlen:
+            if sum(recent) / len(recent) < sft.stop_loss:
+                return True
+        return sft.stop_skill is not None and m.get("probe/exact", 0.0) >= sft.stop_skill

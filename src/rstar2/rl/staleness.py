@@ -4,7 +4,7 @@ them while the trainer updates, and how old the trained tokens were.
 Group ``i`` of a run (counted from its first step, ``batch_size`` groups a step) is trained at step
 ``i // batch_size`` by the policy of that version (the number of updates before it). It may start
 sampling while the policy is at version ``v`` only if ``i // batch_size - v <= k``
-(``rollout.max_staleness``): every token it samples, under any version ``>= v``, is then at most
+(``asynchronous.max_staleness``): every token it samples, under any version ``>= v``, is then at most
 ``k`` updates older than the policy it trains. The bound is kept at admission; no finished rollout
 is thrown away. At ``k = 0`` a step's groups start only after the previous update: the synchronous
 loop, the same tokens and weights.
@@ -45,7 +45,7 @@ def check_versions(trajectories: Sequence[Any], *, trained_by: int, max_stalenes
                     raise StalenessError(
                         f"engine {turn.engine or '?'} sampled a token with policy version {v}, outside "
                         f"[{low}, {trained_by}] (the trainer is at version {trained_by}, "
-                        f"rollout.max_staleness={max_staleness}): {why}; the step was not trained"
+                        f"asynchronous.max_staleness={max_staleness}): {why}; the step was not trained"
                     )
             at += turn.model_tokens + turn.tool_tokens
 

@@ -1,25 +1,17 @@
-"""The trainer's weights to the engines, at the run's start and after each update, and the proof
-that they serve them. Every send carries the policy version (the trainer's update count) and runs
-off the event loop, so rollouts and tool calls of later steps go on meanwhile.
+"""The trainer's weights to the engines, at the run's start and after each update, by engine mode
+(``rl/engine_mode.py``), and the proof that they serve them. Every send carries the policy version
+(the trainer's update count) and runs off the event loop, so later steps' rollouts go on meanwhile.
 
-- One process: the in-process engine shares the trainer's model object; nothing to send.
-- Under torchrun without servers, or an asynchronous run: each process's engine holds its own copy
-  and loads the full state dict.
-- Remote servers (``rollout.servers``): rank 0 writes the weights as a model folder and asks every
-  server at once to load it (``rollout.reload_path``, SGLang's ``/update_weights_from_disk``, which
-  ``rstar2 serve`` offers too; a vLLM started by ``rstar2 vllm`` loads it in place through its own
-  routes, ``engines/vllm.py``). A refused request is retried ``rollout.reload_retries`` times; if
-  any server still has not taken it, the run stops naming each: it never trains on tokens from
-  servers left on different versions.
-
-Checks follow every send to servers. A server that states what it holds (``rstar2 serve``: the
-version and a fingerprint of its tensors, which one update at lr 1e-6 changes; vLLM: the version,
-and every parameter written by the load) must state what was sent. And every engine samples a few tokens from a fixed prompt while the trainer computes the same
-tokens' logprobs: their mean absolute difference must stay under ``rollout.weight_check_tol`` (any
-server; catches another model, not one small update missed, so a server that states no fingerprint
-is warned about). An engine copy in the trainer's process is compared with what was sent, tensor by
-tensor, exactly, with no probe waiting in its busy batch. Each token's version is checked before
-the update that trains it (``rl/staleness.py``).
+- ``shared``: nothing to send; the engine is told its model's weights changed.
+- ``copy``: the engine loads the full state dict and must then hold it exactly, tensor by tensor.
+- ``servers``: rank 0 writes a model folder and asks every server at once to load it
+  (``reload_path``: SGLang's ``/update_weights_from_disk``, which ``rstar2 serve`` offers too; a vLLM
+  of ``rstar2 vllm`` loads it in place, ``engines/vllm.py``), retried ``reload_retries`` times; a
+  server that still has not taken it stops the run, naming each: no step trains on tokens from
+  servers on different versions. A server that states what it holds (version, a fingerprint of its
+  tensors, the parameters written) must state what was sent; and every server samples a few tokens
+  from a fixed prompt whose logprobs must match the trainer's within ``weight_check_tol`` (another
+  model is caught, one small update missed is not: a server without a fingerprint is warned about).
 """
 
 from __future__ import annotations
@@ -31,8 +23,8 @@ from typing import Any
 
 import torch
 
-from ..config import RolloutSection
-from ..engines.base import SamplingParams, weights_fingerprint
+from ..config import EngineSection
+from ..engines.base import Engine, LocalEngine, SamplingParams, ServedEngine, weights_fingerprint
 from . import distributed as D
 from .batch import collate
 from .update import logprobs_of
@@ -44,7 +36,9 @@ class WeightSyncError(RuntimeError):
     """An engine did not take, or does not serve, the trainer's new weights."""
 
 
-async def reload_server(engine: Any, path: Path, settings: RolloutSection, version: int) -> dict[str, Any]:
+async def reload_server(
+    engine: ServedEngine, path: Path, settings: EngineSection, version: int
+) -> dict[str, Any]:
     """One server loads ``path`` (policy ``version``); retried with back-off, then a
     ``WeightSyncError`` naming it."""
     delay, attempt = 1.0, 0
@@ -82,18 +76,18 @@ def check_fingerprint(engine_name: str, answer: dict[str, Any], sent: dict[str, 
     stated = answer.get("weights_fingerprint")
     if stated is None:
         return
-    mine = weights_fingerprint(sent, answer.get("dtype"))
-    if abs(float(stated) - mine) > 1e-9 * max(1.0, abs(mine)):
+    trainers = weights_fingerprint(sent, answer.get("dtype"))
+    if abs(float(stated) - trainers) > 1e-9 * max(1.0, abs(trainers)):
         raise WeightSyncError(
             f"engine {engine_name} holds other weights than the trainer sent "
-            f"(fingerprint {stated!r}, trainer's {mine!r})"
+            f"(fingerprint {stated!r}, trainer's {trainers!r})"
         )
 
 
 async def load_into_servers(
-    engines: list[Any],
+    engines: list[ServedEngine],
     folder: Path,
-    settings: RolloutSection,
+    settings: EngineSection,
     weights: dict[str, torch.Tensor] | None = None,
     *,
     version: int,
@@ -138,7 +132,7 @@ async def load_into_servers(
 _UNVERIFIED: set[str] = set()  # servers already warned about (once a process)
 
 
-async def load_copy(engine: Any, weights: dict[str, torch.Tensor], version: int) -> None:
+async def load_copy(engine: LocalEngine, weights: dict[str, torch.Tensor], version: int) -> None:
     """An engine copy in this process loads ``weights`` as ``version`` (off the event loop) and
     must then hold exactly what was sent."""
 
@@ -155,7 +149,7 @@ async def load_copy(engine: Any, weights: dict[str, torch.Tensor], version: int)
         )
 
 
-def held_difference(engine: Any, sent: dict[str, torch.Tensor]) -> float:
+def held_difference(engine: LocalEngine, sent: dict[str, torch.Tensor]) -> float:
     """0.0 when an in-process ``engine`` holds exactly the tensors ``sent``; else the largest
     |held - sent| of the first that differs (inf for one it does not hold:
     ``load_state_dict(strict=False)`` skips names it does not know). Equal tensors cost one
@@ -163,17 +157,17 @@ def held_difference(engine: Any, sent: dict[str, torch.Tensor]) -> float:
     with engine.paused():
         held = engine.model.state_dict()
         for name, tensor in sent.items():
-            mine = held.get(name)
-            if mine is None or mine.shape != tensor.shape:
+            engines = held.get(name)
+            if engines is None or engines.shape != tensor.shape:
                 return float("inf")
-            tensor = tensor.to(mine.device)
-            if not torch.equal(mine, tensor):
-                return float((mine - tensor).abs().max())
+            tensor = tensor.to(engines.device)
+            if not torch.equal(engines, tensor):
+                return float((engines - tensor).abs().max())
     return 0.0
 
 
 async def probe_engines(
-    engines: list[Any],
+    engines: list[Engine],
     model: torch.nn.Module,
     prompt_ids: list[int],
     world: D.World,
@@ -195,59 +189,58 @@ async def probe_engines(
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        mine = logprobs_of(model, batch, max_tokens=1 << 20, world=world, compute=compute).cpu()
+        trainers = logprobs_of(model, batch, max_tokens=1 << 20, world=world, compute=compute).cpu()
     model.train(was_training)
     diffs = []
     for row in range(len(gens)):
         mask = batch.mask[row].cpu().bool()
         theirs = batch.engine_logp[row].cpu()[mask]
-        diffs.append(float((theirs - mine[row][mask]).abs().mean()) if mask.any() else 0.0)
+        diffs.append(float((theirs - trainers[row][mask]).abs().mean()) if mask.any() else 0.0)
     return diffs
 
 
 async def publish(
     model: torch.nn.Module,
     engines: list[Any],
-    settings: RolloutSection,
+    mode: str,
+    settings: EngineSection,
     world: D.World,
     folder: Path,
     *,
-    same_model: bool,
     probe_prompt: list[int],
     pad_id: int,
     step: int,
     compute: str = "auto",
 ) -> dict[str, float]:
-    """Send the trainer's weights of policy version ``step`` to ``engines`` and check them; returns
-    ``sync/*`` metrics. ``same_model``: the engine holds the trainer's own model object (one
-    process, nothing to send)."""
-    if same_model:  # the engine reads the trainer's parameters; say they changed (torch does not
-        for e in engines:  # count every kind of write, e.g. through param.data)
+    """Send the trainer's weights of policy version ``step`` to ``engines`` (of ``mode``: shared,
+    copy or servers) and check them; returns ``sync/*`` metrics."""
+    if mode == "shared":  # the engine reads the trainer's parameters; say they changed (torch does
+        for e in engines:  # not count every kind of write, e.g. through param.data)
             await asyncio.to_thread(e.invalidate, step)
         return {}
     # off the event loop (rollouts and tool calls of the next steps go on meanwhile), on this GPU
     weights = await asyncio.to_thread(D.on_device(world, D.full_state_dict), model, world)
     error: BaseException | None = None
     try:
-        if settings.servers and world.main:
+        if mode == "servers" and world.main:
             cpu = await asyncio.to_thread(
                 lambda: {k: v.detach().cpu().contiguous() for k, v in weights.items()}
             )
             await asyncio.to_thread(model.save_pretrained, folder, state_dict=cpu, safe_serialization=True)
             await load_into_servers(engines, folder, settings, cpu, version=step)
-        elif not settings.servers:  # engine copies in this process: compared with what was sent, exactly
+        elif mode == "copy":  # engine copies in this process: compared with what was sent, exactly
             for e in engines:
                 await load_copy(e, weights, step)
     except Exception as exc:  # told to every process below, so none waits in a collective
         error = exc
-    said = D.all_gather_objects(None if error is None else f"{type(error).__name__}: {error}", world)
+    told = D.all_gather_objects(None if error is None else f"{type(error).__name__}: {error}", world)
     if error is not None:
         raise error
-    if any(said):
+    if any(told):
         raise WeightSyncError(
-            f"another process could not publish the weights of version {step}: {next(x for x in said if x)}"
+            f"another process could not publish the weights of version {step}: {next(x for x in told if x)}"
         )
-    if not settings.servers:
+    if mode != "servers":
         return {}
     diffs = await probe_engines(
         engines, model, probe_prompt, world, pad_id=pad_id, seed=step, compute=compute
@@ -261,6 +254,7 @@ async def publish(
         if bad:
             raise WeightSyncError(
                 f"with the weights of version {step}, engine {bad[0][0]} samples with other weights than "
-                f"the trainer's: mean |logprob difference| {bad[0][1]:.4f} > rollout.weight_check_tol {tol}"
+                f"the trainer's: mean |logprob difference| {bad[0][1]:.4f} > "
+                f"rollout.engine.weight_check_tol {tol}"
             )
     return {"sync/logprob_diff": worst}

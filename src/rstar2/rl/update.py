@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from ..chat.token_classes import CLASSES, NO_CLASS
-from ..config import LossSection, OptimSection, as_dataclass
+from ..config import LossSection, OptimSection
 from ..device import compute_precision
 from .batch import Batch, collate, plan_micro_batches, take_rows, with_weights
 from .distributed import LOCAL, World, all_max, all_sum
-from .grpo import LossConfig, policy_loss, token_logprobs, weight_units
+from .grpo import policy_loss, token_logprobs, weight_units
 
 if TYPE_CHECKING:
     from torch.optim.lr_scheduler import LRScheduler
@@ -36,6 +36,7 @@ class Learner(NamedTuple):
     world: World = LOCAL
 
 
+DEFAULT_OPTIM = OptimSection()
 _MEANS = ("clip_low", "clip_high", "approx_kl", "entropy", "engine_gap", "ref_kl")
 
 
@@ -106,8 +107,8 @@ def optimizer_step(
     batch: Batch,
     micro_loss: Callable[[Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]],
     *,
-    grad_clip: float = 1.0,
-    max_tokens: int = 16384,
+    grad_clip: float,
+    max_tokens: int,
 ) -> dict[str, float]:
     """Gradient accumulation over micro-batches, clipping, one optimizer and learning-rate step (the
     loop SFT and RL share). ``micro_loss`` returns a micro-batch's loss, already weighted for the
@@ -155,10 +156,9 @@ def class_entropy_means(stats: dict[str, float]) -> dict[str, float]:
 def policy_update(
     learner: Learner,
     batch: Batch,
-    loss_cfg: LossConfig,
+    loss_cfg: LossSection,
+    optim: OptimSection = DEFAULT_OPTIM,
     *,
-    grad_clip: float = 1.0,
-    max_tokens: int = 16384,
     compute: str = "auto",
     temperature: float = 1.0,
     banned: Sequence[int] = (),
@@ -188,7 +188,9 @@ def policy_update(
             stats.update(class_entropy_sums(entropy.detach(), mb.token_class))
         return loss, stats
 
-    out = optimizer_step(learner, batch, micro_loss, grad_clip=grad_clip, max_tokens=max_tokens)
+    out = optimizer_step(
+        learner, batch, micro_loss, grad_clip=optim.grad_clip, max_tokens=optim.micro_batch_tokens
+    )
     w = out.pop("weight") or 1.0  # weighted sums → means over the batch's tokens
     means = {f"update/{k}": out.pop(k) / w for k in _MEANS if k in out}
     return {**out, **means}
@@ -200,6 +202,29 @@ class Row(NamedTuple):
     trajectory: Trajectory
     advantage: float
     group: int
+
+
+def rows_batch(
+    rows: Sequence[Row],
+    stand_in: Trajectory,
+    pad_id: int,
+    aggregation: str,
+    token_classes: Callable[[Sequence[int], Sequence[int]], list[int]] | None,
+    world: World,
+) -> Batch:
+    """One mini-batch of kept rollouts, weighted over all processes (``loss.aggregation``); none
+    here: ``stand_in`` with zero weight, so this process still joins the collectives."""
+    if rows:
+        seqs = [(t.prompt_ids, t.response_ids, t.loss_mask, t.logprobs) for t in (r.trajectory for r in rows)]
+        classes = [token_classes(s[1], s[2]) for s in seqs] if token_classes else None
+        b = collate(seqs, [r.advantage for r in rows], [r.group for r in rows], pad_id, classes)
+    else:
+        t = stand_in
+        seqs = [(t.prompt_ids, t.response_ids, [0] * len(t.loss_mask), t.logprobs)]
+        classes = [[NO_CLASS] * len(t.response_ids)] if token_classes else None
+        b = collate(seqs, [0.0], [0], pad_id, classes)
+    units = all_sum([weight_units(b.mask, b.group_index, aggregation)], world)[0]
+    return with_weights(b, aggregation, units).to(world.device)
 
 
 def update_on_rollouts(
@@ -229,27 +254,15 @@ def update_on_rollouts(
     (``rollout.banned_tokens``) left out as the engine leaves them out. ``off_policy``: the
     rollouts were sampled by older weights (asynchronous RL): the old policy is then the proximal
     one of the decoupled objective, the behaviour policy the engine's log-probs, and the importance
-    weights pi_prox/mu are reported (also whenever ``loss.tis_cap`` applies them). With one optimizer step per update the proximal log-probs come
-    from that step's own pass (the weights before it); with several, from a pass before the first.
+    weights pi_prox/mu are reported (also whenever ``loss.tis_cap`` applies them). With one
+    optimizer step per update the proximal log-probs come from that step's own pass (the weights
+    before it); with several, from a pass before the first.
     """
     model, world = learner.model, learner.world
     if all_sum([len(rows)], world)[0] == 0:
         return {"update/skipped": 1.0}
     parts = [list(rows[i :: optim.mini_batches]) for i in range(optim.mini_batches)]
-    batches: list[Batch] = []
-    for part in parts:
-        if part:
-            trajs = [r.trajectory for r in part]
-            seqs = [(t.prompt_ids, t.response_ids, t.loss_mask, t.logprobs) for t in trajs]
-            classes = [token_classes(s[1], s[2]) for s in seqs] if token_classes else None
-            b = collate(seqs, [r.advantage for r in part], [r.group for r in part], pad_id, classes)
-        else:
-            t = stand_in
-            seqs = [(t.prompt_ids, t.response_ids, [0] * len(t.loss_mask), t.logprobs)]
-            classes = [[NO_CLASS] * len(t.response_ids)] if token_classes else None
-            b = collate(seqs, [0.0], [0], pad_id, classes)
-        units = all_sum([weight_units(b.mask, b.group_index, loss.aggregation)], world)[0]
-        batches.append(with_weights(b, loss.aggregation, units).to(world.device))
+    batches = [rows_batch(part, stand_in, pad_id, loss.aggregation, token_classes, world) for part in parts]
     tokens = optim.micro_batch_tokens
     # The old policy (of the clip; the proximal one of the decoupled objective) is the weights before
     # the first optimizer step: with one step per update, the step's own pass computes it
@@ -265,16 +278,13 @@ def update_on_rollouts(
         ]
     report = off_policy or loss.tis_cap is not None  # the importance weights, in the metrics
     ratios = [(b.old_logp - b.engine_logp)[b.mask.bool()] for b in batches if b.old_logp is not None]
-    loss_cfg = as_dataclass(LossConfig, loss)
     passes = {
-        "grad_clip": optim.grad_clip,
-        "max_tokens": tokens,
         "compute": compute,
         "temperature": temperature,
         "banned": banned,
         "ratios": ratios if report else None,
     }
-    out = [policy_update(learner, b, loss_cfg, **passes) for _ in range(optim.epochs) for b in batches]
+    out = [policy_update(learner, b, loss, optim, **passes) for _ in range(optim.epochs) for b in batches]
     summed = {k for k in out[0] if k.startswith(("entropy_sum/", "entropy_tokens/"))}
     stats = {k: sum(o[k] for o in out) / (1 if k in summed else len(out)) for k in out[0]}
     weights = importance_weights(ratios, loss.tis_cap, world) if report else {}

@@ -13,7 +13,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from ..chat.format import ChatFormat
-from ..config import RolloutSection
+from ..config import EngineSection, RolloutSection
+from ..engines.base import Engine
 from .multi_turn import CodeEnvironment, Rollout, Verifier
 
 
@@ -27,16 +28,16 @@ def check_engine_choice(model: str | None, settings: RolloutSection, tokenizer: 
     """A local model directory or servers, not both; with servers, a tokenizer."""
     from pathlib import Path
 
-    if bool(model) == bool(settings.servers):
+    if bool(model) == bool(settings.engine.servers):
         raise ValueError("give either --model PATH or --server URL")
     if model and not Path(model).is_dir():
         raise ValueError(f"--model {model}: no such directory (models are loaded from local files)")
-    if settings.servers and not (tokenizer or model):
+    if settings.engine.servers and not (tokenizer or model):
         raise ValueError("with --server, give --tokenizer PATH (the served model's tokenizer)")
 
 
 async def open_engines(
-    settings: RolloutSection,
+    settings: EngineSection,
     model: str | None = None,
     device: str = "auto",
     dtype: str = "auto",
@@ -44,12 +45,13 @@ async def open_engines(
     trainer_model: Any = None,
     name: str = "hf",
     compute: str = "auto",
-) -> list[Any]:
+    keep_stale_kv: bool = False,
+) -> list[Engine]:
     """``settings.servers``, each asked what it is (``connect``), or one in-process ``HFEngine``:
     over a loaded model the caller keeps training (``trainer_model``, so new weights cost nothing
     to publish), else loaded from the directory ``model``."""
     if settings.servers:
-        engines: list[Any] = []
+        engines: list[Engine] = []
         try:
             for url in settings.servers:
                 engines.append(await connect(url, settings.capacity_tokens))
@@ -65,7 +67,7 @@ async def open_engines(
         "capacity_tokens": settings.capacity_tokens,
         "keep_tokens": settings.keep_tokens,
         "compute": compute,
-        "keep_stale_kv": settings.keep_stale_kv,
+        "keep_stale_kv": keep_stale_kv,
         "cuda_graphs": settings.cuda_graphs,
     }
     if trainer_model is not None:
@@ -75,7 +77,7 @@ async def open_engines(
     return [HFEngine.from_pretrained(model, device=device, dtype=dtype, **sizes)]
 
 
-async def connect(url: str, capacity_tokens: int | None = None) -> Any:
+async def connect(url: str, capacity_tokens: int | None = None) -> Engine:
     """The engine for the server at ``url``: a ``VLLMEngine`` where it is vLLM with its RL routes
     (``rstar2 vllm``), else an ``OpenAIEngine`` (SGLang, ``rstar2 serve``, another vLLM); either
     has asked the server for its KV capacity."""
@@ -141,7 +143,7 @@ async def open_rollout(
         tokenizer = load_tokenizer(str(tokenizer or model))
     fmt = ChatFormat.from_settings(tokenizer, settings)
     own = engines is None
-    engines = await open_engines(settings, model, device, dtype) if own else list(engines)
+    engines = await open_engines(settings.engine, model, device, dtype) if own else list(engines)
     try:
         async with open_services(settings, code_env, verifier) as services:
             yield Rollout(engines, fmt, services["code_env"], services["verifier"], settings)

@@ -4,9 +4,11 @@ answer printed as they happen, through the same rollout code as training."""
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any
 
 from ..config import RolloutSection
+from ..reward.extract import extract_answer
 from .build import check_engine_choice, open_rollout
 
 
@@ -21,8 +23,6 @@ def show_event(out: Any, kind: str, data: dict) -> None:
         out.print(f"[{colour}]tool {c.name or '?'} → {c.status}[/{colour}]")
         out.print(c.response, markup=False, highlight=False, style="dim")
     elif kind == "done":
-        from ..reward.extract import extract_answer
-
         t = data["trajectory"]
         t.answer = t.answer or extract_answer(t.model_text)
         out.print(
@@ -44,20 +44,18 @@ def chat(
     check_engine_choice(model, settings, tokenizer)
 
     async def session() -> None:
+        show = partial(show_event, out)
         async with open_rollout(settings, model=model, tokenizer=tokenizer, device=device) as rollout:
-            questions = [problem] if problem else None
+            if problem:
+                await rollout.run(problem, None, on_event=show)
+                return
             while True:
-                if questions is not None:
-                    if not questions:
-                        return
-                    q = questions.pop()
-                else:
-                    try:
-                        q = await asyncio.to_thread(input, "problem> ")
-                    except EOFError:
-                        return
-                    if q.strip() in ("", "exit", "quit"):
-                        return
-                await rollout.run(q, None, on_event=lambda kind, data: show_event(out, kind, data))
+                try:
+                    q = await asyncio.to_thread(input, "problem> ")
+                except EOFError:
+                    return
+                if q.strip() in ("", "exit", "quit"):
+                    return
+                await rollout.run(q, None, on_event=show)
 
     asyncio.run(session())

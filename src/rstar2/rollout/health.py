@@ -1,18 +1,14 @@
-"""Tool-use health: the signs that a run's tool use is going wrong, and the watch that warns on them.
-
-Peer systems' users report the same failures of agentic RL: the policy stops calling the tool
-(zero-call collapse), writes calls that do not parse (a storm of format errors), repeats the call it
-just made, or prints more than it can read back. Each rollout shows each sign or not
-(``signs``); a step's share of rollouts showing it is ``health/<sign>`` in the metrics; ``Watch``
-compares the shares with ``run.health``'s limits, warns on every step over a limit, and asks to
-stop once a sign has stayed over its limit for ``patience`` steps in a row (when ``stop`` is set).
+"""Tool-use health: the failures peer systems' users report of agentic RL (the policy stops calling
+the tool, writes calls that do not parse, repeats its last call, prints more than it can read back).
+A step's share of rollouts showing each sign is ``health/<sign>`` in the metrics; ``Watch`` warns
+on every step over ``run.health``'s limit, and asks to stop after ``patience`` steps in a row.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,14 +66,7 @@ class HealthWarning:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "sign": self.sign,
-            "share": self.share,
-            "limit": self.limit,
-            "steps_over": self.steps_over,
-            "message": self.message,
-        }
+        return {**asdict(self), "message": self.message}
 
 
 @dataclass
@@ -104,10 +93,10 @@ class Watch:
 
     def resume(self, warnings: Sequence[Mapping[str, Any]], step: int) -> None:
         """Continue the counts of a run resumed after ``step`` from its ``health.jsonl``."""
-        said = {(w.get("step"), w.get("sign")) for w in warnings}
+        warned = {(w.get("step"), w.get("sign")) for w in warnings}
         for sign in SIGNS:
             n = 0
-            while (step - n, sign) in said:
+            while (step - n, sign) in warned:
                 n += 1
             self.over[sign] = n
 
@@ -134,8 +123,7 @@ def read_warnings(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def keep_warnings_until(run_dir: str | Path, step: int) -> list[dict[str, Any]]:
-    """On resume: the warnings of steps after the checkpoint are about to be redone; returns the
-    warnings kept."""
+    """On resume, the warnings kept: the steps after the checkpoint are about to be redone."""
     path = Path(run_dir) / HEALTH_FILE
     kept = [w for w in read_warnings(run_dir) if w.get("step", 0) <= step]
     if path.exists():

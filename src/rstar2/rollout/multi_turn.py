@@ -1,9 +1,6 @@
-"""Multi-turn tool-integrated rollouts: generate → parse → execute → append → repeat.
-
-One code path for training and evaluation. Token-in, token-out: the engine's sampled ids are kept
-as they are and only each new tool turn is tokenized (``ChatFormat``), so the trainer sees exactly
-what the policy sampled; tool-turn tokens get loss mask 0. Every trajectory is its own asyncio
-task, so a tool call of one never holds up the generation of another.
+"""Multi-turn tool-integrated rollouts: generate → parse → execute → append → repeat, one code path
+for training and evaluation. Token-in, token-out: the engine's sampled ids are kept as they are and
+only each new tool turn is tokenized (``ChatFormat``), with loss mask 0.
 """
 
 from __future__ import annotations
@@ -12,17 +9,18 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..chat.format import ChatFormat, end_of_turn_ids
 from ..chat.tags import ANSWER_OPEN
-from ..chat.tools import SESSION_TOOL, ToolCall, parse_tool_calls
+from ..chat.tools import SESSION_TOOL, ParsedTurn, ToolCall, parse_tool_calls
 from ..config import RolloutSection
 from ..engines.base import Engine, Generation, SamplingParams
 from ..sandbox.request import ExecRequest
 from ..sandbox.result import ExecResult
 from .scheduler import Request, Scheduler
-from .trajectory import ToolCallRecord, Trajectory, Turn
+from .trajectory import FinishReason, ToolCallRecord, Trajectory, Turn
 
 Event = Callable[[str, dict[str, Any]], None]
 TURNS_SPAN = 1000  # request priority = trajectory priority x this - turn: a next turn before new ones
@@ -51,6 +49,18 @@ def token_ids(tokenizer: Any, tokens: Sequence[str] | None, key: str) -> tuple[i
     return tuple(vocab[t] for t in tokens or ())
 
 
+@dataclass
+class _Live:
+    """A trajectory being rolled out, and what each of its turns needs."""
+
+    traj: Trajectory
+    key: str  # its id: the scheduler's, and the session tool's session
+    seed: int | None
+    priority: int
+    emit: Event
+    engine: Engine | None = None  # the engine that served its last request (its prefix is there)
+
+
 class Rollout:
     def __init__(
         self,
@@ -61,15 +71,15 @@ class Rollout:
         config: RolloutSection | None = None,
         scheduler: Scheduler | None = None,
     ) -> None:
-        """``config``: the rollout settings (``rstar2.config.RolloutSection``); its chat fields are
-        ``fmt``'s business, the engine and sandbox fields ``open_rollout``'s."""
+        """``config``'s chat fields are ``fmt``'s business, its engine and sandbox fields
+        ``open_rollout``'s."""
         engines = [engines] if not isinstance(engines, Sequence) else list(engines)
         self.fmt = fmt
         self.code_env = code_env
         self.verifier = verifier
         self.config = config or RolloutSection()
         self.scheduler = scheduler or Scheduler(
-            engines, self.config.scheduler, grant_tokens=self.config.grant_tokens
+            engines, self.config.scheduler.policy, grant_tokens=self.config.scheduler.grant_tokens
         )
         self.stop_ids = token_ids(fmt.tokenizer, self.config.stop_tokens, "rollout.stop_tokens") or (
             end_of_turn_ids(fmt.tokenizer)
@@ -85,7 +95,6 @@ class Rollout:
             self._prompts[problem] = self.fmt.prompt_ids(problem)
         return self._prompts[problem]
 
-    # -- one trajectory ---------------------------------------------------------------------
     async def run(
         self,
         problem: str,
@@ -99,67 +108,15 @@ class Rollout:
     ) -> Trajectory:
         """One trajectory. ``priority``: its requests' place in an engine's queue when rows are short
         (lower first; the trainer gives the step it trains at); a later turn goes ahead of earlier ones."""
-        cfg = self.config
-        emit = on_event or (lambda kind, data: None)
         started = time.perf_counter()
         traj = Trajectory(
             problem, reference, list(prompt_ids or self._prompt_ids(problem)), meta=dict(meta or {})
         )
         key = traj.meta.setdefault("id", uuid.uuid4().hex[:16])
-        engine: Engine | None = None
+        live = _Live(traj, key, seed, priority, on_event or (lambda kind, data: None))
         self.scheduler.open(key)
         try:
-            for turn_no in range(cfg.max_turns):
-                left = cfg.max_response_tokens - len(traj.response_ids)
-                if left <= 0:
-                    traj.finish_reason = "max_length"
-                    break
-                budget = min(left, cfg.max_tokens_per_turn or left)
-                t0 = time.perf_counter()
-                gen, engine = await self._generate_turn(traj, key, turn_no, budget, engine, seed, priority)
-                ids = list(gen.token_ids)
-                text = self.fmt.decode([i for i in ids if i not in self.stop_ids])
-                turn = Turn(text, len(ids), gen_s=time.perf_counter() - t0, engine=engine.name)
-                traj.turns.append(turn)
-                traj.response_ids += ids
-                traj.loss_mask += [1] * len(ids)
-                traj.logprobs += list(gen.logprobs)
-                traj.versions += gen.versions or []  # one a token: _generate_turn fills the unknown
-                emit("generation", {"turn": turn_no, "text": text})
-                if gen.finish_reason == "length":
-                    traj.finish_reason = "max_length"
-                    break
-                if ANSWER_OPEN in text:
-                    traj.finish_reason = "answer"
-                    break
-                parsed = parse_tool_calls(text, tools=self.fmt.tool_names, max_calls=cfg.max_calls_per_turn)
-                if not parsed.has_calls:
-                    traj.finish_reason = "no_tool_call"
-                    break
-                t1 = time.perf_counter()
-                turn.calls = await asyncio.gather(*(self._call(c, key) for c in parsed.calls))
-                turn.skipped_calls = parsed.skipped
-                turn.tool_s = time.perf_counter() - t1
-                for call in turn.calls:
-                    emit("tool", {"turn": turn_no, "call": call})
-                responses = [c.response for c in turn.calls]
-                if parsed.skipped:
-                    responses[-1] += (
-                        f"\n({parsed.skipped} more tool call(s) in this turn were not run: "
-                        f"at most {cfg.max_calls_per_turn} per turn.)"
-                    )
-                end = self.fmt.decode(ids[-1:]) if ids and ids[-1] in self.stop_ids else ""
-                tool_ids = self.fmt.tool_turn_ids(responses, model_end=end)
-                if len(traj.response_ids) + len(tool_ids) >= cfg.max_response_tokens:
-                    traj.finish_reason = "max_length"  # no room left for the tool turn and a reply
-                    break
-                turn.tool_tokens = len(tool_ids)
-                traj.response_ids += tool_ids
-                traj.loss_mask += [0] * len(tool_ids)
-                traj.logprobs += [0.0] * len(tool_ids)
-                traj.versions += [-1] * len(tool_ids)
-            else:
-                traj.finish_reason = "max_turns"
+            traj.finish_reason = await self._turns(live)
         except Exception as exc:  # an engine failure ends this trajectory, never the batch
             traj.finish_reason = "error"
             traj.verdict = f"rollout error: {type(exc).__name__}: {exc}"
@@ -173,62 +130,125 @@ class Rollout:
         elif traj.num_faulted_calls:
             traj.fault = "sandbox"
         traj.seconds = time.perf_counter() - started
-        emit("done", {"trajectory": traj})
+        live.emit("done", {"trajectory": traj})
         return traj
 
-    async def _generate_turn(
-        self,
-        traj: Trajectory,
-        key: str,
-        turn_no: int,
-        budget: int,
-        engine: Engine | None,
-        seed: int | None,
-        priority: int = 0,
-    ) -> tuple[Generation, Engine]:
+    async def _turns(self, live: _Live) -> FinishReason:
+        """Turn after turn (the model's, then its tool calls' outputs) until the model answers or
+        calls no tool, or a limit is reached; returns why it ended."""
+        cfg, traj = self.config, live.traj
+        for turn_no in range(cfg.max_turns):
+            left = cfg.max_response_tokens - len(traj.response_ids)
+            if left <= 0:
+                return "max_length"
+            gen, turn = await self._model_turn(live, turn_no, min(left, cfg.max_tokens_per_turn or left))
+            if gen.finish_reason == "length":
+                return "max_length"
+            if ANSWER_OPEN in turn.text:
+                return "answer"
+            parsed = parse_tool_calls(turn.text, tools=self.fmt.tool_names, max_calls=cfg.max_calls_per_turn)
+            if not parsed.calls:
+                return "no_tool_call"
+            if not await self._tool_turn(live, turn_no, turn, parsed, gen.token_ids):
+                return "max_length"  # no room left for the tool turn and a reply
+        return "max_turns"
+
+    async def _model_turn(self, live: _Live, turn_no: int, budget: int) -> tuple[Generation, Turn]:
+        """The model's turn, appended with loss mask 1, the engine's log-probs and versions."""
+        t0 = time.perf_counter()
+        gen = await self._generate_turn(live, turn_no, budget)
+        ids = list(gen.token_ids)
+        text = self.fmt.decode([i for i in ids if i not in self.stop_ids])
+        turn = Turn(text, len(ids), gen_s=time.perf_counter() - t0, engine=live.engine.name)
+        traj = live.traj
+        traj.turns.append(turn)
+        traj.response_ids += ids
+        traj.loss_mask += [1] * len(ids)
+        traj.logprobs += list(gen.logprobs)
+        traj.versions += gen.versions or []  # one a token: _generate_turn fills the unknown
+        live.emit("generation", {"turn": turn_no, "text": text})
+        return gen, turn
+
+    async def _tool_turn(
+        self, live: _Live, turn_no: int, turn: Turn, parsed: ParsedTurn, model_ids: list[int]
+    ) -> bool:
+        """The turn's calls run together, and what the model reads back appended with loss mask 0;
+        False when that leaves no room for a reply (nothing appended)."""
+        cfg, traj = self.config, live.traj
+        t1 = time.perf_counter()
+        turn.calls = await asyncio.gather(*(self._call(c, live.key) for c in parsed.calls))
+        turn.skipped_calls = parsed.skipped
+        turn.tool_s = time.perf_counter() - t1
+        for call in turn.calls:
+            live.emit("tool", {"turn": turn_no, "call": call})
+        responses = [c.response for c in turn.calls]
+        if parsed.skipped:
+            responses[-1] += (
+                f"\n({parsed.skipped} more tool call(s) in this turn were not run: "
+                f"at most {cfg.max_calls_per_turn} per turn.)"
+            )
+        end = self.fmt.decode(model_ids[-1:]) if model_ids and model_ids[-1] in self.stop_ids else ""
+        tool_ids = self.fmt.tool_turn_ids(responses, model_end=end)
+        if len(traj.response_ids) + len(tool_ids) >= cfg.max_response_tokens:
+            return False
+        turn.tool_tokens = len(tool_ids)
+        traj.response_ids += tool_ids
+        traj.loss_mask += [0] * len(tool_ids)
+        traj.logprobs += [0.0] * len(tool_ids)
+        traj.versions += [-1] * len(tool_ids)
+        return True
+
+    async def _generate_turn(self, live: _Live, turn_no: int, budget: int) -> Generation:
         """One model turn of up to ``budget`` tokens, in as many requests as the scheduler's grants
-        need (each continues from the ids so far). An engine that fails is taken out of rotation
-        and the request retried on another; a bad request (``ValueError``) is not retried."""
-        cfg = self.config
+        need (each continues from the ids so far); ``live.engine`` becomes the engine that served.
+        An engine that fails is taken out of rotation and the request retried on another; a bad
+        request (``ValueError``) is not retried."""
+        cfg, traj = self.config, live.traj
         ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
         failures = piece = 0
         while True:
             context = traj.prompt_ids + traj.response_ids + ids
-            request = Request(key, len(context), budget - len(ids), engine, turn_no)
+            request = Request(live.key, len(context), budget - len(ids), live.engine, turn_no)
             used = await self.scheduler.acquire(request)
             grant = request.granted or request.max_new_tokens
-            params = SamplingParams(
-                max_new_tokens=grant,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                top_k=cfg.top_k,
-                stop_token_ids=self.stop_ids,
-                banned_token_ids=self.banned_ids,
-                seed=None if seed is None else seed * 1000 + turn_no + 1_000_003 * piece,
-                priority=priority * TURNS_SPAN - min(turn_no, TURNS_SPAN - 1),  # a next turn first
-            )
+            params = self._sampling(live, turn_no, piece, grant)
             try:
                 gen = await used.generate(context, params)
             except ValueError:
                 raise
             except Exception:
                 failures += 1
-                if failures > cfg.engine_retries or not self.scheduler.fail(used):
+                if failures > cfg.scheduler.retries or not self.scheduler.fail(used):
                     raise
-                engine = None  # the turn starts over elsewhere
+                live.engine = None  # the turn goes on elsewhere
                 continue
             finally:
                 self.scheduler.release(used, request)
-            engine = used
+            live.engine = used
             ids += gen.token_ids
             logprobs += gen.logprobs
             versions += gen.versions or [-1] * len(gen.token_ids)
             piece += 1
             cut_short = gen.finish_reason == "length" and len(gen.token_ids) < grant  # model's positions
             if gen.finish_reason == "stop" or len(ids) >= budget or cut_short:
-                return Generation(ids, logprobs, gen.finish_reason, versions), engine
+                return Generation(ids, logprobs, gen.finish_reason, versions)
+
+    def _sampling(self, live: _Live, turn_no: int, piece: int, grant: int) -> SamplingParams:
+        """The rollout's sampling settings for one request: a seed of its own for each piece of
+        each turn, and a later turn ahead of earlier ones in an engine's queue."""
+        cfg = self.config
+        return SamplingParams(
+            max_new_tokens=grant,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            stop_token_ids=self.stop_ids,
+            banned_token_ids=self.banned_ids,
+            seed=None if live.seed is None else live.seed * 1000 + turn_no + 1_000_003 * piece,
+            priority=live.priority * TURNS_SPAN - min(turn_no, TURNS_SPAN - 1),
+        )
 
     async def _call(self, call: Any, key: str) -> ToolCallRecord:
         if not isinstance(call, ToolCall):
@@ -264,7 +284,6 @@ class Rollout:
         traj.answer = getattr(verdict, "answer", None)
         traj.verdict = getattr(verdict, "reason", "")
 
-    # -- many -------------------------------------------------------------------------------
     async def run_many(
         self,
         items: Sequence[dict[str, Any]],

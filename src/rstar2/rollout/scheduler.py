@@ -1,26 +1,15 @@
-"""Which engine serves a trajectory's next turn, and when: the rollout scheduler.
+"""Which engine serves a trajectory's next turn, and when: the rollout scheduler (README, "The rollout
+scheduler"). A *policy* decides, from a global queue of requests (a turn, or the rest of one), which
+may start now and on which engine. Policies are plain synchronous objects (``submit`` / ``admit`` /
+``release``), so the same code runs the real rollouts (through the asyncio ``Scheduler``) and the
+discrete-event model (``benchmarks/scheduler_model.py``).
 
-Every turn of every trajectory is one generation request. A *policy* decides, from a global queue
-of requests, which may start now and on which engine. Policies are plain synchronous objects
-(``submit`` / ``admit`` / ``release``), so the same code runs the real rollouts (through the
-asyncio ``Scheduler`` below) and the discrete-event model (``benchmarks/scheduler_model.py``).
-
-- ``kv`` (the default): a request is admitted only if its reservation — current context plus the
-  tokens it is *granted* — fits the engine's free KV capacity; the reservation is released when the
-  request ends, so a trajectory waiting on its tool holds no KV. The grant is the turn's maximum new
-  tokens (capped by the trajectory's remaining budget) up to ``grant_tokens`` (default 512, or
-  1/64 of the smallest engine's capacity if less); a turn that used up
-  its grant goes on in a new request (the runner does this; engines with a prefix cache only
-  prefill the new tokens), so an 8K budget need not be reserved whole: more turns run at once. A
-  new trajectory goes to the emptiest engine by share of its capacity; a next request goes back to
-  the engine that holds its prefix, unless that engine is short of room while another is mostly
-  free, or runs ``rebalance_gap`` more requests than another that has room (at the tail of a batch
-  a long trajectory decodes faster alone than its cached prefix saves). Requests wait rather than
-  oversubscribe; the oldest waiting request can be passed over only ``max_bypass`` times, after
-  which nothing behind it starts until it does (no starvation).
-- ``least_requests``: the engine with the fewest requests in flight, sticky on ties (what verl does).
-- ``static``: trajectories split equally over the engines up front, with a barrier at every turn
-  (what rStar2-Agent started from, and found to leave GPUs idle and overflow their KV caches).
+``kv`` (the default) admits a request only if its context plus the tokens it is granted fit the
+engine's free KV; a next request goes back to the engine holding its prefix unless that engine is
+short of room while another is mostly free, or runs ``rebalance_gap`` more requests than another; the
+oldest waiting request is passed over at most ``max_bypass`` times. ``least_requests`` is verl's;
+``static`` (an equal split, a barrier a turn) is what rStar2-Agent started from, and found to leave
+GPUs idle and overflow their KV caches.
 """
 
 from __future__ import annotations
@@ -133,13 +122,8 @@ class LeastRequests(Policy):
         if not live:
             return []
         out = []
-        for req in self.queue:
-            best = min(self.running[e] for e in live)
-            if req.previous in live and self.running[req.previous] == best:
-                engine = req.previous
-            else:
-                engine = next(e for e in live if self.running[e] == best)
-            out.append(self._start(req, engine))
+        for req in self.queue:  # the first least busy engine, the previous one if among them
+            out.append(self._start(req, min(live, key=lambda e: (self.running[e], e != req.previous))))
         self.queue = []
         return out
 
@@ -246,25 +230,24 @@ class KVCapacity(Policy):
         out: list[tuple[Request, int]] = []
         waiting: list[tuple[Request, int]] = []  # with the number admitted before it was passed over
         for i, req in enumerate(self.queue):
-            if self.need(req) > largest:
-                self.rejected.append(
-                    (
-                        req,
-                        f"a request needs at least {self.need(req)} KV tokens ({req.context_tokens} of "
-                        f"context + {self.need(req) - req.context_tokens} new) but the largest engine "
-                        f"holds {largest}: raise the engines' capacity_tokens or lower max_response_tokens",
-                    )
+            need = self.need(req)
+            if need > largest:
+                why = (
+                    f"a request needs at least {need} KV tokens ({req.context_tokens} of context + "
+                    f"{need - req.context_tokens} new) but the largest engine holds {largest}: raise "
+                    "the engines' capacity_tokens or lower max_response_tokens"
                 )
+                self.rejected.append((req, why))
                 continue
             oldest, before = waiting[0] if waiting else (None, 0)
             if oldest is not None and oldest.bypassed + len(out) - before >= self.max_bypass:
                 waiting.extend((r, len(out)) for r in self.queue[i:])  # hold the line for the oldest
                 break
-            engine = self._choose(req) if self.need(req) <= max(self.free(e) for e in live) else None
+            engine = self._choose(req) if need <= max(self.free(e) for e in live) else None
             if engine is None:
                 waiting.append((req, len(out)))
                 continue
-            out.append(self._start(req, engine, self.need(req) - req.context_tokens))
+            out.append(self._start(req, engine, need - req.context_tokens))
         for req, before in waiting:
             req.bypassed += len(out) - before
         self.queue = [req for req, _ in waiting]
@@ -287,11 +270,10 @@ class Scheduler:
     def __init__(
         self,
         engines: Sequence[Engine],
-        policy: str | Policy = "kv",
+        policy: str = "kv",
         *,
         grant_tokens: int | None = None,
         revive_after_s: float | None = 60.0,
-        **options: Any,
     ) -> None:
         """``grant_tokens`` is for ``kv`` (ignored by the others); when None and no engine has a
         prefix cache (``HFEngine``), turns are granted whole, since a continued turn would prefill
@@ -300,15 +282,12 @@ class Scheduler:
         self.revive_after_s = revive_after_s
         if not self.engines:
             raise ValueError("at least one engine is needed")
+        options = {}
         if policy == "kv":
             if grant_tokens is None and not any(getattr(e, "prefix_cache", True) for e in self.engines):
                 grant_tokens = max(e.capacity_tokens for e in self.engines)
             options["grant_tokens"] = grant_tokens
-        self.policy = (
-            policy
-            if isinstance(policy, Policy)
-            else make_policy(policy, [e.capacity_tokens for e in self.engines], **options)
-        )
+        self.policy = make_policy(policy, [e.capacity_tokens for e in self.engines], **options)
         self._index = {id(e): i for i, e in enumerate(self.engines)}
         self._waiting: dict[int, asyncio.Future] = {}  # submitted, not yet admitted
         self._held: dict[int, Request] = {}  # admitted, not yet released

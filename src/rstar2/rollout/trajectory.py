@@ -94,7 +94,6 @@ class Trajectory:
     # starved). Such rollouts are left out of the update and counted under faults/* (rl/trainer.py).
     fault: str | None = None
 
-    # -- views ------------------------------------------------------------------------------
     @property
     def calls(self) -> list[ToolCallRecord]:
         return [c for t in self.turns for c in t.calls]
@@ -138,7 +137,6 @@ class Trajectory:
     def tool_seconds(self) -> float:
         return sum(t.tool_s for t in self.turns)
 
-    # -- JSON -------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["turns"] = [
@@ -150,12 +148,7 @@ class Trajectory:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trajectory:
         turns = [
-            Turn(
-                **{
-                    **{k: v for k, v in t.items() if k != "calls"},
-                    "calls": [ToolCallRecord.from_dict(c) for c in t["calls"]],
-                }
-            )
+            Turn(**{**t, "calls": [ToolCallRecord.from_dict(c) for c in t["calls"]]})
             for t in d.get("turns", [])
         ]
         return cls(**{**d, "turns": turns})

@@ -133,7 +133,7 @@ class Pool:
 
     def cpu_s(self) -> float:
         t = os.times()
-        return t.user + t.system + sum(tree_cpu_s(ex.proc.pid) for ex in self.pool.handles if ex.proc)
+        return t.user + t.system + sum(tree_cpu_s(h.proc.pid) for h in self.pool.handles if h.proc)
 
     async def run(self, req):
         return await self.pool.run(req)
@@ -214,45 +214,31 @@ class Http:
         return await self.client.run(req)
 
 
-class RedisServer:
-    def __init__(self) -> None:
-        self.proc: subprocess.Popen | None = None
-        self.dir = tempfile.mkdtemp(prefix="rstar2-bench-redis-")
-        self.port = _free_port()
-
-    def start(self) -> str | None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            return None
-        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-        self.proc = subprocess.Popen([binary, *args, "--dir", self.dir], **quiet)
-        time.sleep(0.5)
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 class RedisMode(Http):
+    """As `Http`, over `serve --redis` and one worker node, with a throwaway redis-server."""
+
     name = "redis"
 
     def __init__(self, workers: int) -> None:
-        self.server = RedisServer()
-        url = self.server.start()
-        if url is None:
+        binary = shutil.which("redis-server")
+        if binary is None:
             raise RuntimeError("redis-server is not installed (scripts/setup.sh installs it)")
-        super().__init__(workers, url)
+        self.dir = tempfile.mkdtemp(prefix="rstar2-bench-redis-")
+        port = _free_port()
+        args = [*f"--port {port} --bind 127.0.0.1 --appendonly no".split(), "--save", "", "--dir", self.dir]
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        self.server = subprocess.Popen([binary, *args], **quiet)
+        time.sleep(0.5)
+        super().__init__(workers, f"redis://127.0.0.1:{port}/0")
 
     def cpu_s(self) -> float:
-        return super().cpu_s() + (tree_cpu_s(self.server.proc.pid) if self.server.proc else 0.0)
+        return super().cpu_s() + tree_cpu_s(self.server.pid)
 
     async def close(self):
         await super().close()
-        self.server.stop()
+        self.server.kill()
+        self.server.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -265,30 +251,31 @@ def calls_for(workload: str, in_flight: int, mode: str, quick: bool) -> int:
     return max(base, 2 * in_flight)
 
 
-async def measure(runner, workload: str, in_flight: int, calls: int) -> Cell:
-    code, expected = WORKLOADS[workload]
+async def measure(runner, workload: str, in_flight: int, calls: list[tuple[ExecRequest, str]]) -> Cell:
+    """Run `calls` (each a request and the stdout it must print), `in_flight` at a time."""
     sem = asyncio.Semaphore(in_flight)
     latencies: list[float] = []
     statuses: dict[str, int] = {}
     correct = 0
 
-    async def one() -> None:
+    async def one(req: ExecRequest, expected: str) -> None:
         nonlocal correct
         async with sem:
             t0 = time.perf_counter()
-            r = await runner.run(ExecRequest(code, timeout_s=30))
+            r = await runner.run(req)
             latencies.append(time.perf_counter() - t0)
         statuses[r.status] = statuses.get(r.status, 0) + 1
         correct += r.stdout == expected
 
     cpu0 = runner.cpu_s()
     t0 = time.perf_counter()
-    await asyncio.gather(*(one() for _ in range(calls)))
+    await asyncio.gather(*(one(req, expected) for req, expected in calls))
     wall = time.perf_counter() - t0
+    n = len(calls)
     cpu = runner.cpu_s() - cpu0
     latencies.sort()
     pct = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000  # noqa: E731
-    measured = (calls, wall, calls / wall, pct(0.5), pct(0.99), cpu / calls * 1000)
+    measured = (n, wall, n / wall, pct(0.5), pct(0.99), cpu / n * 1000)
     return Cell(runner.name, workload, in_flight, *measured, correct, statuses)
 
 
@@ -317,7 +304,9 @@ async def run_bench(
                     for c in concurrency:
                         progress.update(task, description=f"{mode} / {workload} / {c} in flight")
                         n = calls_for(workload, c, mode, quick)
-                        cells.append(await measure(runner, workload, min(c, n), n))
+                        code, expected = WORKLOADS[workload]
+                        calls = [(ExecRequest(code, timeout_s=30), expected)] * n
+                        cells.append(await measure(runner, workload, min(c, n), calls))
                         cells[-1].in_flight = c
                         progress.advance(task)
             finally:
@@ -357,31 +346,21 @@ def print_table(cells: list[Cell], workers: int) -> None:
 
 
 async def stress(n: int, in_flight: int, workers: int) -> dict:
-    """Many trivial calls through the local pool: correctness, internal errors, wall time."""
-    from .local_pool import LocalPool
-
-    sem = asyncio.Semaphore(in_flight)
-    statuses: dict[str, int] = {}
-    correct = 0
-    async with LocalPool(workers=workers) as pool:
-
-        async def one(i: int) -> None:
-            nonlocal correct
-            async with sem:
-                r = await pool.run(f"print({i} + 1)")
-            statuses[r.status] = statuses.get(r.status, 0) + 1
-            correct += r.stdout == f"{i + 1}\n"
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(n)))
-        wall = time.perf_counter() - t0
+    """Many trivial calls through the local pool, each with its own answer: correctness, statuses,
+    wall time."""
+    runner = await Pool(workers).start()
+    try:
+        calls = [(ExecRequest(f"print({i} + 1)"), f"{i + 1}\n") for i in range(n)]
+        cell = await measure(runner, "stress", in_flight, calls)
+    finally:
+        await runner.close()
     return {
         "calls": n,
         "in_flight": in_flight,
-        "wall_s": round(wall, 1),
-        "calls_per_s": round(n / wall, 1),
-        "correct": correct,
-        "statuses": statuses,
+        "wall_s": round(cell.wall_s, 1),
+        "calls_per_s": round(cell.calls_per_s, 1),
+        "correct": cell.correct,
+        "statuses": cell.statuses,
     }
 
 

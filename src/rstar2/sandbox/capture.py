@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 
+from .request import Limits
+
 
 class Capture:
     def __init__(self, limit: int) -> None:
@@ -56,14 +58,24 @@ class CallOutput:
 
     REPORT_BYTES = 4 << 20
 
-    def __init__(self, output_bytes: int, max_output_mb: float, out_r: int, err_r: int, res_r: int) -> None:
-        self.out, self.err, self.res = (
-            Capture(output_bytes),
-            Capture(output_bytes),
-            Capture(self.REPORT_BYTES),
-        )
-        self.streams = {out_r: self.out, err_r: self.err, res_r: self.res}
+    def __init__(
+        self, output_bytes: int, max_output_mb: float, out_r: int, err_r: int, report_r: int
+    ) -> None:
+        self.out, self.err = Capture(output_bytes), Capture(output_bytes)
+        self.report_stream = Capture(self.REPORT_BYTES)
+        self.streams = {out_r: self.out, err_r: self.err, report_r: self.report_stream}
         self.hard_limit = int(max_output_mb * 1024 * 1024)
+
+    @classmethod
+    def with_pipes(cls, limits: Limits) -> tuple[CallOutput, list[int]]:
+        """Fresh pipes for a call: the capture of their reading ends, and their writing ends for the
+        child (stdout, stderr, report)."""
+        (out_r, out_w), (err_r, err_w), (report_r, report_w) = os.pipe(), os.pipe(), os.pipe()
+        return cls(limits.output_bytes, limits.max_output_mb, out_r, err_r, report_r), [
+            out_w,
+            err_w,
+            report_w,
+        ]
 
     def read(self, fd: int) -> bool:
         """Take what is waiting on `fd`; False at its end."""
@@ -78,10 +90,10 @@ class CallOutput:
 
     def report(self) -> dict:
         """The child's structured report (trailing value, exception type), {} when it wrote none."""
-        if not self.res.total:
+        if not self.report_stream.total:
             return {}
         try:
-            return json.loads(bytes(self.res.head) + bytes(self.res.tail))
+            return json.loads(bytes(self.report_stream.head) + bytes(self.report_stream.tail))
         except ValueError:
             return {}
 

@@ -77,35 +77,11 @@ class Client:
     async def run_many(self, requests: list[ExecRequest | str]) -> list[ExecResult]:
         return list(await asyncio.gather(*(self.run(r) for r in requests)))
 
-    async def health(self) -> dict:
-        if self._http is None:
-            await self.start()
-        assert self._http is not None
-        resp = await self._http.get(self.url + "/health")
-        resp.raise_for_status()
-        return resp.json()
-
     # ------------------------------------------------------------------ sending
     async def _sender(self) -> None:
         assert self._queue is not None
-        queue = self._queue
         while True:
-            batch = [await queue.get()]
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.linger_s
-            while len(batch) < self.batch_size:
-                try:
-                    batch.append(queue.get_nowait())
-                    continue
-                except asyncio.QueueEmpty:
-                    pass
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(queue.get(), remaining))
-                except asyncio.TimeoutError:
-                    break
+            batch = await self._next_batch(self._queue)
             live = [(req, fut) for req, fut in batch if not fut.done()]
             if not live:
                 continue
@@ -117,6 +93,24 @@ class Client:
             for (_, fut), result in zip(live, results, strict=True):
                 if not fut.done():
                     fut.set_result(result)
+
+    async def _next_batch(self, queue: asyncio.Queue) -> list:
+        """The first waiting call and whatever else arrives within `linger_s`, up to `batch_size`."""
+        batch = [await queue.get()]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.linger_s
+        while len(batch) < self.batch_size:
+            if not queue.empty():
+                batch.append(queue.get_nowait())
+                continue
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(queue.get(), remaining))
+            except asyncio.TimeoutError:
+                break
+        return batch
 
     async def _post(self, reqs: list[ExecRequest]) -> list[ExecResult]:
         assert self._http is not None

@@ -118,10 +118,6 @@ def run_worker_node(
 
 
 # -- the commands ----------------------------------------------------------------------------
-def _limits(timeout_s: float | None = None, memory_mb: int | None = None) -> Limits:
-    return Limits().merged(timeout_s, memory_mb)
-
-
 PRELOAD_HELP = (
     "Modules each worker imports once, comma-separated (default: math, fractions, itertools, "
     "collections, ..., numpy, sympy; 'default' stands for that list). Fewer modules make a smaller "
@@ -200,7 +196,7 @@ def sandbox_serve(
             f"[yellow]warning[/yellow]: binding {host}: this service runs untrusted code; "
             "never expose it to a network you do not control."
         )
-    limits, modules = _limits(timeout_s, memory_mb), parse_preload(preload)
+    limits, modules = Limits().merged(timeout_s, memory_mb), parse_preload(preload)
     serve(
         host,
         port,
@@ -226,7 +222,7 @@ def sandbox_worker(
     run_worker_node(
         redis,
         workers=workers or None,
-        limits=_limits(timeout_s, memory_mb),
+        limits=Limits().merged(timeout_s, memory_mb),
         preload=parse_preload(preload),
         lease_s=lease_s,
         name=name,

@@ -58,6 +58,16 @@ def _flush() -> None:
             pass
 
 
+def _exit_code(exc: SystemExit) -> int:
+    """What `sys.exit(arg)` ends the process with, as Python does (a message is printed: 1)."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
 def run_code(code: str, result_fd: int, namespace: dict | None = None, new_stdio: bool = True) -> int:
     """Execute `code` (in `namespace`, or a fresh `__main__`) and report on `result_fd`.
 
@@ -80,14 +90,7 @@ def run_code(code: str, result_fd: int, namespace: dict | None = None, new_stdio
                 namespace["_"] = value
                 report["value"] = repr(value)
     except SystemExit as exc:
-        code_ = exc.code
-        if code_ is None:
-            exit_code = 0
-        elif isinstance(code_, int):
-            exit_code = code_ & 0xFF
-        else:
-            print(code_, file=sys.stderr)
-            exit_code = 1
+        exit_code = _exit_code(exc)
         if exit_code:
             report["error_type"] = "SystemExit"
     except BaseException as exc:  # noqa: BLE001 - everything the code raises is its result

@@ -53,16 +53,6 @@ UID_BASE = 61000  # worker k runs calls as uid UID_BASE + k (unused range on Deb
 
 
 @dataclass
-class Layer:
-    name: str
-    active: bool
-    detail: str
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "active": self.active, "detail": self.detail}
-
-
-@dataclass
 class IsolationConfig:
     """Which layers to try. `enabled=False` runs calls as plain forked children (for comparison only)."""
 
@@ -98,7 +88,7 @@ class WorkerIsolation:
 
     config: IsolationConfig
     worker_index: int
-    layers: dict[str, Layer] = field(default_factory=dict)
+    layers: dict[str, dict] = field(default_factory=dict)  # name -> {name, active, detail}
     pid_ns_fd: int | None = None
     seccomp_program: linux.SeccompProgram | None = None
     uid: int | None = None
@@ -108,59 +98,91 @@ class WorkerIsolation:
     in_force: dict[int, int] = field(default_factory=dict)  # rlimits a zygote set on itself
 
     def note(self, name: str, active: bool, detail: str) -> None:
-        self.layers[name] = Layer(name, active, detail)
+        self.layers[name] = {"name": name, "active": active, "detail": detail}
 
     # ---------------------------------------------------------------- once per worker
     def setup(self) -> None:
+        """Try each layer in turn and note what became of it (the order is `rstar2 sandbox info`'s)."""
         cfg = self.config
         if not cfg.enabled:
             self.note("all", False, "isolation disabled by configuration")
             return
         is_root = os.geteuid() == 0
-        flags = 0
-        if cfg.network:
-            flags |= linux.CLONE_NEWNET
-        if cfg.filesystem or cfg.pid:
-            flags |= linux.CLONE_NEWNS
-        flags |= linux.CLONE_NEWIPC | linux.CLONE_NEWUTS
-        if cfg.cgroups and is_root:
+        if cfg.cgroups:
+            self._join_cgroup(is_root)
+        flags = self._enter_namespaces(is_root)
+        self._probe_pid_namespace(flags)
+        if cfg.seccomp:
             try:
-                self.cgroup = CgroupPair.create(f"w{os.getpid()}")
-                self.note("cgroup", True, f"memory+pids cgroup {self.cgroup.name}")
-            except OSError as exc:
-                self.note("cgroup", False, f"cgroup v1 memory/pids controllers not usable here ({exc})")
-        elif cfg.cgroups:
-            self.note("cgroup", False, "needs root")
+                self.seccomp_program = linux.SeccompProgram(_seccomp_program())
+                self.note(
+                    "seccomp", True, f"deny-list filter, {self.seccomp_program.size // 8} BPF instructions"
+                )
+            except Exception as exc:  # noqa: BLE001 - libseccomp missing or unsupported arch
+                self.note("seccomp", False, f"unavailable: {exc}")
+        self._build_private_root(flags)
+        if cfg.drop_uid and is_root:
+            self.uid = UID_BASE + self.worker_index
+            self.note("uid", True, f"calls run as uid/gid {self.uid}, no capabilities")
+        elif cfg.drop_uid:
+            self.note("uid", False, "needs root (a user namespace maps a single uid)")
+        self.note("rlimits", True, "address space, CPU, processes, file size, open files, no core dumps")
+        self.note("env", True, "allow-listed environment")
+
+    def _join_cgroup(self, is_root: bool) -> None:
         if not is_root:
-            try:
-                uid, gid = os.getuid(), os.getgid()
-                linux.unshare(linux.CLONE_NEWUSER)
-                _write("/proc/self/setgroups", "deny")
-                _write("/proc/self/uid_map", f"0 {uid} 1")
-                _write("/proc/self/gid_map", f"0 {gid} 1")
-                self.note("user_ns", True, f"unprivileged user namespace (host uid {uid})")
-            except OSError as exc:
-                self.note("user_ns", False, f"unprivileged user namespaces unavailable ({exc.strerror})")
-                flags = 0
+            self.note("cgroup", False, "needs root")
+            return
+        try:
+            self.cgroup = CgroupPair.create(f"w{os.getpid()}")
+            self.note("cgroup", True, f"memory+pids cgroup {self.cgroup.name}")
+        except OSError as exc:
+            self.note("cgroup", False, f"cgroup v1 memory/pids controllers not usable here ({exc})")
+
+    def _enter_namespaces(self, is_root: bool) -> int:
+        """Unshare the network, mount, IPC and UTS namespaces (when not root, inside a new user
+        namespace, which allows them); returns the CLONE_ flags that took effect."""
+        flags = linux.CLONE_NEWIPC | linux.CLONE_NEWUTS
+        if self.config.network:
+            flags |= linux.CLONE_NEWNET
+        if self.config.filesystem or self.config.pid:
+            flags |= linux.CLONE_NEWNS
+        if not is_root and not self._enter_user_namespace():
+            flags = 0
         try:
             if flags:
                 linux.unshare(flags)
-            self.note(
-                "net",
-                bool(flags & linux.CLONE_NEWNET),
-                "empty network namespace" if flags & linux.CLONE_NEWNET else "disabled",
-            )
-            self.note("ipc_uts", bool(flags), "private IPC and hostname" if flags else "unavailable")
         except OSError as exc:
-            flags = 0
             self.note("net", False, f"unshare failed: {exc.strerror}")
             self.note("ipc_uts", False, f"unshare failed: {exc.strerror}")
+            return 0
+        net = bool(flags & linux.CLONE_NEWNET)
+        self.note("net", net, "empty network namespace" if net else "disabled")
+        self.note("ipc_uts", bool(flags), "private IPC and hostname" if flags else "unavailable")
         if flags & linux.CLONE_NEWUTS:
             try:
                 socket.sethostname("sandbox")
             except OSError:
                 pass
-        if cfg.pid and flags & linux.CLONE_NEWNS:
+        return flags
+
+    def _enter_user_namespace(self) -> bool:
+        try:
+            uid, gid = os.getuid(), os.getgid()
+            linux.unshare(linux.CLONE_NEWUSER)
+            _write("/proc/self/setgroups", "deny")
+            _write("/proc/self/uid_map", f"0 {uid} 1")
+            _write("/proc/self/gid_map", f"0 {gid} 1")
+        except OSError as exc:
+            self.note("user_ns", False, f"unprivileged user namespaces unavailable ({exc.strerror})")
+            return False
+        self.note("user_ns", True, f"unprivileged user namespace (host uid {uid})")
+        return True
+
+    def _probe_pid_namespace(self, flags: int) -> None:
+        """Keep a handle on this process's PID namespace if a new one can be made per call; else
+        become the subreaper of the calls' orphans."""
+        if self.config.pid and flags & linux.CLONE_NEWNS:
             try:
                 self.pid_ns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
                 linux.unshare(linux.CLONE_NEWPID)  # probe, then reset to our own namespace
@@ -172,7 +194,7 @@ class WorkerIsolation:
                     "pid", False, f"PID namespaces unavailable ({exc.strerror}); process-group kill instead"
                 )
         else:
-            self.note("pid", False, "disabled" if not cfg.pid else "needs a mount namespace")
+            self.note("pid", False, "disabled" if not self.config.pid else "needs a mount namespace")
         if self.pid_ns_fd is None:
             # Orphans of a call (a double-forked daemon) become the worker's children, so the cgroup
             # sweep after the call can reap them instead of leaving zombies to the host's init.
@@ -180,33 +202,20 @@ class WorkerIsolation:
                 linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
             except OSError:
                 pass
-        if cfg.seccomp:
-            try:
-                self.seccomp_program = linux.SeccompProgram(_seccomp_program())
-                self.note(
-                    "seccomp", True, f"deny-list filter, {self.seccomp_program.size // 8} BPF instructions"
-                )
-            except Exception as exc:  # noqa: BLE001 - libseccomp missing or unsupported arch
-                self.note("seccomp", False, f"unavailable: {exc}")
-        if cfg.filesystem and flags & linux.CLONE_NEWNS:
-            try:
-                import tempfile
 
-                self.root_dir = tempfile.mkdtemp(prefix="rstar2-root-")
-                _build_root(self.root_dir)
-                self.fs_ready = True
-                self.note("fs", True, "read-only minimal root, private tmpfs /tmp and /proc per call")
-            except OSError as exc:
-                self.note("fs", False, f"could not build the private root ({exc}); host filesystem visible")
-        else:
-            self.note("fs", False, "disabled" if not cfg.filesystem else "no mount namespace")
-        if cfg.drop_uid and is_root:
-            self.uid = UID_BASE + self.worker_index
-            self.note("uid", True, f"calls run as uid/gid {self.uid}, no capabilities")
-        elif cfg.drop_uid:
-            self.note("uid", False, "needs root (a user namespace maps a single uid)")
-        self.note("rlimits", True, "address space, CPU, processes, file size, open files, no core dumps")
-        self.note("env", True, "allow-listed environment")
+    def _build_private_root(self, flags: int) -> None:
+        if not (self.config.filesystem and flags & linux.CLONE_NEWNS):
+            self.note("fs", False, "disabled" if not self.config.filesystem else "no mount namespace")
+            return
+        try:
+            import tempfile
+
+            self.root_dir = tempfile.mkdtemp(prefix="rstar2-root-")
+            _build_root(self.root_dir)
+            self.fs_ready = True
+            self.note("fs", True, "read-only minimal root, private tmpfs /tmp and /proc per call")
+        except OSError as exc:
+            self.note("fs", False, f"could not build the private root ({exc}); host filesystem visible")
 
     # ---------------------------------------------------------------- in a zygote
     def zygote_setup(self, defaults: Limits) -> None:
@@ -285,7 +294,7 @@ class WorkerIsolation:
             self.seccomp_program.install()
 
     def report(self) -> list[dict]:
-        return [layer.to_dict() for layer in self.layers.values()]
+        return list(self.layers.values())
 
 
 def safe_environment() -> None:
@@ -336,14 +345,10 @@ def rlimit_values(limits: Limits) -> list[tuple[int, int]]:
     ]
 
 
-def set_rlimits(limits: Limits, strict: bool = True) -> None:
-    """Apply the per-process limits. `strict=False` (a session cell) skips what cannot be raised."""
-    apply_rlimits(rlimit_values(limits), strict)
-
-
 def apply_rlimits(values: Iterable[tuple[int, int]], strict: bool = True) -> None:
     """Set each (resource, value) as soft and hard limit; the process-count limit may fail quietly
-    (it is per uid, and root is exempt anyway)."""
+    (it is per uid, and root is exempt anyway). `strict=False` (a session cell, whose holder's limits
+    may be lower) skips what cannot be raised."""
     for res, value in values:
         try:
             resource.setrlimit(res, (value, value))
@@ -469,11 +474,7 @@ class CgroupPair:
             pids = [int(x) for x in self._procs().split() if int(x) not in keep]
             if not pids:
                 return
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+            _kill_each(pids)
             for pid in pids:  # the worker is their subreaper: reap each (a non-child raises)
                 try:
                     os.waitpid(pid, 0)
@@ -510,6 +511,14 @@ class CgroupPair:
         return new
 
 
+def _kill_each(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def remove_cgroups(name: str) -> None:
     """Called by the parent after a worker exited: kill what is left in its cgroup, then remove it."""
     procs = os.path.join(CGROUP_ROOT, "pids", "rstar2", name, "cgroup.procs")
@@ -521,11 +530,7 @@ def remove_cgroups(name: str) -> None:
             break
         if not pids:
             break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        _kill_each(pids)
         time.sleep(0.01)
     for ctrl in ("memory", "pids"):
         try:

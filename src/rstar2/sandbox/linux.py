@@ -13,7 +13,6 @@ import platform
 _libc = ctypes.CDLL(None, use_errno=True)
 
 CLONE_NEWNS = 0x00020000
-CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
@@ -41,7 +40,6 @@ _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(platform.machine())
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 0x1
 MOUNT_ATTR_NOSUID = 0x2
-MOUNT_ATTR_NODEV = 0x4
 
 
 def _check(ret: int, what: str) -> int:
@@ -63,10 +61,7 @@ def mount(
     source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None
 ) -> None:
     enc = lambda s: s.encode() if s is not None else None  # noqa: E731
-    _check(
-        _libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
-        f"mount {target}",
-    )
+    mount_raw(enc(source), target.encode(), enc(fstype), flags, enc(data))
 
 
 def mount_raw(
@@ -146,10 +141,10 @@ _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 def collapse_anonymous_memory(maps: str) -> int:
     """Back the process's private writable memory with 2 MiB pages where the kernel allows.
 
-    Why: fork copies, and exit tears down, one page-table entry per 4 KiB page; a pre-warmed process
-    holding numpy and sympy maps ~16,000 of them. Huge pages make that one entry per 2 MiB for memory
-    the process no longer writes. `maps` is the text of /proc/PID/maps for this process. Returns the
-    bytes now backed by huge pages (0 where MADV_COLLAPSE is unsupported).
+    Why: fork copies, and exit tears down, one page-table entry per 4 KiB page, and a pre-warmed
+    process holding numpy and sympy maps thousands of them. Huge pages make that one entry per 2 MiB
+    for memory the process no longer writes. `maps` is the text of /proc/PID/maps for this process.
+    Returns the bytes now backed by huge pages (0 where MADV_COLLAPSE is unsupported).
     """
     done = 0
     for line in maps.splitlines():

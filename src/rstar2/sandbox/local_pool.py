@@ -9,9 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import time
 import zlib
-from collections import Counter
 
 from .isolation import IsolationConfig
 from .request import ExecRequest, Limits
@@ -48,17 +46,17 @@ class LocalPool:
         self._tasks: list[asyncio.Task] = []
         self._closed = False
         self.in_flight = 0
-        self.counts: Counter[str] = Counter()
-        self.latency_observers: list = []
 
     # ------------------------------------------------------------------ life cycle
     async def start(self) -> LocalPool:
         if self._queue is not None:
             return self
         self._queue = asyncio.PriorityQueue(self.queue_size)
-        await asyncio.gather(*(ex.start() for ex in self.handles))
+        await asyncio.gather(*(handle.start() for handle in self.handles))
         # `depth` takers per worker: the next call is already in the worker's pipe when one ends
-        self._tasks = [asyncio.create_task(self._work(ex)) for ex in self.handles for _ in range(ex.depth)]
+        self._tasks = [
+            asyncio.create_task(self._work(handle)) for handle in self.handles for _ in range(handle.depth)
+        ]
         return self
 
     async def close(self) -> None:
@@ -71,7 +69,7 @@ class LocalPool:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await asyncio.gather(*(ex.close() for ex in self.handles), return_exceptions=True)
+        await asyncio.gather(*(handle.close() for handle in self.handles), return_exceptions=True)
 
     async def __aenter__(self) -> LocalPool:
         return await self.start()
@@ -96,44 +94,39 @@ class LocalPool:
             await self.start()
         assert self._queue is not None
         if req.session_id:  # a session lives in one worker: go there directly
-            ex = self.handles[zlib.crc32(req.session_id.encode()) % self.size]
-            return await self._execute(ex, req, time.monotonic())
+            handle = self.handles[zlib.crc32(req.session_id.encode()) % self.size]
+            return await self._execute(handle, req)
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        await self._queue.put((1, next(self._seq), (req, fut, time.monotonic())))
+        await self._queue.put((1, next(self._seq), (req, fut)))
         return await fut
 
     async def _execute(
-        self, ex: WorkerHandle, req: ExecRequest, enqueued: float, may_return: bool = False
+        self, handle: WorkerHandle, req: ExecRequest, may_return: bool = False
     ) -> ExecResult | None:
+        """The call's result; None (only with `may_return`) when it came back unstarted."""
         self.in_flight += 1
         try:
-            result = await ex.run(req, may_return)
+            return await handle.run(req, may_return)
         except Exception as exc:  # noqa: BLE001 - never lose a call
-            result = ExecResult.failure("internal", f"pool error: {exc!r}")
+            return ExecResult.failure("internal", f"pool error: {exc!r}")
         finally:
             self.in_flight -= 1
-        if result is None:  # handed back unstarted: the caller re-queues it
-            return None
-        self.counts[result.status] += 1
-        for observe in self.latency_observers:
-            observe(result, time.monotonic() - enqueued)
-        return result
 
     async def run_many(self, requests: list[ExecRequest | str]) -> list[ExecResult]:
         return list(await asyncio.gather(*(self.run(r) for r in requests)))
 
-    async def _work(self, ex: WorkerHandle) -> None:
+    async def _work(self, handle: WorkerHandle) -> None:
         assert self._queue is not None
         while True:
             _, _, item = await self._queue.get()
-            req, fut, enqueued = item
+            req, fut = item
             try:
                 if fut.done():  # the caller was cancelled while waiting
                     continue
-                result = await self._execute(ex, req, enqueued, may_return=True)
+                result = await self._execute(handle, req, may_return=True)
                 if result is None:  # came back unstarted (behind a slow call, or a dead worker):
                     await self._queue.put((0, next(self._seq), item))  # first in line for any
-                    await ex.running_call_ended()  # worker; this one takes no more meanwhile
+                    await handle.running_call_ended()  # worker; this one takes no more meanwhile
                 elif not fut.done():
                     fut.set_result(result)
             finally:

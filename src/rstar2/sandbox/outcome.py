@@ -8,7 +8,7 @@ import signal
 
 from .capture import CallOutput, cut_middle
 from .request import Limits
-from .result import ExecResult
+from .result import ExecResult, Status
 
 INTERNAL_EXIT = 125  # a child that failed before the code ran (its set-up), not the code's own exit
 
@@ -43,23 +43,29 @@ def to_result(
         result.signal = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
     elif wstatus is not None:
         result.exit_code = os.WEXITSTATUS(wstatus)
-    if killed == "timeout":
-        result.status, result.reason = "timeout", f"wall-clock limit of {limits.timeout_s:g} s exceeded"
-        result.signal = None
-    elif killed == "output_limit":
-        result.status = "output_limit"
-        result.reason = f"printed more than {limits.max_output_mb:g} MB; stopped"
-        result.signal = None
-    elif "internal" in report or result.exit_code == INTERNAL_EXIT:
-        result.status, result.reason = "internal", report.get("internal", "the worker child failed")
-    elif oom or result.error_type == "MemoryError":
-        result.status = "memory"
-        result.reason = f"memory limit of {limits.memory_mb} MB exceeded"
-    elif result.signal == "SIGXCPU":
-        result.status, result.reason = "timeout", f"CPU limit of {limits.effective_cpu_s()} s exceeded"
-    elif result.signal is not None:
-        result.status, result.reason = "error", f"killed by {result.signal}"
-    elif result.exit_code:
-        result.status = "error"
-        result.reason = result.error_type or f"exit code {result.exit_code}"
+    if killed is not None:
+        result.signal = None  # our own kill, not the code's signal
+    result.status, result.reason = _status(limits, result, report, killed, oom)
     return result
+
+
+def _status(
+    limits: Limits, result: ExecResult, report: dict, killed: str | None, oom: bool
+) -> tuple[Status, str | None]:
+    """The first cause that applies, most telling first: our own kill, a failed set-up, memory, the
+    CPU limit, another signal, a non-zero exit."""
+    if killed == "timeout":
+        return "timeout", f"wall-clock limit of {limits.timeout_s:g} s exceeded"
+    if killed == "output_limit":
+        return "output_limit", f"printed more than {limits.max_output_mb:g} MB; stopped"
+    if "internal" in report or result.exit_code == INTERNAL_EXIT:
+        return "internal", report.get("internal", "the worker child failed")
+    if oom or result.error_type == "MemoryError":
+        return "memory", f"memory limit of {limits.memory_mb} MB exceeded"
+    if result.signal == "SIGXCPU":
+        return "timeout", f"CPU limit of {limits.effective_cpu_s()} s exceeded"
+    if result.signal is not None:
+        return "error", f"killed by {result.signal}"
+    if result.exit_code:
+        return "error", result.error_type or f"exit code {result.exit_code}"
+    return "ok", None

@@ -2,14 +2,14 @@
 
 Delivery is at least once, results exactly once:
 
-- `RedisBackend` (in `serve --redis URL`) XADDs each call to the stream ``{prefix}:tasks`` and waits for
-  its reply on its own list ``{prefix}:replies:{backend id}``. It keeps each call's request until the
-  result arrives; duplicate replies (a task run twice) are dropped by call id.
+- `RedisBackend` (in `serve --redis URL`) XADDs each call to the stream ``rstar2:sandbox:tasks`` and
+  waits for its reply on its own list ``rstar2:sandbox:replies:{backend id}``. It keeps each call's
+  request until the result arrives; duplicate replies (a task run twice) are dropped by call id.
 - `RedisWorker` reads tasks through the consumer group ``workers``, runs them in a `LocalPool`, pushes
   the reply, then acknowledges. Every worker also reclaims (XAUTOCLAIM) tasks that another consumer
   has held longer than the lease: the task of a worker that died is delivered again.
 - Every call has a deadline; past it the caller gets status ``internal`` with the reason.
-- A task delivered more than `max_deliveries` times (it kills every worker that takes it) is answered
+- A task delivered more than `MAX_DELIVERIES` times (it kills every worker that takes it) is answered
   with status ``internal`` instead of being retried forever.
 - Redis restarts: both sides reconnect with back-off. A restart without persistence loses the stream,
   so the backend re-submits every call it is still waiting for; callers see extra latency, not loss.
@@ -35,6 +35,8 @@ from .request import ExecRequest
 from .result import ExecResult
 
 log = logging.getLogger("rstar2.sandbox.redis")
+PREFIX = "rstar2:sandbox"  # of every key, both sides
+TASKS = f"{PREFIX}:tasks"  # the stream of calls
 GROUP = "workers"
 _CONN_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
 
@@ -50,19 +52,14 @@ def _client(url: str, max_connections: int = 32) -> aioredis.Redis:
 class RedisBackend:
     """The service side: enqueue calls, collect replies, re-submit after a Redis restart."""
 
-    def __init__(
-        self,
-        url: str,
-        prefix: str = "rstar2:sandbox",
-        deadline_s: float = 600.0,
-        stream_maxlen: int = 1_000_000,
-    ) -> None:
+    tasks_key = TASKS
+    STREAM_MAXLEN = 1_000_000  # the stream is trimmed (approximately) to this many calls
+
+    def __init__(self, url: str, deadline_s: float = 600.0) -> None:
         self.url = url
-        self.prefix = prefix
         self.deadline_s = deadline_s
-        self.stream_maxlen = stream_maxlen
         self.id = uuid.uuid4().hex[:12]
-        self.reply_key = f"{prefix}:replies:{self.id}"
+        self.reply_key = f"{PREFIX}:replies:{self.id}"
         self._redis: aioredis.Redis | None = None
         self._listener: asyncio.Task | None = None
         self._pending: dict[str, tuple[dict, asyncio.Future]] = {}
@@ -70,10 +67,6 @@ class RedisBackend:
         self.duplicates = 0
         self._closing = False
         self._run_id: str | None = None  # the Redis server instance the pending calls went to
-
-    @property
-    def tasks_key(self) -> str:
-        return f"{self.prefix}:tasks"
 
     @property
     def queue_depth(self) -> int:
@@ -139,14 +132,17 @@ class RedisBackend:
         delay = 0.1
         while True:
             try:
-                assert self._redis is not None
-                await self._redis.xadd(self.tasks_key, task, maxlen=self.stream_maxlen, approximate=True)
+                await self._enqueue(task)
                 return
             except _CONN_ERRORS:
                 if time.time() > task["deadline"]:
                     return  # run() reports the deadline
                 await asyncio.sleep(delay)
                 delay = min(2.0, delay * 2)
+
+    async def _enqueue(self, task: dict) -> None:
+        assert self._redis is not None
+        await self._redis.xadd(self.tasks_key, task, maxlen=self.STREAM_MAXLEN, approximate=True)
 
     async def _listen(self) -> None:
         """Collect replies; re-submit every call still waiting when Redis itself restarted.
@@ -165,9 +161,7 @@ class RedisBackend:
                         for task, fut in list(self._pending.values()):
                             if not fut.done():
                                 self.resubmitted += 1
-                                await self._redis.xadd(
-                                    self.tasks_key, task, maxlen=self.stream_maxlen, approximate=True
-                                )
+                                await self._enqueue(task)
                     self._run_id = run_id
                     lost = False
                     delay = 0.1
@@ -193,33 +187,21 @@ class RedisBackend:
 class RedisWorker:
     """A worker node: takes tasks from the stream, runs them in a local pool, replies, acknowledges."""
 
-    def __init__(
-        self,
-        url: str,
-        pool: LocalPool,
-        prefix: str = "rstar2:sandbox",
-        lease_s: float = 60.0,
-        max_deliveries: int = 3,
-        name: str | None = None,
-        reply_ttl_s: int = 3600,
-    ) -> None:
+    tasks_key = TASKS
+    MAX_DELIVERIES = 3
+    REPLY_TTL_S = 3600  # a reply list nobody reads (its backend is gone) is dropped after this
+
+    def __init__(self, url: str, pool: LocalPool, lease_s: float = 60.0, name: str | None = None) -> None:
         self.url = url
         self.pool = pool
-        self.prefix = prefix
         self.lease_s = lease_s
-        self.max_deliveries = max_deliveries
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.reply_ttl_s = reply_ttl_s
         self.slots = asyncio.Semaphore(pool.size * 2)
         self._redis: aioredis.Redis | None = None
         self._tasks: set[asyncio.Task] = set()
         self._running: set[str] = set()  # stream entries being executed on this node
         self._stop = asyncio.Event()
         self.done = 0
-
-    @property
-    def tasks_key(self) -> str:
-        return f"{self.prefix}:tasks"
 
     async def _ensure_group(self) -> None:
         assert self._redis is not None
@@ -330,7 +312,7 @@ class RedisWorker:
         try:
             if float(fields.get("deadline", 0)) and time.time() > float(fields["deadline"]):
                 result = ExecResult.failure("internal", "the call's deadline passed while it was queued")
-            elif deliveries > self.max_deliveries:
+            elif deliveries > self.MAX_DELIVERIES:
                 result = ExecResult.failure(
                     "internal", f"task was delivered {deliveries} times and never finished; given up"
                 )
@@ -349,7 +331,7 @@ class RedisWorker:
                 assert self._redis is not None
                 async with self._redis.pipeline(transaction=True) as pipe:
                     pipe.rpush(key, reply)
-                    pipe.expire(key, self.reply_ttl_s)
+                    pipe.expire(key, self.REPLY_TTL_S)
                     pipe.xack(self.tasks_key, GROUP, entry_id)
                     pipe.xdel(self.tasks_key, entry_id)
                     await pipe.execute()

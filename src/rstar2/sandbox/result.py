@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 Status = Literal["ok", "error", "timeout", "memory", "output_limit", "rejected", "internal"]
-STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "memory", "output_limit", "rejected", "internal")
+STATUSES: tuple[str, ...] = get_args(Status)
 # The code environment failed, not the code: unreachable or crashed (internal), a request it could not
 # take (rejected: an expired session, sessions in Redis mode). Never counted as the model's error.
 FAULT_STATUSES = frozenset({"internal", "rejected"})
@@ -55,8 +55,8 @@ class ExecResult:
         return cls(**{k: v for k, v in data.items() if k in _RESULT_FIELDS})
 
     @classmethod
-    def failure(cls, status: Status, reason: str, duration_s: float = 0.0) -> ExecResult:
-        return cls(status=status, reason=reason, duration_s=duration_s)
+    def failure(cls, status: Status, reason: str) -> ExecResult:
+        return cls(status=status, reason=reason)
 
 
 _RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(ExecResult))

@@ -7,10 +7,9 @@ Process tree of one session, inside its own PID namespace:
 
 If the cell finishes (even by raising), C_{k+1} becomes the holder: it tells H_k to exit and kills
 whatever else the cell left running. If it crashes or times out, H_k kills it and stays: the session
-is exactly as it was before that cell. A cell costs one fork whatever k is (the released rStar2 code
-replays every earlier cell instead). The init is forked by the worker's full zygote; the worker talks to
-the current holder over a SEQPACKET socket (``run_cell``), and keeps its live sessions in a
-``SessionTable``.
+is exactly as it was before that cell. A cell costs one fork whatever k is: no earlier cell is
+replayed. The init is forked by the worker's full zygote; the worker talks to the current holder
+over a SEQPACKET socket (``run_cell``), and keeps its live sessions in a ``SessionTable``.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from dataclasses import dataclass
 from . import linux
 from .capture import CallOutput
 from .interpreter import run_code
-from .isolation import WorkerIsolation, set_rlimits
+from .isolation import WorkerIsolation, apply_rlimits, rlimit_values
 from .outcome import INTERNAL_EXIT, to_result
 from .request import Limits
 from .result import ExecResult
@@ -49,6 +48,14 @@ def _reap() -> None:
             continue
 
 
+def _kill_all_others() -> None:
+    """SIGKILL every process of the session's namespace but this one (and its init, immune to it)."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except OSError:
+        pass
+
+
 def _send(sock: socket.socket, obj: dict) -> None:
     try:
         sock.send(json.dumps(obj).encode())
@@ -59,6 +66,25 @@ def _send(sock: socket.socket, obj: dict) -> None:
 def holder_loop(sock: socket.socket, namespace: dict) -> None:
     """The holder's life: wait for a cell, fork it, and either hand over to it or outlive it."""
     while True:
+        cmd, fds = _next_cell(sock)
+        handover_r, handover_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(handover_r)
+            _run_cell_and_take_over(sock, cmd, fds, handover_w, namespace)
+            continue  # this process is now the holder
+        for fd in fds:
+            os.close(fd)
+        os.close(handover_w)
+        outcome = _outlive_cell(sock, pid, handover_r, cmd["seq"])
+        os.close(handover_r)
+        _send(sock, outcome)
+
+
+def _next_cell(sock: socket.socket) -> tuple[dict, list[int]]:
+    """The worker's next cell and its four descriptors (stdin, stdout, stderr, report pipe); exits
+    when the worker closed the session."""
+    while True:
         try:
             msg, fds, _, _ = socket.recv_fds(sock, _MAX_MSG, 4)
         except OSError:
@@ -66,77 +92,77 @@ def holder_loop(sock: socket.socket, namespace: dict) -> None:
         if not msg:  # the worker closed the session
             os._exit(0)
         cmd = json.loads(msg)
-        if cmd.get("op") != "cell" or len(fds) != 4:
-            for fd in fds:
-                os.close(fd)
-            continue  # e.g. a late "abort" for a cell that already finished
-        seq = cmd["seq"]
-        hand_r, hand_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # ------------------------------------------------ the cell
-            os.close(hand_r)
-            for target, fd in enumerate(fds):
-                os.dup2(fd, target)
-                os.close(fd)
-            set_rlimits(Limits.from_dict(cmd["limits"]), strict=False)
-            exit_code = run_code(cmd["code"], 3, namespace)
-            null = os.open(os.devnull, os.O_RDWR)
-            for target in (0, 1, 2):
-                os.dup2(null, target)
-            os.close(null)
-            os.close(3)
-            try:
-                os.write(hand_w, b"1")  # take over: the old holder exits
-            except OSError:
-                pass  # the cell already killed the old holder
-            os.close(hand_w)
-            try:
-                os.kill(-1, signal.SIGKILL)  # the old holder and anything the cell left running
-            except OSError:
-                pass
-            _reap()
-            _send(sock, {"seq": seq, "done": exit_code})
-            continue  # this process is now the holder
-        for fd in fds:
+        if cmd.get("op") == "cell" and len(fds) == 4:
+            return cmd, fds
+        for fd in fds:  # e.g. a late "abort" for a cell that already finished
             os.close(fd)
-        os.close(hand_w)
-        pidfd = os.pidfd_open(pid)
-        poller = select.poll()
-        for fd in (hand_r, pidfd, sock.fileno()):
-            poller.register(fd, select.POLLIN)
-        outcome: dict | None = None
-        while outcome is None:
-            for fd, _ in poller.poll():
-                if fd == hand_r and os.read(hand_r, 1):
-                    os._exit(0)  # the cell took over
-                if fd == pidfd:
-                    _, status = os.waitpid(pid, 0)
-                    outcome = {"seq": seq, "crashed": status}
-                elif fd == sock.fileno():
-                    try:
-                        m, extra, _, _ = socket.recv_fds(sock, _MAX_MSG, 4)
-                    except OSError:
-                        m, extra = b"", []
-                    for x in extra:
-                        os.close(x)
-                    if not m:
-                        os._exit(0)
-                    if json.loads(m).get("op") == "abort":
-                        outcome = {"seq": seq, "aborted": True}
-        try:
-            os.kill(-1, signal.SIGKILL)  # the failed cell and everything it started
-        except OSError:
-            pass
-        if "aborted" in outcome:
-            try:
+
+
+def _run_cell_and_take_over(
+    sock: socket.socket, cmd: dict, fds: list[int], handover_w: int, namespace: dict
+) -> None:
+    """In the forked cell: run the code; then, having finished (even by raising), become the holder:
+    the old holder and whatever the cell left running are killed."""
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    apply_rlimits(rlimit_values(Limits.from_dict(cmd["limits"])), strict=False)
+    exit_code = run_code(cmd["code"], 3, namespace)
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(null, target)
+    os.close(null)
+    os.close(3)
+    try:
+        os.write(handover_w, b"1")  # take over: the old holder exits
+    except OSError:
+        pass  # the cell already killed the old holder
+    os.close(handover_w)
+    _kill_all_others()
+    _reap()
+    _send(sock, {"seq": cmd["seq"], "done": exit_code})
+
+
+def _outlive_cell(sock: socket.socket, pid: int, handover_r: int, seq: int) -> dict:
+    """While the cell `pid` runs: exit if it takes over. If it crashes, or the worker aborts it, kill it
+    and all it started, and return what to tell the worker; this holder stays, as before the cell."""
+    pidfd = os.pidfd_open(pid)
+    poller = select.poll()
+    for fd in (handover_r, pidfd, sock.fileno()):
+        poller.register(fd, select.POLLIN)
+    outcome: dict | None = None
+    while outcome is None:
+        for fd, _ in poller.poll():
+            if fd == handover_r and os.read(handover_r, 1):
+                os._exit(0)  # the cell took over
+            if fd == pidfd:
                 _, status = os.waitpid(pid, 0)
-                outcome["status"] = status
-            except ChildProcessError:
-                pass
-        _reap()
-        os.close(hand_r)
-        os.close(pidfd)
-        _send(sock, outcome)
+                outcome = {"seq": seq, "crashed": status}
+            elif fd == sock.fileno() and _abort_asked(sock):
+                outcome = {"seq": seq, "aborted": True}
+    _kill_all_others()  # the failed cell and everything it started
+    if "aborted" in outcome:
+        try:
+            _, status = os.waitpid(pid, 0)
+            outcome["status"] = status
+        except ChildProcessError:
+            pass
+    _reap()
+    os.close(pidfd)
+    return outcome
+
+
+def _abort_asked(sock: socket.socket) -> bool:
+    """Read the worker's message while a cell runs: whether it asks to abort; exits if it closed."""
+    try:
+        msg, fds, _, _ = socket.recv_fds(sock, _MAX_MSG, 4)
+    except OSError:
+        msg, fds = b"", []
+    for fd in fds:
+        os.close(fd)
+    if not msg:
+        os._exit(0)
+    return json.loads(msg).get("op") == "abort"
 
 
 def session_init(iso: WorkerIsolation, limits: Limits, sock: socket.socket) -> None:
@@ -244,111 +270,143 @@ def run_cell(
             return ExecResult.failure("internal", f"could not start session: {exc}")
         table.add(handle)
     t0 = time.monotonic()
+    try:
+        output = _send_cell(handle, req, limits, iso)
+    except OSError as exc:
+        table.forget(sid, "was lost")
+        return ExecResult.failure("internal", f"session {sid!r} was lost ({exc}); use a new session_id")
+    cell = _CellWatch(handle, output, t0 + limits.timeout_s)
+    cell.watch()
+    oom = iso.cgroup is not None and iso.cgroup.new_oom_kills() > 0
+    result = cell.result(limits, time.monotonic() - t0, oom)
+    if cell.lost:
+        table.forget(sid, "was lost (its process died)")
+    return result
+
+
+def _send_cell(handle: SessionHandle, req: dict, limits: Limits, iso: WorkerIsolation) -> CallOutput:
+    """Hand the session's holder the next cell with its stdin and three fresh pipes, and capture
+    their reading ends. OSError: the holder is gone."""
     stdin_fd = linux.memfd_with("stdin", (req.get("input") or "").encode("utf-8", "surrogateescape"))
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    res_r, res_w = os.pipe()
+    output, writing_ends = CallOutput.with_pipes(limits)
     handle.seq += 1
     cmd = {"op": "cell", "seq": handle.seq, "code": req["code"], "limits": limits.to_dict()}
     iso.prepare_call(limits)
-    cg = iso.cgroup
-    if cg is not None:
-        cg.new_oom_kills()  # forget kills from before this cell
+    if iso.cgroup is not None:
+        iso.cgroup.new_oom_kills()  # forget kills from before this cell
+    theirs = [stdin_fd, *writing_ends]
     try:
-        socket.send_fds(handle.sock, [json.dumps(cmd).encode()], [stdin_fd, out_w, err_w, res_w])
-    except OSError as exc:
-        for fd in (stdin_fd, out_r, out_w, err_r, err_w, res_r, res_w):
+        socket.send_fds(handle.sock, [json.dumps(cmd).encode()], theirs)
+    except OSError:
+        output.close()
+        raise
+    finally:
+        for fd in theirs:
             os.close(fd)
-        table.forget(sid, "was lost")
-        return ExecResult.failure("internal", f"session {sid!r} was lost ({exc}); use a new session_id")
-    for fd in (stdin_fd, out_w, err_w, res_w):
-        os.close(fd)
-    output = CallOutput(limits.output_bytes, limits.max_output_mb, out_r, err_r, res_r)
-    poller = select.poll()
-    for fd in (*output.streams, handle.sock.fileno(), handle.pidfd):
-        poller.register(fd, select.POLLIN)
-    open_fds = set(output.streams)
-    deadline = t0 + limits.timeout_s
-    killed: str | None = None
-    outcome: dict | None = None
-    lost = False
-    abort_sent_at: float | None = None
+    return output
 
-    def abort() -> bool:
-        """Ask the holder to kill the running cell and stay as it was; False if it is gone."""
-        try:
-            handle.sock.send(json.dumps({"op": "abort", "seq": handle.seq}).encode())
-            return True
-        except OSError:
-            return False
 
-    while (outcome is None and not lost) or open_fds:
-        now = time.monotonic()
-        if outcome is not None or lost:
-            wait = 0.2  # drain what is left in the pipes
-        elif abort_sent_at is not None:
-            wait = abort_sent_at + 2.0 - now
-            if wait <= 0:  # the holder does not answer: give the whole session up
-                lost = True
-                break
-        else:
-            wait = deadline - now
-            if wait <= 0 or (killed is None and output.over_limit):
-                killed = killed or ("timeout" if wait <= 0 else "output_limit")
-                abort_sent_at = now
-                lost = not abort()
-                continue
-        events = poller.poll(max(0.0, wait) * 1000)
-        if not events and (outcome is not None or lost):
-            break
-        for fd, _ in events:
-            if fd == handle.pidfd:
-                lost = True
-                poller.unregister(fd)
-            elif fd == handle.sock.fileno():
-                try:
-                    msg = handle.sock.recv(_MAX_MSG)
-                except OSError:
-                    msg = b""
-                if not msg:
-                    lost = True
-                    poller.unregister(fd)
-                    continue
-                reply = json.loads(msg)
-                if reply.get("seq") == handle.seq:
-                    outcome = reply
-            elif output.read(fd):
-                if killed is None and output.over_limit:
-                    killed = "output_limit"
-                    abort_sent_at = time.monotonic()
-                    lost = not abort()
+class _CellWatch:
+    """One running cell, seen from the worker: its output, its wall clock and its holder's reply.
+    Over a limit, the holder is asked to abort the cell; a holder that dies, or does not answer
+    within `ABORT_GRACE_S`, loses the session."""
+
+    ABORT_GRACE_S = 2.0
+    DRAIN_S = 0.2  # after the reply: how long to wait for what is left in the pipes
+
+    def __init__(self, handle: SessionHandle, output: CallOutput, deadline: float) -> None:
+        self.handle, self.output, self.deadline = handle, output, deadline
+        self.killed: str | None = None  # "timeout" or "output_limit" once we asked for an abort
+        self.abort_sent_at: float | None = None
+        self.outcome: dict | None = None  # the holder's reply: done, crashed or aborted
+        self.lost = False  # the session's processes are gone
+        self.open_fds = set(output.streams)
+        self.poller = select.poll()
+        for fd in (*output.streams, handle.sock.fileno(), handle.pidfd):
+            self.poller.register(fd, select.POLLIN)
+
+    def watch(self) -> None:
+        while (self.outcome is None and not self.lost) or self.open_fds:
+            now = time.monotonic()
+            if self.outcome is not None or self.lost:
+                wait = self.DRAIN_S
+            elif self.abort_sent_at is not None:
+                wait = self.abort_sent_at + self.ABORT_GRACE_S - now
+                if wait <= 0:  # the holder does not answer: give the whole session up
+                    self.lost = True
+                    break
             else:
-                poller.unregister(fd)
-                open_fds.discard(fd)
-    output.close()
-    duration = time.monotonic() - t0
-    oom = cg is not None and cg.new_oom_kills() > 0
-    if outcome is None:
-        lost = True
-    wstatus: int | None = None
-    if outcome is not None and "done" in outcome:
-        wstatus = (int(outcome["done"]) & 0xFF) << 8
-        handle.cells += 1
-    elif outcome is not None and "crashed" in outcome:
-        wstatus = int(outcome["crashed"])
-    elif outcome is not None and "status" in outcome:
-        wstatus = int(outcome["status"])
-    if killed is not None and outcome is not None and "done" in outcome:
-        killed = None  # it finished just as the limit struck: keep its result
-    result = to_result(limits, duration, output, wstatus, killed, oom, None)
-    if lost:
-        table.forget(sid, "was lost (its process died)")
-        note = f"session {sid!r} was lost and has been closed; use a new session_id"
-        result.reason = f"{result.reason}; {note}" if result.reason else note
-        if result.status == "ok":
-            result.status = "error"
-    elif outcome is not None and "done" not in outcome:
-        note = "the session was restored to its state before this cell"
-        result.reason = f"{result.reason}; {note}" if result.reason else note
-    result.extra = {"session_id": sid, "cells": handle.cells}
-    return result
+                wait = self.deadline - now
+                if wait <= 0 or self.output.over_limit:
+                    self._abort("timeout" if wait <= 0 else "output_limit")
+                    continue
+            events = self.poller.poll(max(0.0, wait) * 1000)
+            if not events and (self.outcome is not None or self.lost):
+                break
+            for fd, _ in events:
+                self._on_ready(fd)
+        self.output.close()
+        if self.outcome is None:
+            self.lost = True
+
+    def _on_ready(self, fd: int) -> None:
+        if fd == self.handle.pidfd:
+            self.lost = True
+            self.poller.unregister(fd)
+        elif fd == self.handle.sock.fileno():
+            self._read_reply()
+        elif self.output.read(fd):
+            if self.killed is None and self.output.over_limit:
+                self._abort("output_limit")
+        else:
+            self.poller.unregister(fd)
+            self.open_fds.discard(fd)
+
+    def _read_reply(self) -> None:
+        try:
+            msg = self.handle.sock.recv(_MAX_MSG)
+        except OSError:
+            msg = b""
+        if not msg:
+            self.lost = True
+            self.poller.unregister(self.handle.sock.fileno())
+            return
+        reply = json.loads(msg)
+        if reply.get("seq") == self.handle.seq:
+            self.outcome = reply
+
+    def _abort(self, why: str) -> None:
+        """Ask the holder to kill the running cell and stay as it was; the session is lost if it is gone."""
+        self.killed = why
+        self.abort_sent_at = time.monotonic()
+        try:
+            self.handle.sock.send(json.dumps({"op": "abort", "seq": self.handle.seq}).encode())
+        except OSError:
+            self.lost = True
+
+    def result(self, limits: Limits, duration: float, oom: bool) -> ExecResult:
+        outcome = self.outcome or {}
+        done = "done" in outcome
+        wstatus: int | None = None
+        if done:
+            wstatus = (int(outcome["done"]) & 0xFF) << 8
+            self.handle.cells += 1
+        elif "crashed" in outcome:
+            wstatus = int(outcome["crashed"])
+        elif "status" in outcome:
+            wstatus = int(outcome["status"])
+        killed = None if done else self.killed  # finished just as the limit struck: keep its result
+        result = to_result(limits, duration, self.output, wstatus, killed, oom, None)
+        sid = self.handle.session_id
+        if self.lost:
+            _add_reason(result, f"session {sid!r} was lost and has been closed; use a new session_id")
+            if result.status == "ok":
+                result.status = "error"
+        elif not done:
+            _add_reason(result, "the session was restored to its state before this cell")
+        result.extra = {"session_id": sid, "cells": self.handle.cells}
+        return result
+
+
+def _add_reason(result: ExecResult, note: str) -> None:
+    result.reason = f"{result.reason}; {note}" if result.reason else note

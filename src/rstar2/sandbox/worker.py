@@ -4,9 +4,9 @@ It sets up the isolation layers once, then forks its zygotes (`zygote.py`): pre-
 only fork. A "light" zygote holds the standard library the calls commonly use; a "full" one also holds
 numpy, sympy and whatever else was preloaded. A call goes to the light zygote when everything its code
 imports is already imported there (most model-written arithmetic; `routing.py`), else to the full
-one; sessions always live in the full one (`session.py`). Forking the smaller process is cheaper, and keeping this process's
-bookkeeping (capture, timeouts, results) out of the process that forks spares the copies that every
-page written after a fork costs.
+one; sessions always live in the full one (`session.py`). Forking the smaller process is cheaper, and
+keeping this process's bookkeeping (capture, timeouts, results) out of the process that forks spares
+the copies that every page written after a fork costs.
 
 A call's output is captured and held to its limits here (`capture.CallOutput`), and how it ended
 becomes an `ExecResult` in `outcome.py`. Requests come from the parent (`worker_handle.WorkerHandle`)
@@ -52,7 +52,6 @@ class Worker:
         self.iso = iso
         self.defaults = defaults
         self.sessions = sessions
-        self.proc_fd = proc_fd
         light, full = split_preload(modules)
         self.full = ZygoteHandle("full", full, iso, defaults, proc_fd)
         self.light = ZygoteHandle("light", light, iso, defaults, proc_fd) if light != full else None
@@ -75,8 +74,8 @@ class Worker:
         return [z for z in (self.light, self.full) if z is not None]
 
     def start(self) -> None:
-        for zyg in self.zygotes:
-            zyg.start()
+        for zygote in self.zygotes:
+            zygote.start()
 
     def _zygote_for(self, code: str) -> ZygoteHandle:
         """The light zygote when `code` fits it, else the full one."""
@@ -104,58 +103,78 @@ class Worker:
     def _run_once(self, req: dict, limits: Limits, limits_json: bytes, tmp_dir: str | None) -> ExecResult:
         t0 = time.monotonic()
         code = req["code"]
-        zyg = self._zygote_for(code)
+        zygote = self._zygote_for(code)
         header = b"c" + limits_json + b"\0" + (tmp_dir or "").encode()
         code_fd = linux.memfd_with("code", code.encode("utf-8", "surrogateescape"))
         text = req.get("input") or ""
         stdin_fd = (
             linux.memfd_with("stdin", text.encode("utf-8", "surrogateescape")) if text else self.devnull
         )
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        res_r, res_w = os.pipe()
+        output, writing_ends = CallOutput.with_pipes(limits)
         self.iso.prepare_call(limits)
         try:
-            pid, pidfd = zyg.fork(header, [code_fd, stdin_fd, out_w, err_w, res_w])
+            pid, pidfd = zygote.fork(header, [code_fd, stdin_fd, *writing_ends])
         except ZygoteLost as exc:
             pid, pidfd, lost = -1, None, str(exc)
         else:
             lost = "fork failed"
-        for fd in (code_fd, out_w, err_w, res_w):
+        for fd in (code_fd, *writing_ends):
             os.close(fd)
         if stdin_fd != self.devnull:
             os.close(stdin_fd)
         if pidfd is None:
-            for fd in (out_r, err_r, res_r):
-                os.close(fd)
+            output.close()
             return ExecResult.failure("internal", lost)
-        return self._collect(zyg, pid, pidfd, limits, t0, out_r, err_r, res_r)
+        return self._collect(zygote, pid, pidfd, limits, t0, output)
 
     def _collect(
-        self,
-        zyg: ZygoteHandle,
-        pid: int,
-        pidfd: int,
-        limits: Limits,
-        t0: float,
-        out_r: int,
-        err_r: int,
-        res_r: int,
+        self, zygote: ZygoteHandle, pid: int, pidfd: int, limits: Limits, t0: float, output: CallOutput
     ) -> ExecResult:
-        output = CallOutput(limits.output_bytes, limits.max_output_mb, out_r, err_r, res_r)
-        assert zyg.sock is not None
-        ctl = zyg.sock.fileno()
+        """Watch the call to its end, clear away what it leaves, and say how it ended."""
+        killed, reported, ended = self._watch(zygote, pid, pidfd, output, t0, limits.timeout_s)
+        duration = time.monotonic() - t0
+        if not reported:  # killed, and the zygote has not reported the end yet: wait for it
+            _kill(pidfd)
+            assert zygote.sock is not None
+            if select.select([zygote.sock], [], [], 30.0)[0]:
+                ended = zygote.ended(pid)
+            else:
+                zygote.stop()  # it does not answer: start afresh on the next call
+        if ended is None:  # its zygote was lost: make sure the call is gone too
+            _kill(pidfd)
+        if self.iso.pid_ns_fd is None:
+            self._end_leftovers(pid)
+        output.close()
+        os.close(pidfd)
+        oom = self.iso.cgroup is not None and self.iso.cgroup.new_oom_kills() > 0
+        wstatus, cpu_s = ended if ended is not None else (None, None)
+        result = to_result(limits, duration, output, wstatus, killed, oom, cpu_s)
+        if ended is None and killed is None:
+            result.status = "internal"
+            result.reason = (
+                f"the {zygote.name} zygote was lost during the call; a new one serves the next call"
+            )
+        return result
+
+    def _watch(
+        self, zygote: ZygoteHandle, pid: int, pidfd: int, output: CallOutput, t0: float, timeout_s: float
+    ) -> tuple[str | None, bool, tuple[int, float] | None]:
+        """Capture the call's output until its pipes close and its zygote reports its end; kill it
+        over its time or output limit. Meanwhile read requests ahead, and hand back the queued ones
+        if the call runs long. Returns why it was killed, whether its end was reported, and that end
+        (wait status, CPU seconds; None when the zygote died)."""
+        assert zygote.sock is not None
+        zygote_fd = zygote.sock.fileno()
         poller = select.poll()
-        for fd in (*output.streams, ctl):
+        for fd in (*output.streams, zygote_fd):
             poller.register(fd, select.POLLIN)
         inbox = self.inbox
         if inbox.open:
             poller.register(inbox.rfd, select.POLLIN)
-        hand_back_at = t0 + Inbox.HAND_BACK_S
-        deadline = t0 + limits.timeout_s
+        hand_back_at, deadline = t0 + Inbox.HAND_BACK_S, t0 + timeout_s
         killed: str | None = None
         exited_at: float | None = None
-        ended: tuple[int, float] | None = None  # wait status, CPU seconds
+        ended: tuple[int, float] | None = None
         open_fds = set(output.streams)
         while open_fds or exited_at is None:
             now = time.monotonic()
@@ -181,47 +200,27 @@ class Worker:
                     inbox.read_one()
                     if not inbox.open or len(inbox.backlog) >= 8:
                         poller.unregister(fd)  # closed, or enough read ahead
-                    continue
-                if fd == ctl:
+                elif fd == zygote_fd:
                     exited_at = time.monotonic()
-                    poller.unregister(ctl)
-                    ended = zyg.ended(pid)
-                    continue
-                if not output.read(fd):
+                    poller.unregister(zygote_fd)
+                    ended = zygote.ended(pid)
+                elif not output.read(fd):
                     poller.unregister(fd)
                     open_fds.discard(fd)
             if killed is None and output.over_limit:
                 killed = "output_limit"
                 _kill(pidfd)
-        duration = time.monotonic() - t0
-        if exited_at is None:  # killed, and the zygote has not reported the end yet: wait for it
-            _kill(pidfd)
-            ready = select.select([ctl], [], [], 30.0)[0]
-            ended = zyg.ended(pid) if ready else None
-            if not ready:
-                zyg.stop()  # it does not answer: start afresh on the next call
-        if ended is None:  # its zygote was lost: make sure the call is gone too
-            _kill(pidfd)
-        if self.iso.pid_ns_fd is None:  # without a PID namespace: end what the call left behind
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
-            if self.iso.cgroup is not None:  # setsid daemons left the process group, not the cgroup
-                self.iso.cgroup.kill_all_but({os.getpid(), *(z.pid for z in self.zygotes)})
-            reap_ready()
-        output.close()
-        os.close(pidfd)
-        oom = self.iso.cgroup is not None and self.iso.cgroup.new_oom_kills() > 0
-        if ended is None:
-            result = to_result(limits, duration, output, None, killed, oom, None)
-            if killed is None:
-                result.status = "internal"
-                result.reason = (
-                    f"the {zyg.name} zygote was lost during the call; a new one serves the next call"
-                )
-            return result
-        return to_result(limits, duration, output, ended[0], killed, oom, ended[1])
+        return killed, exited_at is not None, ended
+
+    def _end_leftovers(self, pid: int) -> None:
+        """Without a PID namespace: end what the call left behind."""
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        if self.iso.cgroup is not None:  # setsid daemons left the process group, not the cgroup
+            self.iso.cgroup.kill_all_but({os.getpid(), *(z.pid for z in self.zygotes)})
+        reap_ready()
 
     def _new_session(self, sid: str, limits: Limits) -> SessionHandle:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -259,14 +258,7 @@ def main(argv: list[str]) -> int:
     os.close(null)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     index = int(cfg.get("index", 0))
-    if cfg.get("pin_cpu", True):
-        # One core per worker (its zygotes and calls inherit it): a process's memory is then only ever
-        # live on one CPU, so fork and exit need no cross-CPU TLB shoot-downs (costly on VMs).
-        try:
-            cpus = sorted(os.sched_getaffinity(0))
-            os.sched_setaffinity(0, {cpus[index % len(cpus)]})
-        except OSError:
-            pass
+    _pin_to_one_cpu(index)
     iso = WorkerIsolation(IsolationConfig.from_dict(cfg.get("isolation", {})), index)
     try:  # the zygotes read their memory maps here; the private root hides /proc
         proc_fd: int | None = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -278,41 +270,47 @@ def main(argv: list[str]) -> int:
     inbox = Inbox(rfd, wfd)
     worker = Worker(iso, Limits.from_dict(cfg.get("limits", {})), sessions, modules, proc_fd, inbox)
     worker.start()
-    send_msg(
-        wfd,
-        {
-            "op": "hello",
-            "pid": os.getpid(),
-            "layers": iso.report(),
-            "preloaded": worker.full.hello.get("preloaded", []),
-            "zygotes": [
-                {"name": z.name, "pid": z.pid, **{k: z.hello.get(k) for k in ("preloaded", "huge_mb")}}
-                for z in worker.zygotes
-            ],
-            "cgroup": iso.cgroup.name if iso.cgroup else None,
-            "root_dir": iso.root_dir,
-        },
-    )
+    send_msg(wfd, _hello(worker))
     while True:
         msg = inbox.next()
         sessions.expire(time.monotonic())
         if msg is None or msg.get("op") == "exit":
             return 0
-        if msg.get("op") == "run":
+        if msg.get("op") != "run":
+            result = ExecResult.failure("internal", f"unknown op {msg.get('op')!r}")
+        else:
             try:
                 result = worker.run(msg)
             except Exception as exc:  # noqa: BLE001 - report, keep serving
                 result = ExecResult.failure("internal", f"worker error: {exc!r}")
-            send_msg(wfd, {"op": "result", "id": msg.get("id"), "result": result.to_dict()})
-        else:
-            send_msg(
-                wfd,
-                {
-                    "op": "result",
-                    "id": msg.get("id"),
-                    "result": ExecResult.failure("internal", f"unknown op {msg.get('op')!r}").to_dict(),
-                },
-            )
+        send_msg(wfd, {"op": "result", "id": msg.get("id"), "result": result.to_dict()})
+
+
+def _pin_to_one_cpu(index: int) -> None:
+    """One core per worker (its zygotes and calls inherit it): a process's memory is then only ever
+    live on one CPU, so fork and exit need no cross-CPU TLB shoot-downs (costly on VMs)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[index % len(cpus)]})
+    except OSError:
+        pass
+
+
+def _hello(worker: Worker) -> dict:
+    """What a started worker tells its handle (`rstar2 sandbox info` shows it)."""
+    iso = worker.iso
+    return {
+        "op": "hello",
+        "pid": os.getpid(),
+        "layers": iso.report(),
+        "preloaded": worker.full.hello.get("preloaded", []),
+        "zygotes": [
+            {"name": z.name, "pid": z.pid, **{k: z.hello.get(k) for k in ("preloaded", "huge_mb")}}
+            for z in worker.zygotes
+        ],
+        "cgroup": iso.cgroup.name if iso.cgroup else None,
+        "root_dir": iso.root_dir,
+    }
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from .result import ExecResult
 
 _GRACE_S = 60.0  # on top of a call's timeout: the kernel tearing down a big process tree can be slow
 _START_TIMEOUT_S = 120.0
+_INHERITED_ENV = ("PATH", "PYTHONPATH", "LANG", "VIRTUAL_ENV", "RSTAR2_HUGE_PAGES")
 _UNSTARTED = object()  # the answer for a queued call handed back, or whose worker died before it
 
 
@@ -43,7 +44,7 @@ class _Call:
 
 
 @dataclass
-class _Process:
+class _WorkerProcess:
     """One worker process with its own queue of calls sent to it (a replacement gets a new one)."""
 
     proc: asyncio.subprocess.Process
@@ -54,6 +55,8 @@ class _Process:
 
 
 class WorkerHandle:
+    depth = 2  # calls outstanding at once (see above)
+
     def __init__(
         self,
         index: int,
@@ -62,7 +65,6 @@ class WorkerHandle:
         preload: list[str] | None = None,
         max_sessions: int = 64,
         session_idle_s: float = 600.0,
-        depth: int = 2,
     ) -> None:
         self.index = index
         self.max_sessions = max_sessions
@@ -70,18 +72,17 @@ class WorkerHandle:
         self.limits = limits
         self.isolation = isolation
         self.preload = preload
-        self.depth = depth
         self.hello: dict = {}
         self.restarts = 0
         self._ids = itertools.count()
         self._start_lock = asyncio.Lock()
-        self._current: _Process | None = None
+        self._current: _WorkerProcess | None = None
 
     @property
     def proc(self) -> asyncio.subprocess.Process | None:
         """The live worker process, if any."""
-        cur = self._current
-        return cur.proc if cur is not None and not cur.lost else None
+        worker = self._current
+        return worker.proc if worker is not None and not worker.lost else None
 
     # ------------------------------------------------------------------ life cycle
     async def start(self) -> None:
@@ -99,21 +100,11 @@ class WorkerHandle:
         }
         if self.preload is not None:
             cfg["preload"] = list(self.preload)
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if k in ("PATH", "PYTHONPATH", "LANG", "VIRTUAL_ENV", "RSTAR2_HUGE_PAGES")
-        }
+        env = {k: v for k, v in os.environ.items() if k in _INHERITED_ENV}
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
-        env.update(
-            {
-                "OPENBLAS_NUM_THREADS": "1",
-                "OMP_NUM_THREADS": "1",
-                "MKL_NUM_THREADS": "1",
-                "PYTHONDONTWRITEBYTECODE": "1",
-            }
-        )
+        env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -130,25 +121,25 @@ class WorkerHandle:
             await self._kill(proc, {})
             raise RuntimeError(f"sandbox worker {self.index} failed to start: {exc!r}") from exc
         self.hello = hello
-        cur = self._current = _Process(proc, hello)
-        cur.reader = asyncio.create_task(self._read_answers(cur))
+        worker = self._current = _WorkerProcess(proc, hello)
+        worker.reader = asyncio.create_task(self._read_answers(worker))
 
     async def close(self) -> None:
-        cur, self._current = self._current, None
-        if cur is None:
+        worker, self._current = self._current, None
+        if worker is None:
             return
-        cur.lost = True  # closing: its end is no loss
-        proc = cur.proc
+        worker.lost = True  # closing: its end is no loss
+        proc = worker.proc
         if proc.returncode is None:
             try:
                 self._send(proc, {"op": "exit"})
                 await asyncio.wait_for(proc.wait(), 5)
             except Exception:  # noqa: BLE001
                 pass
-        if cur.reader is not None:
-            cur.reader.cancel()
-            await asyncio.gather(cur.reader, return_exceptions=True)
-        await self._kill(proc, cur.hello)
+        if worker.reader is not None:
+            worker.reader.cancel()
+            await asyncio.gather(worker.reader, return_exceptions=True)
+        await self._kill(proc, worker.hello)
 
     @staticmethod
     async def _kill(proc: asyncio.subprocess.Process, hello: dict) -> None:
@@ -189,15 +180,15 @@ class WorkerHandle:
                 await self.start()
             except RuntimeError as exc:
                 return ExecResult.failure("internal", str(exc))
-            cur = self._current
-            assert cur is not None
+            worker = self._current
+            assert worker is not None
             call = _Call(next(self._ids), limits.timeout_s, asyncio.get_running_loop().create_future())
             msg["id"] = call.id
-            cur.pending[call.id] = call
-            if len(cur.pending) == 1:
-                self._arm(call, cur.proc)
+            worker.pending[call.id] = call
+            if len(worker.pending) == 1:
+                self._arm(call, worker.proc)
             try:
-                self._send(cur.proc, msg)
+                self._send(worker.proc, msg)
             except (ConnectionError, OSError):
                 pass  # the reader finds the worker dead and answers this call
             # A caller that gives up leaves the call to finish; its answer is then dropped.
@@ -209,8 +200,8 @@ class WorkerHandle:
 
     async def running_call_ended(self) -> None:
         """Wait until the call the worker is running now has ended (or the worker is gone)."""
-        cur = self._current
-        head = next(iter(cur.pending.values()), None) if cur is not None else None
+        worker = self._current
+        head = next(iter(worker.pending.values()), None) if worker is not None else None
         if head is not None:
             await asyncio.wait([head.future])
 
@@ -225,10 +216,10 @@ class WorkerHandle:
             proc.overdue = True  # type: ignore[attr-defined]
             proc.kill()
 
-    async def _read_answers(self, cur: _Process) -> None:
+    async def _read_answers(self, worker: _WorkerProcess) -> None:
         """Match the worker's answers to the pending calls, until the worker is gone. The oldest
         pending call is the one running; calls behind it are answered in order, or handed back."""
-        proc, pending = cur.proc, cur.pending
+        proc, pending = worker.proc, worker.pending
         try:
             while True:
                 reply = await self._recv(proc)
@@ -246,15 +237,15 @@ class WorkerHandle:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the worker died or broke the protocol
-            if cur.lost:  # closed on purpose
+            if worker.lost:  # closed on purpose
                 return
             what = "did not answer in time" if getattr(proc, "overdue", False) else type(exc).__name__
-            await self._worker_lost(cur, what)
+            await self._worker_lost(worker, what)
 
-    async def _worker_lost(self, cur: _Process, what: str) -> None:
-        cur.lost = True  # from now on calls go to a replacement
+    async def _worker_lost(self, worker: _WorkerProcess, what: str) -> None:
+        worker.lost = True  # from now on calls go to a replacement
         self.restarts += 1
-        for i, call in enumerate(cur.pending.values()):
+        for i, call in enumerate(worker.pending.values()):
             if call.timer is not None:
                 call.timer.cancel()
             if call.future.done():
@@ -264,8 +255,8 @@ class WorkerHandle:
                 call.future.set_result(ExecResult.failure("internal", reason))
             else:  # never started: it goes again, to the replacement or another worker
                 call.future.set_result(_UNSTARTED)
-        cur.pending.clear()
-        await self._kill(cur.proc, cur.hello)
+        worker.pending.clear()
+        await self._kill(worker.proc, worker.hello)
 
     @staticmethod
     def _send(proc: asyncio.subprocess.Process, obj: dict) -> None:

@@ -40,23 +40,11 @@ from .outcome import INTERNAL_EXIT
 from .request import Limits
 from .session import session_init
 
-PRELOAD = (
-    "math",
-    "cmath",
-    "fractions",
-    "decimal",
-    "itertools",
-    "collections",
-    "functools",
-    "re",
-    "random",
-    "statistics",
-    "heapq",
-    "bisect",
-    "string",
-    "json",
-    "numpy",
-    "sympy",
+# What a worker imports once, unless told otherwise: the standard library model-written math uses,
+# numpy and sympy.
+PRELOAD = tuple(
+    "math cmath fractions decimal itertools collections functools re random statistics heapq bisect "
+    "string json numpy sympy".split()
 )
 START_S = 120.0  # importing numpy and sympy on a loaded machine can take long
 PID = struct.Struct("!i")
@@ -93,32 +81,12 @@ def serve(
     sock: socket.socket, iso: WorkerIsolation, modules: list[str], defaults: Limits, proc_fd: int | None
 ) -> None:
     """The zygote's life (never returns): warm up, say hello, then fork one child per request."""
-    plans: dict[bytes, CallPlan] = {}
-    has_sessions = False
     try:
-        linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-        loaded = preload(modules)
-        iso.zygote_setup(defaults)
-        huge_pages = os.environ.get("RSTAR2_HUGE_PAGES", "1") != "0"
-        safe_environment()
-        gc.collect()
-        try:  # hand freed heap back: a smaller zygote forks faster
-            import ctypes
-
-            ctypes.CDLL(None).malloc_trim(0)
-        except (OSError, AttributeError):
-            pass
-        gc.freeze()  # keep the children from touching (copying) every object's GC header
-        huge = 0
-        if proc_fd is not None:
-            huge = _collapse(proc_fd) if huge_pages else 0
-            os.close(proc_fd)
-        fresh_stdio()  # last: nothing may write to these streams before a child inherits them
-        top_level = sorted({name.partition(".")[0] for name in sys.modules})
-        hello = {"preloaded": loaded, "modules": top_level, "huge_mb": huge >> 20}
-        sock.send(json.dumps(hello).encode())
+        sock.send(json.dumps(_get_ready(iso, modules, defaults, proc_fd)).encode())
     except BaseException:  # noqa: BLE001 - the worker sees the closed socket
         os._exit(INTERNAL_EXIT)
+    plans: dict[bytes, CallPlan] = {}
+    has_sessions = False
     while True:
         try:
             msg, fds, _, _ = socket.recv_fds(sock, _MAX_MSG, 8)
@@ -143,6 +111,30 @@ def serve(
             for fd in fds:
                 os.close(fd)
             sock.send(b"p" + PID.pack(-1))
+
+
+def _get_ready(iso: WorkerIsolation, modules: list[str], defaults: Limits, proc_fd: int | None) -> dict:
+    """Import and warm up, then make this process as cheap to fork as it can be; returns the hello."""
+    linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+    loaded = preload(modules)
+    iso.zygote_setup(defaults)
+    huge_pages = os.environ.get("RSTAR2_HUGE_PAGES", "1") != "0"
+    safe_environment()
+    gc.collect()
+    try:  # hand freed heap back: a smaller zygote forks faster
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    gc.freeze()  # keep the children from touching (copying) every object's GC header
+    huge = 0
+    if proc_fd is not None:
+        huge = _collapse(proc_fd) if huge_pages else 0
+        os.close(proc_fd)
+    fresh_stdio()  # last: nothing may write to these streams before a child inherits them
+    top_level = sorted({name.partition(".")[0] for name in sys.modules})
+    return {"preloaded": loaded, "modules": top_level, "huge_mb": huge >> 20}
 
 
 def _fork(

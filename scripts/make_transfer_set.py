@@ -1,16 +1,17 @@
-"""The `transfer` set: word problems no training generator writes, to measure whether the tool habit
-(read the relations, write the program, check, answer) carries past the training problems.
+"""The generator of the `transfer` set (``src/rstar2/data/transfer.jsonl``): word problems no
+training generator writes, to measure whether the tool habit (read the relations, write the program,
+check, answer) carries past the training problems.
 
-Written on its own, before the training families of ``recipe/relations.py`` were tuned, and never
-imported by training code (a test checks both that and that no wording or number pattern of this
-set occurs in the training data). Its twelve situations (recipes scaled, durations on a clock, fence
-posts, stock over weeks, tiered prices, savings goals, fuel, tables for guests, "times as many",
-a missing score, discount then change, buses for classes) each come in a few wordings with one, two
-or three steps, a third of them with a number that must be ignored, small numbers now and then in
-words. Answers are computed here, each row with the program that computes it again.
+Written apart from the training families of ``recipe/relations.py`` and kept out of the package, so
+no training code can draw on it (a test checks that no wording or number pattern of this set occurs
+in the training data). Its twelve situations (recipes scaled, durations on a clock, fence posts,
+stock over weeks, tiered prices, savings goals, fuel, tables for guests, "times as many", a missing
+score, discount then change, buses for classes) each come in a few wordings with one, two or three
+steps, a third of them with a number that must be ignored, small numbers now and then in words.
+Answers are computed here, each row with the program that computes it again.
 
-``python -m rstar2.eval.transfer_set`` writes ``data/transfer.jsonl``; a test checks the shipped
-file is exactly this module's output.
+``python scripts/make_transfer_set.py [PATH]`` writes the set; a test checks the shipped file is
+exactly this script's output.
 """
 
 from __future__ import annotations
@@ -270,7 +271,7 @@ def build(count_per_situation: int = COUNT_PER_SITUATION, seed: int = SEED) -> l
 
 
 def main(path: str | None = None) -> None:
-    target = Path(path) if path else Path(__file__).parents[1] / "data" / "transfer.jsonl"
+    target = Path(path) if path else Path(__file__).parents[1] / "src" / "rstar2" / "data" / "transfer.jsonl"
     target.write_text("".join(json.dumps(r) + "\n" for r in build()))
     print(f"wrote {target}")
 

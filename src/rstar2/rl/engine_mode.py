@@ -1,0 +1,119 @@
+"""How the RL trainer's engines hold its weights, decided once per run.
+
+- ``shared``: one process, synchronous, in-process engine: it decodes the trainer's own model
+  object, so new weights cost nothing to publish (the engine is only told they changed).
+- ``copy``: an in-process engine that needs weights of its own: under torchrun (every process keeps
+  a full copy for its rollouts, the trained model is sharded) or generating while the update writes
+  the weights (``asynchronous.max_staleness > 0``). It loads each new version, checked exactly.
+- ``servers``: ``rollout.engine.servers``, told to load each new version from disk, then probed.
+
+Everything that differs between the modes is here: the model the engine is built over, publishing
+(``rl/sync.py``), and the CPU threads an engine decoding beside the update leaves it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from ..config import RLConfig
+from ..device import engine_dtype
+from ..engines.base import Engine
+from . import distributed as D
+from .launch import quietly
+from .sync import publish
+
+Mode = Literal["shared", "copy", "servers"]
+PROBE_PROBLEM = "What is 12 + 30?"  # the prompt each server samples from after a weight sync
+
+
+def engine_mode(servers: bool, distributed: bool, max_staleness: int) -> Mode:
+    if servers:
+        return "servers"
+    return "copy" if distributed or max_staleness else "shared"
+
+
+class TrainerEngines:
+    """The engines of one RL run and how they get its weights (``mode``)."""
+
+    def __init__(self, cfg: RLConfig, world: D.World):
+        """Made once the run's torch threads are set (``model.threads``): the update's thread
+        starts with torch's default, not with them."""
+        self.cfg, self.world = cfg, world
+        self.threads = torch.get_num_threads()
+        self.mode = engine_mode(
+            bool(cfg.rollout.engine.servers), world.distributed, cfg.asynchronous.max_staleness
+        )
+        self.engine_model: torch.nn.Module | None = None  # what an in-process engine decodes
+        self.engines: list[Any] = []
+
+    def adopt(self, model: torch.nn.Module) -> None:
+        """The trainer's full model, before it is sharded: shared, or copied in the engine's dtype."""
+        if self.mode == "shared":
+            self.engine_model = model
+        elif self.mode == "copy":
+            self.engine_model = copy.deepcopy(model).to(engine_dtype(self.world.device))
+
+    async def open(self) -> list[Engine]:
+        """Remote servers, or one in-process engine over the adopted model."""
+        from ..rollout.build import open_engines
+
+        cfg = self.cfg
+        self.engines = await open_engines(
+            cfg.rollout.engine,
+            trainer_model=self.engine_model,
+            name=f"rank{self.world.rank}",
+            compute=cfg.model.compute,
+            keep_stale_kv=cfg.asynchronous.keep_stale_kv,
+        )
+        return self.engines
+
+    async def publish(
+        self, model: torch.nn.Module, step: int, folder: Path, probe_prompt: list[int], pad_id: int
+    ) -> dict[str, float]:
+        """The trainer's weights as policy version ``step`` to every engine, checked (``rl/sync.py``)."""
+        return await publish(
+            model,
+            self.engines,
+            self.mode,
+            self.cfg.rollout.engine,
+            self.world,
+            folder,
+            probe_prompt=probe_prompt,
+            pad_id=pad_id,
+            step=step,
+            compute=self.cfg.model.compute,
+        )
+
+    @contextmanager
+    def beside_update(self) -> Iterator[None]:
+        """While an update runs beside an engine copy that decodes (``max_staleness > 0``), the two
+        split the torch threads: ``asynchronous.engine_threads`` to the engine, the rest to the
+        update (each alone uses them all)."""
+        total, share = self.threads, self.cfg.asynchronous.engine_threads
+        split = self.mode == "copy" and self.cfg.asynchronous.max_staleness > 0 and share and share < total
+        if not split:
+            yield
+            return
+        for e in self.engines:
+            e.threads = share
+        torch.set_num_threads(total - share)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(total)
+            for e in self.engines:
+                e.threads = None
+
+    async def counters(self) -> list[dict[str, Any] | None]:
+        return [await e.counters() for e in self.engines]
+
+    async def close(self) -> None:
+        for e in self.engines:
+            with quietly(f"closing engine {e.name}"):
+                await e.close()

@@ -1,0 +1,90 @@
+"""What one RL step logs: accuracy, lengths, finish reasons, tool use and faults of its rollouts (all
+processes), RoC's group counts, and the engines' work over the step. Pure functions over small
+records, so processes can exchange them and a test can check them by hand."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from ..rollout import stats
+from ..rollout.trajectory import Trajectory
+from .roc import Scored
+
+FINISH_REASONS = ("answer", "no_tool_call", "max_turns", "max_length", "error")
+FAULT_KINDS = ("engine", "sandbox", "verifier")
+
+
+def rollout_record(t: Trajectory, kept: bool, scored: Scored | None) -> dict[str, Any]:
+    """What the metrics need of one rollout: RoC's choice and penalties (None: a fault left it out)."""
+    return {
+        **stats.record(t),
+        "kept": kept,
+        "p_err": scored.p_err if scored else 0.0,
+        "p_format": scored.p_format if scored else 0.0,
+        "tool_s": t.tool_seconds,
+        "reward_s": float(t.meta.get("reward_s", 0.0)),
+        "fault": t.fault,
+    }
+
+
+def step_metrics(all_records: list[dict[str, Any]]) -> dict[str, float]:
+    """Accuracy, lengths, finish reasons and tool statistics of a step's rollouts (all processes),
+    over those the system did not spoil; ``faults/*``: the shares it did, by kind."""
+    faults = Counter(r["fault"] for r in all_records if r["fault"])
+    faulted = {f"faults/{kind}": faults[kind] / max(1, len(all_records)) for kind in FAULT_KINDS}
+    records = [r for r in all_records if not r["fault"]]
+    n = max(1, len(records))
+    d = stats.describe(records)
+    finishes = d["finishes"]
+    correct = [r for r in records if r["correct"]]
+    m = {
+        "accuracy": d["accuracy"],
+        "reward/mean": stats.mean([r["reward"] for r in records]),
+        "reward/kept_mean": stats.mean([r["reward"] for r in records if r["kept"]]),
+        "rollouts_kept": float(sum(r["kept"] for r in records)),
+        "response/length_mean": d["length_mean"],
+        "response/length_max": d["length_max"],
+        "response/truncated_share": finishes["max_length"] / n,
+        "tools/calls_per_traj": d["calls_per_traj"],
+        "tools/error_ratio_all": d["error_ratio"],
+        "tools/error_ratio_correct_all": d["error_ratio_correct"],
+        "tools/error_ratio_correct_kept": stats.tool_error_ratio([r for r in correct if r["kept"]]),
+        "tools/correct_with_error_share": d["correct_with_error_share"],
+        # RoC's format fault: no answer, or more than one (p_format > 0), in all and in correct rollouts
+        "format/fault_share": stats.mean([float(r["p_format"] > 0) for r in records]),
+        "format/fault_share_correct": stats.mean([float(r["p_format"] > 0) for r in correct]),
+        "time/tool_s_per_traj": stats.mean([r["tool_s"] for r in records]),
+        "time/reward_s_per_traj": stats.mean([r["reward_s"] for r in records]),
+    }
+    for reason in FINISH_REASONS:
+        m[f"finish/{reason}"] = finishes[reason] / n
+    for sign, share in d["health"].items():
+        m[f"health/{sign}"] = share
+    return {**m, **faulted, "rollouts": float(len(all_records))}
+
+
+def engine_metrics(
+    before: list[dict[str, Any] | None], after: list[dict[str, Any] | None], wall_s: float
+) -> dict[str, float]:
+    """The engines' work over a step, from their counters (``Engine.counters``) read at its start
+    and end: the share of rows a decode step held, the share of busy time spent on joins (prefill),
+    the share of the step they were busy, prefixes evicted, rows prefilled again after new weights,
+    and the mean wait of a request for a row. Engines without counters are left out."""
+    pairs = [(b, a) for b, a in zip(before, after, strict=True) if b and a]
+    if not pairs:
+        return {}
+
+    def d(key: str) -> float:
+        return float(sum(a.get(key, 0) - b.get(key, 0) for b, a in pairs))
+
+    row_capacity = sum(a["rows"] * (a["steps"] - b["steps"]) for b, a in pairs)
+    busy = d("busy_s")
+    return {
+        "engine/occupancy": d("row_steps") / row_capacity if row_capacity else 0.0,
+        "engine/join_share": d("prefill_s") / busy if busy > 0 else 0.0,
+        "engine/busy_share": busy / (wall_s * len(pairs)) if wall_s > 0 else 0.0,
+        "engine/evictions": d("evictions"),
+        "engine/reprefills": d("reprefills"),
+        "engine/queue_wait_s": d("queue_wait_s") / max(1.0, d("requests")),
+    }
