@@ -17,7 +17,7 @@ import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -26,9 +26,8 @@ from ..device import engine_dtype
 from ..engines.base import Engine
 from . import distributed as D
 from .launch import quietly
-from .sync import publish
+from .sync import Mode, publish
 
-Mode = Literal["shared", "copy", "servers"]
 PROBE_PROBLEM = "What is 12 + 30?"  # the prompt each server samples from after a weight sync
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -30,6 +30,7 @@ from .batch import collate
 from .update import logprobs_of
 
 PROBE_TOKENS = 16
+Mode = Literal["shared", "copy", "servers"]  # how the engines hold the weights (rl/engine_mode.py)
 
 
 class WeightSyncError(RuntimeError):
@@ -202,7 +203,7 @@ async def probe_engines(
 async def publish(
     model: torch.nn.Module,
     engines: list[Any],
-    mode: str,
+    mode: Mode,
     settings: EngineSection,
     world: D.World,
     folder: Path,
