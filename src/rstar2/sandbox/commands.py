@@ -1,4 +1,4 @@
-"""``rstar2 sandbox run | info | serve | worker | bench``: the code environment's commands, and
+"""``rstar2 sandbox run | info | serve | worker``: the code environment's commands, and
 what each does (the ``rstar2`` command adds them as its ``sandbox`` group)."""
 
 from __future__ import annotations
@@ -227,26 +227,4 @@ def sandbox_worker(
         lease_s=lease_s,
         name=name,
         log=console.print,
-    )
-
-
-@app.command("bench")
-def sandbox_bench(
-    quick: bool = typer.Option(False, help="A short run (a minute or two) instead of the full table."),
-    modes: str = typer.Option(
-        "baseline,pool,http,redis", help="Comma-separated: baseline, pool, http, redis."
-    ),
-    workloads: str = typer.Option("trivial,sympy,loop", help="Comma-separated: trivial, sympy, loop."),
-    concurrency: str = typer.Option("1,8,64,256", help="Calls in flight, comma-separated."),
-    out: Path | None = typer.Option(None, help="Also write the results as JSON here."),
-) -> None:
-    """Benchmark throughput and latency against a fresh `python3 -c` per call (same run)."""
-    from .bench import main as bench_main
-
-    bench_main(
-        quick=quick,
-        modes=modes.split(","),
-        workloads=workloads.split(","),
-        concurrency=[int(c) for c in concurrency.split(",")],
-        out=out,
     )
