@@ -17,7 +17,6 @@ COMMANDS = [
     ["sandbox", "serve"],
     ["sandbox", "worker"],
     ["sandbox", "info"],
-    ["sandbox", "bench"],
     ["demo"],
     ["verify"],
     ["serve"],

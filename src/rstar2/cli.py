@@ -172,7 +172,6 @@ def vllm_cmd(
 ) -> None:
     """Start a vLLM server ready for rstar2: in-place weight loads, each token's weight version, the
     sampled distribution's log-probs, priority scheduling. Arguments after -- go to vLLM."""
-    import os
     import shutil
 
     from .engines import vllm_launch as launch

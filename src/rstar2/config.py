@@ -237,8 +237,8 @@ class OptimSection(_Section):
 class HealthSection(_Section):
     """RL: tool-use health (``rollout/health.py``). Each limit is the largest share of a step's
     rollouts that may show the sign before the step warns, in the log, ``health.jsonl`` and the
-    recipe's report (null: not watched). The defaults sit well above a healthy run's (SmolLM2's
-    recipe: at most 5% no call, 14% unparseable, 6% repeated) and well below a collapse."""
+    recipe's report (null: not watched). The defaults sit well above a healthy run's and well
+    below a collapse."""
 
     no_call: float | None = Field(0.5, ge=0, le=1)  # no tool call at all
     unparseable: float | None = Field(0.3, ge=0, le=1)  # a call that could not be parsed
@@ -261,9 +261,8 @@ class RunSection(_Section):
     # RL: rollouts the system spoiled (engine, code environment or verifier faults) are left out of
     # the update; a step where they are more than this share of all rollouts stops the run
     max_fault_share: float = Field(0.5, ge=0, le=1)
-    samples_per_step: int = (
-        64  # RL: trajectories (whole groups) written to samples/ each step, for `rstar2 view`
-    )
+    # RL: trajectories (whole groups) written to samples/ each step, for `rstar2 view`
+    samples_per_step: int = 64
     # RL: log the mean entropy of reasoning / reflection / code / answer tokens each step; the
     # first `reflection_window` model tokens after a tool response count as reflection; 0 = off.
     reflection_window: int = Field(20, ge=0)
@@ -317,11 +316,9 @@ class SFTSection(_Section):
     # learns to copy numbers suddenly, at a step that depends on the seed).
     stop_loss: float | None = None
     stop_window: int = 20
-    # Stop once a skill is there, measured rather than inferred from the loss: every
-    # ``probe_every`` steps, the mean probability the model gives the assistant turns of the
-    # ``probe`` conversations (JSONL like the training data; its chance of writing one word for
-    # word when sampling at T = 1) is logged as ``probe/exact``; the run stops once it reaches
-    # ``stop_skill``.
+    # Stop once a skill is there, measured rather than inferred from the loss: every ``probe_every``
+    # steps, ``probe/exact`` of the ``probe`` conversations (JSONL like the training data; see
+    # rl/sft.py's exact_probability) is logged; the run stops once it reaches ``stop_skill``.
     probe: str | None = None
     probe_every: int = Field(10, ge=1)
     stop_skill: float | None = Field(None, gt=0, le=1)

@@ -52,8 +52,7 @@ def max_positions(model: Any) -> int:
 
 
 def cpu_capability() -> str:
-    """torch's name for the CPU's vector instruction set (``AVX2``, ``AVX512``...), as the
-    benchmarks print it beside each figure; honours ``ATEN_CPU_CAPABILITY``."""
+    """torch's name for the CPU's vector instructions (``AVX2``, ``AVX512``...); honours ``ATEN_CPU_CAPABILITY``."""
     return torch.backends.cpu.get_cpu_capability()
 
 

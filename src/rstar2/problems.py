@@ -9,22 +9,16 @@ from pathlib import Path
 from .jsonl import iter_jsonl
 
 DATA_DIR = Path(__file__).parent / "data"
-BENCHMARKS = {
-    "aime2024": "aime2024.jsonl",
-    "aime2025": "aime2025.jsonl",
-    "hmmt_feb_2025": "hmmt_feb_2025.jsonl",
-    "math500": "math500.jsonl",
-    "amc2023": "amc2023.jsonl",
-    "paraphrased": "paraphrased.jsonl",  # new wording for the generator's skills, each row with its program
-    "transfer": "transfer.jsonl",  # situations no training generator writes (scripts/make_transfer_set.py)
-}
+# each in data/NAME.jsonl; paraphrased: new wording for the generator's skills, each row with its
+# program; transfer: situations no training generator writes (scripts/make_transfer_set.py)
+BENCHMARKS = ("aime2024", "aime2025", "hmmt_feb_2025", "math500", "amc2023", "paraphrased", "transfer")
 ALIASES = {"aime24": "aime2024", "aime25": "aime2025", "hmmt25": "hmmt_feb_2025", "amc23": "amc2023"}
 
 
 def load_benchmark(name_or_path: str) -> list[dict]:
     """Rows (``id``, ``problem``, ``answer``, ...) of a shipped set, or of any JSON Lines file."""
     name_or_path = ALIASES.get(name_or_path, name_or_path)
-    path = DATA_DIR / BENCHMARKS[name_or_path] if name_or_path in BENCHMARKS else Path(name_or_path)
+    path = DATA_DIR / f"{name_or_path}.jsonl" if name_or_path in BENCHMARKS else Path(name_or_path)
     if not path.exists():
         known = ", ".join(BENCHMARKS)
         raise FileNotFoundError(

@@ -1,5 +1,5 @@
 """The CUDA paths, marked ``gpu``: left out of the default run (CI has no GPU to lend) and run with
-``pytest -m gpu`` where a GPU is (they passed on an H100, 2026-11-24); without one they fail."""
+``pytest -m gpu`` where a GPU is (they passed on an H100, 2026-11-26); without one they fail."""
 
 from __future__ import annotations
 

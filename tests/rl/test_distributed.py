@@ -51,3 +51,17 @@ def test_two_processes_end_the_step_with_the_parameters_of_one(tiny_dir, tmp_pat
         assert torch.allclose(one["weights"][k], two["weights"][k], atol=1e-6, rtol=1e-5), k
     assert one["stats"]["loss"] == pytest.approx(two["stats"]["loss"], rel=1e-4, abs=1e-7)
     assert one["stats"]["update/clip_high"] == pytest.approx(two["stats"]["update/clip_high"], abs=1e-6)
+
+
+@pytest.mark.parametrize(("device", "expected"), [("cuda", 3), ("cuda:1", 1), ("cpu", None)])
+def test_a_worker_thread_is_put_on_the_callers_gpu_by_index(monkeypatch, device, expected):
+    """One process asks for ``cuda`` (no index), which ``torch.cuda.set_device`` refuses: the thread
+    gets the caller's current device by number; torchrun's ``cuda:N`` keeps N; a CPU run sets none."""
+    from rstar2.rl.distributed import World, on_device
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    wrapped = on_device(World(device=torch.device(device)), lambda x: x + 1)
+    assert wrapped(1) == 2
+    assert chosen == ([] if expected is None else [expected])

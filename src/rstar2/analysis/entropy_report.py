@@ -11,6 +11,7 @@ from typing import Any
 
 from ..chat.token_classes import CLASSES, TokenClasses, classify
 from ..jsonl import iter_jsonl
+from ..plots import pyplot, save_figure
 from .entropy import Summary, TrajectoryEntropy, mark_high, summarize, teacher_forced_entropy
 
 
@@ -50,8 +51,7 @@ def analyze(
         raise ValueError(f"--trajectories {trajectories}: no such file")
     if not 0 < top <= 1:
         raise ValueError(f"--top must be in (0, 1], got {top}")
-    dev = pick_device(device)
-    model = AutoModelForCausalLM.from_pretrained(str(model_path)).to(dev).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(model_path)).to(pick_device(device)).eval()
     tok = AutoTokenizer.from_pretrained(str(model_path))
     rows = list(trajectory_rows(trajectories, limit))
     if not rows:
@@ -111,12 +111,7 @@ def markdown(s: Summary, settings: dict[str, Any], count: int) -> str:
 
 
 def plot(s: Summary, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, (a, b) = pyplot().subplots(1, 2, figsize=(11, 3.8))
     rows = s.rows()
     a.bar([r["class"] for r in rows], [100 * r["high_share_in_class"] for r in rows], color="#c0504d")
     a.set_ylabel("% of the class's tokens that are high-entropy")
@@ -126,9 +121,7 @@ def plot(s: Summary, path: Path) -> None:
     b.set_xlabel("relative position in the response (model tokens)")
     b.set_ylabel("mean entropy (nats)")
     b.set_title("Entropy over the response")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _colour(e: float, hi: float) -> str:

@@ -100,8 +100,8 @@ def trajectory_html(n: int, source: str, d: dict[str, Any], shown: list[str]) ->
     ]
     if d.get("answer") is not None:
         facts.append(f"answer <code>{_e(d['answer'])}</code>")
+    kept = ("kept" if roc.get("kept") else "dropped") if roc else ""
     if roc:
-        kept = "kept" if roc.get("kept") else "dropped"
         facts.append(
             f"RoC: <b>{kept}</b>, p_err {float(roc.get('p_err', 0)):.2f}, p_format {float(roc.get('p_format', 0)):.2f}"
         )
@@ -113,10 +113,9 @@ def trajectory_html(n: int, source: str, d: dict[str, Any], shown: list[str]) ->
     for t in turns:
         body.append(f"<pre class='model'>{_e(t.get('text', ''))}</pre>")
         body += [_call_html(c) for c in t.get("calls", [])]
-    kept_attr = "" if not roc else ("kept" if roc.get("kept") else "dropped")
     return (
         f"<section class='traj' data-reward='{'correct' if reward > 0 else 'incorrect'}' "
-        f"data-statuses='{_e(' '.join(statuses))}' data-kept='{kept_attr}' "
+        f"data-statuses='{_e(' '.join(statuses))}' data-kept='{kept}' "
         f"data-health='{_e(' '.join(shown) or 'healthy')}'>"
         f"<details><summary>#{n} · {' · '.join(facts)}</summary>"
         f"<p class='src'>{_e(source)}</p><p class='problem'>{_e(d.get('problem', ''))}</p>"
@@ -151,8 +150,7 @@ function apply(){
 
 
 def render(items: list[tuple[str, dict[str, Any]]], title: str = "rstar2 trajectories") -> str:
-    statuses = sorted(STATUS_COLOURS)
-    options = "".join(f"<option value='{s}'>{s}</option>" for s in statuses)
+    options = "".join(f"<option value='{s}'>{s}</option>" for s in sorted(STATUS_COLOURS))
     correct = sum(float(d.get("reward", 0)) > 0 for _, d in items)
     shown = [health_signs(d) for _, d in items]
     counts = {s: sum(s in signs_ for signs_ in shown) for s in SIGNS}
@@ -180,8 +178,7 @@ def view(target: Path, out: Path | None = None, limit: int | None = 2000, sign: 
     """``sign``: only trajectories showing that tool-use health sign (``rollout.health.SIGNS``)."""
     if sign is not None and sign not in SIGNS:
         raise ValueError(f"unknown health sign {sign!r}: one of {', '.join(SIGNS)}")
-    files = find_files(target)
-    items = load(files, limit, sign)
+    items = load(find_files(target), limit, sign)
     if out is None:
         out = (target if target.is_dir() else target.parent) / "view.html"
     out.write_text(render(items, f"rstar2 · {target.name}"))

@@ -36,10 +36,8 @@ def end_of_turn_ids(tokenizer: Any) -> tuple[int, ...]:
     """The tokenizer's eos and the usual end-of-turn tokens of chat templates that it knows."""
     ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     vocab = tokenizer.get_vocab()
-    for tok in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>"):
-        if tok in vocab:
-            ids.add(vocab[tok])
-    return tuple(sorted(ids))
+    ends = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
+    return tuple(sorted(ids | {vocab[tok] for tok in ends if tok in vocab}))
 
 
 def takes_tools(tokenizer: Any, tools: list[dict]) -> bool:
@@ -122,7 +120,6 @@ class ChatFormat:
             raise TemplateError("the chat template does not render assistant content verbatim")
         self.after_assistant = self._stub_text[at + len(_MARK) :]  # e.g. "<|im_end|>\n"
 
-    # -- rendering --------------------------------------------------------------------------
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
         tools = self.tools
         if self.calls_in_text:
@@ -145,7 +142,6 @@ class ChatFormat:
     def problem_messages(self, problem: str) -> list[dict]:
         return problem_messages(problem, self.system_prompt, self.user_prefix)
 
-    # -- tool turns -------------------------------------------------------------------------
     def tool_response(self, result: ExecResult | ToolCallError) -> tuple[str, bool]:
         """One tool response, cut in the middle to the character and token limits, and whether the
         model reads less than the code printed (cut here, or by the code environment)."""
@@ -166,21 +162,16 @@ class ChatFormat:
         full = self.render([*self._stub, *tools], add_generation_prompt=True)
         if not full.startswith(self._stub_text):
             raise TemplateError("the chat template renders earlier turns differently once tool turns follow")
-        glue = self.after_assistant
-        if model_end and glue.startswith(model_end):
-            glue = glue[len(model_end) :]
-        return glue + full[len(self._stub_text) :]
+        return self.after_assistant.removeprefix(model_end) + full[len(self._stub_text) :]
 
     def tool_turn_ids(self, responses: list[str], model_end: str = "") -> list[int]:
         return self.encode(self.tool_turn_text(responses, model_end))
 
-    # -- whole conversations (SFT data) --------------------------------------------------------
     @cached_property
     def assistant_end(self) -> str:
         """The stop token the model writes to end its turn, as text (``<|im_end|>`` for ChatML)."""
         ends = [self.decode([i]) for i in end_of_turn_ids(self.tokenizer)]
-        ends = [e for e in ends if e and self.after_assistant.startswith(e)]
-        return max(ends, key=len) if ends else ""
+        return max((e for e in ends if e and self.after_assistant.startswith(e)), key=len, default="")
 
     def conversation_ids(self, messages: list[dict]) -> tuple[list[int], list[int]]:
         """Ids and loss mask (1 on what each assistant turn writes, its stop token included) of a

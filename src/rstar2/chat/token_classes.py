@@ -11,8 +11,8 @@ from typing import Any
 from .tags import ANSWER_CLOSE, ANSWER_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 CLASSES = ("reasoning", "reflection", "code", "answer")
-CODE_TAGS = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
-ANSWER_TAGS = (ANSWER_OPEN, ANSWER_CLOSE)
+NO_CLASS = -1  # a tool-response token: not the model's, no class
+_BLOCKS = (("code", TOOL_CALL_OPEN, TOOL_CALL_CLOSE), ("answer", ANSWER_OPEN, ANSWER_CLOSE))
 
 
 def block_regions(text: str) -> list[tuple[int, int, str]]:
@@ -20,7 +20,7 @@ def block_regions(text: str) -> list[tuple[int, int, str]]:
     tags included; an unclosed block runs to the end of the text."""
     regions, pos = [], 0
     while True:
-        found = [(text.find(o, pos), o, c, k) for k, (o, c) in (("code", CODE_TAGS), ("answer", ANSWER_TAGS))]
+        found = [(text.find(o, pos), o, c, k) for k, o, c in _BLOCKS]
         found = [f for f in found if f[0] >= 0]
         if not found:
             return regions
@@ -62,9 +62,6 @@ def classify(pieces: Sequence[str], mask: Sequence[int], window: int = 20) -> li
     return out
 
 
-NO_CLASS = -1  # a tool-response token: not the model's, no class
-
-
 class TokenClasses:
     """Class indices (into ``CLASSES``; ``NO_CLASS`` for tool tokens) of a response's tokens; pieces
     decoded once per token id and cached, so a step costs a lookup per token, not a ``decode``."""
@@ -74,8 +71,7 @@ class TokenClasses:
         self._pieces: dict[int, str] = {}
 
     def piece(self, token_id: int) -> str:
-        p = self._pieces.get(token_id)
-        if p is None:
+        if (p := self._pieces.get(token_id)) is None:
             p = self._pieces[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return p
 

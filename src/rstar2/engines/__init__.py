@@ -1,5 +1,1 @@
-"""Inference engines behind one protocol: token ids in, token ids and logprobs out."""
-
-from .base import Engine, Generation, SamplingParams
-
-__all__ = ["Engine", "Generation", "SamplingParams"]
+"""Inference engines behind one protocol (``base.py``): token ids in, token ids and logprobs out."""

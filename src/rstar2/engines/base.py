@@ -50,8 +50,6 @@ class Generation:
 
 @runtime_checkable
 class Engine(Protocol):
-    """What the rollout and the trainer use of every engine."""
-
     name: str
     capacity_tokens: int  # KV-cache tokens the engine can hold at once (capacity-aware scheduling)
     in_flight: int  # requests accepted and not yet answered
@@ -60,7 +58,6 @@ class Engine(Protocol):
 
     async def counters(self) -> dict[str, Any] | None:
         """Work counted since it started (the trainer's ``engine/*`` metrics); None: it counts none."""
-        ...
 
     async def close(self) -> None: ...
 
@@ -73,15 +70,12 @@ class LocalEngine(Engine, Protocol):
 
     def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Load these tensors as policy ``version`` (requests in flight continue under them)."""
-        ...
 
     def invalidate(self, version: int) -> None:
         """Its model's weights were written elsewhere: policy ``version`` from the next step on."""
-        ...
 
     def paused(self) -> AbstractContextManager[None]:
         """Hold the engine between two decoding steps (to read or write its weights whole)."""
-        ...
 
 
 class ServedEngine(Engine, Protocol):
@@ -90,7 +84,6 @@ class ServedEngine(Engine, Protocol):
     async def update_weights(self, model_dir: str, endpoint: str, version: int) -> dict[str, Any]:
         """The server loads the model folder ``model_dir`` as policy ``version``; its answer says
         what it now holds where it can (version, fingerprint, parameters written)."""
-        ...
 
 
 def weights_fingerprint(tensors: dict, dtype: str | None = None) -> float:

@@ -58,9 +58,6 @@ class Row:
     next_version: int = 0  # the version of the weights its next-token logits came from
     finish: str = "length"
 
-    def context(self) -> list[int]:
-        return self.req.prompt_ids + self.out_ids
-
 
 class RunningBatch:
     """The rows being decoded, their cache, and the logits of each row's next token."""
@@ -140,17 +137,16 @@ class RunningBatch:
         firsts = [index.index(u) for u in range(len(unique))]  # the first row of each distinct context
         start = kv.rows
         kv.add([kept[i] for i in firsts], [owners[i] for i in firsts])
-        news = [contexts[i][kept[i].length if kept[i] is not None else 0 :] for i in firsts]
+        skip = [seq.length if seq is not None else 0 for seq in kept]
+        news = [contexts[i][skip[i] :] for i in firsts]
         width = max(len(n) for n in news)
-        ids = torch.full((len(news), width), self.pad_token_id, dtype=torch.long)
-        for r, n in enumerate(news):
-            ids[r, width - len(n) :] = torch.tensor(n, dtype=torch.long)
+        ids = torch.tensor([[self.pad_token_id] * (width - len(n)) + n for n in news], dtype=torch.long)
         span = (start, start + len(firsts))
         logits = self.forward(ids.to(self.device), kv, span, [len(n) for n in news])
-        self.stats["prefill_tokens"] += sum(len(n) for n in news)
-        self.stats["shared_tokens"] += sum(  # identical contexts prefilled once
-            len(contexts[i]) - (kept[i].length if kept[i] is not None else 0) for i in range(len(contexts))
-        ) - sum(len(n) for n in news)
+        prefilled = sum(len(n) for n in news)
+        self.stats["prefill_tokens"] += prefilled
+        # identical contexts prefilled once
+        self.stats["shared_tokens"] += sum(len(c) for c in contexts) - sum(skip) - prefilled
         copies = [i for i in range(len(contexts)) if firsts[index[i]] != i]
         for i in copies:
             kv.copy_row(start + index[i], owners[i])
@@ -196,9 +192,10 @@ class RunningBatch:
     def refill(self) -> None:
         """Every running row prefilled again from its tokens (the weights changed under it)."""
         rows = list(self.rows)
+        contexts = [r.req.prompt_ids + r.out_ids for r in rows]
         self.reset()
         try:
-            self.logits = self._prefill(self.kv, [r.context() for r in rows], [None] * len(rows), rows)
+            self.logits = self._prefill(self.kv, contexts, [None] * len(rows), rows)
             for row in rows:
                 row.next_version = self.version
         except BaseException:

@@ -50,7 +50,7 @@ class StaticDecode:
         n = len(ids)
         b = self.bucket(n)
         kv.reserve(self.max_rows, max(kv.lens[:n]) + 1)
-        buffers = self._buffers_key(kv)
+        buffers = (kv.buf_k[0].data_ptr(), kv.rows_cap, kv.cols_cap)
         if buffers != self._buffers:  # buffers grown: the captured graphs point elsewhere
             self.captured.clear()
             self._buffers = buffers
@@ -86,9 +86,6 @@ class StaticDecode:
     # -- the static step -----------------------------------------------------------------------
     def _pointers(self) -> int:
         return hash(tuple(p.data_ptr() for p in self.model.parameters()))
-
-    def _buffers_key(self, kv: SlotCache) -> tuple[int, ...]:
-        return (kv.buf_k[0].data_ptr(), kv.rows_cap, kv.cols_cap)
 
     def _step(self, kv: SlotCache, b: int) -> torch.Tensor:
         """The forward of a bucket of ``b`` rows over the whole buffers: what the graph records."""

@@ -125,13 +125,12 @@ class HFEngine:
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         vocab = self.model.get_input_embeddings().num_embeddings
-        if not all(0 <= t < vocab for t in prompt_ids):
-            bad = next(t for t in prompt_ids if not 0 <= t < vocab)
+        bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
+        if bad is not None:
             raise ValueError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
-        if len(prompt_ids) >= max_positions(self.model):
+        if len(prompt_ids) >= (positions := max_positions(self.model)):
             raise ValueError(
-                f"prompt of {len(prompt_ids)} tokens leaves no room in the model's "
-                f"{max_positions(self.model)} positions"
+                f"prompt of {len(prompt_ids)} tokens leaves no room in the model's {positions} positions"
             )
         if self._thread is None:
             self._thread = threading.Thread(target=self._serve, name=f"engine-{self.name}", daemon=True)
@@ -177,7 +176,6 @@ class HFEngine:
             yield
 
     async def counters(self) -> dict[str, Any]:
-        """``stats``, the kept prefixes evicted and its rows."""
         return {**self.stats, "evictions": self.store.evicted, "rows": self.max_batch_size}
 
     def _new_weights(self, version: int) -> None:
@@ -250,7 +248,10 @@ class HFEngine:
             start = time.perf_counter()
             with torch.no_grad(), self.lock, torch.autocast(device.type, torch.bfloat16, enabled=bf16):
                 if self.broken:  # a load failed half way: nothing is sampled from what it left
-                    self._fail_all(batch, new or [])
+                    error = self._not_whole()
+                    for req in [row.req for row in batch.rows] + (new or []):
+                        req.settle(error)
+                    batch.reset()
                     continue
                 stamp = (self._weight_writes, weights_stamp(self.model))
                 if stamp != self._stamp:  # new weights
@@ -278,13 +279,6 @@ class HFEngine:
 
     def _not_whole(self) -> RuntimeError:
         return RuntimeError(f"engine {self.name} holds no whole weights: {self.broken}; load them again")
-
-    def _fail_all(self, batch: RunningBatch, new: list[Request]) -> None:
-        """Every running row and new request fails with the reason the weights are not whole."""
-        error = self._not_whole()
-        for req in [row.req for row in batch.rows] + new:
-            req.settle(error)
-        batch.reset()
 
     def _row(self, req: Request) -> Row:
         budget = min(req.params.max_new_tokens, max_positions(self.model) - len(req.prompt_ids))

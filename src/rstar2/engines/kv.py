@@ -9,6 +9,7 @@ of ended requests kept for their trajectory's next turn (LRU within a token budg
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -86,9 +87,9 @@ class SlotCache(Cache):
         new_rows = self.rows_cap if rows <= self.rows_cap else max(rows, 2 * self.rows_cap)
         if self.max_rows is not None:
             new_rows = max(rows, min(new_rows, self.max_rows))
-        new_cols = (
-            self.cols_cap if cols <= self.cols_cap else _round_up(max(cols, self.cols_cap * 3 // 2), 64)
-        )
+        new_cols = self.cols_cap
+        if cols > self.cols_cap:  # a multiple of 64
+            new_cols = math.ceil(max(cols, self.cols_cap * 3 // 2) / 64) * 64
         keep_cols = max(self.lens, default=0)
         for bufs in (self.buf_k, self.buf_v):
             for i, old in enumerate(bufs):
@@ -194,10 +195,6 @@ def last_logits(
         mask = torch.zeros(mask.shape, dtype=model.dtype, device=mask.device).masked_fill(~mask, lowest)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=kv, logits_to_keep=1)
     return out.logits[:, -1]
-
-
-def _round_up(n: int, step: int) -> int:
-    return -(-n // step) * step
 
 
 class PrefixStore:

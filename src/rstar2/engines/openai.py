@@ -105,8 +105,7 @@ class OpenAIEngine:
             return self.capacity_tokens
         try:
             if info.get("max_total_num_tokens"):
-                self.capacity_tokens = int(info["max_total_num_tokens"])
-                self.capacity_source = "server info"
+                self.capacity_tokens, self.capacity_source = int(info["max_total_num_tokens"]), "server info"
                 return self.capacity_tokens
             resp = await self._client.get("/metrics")
             found = capacity_from_vllm_metrics(resp.text) if resp.status_code == 200 else None

@@ -15,7 +15,6 @@ from typing import Any
 
 
 def zero_tensors(folder: str) -> int:
-    """How many tensors of a model folder are zero throughout."""
     from safetensors import safe_open
 
     count = 0

@@ -45,11 +45,8 @@ def majority_correct(samples: Sequence[tuple[str | None, bool]]) -> bool:
         key = normalize(answer)
         votes[key] += 1
         right.setdefault(key, correct)
-    if not votes:
-        return False
-    top = max(votes.values())
-    winner = next(k for k in votes if votes[k] == top)
-    return right[winner]
+    # most_common keeps first-seen order among equal counts
+    return right[votes.most_common(1)[0][0]] if votes else False
 
 
 def group_by_problem(trajs: Iterable[Trajectory]) -> dict[Any, list[Trajectory]]:
@@ -92,15 +89,13 @@ def summarize(trajs: Sequence[Trajectory], ks: Sequence[int] = (1, 4, 8, 16)) ->
             ) / len(groups)
     d = describe([record(t) for t in trajs])
     out.update(
-        {
-            "mean_response_tokens": d["length_mean"],
-            "mean_turns": d["turns_mean"],
-            "tool_calls_per_trajectory": d["calls_per_traj"],
-            "tool_error_ratio": d["error_ratio"],
-            "tool_error_ratio_correct": d["error_ratio_correct"],
-            "finish_reasons": dict(d["finishes"]),
-            "tool_statuses": dict(Counter(c.status for t in trajs for c in t.calls)),
-            "tool_health": d["health"],  # shares of trajectories showing each sign (rollout/health.py)
-        }
+        mean_response_tokens=d["length_mean"],
+        mean_turns=d["turns_mean"],
+        tool_calls_per_trajectory=d["calls_per_traj"],
+        tool_error_ratio=d["error_ratio"],
+        tool_error_ratio_correct=d["error_ratio_correct"],
+        finish_reasons=dict(d["finishes"]),
+        tool_statuses=dict(Counter(c.status for t in trajs for c in t.calls)),
+        tool_health=d["health"],  # shares of trajectories showing each sign (rollout/health.py)
     )
     return out

@@ -7,31 +7,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..plots import pyplot, save_figure
 from ..rollout.trajectory import Trajectory
 from .metrics import group_by_problem, mean_pass_at_k
 
 
 def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}"
-
-
-def pyplot() -> Any:
-    """matplotlib's pyplot, drawing to files only (the Agg backend: no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig: Any, path: Path, dpi: int) -> Path:
-    """``fig`` laid out, written to ``path`` and closed."""
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    pyplot().close(fig)
-    return path
 
 
 def summary_markdown(summaries: dict[str, dict[str, Any]], settings: dict[str, Any]) -> str:
@@ -65,9 +47,8 @@ def plot_benchmark(name: str, trajs: Sequence[Trajectory], path: Path, ks: Seque
     groups = group_by_problem(trajs)
     n_min = min(len(g) for g in groups.values())
     ks = [k for k in ks if k <= n_min] or [1]
-    curve = [mean_pass_at_k(groups, k) for k in ks]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    axes[0].plot(ks, [100 * c for c in curve], marker="o")
+    axes[0].plot(ks, [100 * mean_pass_at_k(groups, k) for k in ks], marker="o")
     axes[0].set(xlabel="k", ylabel="pass@k (%)", title=f"{name}: pass@k", ylim=(0, 100))
     axes[0].set_xscale("log", base=2)
     right = [t.response_tokens for t in trajs if t.correct]

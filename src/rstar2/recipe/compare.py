@@ -32,8 +32,8 @@ from typing import Any
 import yaml
 
 from ..config import parse_config, set_value
-from ..eval.report import pyplot, save_figure
 from ..memory import peak_bytes, release_memory, reset_peak
+from ..plots import pyplot, save_figure
 from .report_card import accuracy_in, eval_dir, paired_change, percent, stage_metrics
 from .spec import DataSpec, Recipe, parse_recipe, stage_rollout, stage_tree
 
@@ -170,8 +170,7 @@ def run_comparison(
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> Path:
-    """Run every arm not yet finished (the SFT checkpoint's evaluation first), then summarize;
-    returns ``compare.md``."""
+    """Run every arm not yet finished (the SFT checkpoint's evaluation first); returns ``compare.md``."""
     from transformers.utils import logging as hf_logging
 
     from .run import run_recipe
@@ -187,12 +186,13 @@ def run_comparison(
     asked = dict(source=str(source), checkpoint=str(checkpoint), seeds=list(seeds), variants=list(variants))
     asked.update(overrides=list(overrides), stages=None if stages is None else list(stages))
     (out / "comparison.yaml").write_text(yaml.safe_dump(asked, sort_keys=False))
-    costs = _read_costs(out)
+    costs_file = out / "costs.json"
+    costs = json.loads(costs_file.read_text()) if costs_file.exists() else {}
     first = recipes[plan[0].name]
     if "sft" not in costs:
         log(f"[rstar2] compare: evaluating the SFT checkpoint {checkpoint}")
         costs["sft"] = measured(lambda: asyncio.run(evaluate_start(first, checkpoint, out / "sft", progress)))
-        _write_costs(out, costs)
+        costs_file.write_text(json.dumps(costs, indent=2))
     for n, arm in enumerate(plan, 1):
         if _finished(arm.folder):
             continue
@@ -200,13 +200,12 @@ def run_comparison(
         resume = arm.folder.exists() and any(arm.folder.iterdir())
         recipe = recipes[arm.name]
         costs[arm.name] = measured(run_recipe, recipe, arm.folder, resume=resume, progress=progress, log=log)
-        _write_costs(out, costs)
+        costs_file.write_text(json.dumps(costs, indent=2))
     return write_summary(out, first, plan, costs)
 
 
 def measured(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, float]:
-    """Run ``fn(*args, **kwargs)`` and return its wall seconds and this process's peak resident
-    memory (GiB)."""
+    """``fn(*args, **kwargs)``'s wall seconds and this process's peak resident memory (GiB)."""
     release_memory()
     reset_peak()
     t0 = time.perf_counter()
@@ -214,15 +213,6 @@ def measured(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, flo
     cost = {"seconds": time.perf_counter() - t0, "peak_gib": peak_bytes() / 2**30}
     release_memory()
     return cost
-
-
-def _read_costs(out: Path) -> dict[str, Any]:
-    p = out / "costs.json"
-    return json.loads(p.read_text()) if p.exists() else {}
-
-
-def _write_costs(out: Path, costs: dict[str, Any]) -> None:
-    (out / "costs.json").write_text(json.dumps(costs, indent=2))
 
 
 async def evaluate_start(recipe: Recipe, checkpoint: Path, folder: Path, progress: bool) -> None:
@@ -298,10 +288,9 @@ def summarize(out: Path, recipe: Recipe, plan: Sequence[Arm]) -> dict[str, Any]:
         variants[v] = entry
     first = next(iter(finals), None)  # the reference: the first variant asked for (roc by default)
     versus = {}
-    for v in finals:
-        if v != first:
-            changes = {s: paired_change(finals[v][s], finals[first][s]) for s in sets}
-            versus[v] = {s: {"minus": m, "ci95": h, "paired": n} for s, (m, h, n) in changes.items()}
+    for v in list(finals)[1:]:
+        changes = {s: paired_change(finals[v][s], finals[first][s]) for s in sets}
+        versus[v] = {s: {"minus": m, "ci95": h, "paired": n} for s, (m, h, n) in changes.items()}
     return {"sets": sets, "variants": variants, "reference": first, "versus": versus}
 
 
@@ -349,8 +338,7 @@ def write_summary(out: Path, recipe: Recipe, plan: Sequence[Arm], costs: dict[st
 
 
 def _variant_row(variant: str, entry: dict[str, Any], sets: list[str], spent: list[dict[str, float]]) -> str:
-    """A variant's row of the summary table (its columns: ``write_summary``'s head); ``spent``: its
-    runs' costs."""
+    """A variant's row of ``write_summary``'s table; ``spent``: its runs' costs."""
     cells = [variant, str(len(entry["seeds"]))]
     for x in sets:
         f = entry["final"][x]
@@ -400,7 +388,7 @@ def plot_steps(out: Path, summary: dict[str, Any]) -> list[Path]:
             ax.set_xlabel("RL step (all stages)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-            paths.append(save_figure(fig, out / f"compare_{key.replace('/', '_')}.png", dpi=110))
+            paths.append(save_figure(fig, out / f"compare_{key.replace('/', '_')}.png"))
         else:
             plt.close(fig)
     return paths

@@ -10,8 +10,7 @@ from .tasks import generate
 
 
 def tiny_corpus(recipe: Recipe, count: int = 1500) -> list[str]:
-    """``count`` rendered conversations. Tool outputs are written here, not run: only their wording
-    matters."""
+    """``count`` rendered conversations; tool outputs are written, not run: only their wording matters."""
     from ..chat.prompt import problem_messages
     from ..chat.tool_response import render_result
     from ..sandbox.result import ExecResult

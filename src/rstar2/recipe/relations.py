@@ -16,11 +16,10 @@ from dataclasses import dataclass
 
 LEVELS = (1, 2, 3)
 
-_WORDS = (
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-    "sixteen seventeen eighteen nineteen twenty"
-).split()
-_TENS = {30: "thirty", 40: "forty", 50: "fifty", 60: "sixty", 70: "seventy", 80: "eighty", 90: "ninety"}
+# The numbers a varied problem may write in words.
+_WORDS = dict(enumerate("zero one two three four five six seven eight nine ten eleven twelve".split()))
+_WORDS |= dict(enumerate("thirteen fourteen fifteen sixteen seventeen eighteen nineteen twenty".split(), 13))
+_WORDS |= {30: "thirty", 40: "forty", 50: "fifty", 60: "sixty", 70: "seventy", 80: "eighty", 90: "ninety"}
 
 PEOPLE = "Priya Marco Yuki Nadia Felix Amara Diego Hana Kofi Elsa Ravi Ines".split()
 
@@ -34,12 +33,8 @@ class Say:
     varied: bool
 
     def n(self, x: int) -> str:
-        if self.varied and self.rng.random() < 0.3:
-            if 0 <= x <= 20:
-                return _WORDS[x]
-            if x in _TENS:
-                return _TENS[x]
-        return str(x)
+        in_words = self.varied and self.rng.random() < 0.3
+        return _WORDS.get(x, str(x)) if in_words else str(x)
 
     def one(self, *options: str) -> str:
         return self.rng.choice(options) if self.varied else options[0]

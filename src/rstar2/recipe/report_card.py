@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
 from ..eval.metrics import mean_ci95, per_problem_accuracy
-from ..eval.report import pyplot, save_figure
+from ..plots import pyplot, save_figure
 from ..rl.metrics_log import read_metrics
 from ..rollout.health import SIGNS, read_warnings
 from ..rollout.trajectory import read_trajectories
@@ -194,7 +195,7 @@ def _plot_steps(out: Path, stages: list[tuple[str, list[dict[str, Any]]]]) -> Pa
         ax.set_xlabel("step (all stages)")
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=8)
-    return save_figure(fig, out / "report_steps.png", dpi=110)
+    return save_figure(fig, out / "report_steps.png")
 
 
 def _plot_evals(out: Path, evals: dict[str, dict[str, Any]]) -> Path | None:
@@ -212,7 +213,7 @@ def _plot_evals(out: Path, evals: dict[str, dict[str, Any]]) -> Path | None:
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3, axis="y")
-    return save_figure(fig, out / "report_stages.png", dpi=110)
+    return save_figure(fig, out / "report_stages.png")
 
 
 def write_report(out: Path, recipe: Any, state: dict[str, Any]) -> Path:
@@ -277,18 +278,15 @@ def _stage_table(recipe: Any, state: dict[str, Any]) -> list[str]:
 
 
 def _links(out: Path, pngs: list[Path | None]) -> list[str]:
-    """The plots, the trajectory viewer (``rstar2 view``) and the entropy analysis, where the run has
-    them, each after an empty line."""
+    """The plots, the trajectory viewer (``rstar2 view``) and the entropy analysis the run has."""
     from ..analysis.view import view
 
     found = [f"![{png.stem}]({png.name})" for png in pngs if png is not None]
-    try:
+    with contextlib.suppress(FileNotFoundError):  # the run has no trajectories
         view(out, out / "view.html")
         found.append(
             "Trajectories (held-out evaluations, RL samples with RoC's choices): [view.html](view.html)"
         )
-    except FileNotFoundError:  # the run has no trajectories
-        pass
     if (out / "entropy" / "entropy.md").exists():
         found.append(
             "Token entropy of the final model (reasoning, reflection after tool responses, code, answer): "

@@ -85,9 +85,7 @@ def prepare_model(recipe: Recipe, out: Path) -> Path:
 def problem_rows(data: DataSpec, seed: int, split: str = "train") -> list[dict[str, Any]]:
     from ..problems import load_benchmark
 
-    rows: list[dict[str, Any]] = []
-    for f in data.files:
-        rows += load_benchmark(f)  # a JSONL path or a shipped benchmark's name
+    rows = [row for f in data.files for row in load_benchmark(f)]  # JSONL paths or shipped benchmarks' names
     g = data.generator
     if g is not None:
         rows += [t.row() for t in generated(g, seed if g.seed is None else g.seed, split=split)]
@@ -110,18 +108,15 @@ async def sft_rows(run: RecipeRun, data: DataSpec, what: str = "SFT data") -> li
 
     from .sft_data import build_conversations
 
-    recipe = run.recipe
-    rows: list[dict[str, Any]] = []
-    for f in data.files:
-        rows += read_jsonl(f)
+    rows = [row for f in data.files for row in read_jsonl(f)]
     g = data.generator
     if g is not None:
-        seed = recipe.seed if g.seed is None else g.seed
+        seed = run.recipe.seed if g.seed is None else g.seed
         tasks = generated(g, seed)
         bar = tqdm(total=len(tasks), desc=f"{what} (real tool runs)", unit="conv", disable=not run.progress)
-        code_env = run.services["code_env"]
+        code_env, chat = run.services["code_env"], run.recipe.chat
         rows += await build_conversations(
-            tasks, code_env, recipe.chat, error_rate=g.error_rate, seed=seed, on_done=bar.update
+            tasks, code_env, chat, error_rate=g.error_rate, seed=seed, on_done=bar.update
         )
         bar.close()
     return rows[: data.limit]
@@ -188,8 +183,7 @@ async def solved_counts(
 async def filter_problems(
     run: RecipeRun, stage: StageSpec, flt: FilterSpec, model_dir: Path, rows: list[dict], out_dir: Path
 ) -> list[dict[str, Any]]:
-    """The problems the current policy solves between ``min_solved`` and ``max_solved`` times of
-    ``samples`` (the paper's last stage keeps those not solved every time)."""
+    """The rows ``flt`` keeps (``FilterSpec``); ``filter.json`` records the solved counts."""
     solved = await solved_counts(run, stage, flt, model_dir, rows, out_dir, seed=run.recipe.seed + 17)
     top = flt.samples - 1 if flt.max_solved is None else flt.max_solved
     kept = [r for r, s in zip(rows, solved, strict=True) if flt.min_solved <= s <= top]
@@ -208,8 +202,7 @@ async def filter_problems(
 
 
 def _cell_rows(g: GeneratorSpec, family: str, level: int, count: int, seed: int) -> list[dict[str, Any]]:
-    """``count`` training problems of one ladder cell (an arithmetic family's digits, a relation
-    family's steps)."""
+    """``count`` training problems of one ladder cell (``tasks.cells``)."""
     size = {"digits": (level, level)} if family in FAMILIES else {"levels": (level, level)}
     return [t.row() for t in generated(g, seed, count=count, families=[family], **size)]
 
@@ -251,9 +244,8 @@ def _drawn_equally(g: GeneratorSpec, chosen: list[tuple[str, int]], seed: int) -
 async def ladder_rows(
     run: RecipeRun, stage: StageSpec, model_dir: Path, out_dir: Path
 ) -> list[dict[str, Any]]:
-    """The difficulty ladder (``stage.ladder``): the current policy's pass rate on ``probes`` problems
-    of each (family, level) cell of the stage's generator, then the stage's problems drawn equally
-    from the cells ``choose_cells`` takes; ``ladder.json`` records the rates and the choice."""
+    """The stage's problems by the difficulty ladder (``LadderSpec``, ``choose_cells``); ``ladder.json``
+    records the pass rates and the choice."""
     spec, g = stage.ladder, stage.data.generator
     assert spec is not None and g is not None  # the stage's validator
     seed = run.recipe.seed if g.seed is None else g.seed
@@ -323,8 +315,7 @@ async def evaluate_model(
     run: RecipeRun, model_dir: Path, rows: list[dict], out_dir: Path, plain: bool = False
 ) -> dict:
     """``plain``: the zero-shot baseline without the tool format (``config.NO_TOOLS``)."""
-    recipe = run.recipe
-    spec = recipe.eval
+    recipe, spec = run.recipe, run.recipe.eval
     has_rl = any(s.kind == "rl" for s in recipe.stages)
     base = stage_rollout(recipe)  # the last RL stage's settings: held-out scores as training samples
     overrides = {
@@ -382,8 +373,12 @@ def run_recipe(
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> Path:
-    """Run every stage; returns the report's path."""
+    """Run every stage; returns the report's path. A failure becomes a ``RunError`` naming the part of
+    the recipe it happened in (the traceback in ``error.txt``); the folder keeps every finished stage
+    for ``--resume``."""
     from transformers.utils import logging as hf_logging
+
+    from ..rl.launch import RunError, write_error
 
     hf_logging.disable_progress_bar()  # one bar per weight load would drown the stage bars
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -394,7 +389,13 @@ def run_recipe(
     if out.exists() and any(out.iterdir()) and not resume:
         raise ValueError(f"{out} is not empty: pass --resume to continue that run, or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    return asyncio.run(_run(recipe, out, resume, progress, log))
+    run = RecipeRun(recipe, out, progress, log)
+    try:
+        with on_local_vllm(recipe, out, log) as run.recipe:
+            return asyncio.run(_stages(run, resume))
+    except Exception as exc:
+        write_error(out, exc)
+        raise RunError.at(f"recipe {recipe.name}, {run.where}", out, exc) from exc
 
 
 def run_named(
@@ -417,20 +418,6 @@ def run_named(
     state = json.loads((out_dir / STATE_FILE).read_text())
     gain = json.loads((out_dir / "report.json").read_text()).get("rl_gain")
     return "\n".join([table(state.get("evals", {})), *([gain] if gain else []), f"report: {report}"])
-
-
-async def _run(recipe: Recipe, out: Path, resume: bool, progress: bool, log: Callable[[str], None]) -> Path:
-    """The run; a failure becomes a ``RunError`` naming the part of the recipe it happened in (the
-    traceback in ``error.txt``); the folder keeps every finished stage for ``--resume``."""
-    from ..rl.launch import RunError, write_error
-
-    run = RecipeRun(recipe, out, progress, log)
-    try:
-        with on_local_vllm(recipe, out, log) as run.recipe:
-            return await _stages(run, resume)
-    except Exception as exc:
-        write_error(out, exc)
-        raise RunError.at(f"recipe {recipe.name}, {run.where}", out, exc) from exc
 
 
 @contextmanager
@@ -457,8 +444,7 @@ def on_local_vllm(recipe: Recipe, out: Path, log: Callable[[str], None]) -> Iter
 
 
 async def _stages(run: RecipeRun, resume: bool) -> Path:
-    """The stages not yet finished, in order, the model evaluated before the first and after each;
-    the final model's token entropy; the report."""
+    """The stages not yet finished, the evaluations, the final model's token entropy, the report."""
     from ..rollout.build import open_services
     from .report_card import write_report
 

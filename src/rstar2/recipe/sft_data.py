@@ -18,10 +18,6 @@ from ..config import ChatSection
 from .tasks import Task
 
 
-def answer_text(answer: int | str) -> str:
-    return f"<answer> \\boxed{{{answer}}} </answer>"
-
-
 def break_code(code: str, rng: random.Random) -> str:
     """A plausible careless version of ``code`` that raises when run."""
     kind = rng.choice(["name", "syntax", "undefined"])
@@ -48,7 +44,7 @@ def conversation(opening: list[dict], calls: Sequence[tuple[str, str]], answer: 
     msgs = list(opening)
     for code, output in calls:
         msgs += [call_message(code), {"role": "tool", "name": PYTHON_TOOL, "content": output}]
-    msgs.append({"role": "assistant", "content": answer_text(answer)})
+    msgs.append({"role": "assistant", "content": f"<answer> \\boxed{{{answer}}} </answer>"})
     return msgs
 
 

@@ -237,9 +237,8 @@ class Recipe(_Spec):
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for k, v in over.items():
-        out[k] = (
-            _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
-        )
+        both = isinstance(v, dict) and isinstance(out.get(k), dict)
+        out[k] = _merge(out[k], v) if both else copy.deepcopy(v)
     return out
 
 
@@ -272,11 +271,8 @@ def stage_tree(recipe: Recipe, stage: StageSpec, *, model_path: str, train: str,
 
 def recipe_services(recipe: Recipe) -> dict[str, Any]:
     """The recipe's engines, code environment and verifier, as rollout settings."""
-    where: dict[str, Any] = {"engine": {"servers": recipe.servers}, "sandbox": recipe.sandbox}
-    for key in ("sandbox_workers", "verifier_workers"):
-        if getattr(recipe, key) is not None:
-            where[key] = getattr(recipe, key)
-    return where
+    workers = recipe.model_dump(include={"sandbox_workers", "verifier_workers"}, exclude_none=True)
+    return {"engine": {"servers": recipe.servers}, "sandbox": recipe.sandbox, **workers}
 
 
 def stage_rollout(recipe: Recipe, stage: StageSpec | None = None, **overrides: Any) -> RolloutSection:

@@ -123,11 +123,7 @@ GROUPS = {"arithmetic": tuple(FAMILIES), "relations": RELATION_FAMILIES}
 
 def expand_families(names: Sequence[str] | None) -> list[str]:
     """Family names with the groups (``arithmetic``, ``relations``) spelled out; None: arithmetic."""
-    out: list[str] = []
-    for name in names or ["arithmetic"]:
-        for f in GROUPS.get(name, (name,)):
-            if f not in out:
-                out.append(f)
+    out = list(dict.fromkeys(f for name in names or ["arithmetic"] for f in GROUPS.get(name, (name,))))
     unknown = [f for f in out if f not in ALL_FAMILIES]
     if unknown:
         raise ValueError(
@@ -141,11 +137,8 @@ def cells(
 ) -> list[tuple[str, int]]:
     """The (family, level) cells of a generator: an arithmetic family's level is its numbers' digits,
     a relation family's its steps (the difficulty ladder probes each cell)."""
-    out = []
-    for f in expand_families(families):
-        lo, hi = digits if f in FAMILIES else levels
-        out += [(f, n) for n in range(lo, hi + 1)]
-    return out
+    ranges = {f: digits if f in FAMILIES else levels for f in expand_families(families)}
+    return [(f, n) for f, (lo, hi) in ranges.items() for n in range(lo, hi + 1)]
 
 
 @functools.cache
@@ -195,9 +188,8 @@ def generate(
         if tries > 200 * count + 1000:
             raise ValueError(f"cannot find {count} distinct {split} problems with digits {digits}")
         family = names[tries % len(names)]
-        level = None
-        if family in relations.FAMILIES:
-            level = rng.randint(*levels)
+        level = rng.randint(*levels) if family in relations.FAMILIES else None
+        if level is not None:
             text, answer, code = relations.draw(family, rng, level, varied)
         else:
             values, answer, code = FAMILIES[family](rng, digits)

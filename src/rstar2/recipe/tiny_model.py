@@ -103,8 +103,7 @@ def build_model(
 
 def save_pretrained(model: Any, tokenizer: Any, out: str | Path) -> Path:
     """Save both in Hugging Face format (safetensors weights); reload with ``from_pretrained``."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(out)  # save_pretrained creates the folder
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

@@ -5,10 +5,10 @@ or on the code environment's workers (``SandboxVerifier``).
 
 from __future__ import annotations
 
-from .equivalence import Verdict, cas_check, check_answer, quick_check, triage
+from .equivalence import Verdict, check_answer, quick_check, triage
 from .extract import Mode, extract_answer, last_boxed
 from .offload import SandboxVerifier
-from .verifier_pool import DEFAULT_TIMEOUT_S, VerifierPool, default_pool, verify_batch
+from .verifier_pool import VerifierPool, default_pool, verify_batch
 
 
 def check(reference: str, response: str, *, mode: Mode = "strict") -> Verdict:
@@ -22,11 +22,9 @@ def verify_answer(reference: str, response: str, *, mode: Mode = "strict") -> bo
 
 
 __all__ = [
-    "DEFAULT_TIMEOUT_S",
     "SandboxVerifier",
     "Verdict",
     "VerifierPool",
-    "cas_check",
     "check",
     "check_answer",
     "default_pool",

@@ -65,27 +65,20 @@ def quick_check(reference: str, answer: str) -> Verdict | None:
         if is_float_print(ref_num, ans_num) or is_float_print(ans_num, ref_num):
             return Verdict(True, "a float print of the fraction", answer, "fast")
         return Verdict(False, "different numbers", answer, "fast")
-    listed = _same_listed_numbers(ref, ans)
-    if listed is not None:
+    if (listed := _same_listed_numbers(ref, ans)) is not None:
         return Verdict(listed, "same numbers" if listed else "different numbers", answer, "fast")
-    cells = _same_matrix(ref, ans)
-    if cells is not None:
+    if (cells := _same_matrix(ref, ans)) is not None:
         return Verdict(cells, "equal matrices" if cells else "different matrices", answer, "fast")
-    ref_text = text_answer(ref)
-    if ref_text is not None:
-        ans_text = text_answer(ans)
-        same = ans_text == ref_text
+    if (ref_text := text_answer(ref)) is not None:
+        same = text_answer(ans) == ref_text
         return Verdict(same, "same words" if same else "different words", answer, "text")
     why = _hedged(ref, ans) or refuse(ans)
+    words = stray_words(ans) - stray_words(ref)
+    if why is None and words and not _has_letters(ref):  # a numeric reference: words are no mathematics
+        why = f"words beside the value ({', '.join(sorted(words))})"
     if why is not None:
         return Verdict(False, f"refused: {why}", answer, "guard")
-    words = stray_words(ans) - stray_words(ref)
-    if words and not _has_letters(ref):  # a numeric reference: the words cannot be mathematics
-        return Verdict(
-            False, f"refused: words beside the value ({', '.join(sorted(words))})", answer, "guard"
-        )
-    why = refuse(ref)
-    if why is not None:
+    if (why := refuse(ref)) is not None:
         return Verdict(False, f"reference refused: {why}", answer, "guard")
     return None
 
@@ -100,9 +93,7 @@ def _single_value(ref: str) -> bool:
 
 
 def _hedged(ref: str, ans: str) -> str | None:
-    """Why ``ans`` hedges where the reference states one thing: a hedge word (``maybe``,
-    ``approximately``; ``or`` against a single value), ``\\pm`` against a single value, or several
-    values against one. None when it does not."""
+    """Why ``ans`` hedges where the reference states one thing, or None when it does not."""
     single = _single_value(ref)
     words = hedges(ans, ref) - (set() if single else {"or"})
     if words:
@@ -125,16 +116,14 @@ def _same_listed_numbers(ref: str, ans: str) -> bool | None:
 
 
 def _same_matrix(ref: str, ans: str) -> bool | None:
-    """Two matrices in any environment: same shape and each cell equal; None when a cell needs
-    the CAS (or either side is not a matrix)."""
+    """Two matrices compared cell by cell; None when a cell needs the CAS or either is no matrix."""
     a, b = matrix_cells(ref), matrix_cells(ans)
     if a is None or b is None:
         return None
     if [len(r) for r in a] != [len(r) for r in b]:
         return False
     for x, y in zip((c for r in a for c in r), (c for r in b for c in r), strict=True):
-        cell = quick_check(x, y)
-        if cell is None:
+        if (cell := quick_check(x, y)) is None:
             return None
         if not cell.correct:
             return False
@@ -208,14 +197,10 @@ def _parse(latex: str) -> list:
     # math-verify may read a prefix of the answer ("1 + \\frac{1}{" of a longer one) and drop the rest:
     # a parse counts only when it read the whole answer
     if len(parsed) == 2 and isinstance(parsed[1], str):
-        read, whole = _squeeze(parsed[1]), _squeeze(latex)
+        read, whole = "".join(parsed[1].split()), "".join(latex.split())
         if read != whole and whole.startswith(read):
             return []
     return parsed
-
-
-def _squeeze(s: str) -> str:
-    return "".join(s.split())
 
 
 def _same_equation(gold: Any, pred: Any) -> bool | None:

@@ -42,15 +42,13 @@ _MATHS_RE = re.compile(r"[\d\\^_=<>+]|^[A-Za-z]$")
 _VALUE_WITH_UNIT_RE = re.compile(r"[^A-Za-z]*\d[^A-Za-z]*(?:\s+[A-Za-z]{2,}[A-Za-z/]*){1,3}")
 # markdown bold (**Answer:**, **42**), never Python's power operator (x**2 + y**2)
 _BOLD_RE = re.compile(r"(?<![\w)\]}])\*\*(?=\S)(.+?)(?<=\S)\*\*(?![\w(\[{])")
+_MATH_DOLLAR_RE = re.compile(r"(?<!\\)\$")  # a math span left inside (\$ is a currency sign)
+_LEAD_WORD_RE = re.compile(r"^[A-Za-z]{2,}\s*[,:]")
+_SENTENCE_END_RE = re.compile(r"(?<!\d)\.(?:\s+|$)|\.(?=\s+[A-Z])|[!?](?:\s+|$)|\n+")
 
 
 def _unbold(text: str) -> str:
     return _BOLD_RE.sub(r"\1", text) if "**" in text else text
-
-
-_MATH_DOLLAR_RE = re.compile(r"(?<!\\)\$")  # a math span left inside (\$ is a currency sign)
-_LEAD_WORD_RE = re.compile(r"^[A-Za-z]{2,}\s*[,:]")
-_SENTENCE_END_RE = re.compile(r"(?<!\d)\.(?:\s+|$)|\.(?=\s+[A-Z])|[!?](?:\s+|$)|\n+")
 
 
 def last_boxed(text: str) -> str | None:
@@ -61,12 +59,10 @@ def last_boxed(text: str) -> str | None:
     pairs = matching_braces(text)
     for start in reversed(starts):
         if start < len(text) and text[start] == "{":
-            end = pairs.get(start)
-            if end is not None:
+            if (end := pairs.get(start)) is not None:
                 return text[start + 1 : end].strip()
         else:  # \boxed 5: one token up to whitespace or a delimiter
-            m = re.match(r"[^\s$}\\]+", text[start:])
-            if m:
+            if m := re.match(r"[^\s$}\\]+", text[start:]):
                 return m.group(0)
     return None
 
@@ -108,9 +104,8 @@ _TURN_MARKERS_RE = re.compile(
 
 
 def cut_next_turn(text: str) -> str:
-    """The response up to the first chat-template turn marker (``… I hope it is correct.
-    <|im_start|>user …`` ends at "correct."): a model that writes the next turn itself has
-    ended its own."""
+    """The response up to the first chat-template turn marker: a model that writes the next turn
+    itself has ended its own."""
     m = _TURN_MARKERS_RE.search(text)
     return text[: m.start()] if m else text
 
@@ -118,12 +113,8 @@ def cut_next_turn(text: str) -> str:
 def answer_block(text: str) -> str | None:
     """Inside of the last closed ``<answer>…</answer>`` block, or None."""
     end = text.rfind(ANSWER_CLOSE)
-    if end < 0:
-        return None
-    start = text.rfind(ANSWER_OPEN, 0, end)
-    if start < 0:
-        return None
-    return text[start + len(ANSWER_OPEN) : end]
+    start = text.rfind(ANSWER_OPEN, 0, end) if end >= 0 else -1
+    return text[start + len(ANSWER_OPEN) : end] if start >= 0 else None
 
 
 def _looks_like_prose(s: str) -> bool:
@@ -139,23 +130,20 @@ _CUED_DISPLAY_RE = re.compile(
 
 
 def _last(matches: Iterator[re.Match]) -> re.Match | None:
-    """The last of a scan's matches (none kept but the last)."""
     last = deque(matches, maxlen=1)
     return last[0] if last else None
 
 
 def _cued_display(text: str) -> str | None:
     """The math span right after the last "answer" cue, when that span is all the cue says."""
-    found = _last(_CUED_DISPLAY_RE.finditer(text[-2000:]))
-    if found is None:
+    if (found := _last(_CUED_DISPLAY_RE.finditer(text[-2000:]))) is None:
         return None
     inner = _span_text(found).strip()
     return inner if 0 < len(inner) <= _MAX_FALLBACK_CHARS else None
 
 
 def _final_answer_phrase(text: str, depth: int = 0) -> str | None:
-    last = _last(_FINAL_RE.finditer(text[-2000:]))
-    if last is None:
+    if (last := _last(_FINAL_RE.finditer(text[-2000:]))) is None:
         return None
     found = strip_delimiters(last.group(1).strip().rstrip("."))
     if not 0 < len(found) <= _MAX_FALLBACK_CHARS:
@@ -168,8 +156,7 @@ def _final_answer_phrase(text: str, depth: int = 0) -> str | None:
 
 def _final_answer(text: str) -> str | None:
     """What "the final answer is …" states, its box's content if it has one."""
-    phrase = _final_answer_phrase(text)
-    if phrase is None:
+    if (phrase := _final_answer_phrase(text)) is None:
         return None
     inner = last_boxed(phrase)
     return inner if inner is not None else phrase
@@ -179,8 +166,7 @@ def _bare_final_number(text: str) -> str | None:
     """The last number, with up to three words after it ("42 stickers left", "12 dozen eggs"):
     units are dropped when comparing, words that change the value ("6 squared") are not."""
     tail = text[-500:].strip()
-    found = _last(_NUMBER_RE.finditer(tail))
-    if found is None:
+    if (found := _last(_NUMBER_RE.finditer(tail))) is None:
         return None
     words = _WORDS_AFTER_RE.match(tail, found.end())
     return (found.group(0).rstrip(",") + (words.group(0) if words else "")).strip()
@@ -235,9 +221,7 @@ def _result_after(text: str) -> str | None:
     result = (rest[: end.start()] if end else rest).strip().rstrip(".").strip()
     if not result or len(result) > _MAX_FALLBACK_CHARS:
         return None
-    if not _looks_like_prose(result) or _VALUE_WITH_UNIT_RE.fullmatch(result):
-        return result
-    return None
+    return result if not _looks_like_prose(result) or _VALUE_WITH_UNIT_RE.fullmatch(result) else None
 
 
 def _from_answer_block(scope: str) -> str | None:
@@ -256,9 +240,7 @@ def _lenient_scope(text: str) -> str | None:
             return found
     sentence = _last_sentence(text)
     stated = _stated_result(sentence) if sentence else None
-    if stated is not None:
-        return stated
-    return _bare_final_number(sentence or text)
+    return stated if stated is not None else _bare_final_number(sentence or text)
 
 
 def extract_answer(response: str, mode: Mode = "strict") -> str | None:
@@ -276,10 +258,7 @@ def extract_answer(response: str, mode: Mode = "strict") -> str | None:
         raise ValueError(f"mode must be 'strict' or 'lenient', not {mode!r}")
     response = cut_next_turn(response)
     block = answer_block(response)
-    if block is not None:
-        found = _from_answer_block(block)
-        if found is not None or mode == "strict":
-            return found
-    if mode == "strict":
-        return None
+    found = _from_answer_block(block) if block is not None else None
+    if found is not None or mode == "strict":
+        return found
     return _lenient_scope(response)

@@ -17,19 +17,19 @@ _RELATION = re.compile(r"[=<>]|\\(?:geq|leq|neq|in)\b")
 _SEPARATORS = re.compile(r"\s*(?:,|;|\\text\{\s*(?:or|and)\s*\}|\b(?:or|and)\b)\s*")
 _SET_BRACES = re.compile(r"^\\\{(.*)\\\}$", re.DOTALL)
 _PLUS_MINUS = re.compile(r"^([+-]?[^\\]*?)\s*\\pm\s*(.+)$")
-
-
-def _assigned(s: str) -> str | None:
-    m = ASSIGNMENT.match(s)
-    return m.group(0).split("=")[0].split("\\in")[0].strip() if m else None
-
-
+_THOUSANDS_COMMA = re.compile(r"(?<![\d.])\d{1,3},\d{3}(?!\d)|\d,\d{3}(?![\d.])")
+_TUPLE = re.compile(r"^(?:\\left\s*)?\((.*?)(?:\\right\s*)?\)$", re.DOTALL)
 _OP = r"(<|>|\\leq|\\geq)"
 _CHAIN = re.compile(rf"^([^<>=\\]*?(?:\\[a-z]+[^<>=\\]*?)*)\s*{_OP}\s*([a-zA-Z])\s*{_OP}\s*(.+)$")
 _ONE_SIDED = re.compile(rf"^([a-zA-Z])\s*{_OP}\s*(.+)$")
 _ONE_SIDED_LEFT = re.compile(rf"^(.+?)\s*{_OP}\s*([a-zA-Z])$")
 _OR = re.compile(r"\s*(?:\\text\{\s*or\s*\}|\bor\b|\\cup|\\vee)\s*")
 _INTERVALISH = re.compile(r"^[\[(].*,.*[\])](?:\s*\\cup\s*[\[(].*,.*[\])])*$")
+
+
+def _assigned(s: str) -> str | None:
+    m = ASSIGNMENT.match(s)
+    return m.group(0).split("=")[0].split("\\in")[0].strip() if m else None
 
 
 def _bound(op: str, low_side: bool) -> str:
@@ -43,8 +43,7 @@ def inequality_as_interval(s: str) -> str | None:
     None when ``s`` is not such an inequality."""
     pieces, var = [], None
     for part in _OR.split(s.strip()):
-        chain = _CHAIN.match(part)
-        if chain:
+        if chain := _CHAIN.match(part):
             a, op1, v, op2, b = (g.strip() for g in chain.groups())
             if (op1 in ("<", "\\leq")) != (op2 in ("<", "\\leq")):
                 return None
@@ -123,10 +122,6 @@ def top_level_items(s: str) -> list[str]:
     return [item for item in items if item]
 
 
-_THOUSANDS_COMMA = re.compile(r"(?<![\d.])\d{1,3},\d{3}(?!\d)|\d,\d{3}(?![\d.])")
-_TUPLE = re.compile(r"^(?:\\left\s*)?\((.*?)(?:\\right\s*)?\)$", re.DOTALL)
-
-
 def last_side(s: str) -> str:
     """What follows the last ``=`` outside brackets (``\\sum_{k=1}^n k`` has none)."""
     cut = max((i for i, c in _outside_brackets(s) if c == "="), default=-1)
@@ -148,8 +143,7 @@ def listed_numbers(s: str) -> list[Fraction] | None:
         part = drop_assignment(part.strip())
         if not part:
             continue
-        pm = _PLUS_MINUS.match(part)
-        if pm:
+        if pm := _PLUS_MINUS.match(part):
             center = plain_number(pm.group(1).strip() or "0")
             spread = plain_number(pm.group(2).strip())
             if center is None or spread is None or center.percent or spread.percent:
@@ -173,8 +167,7 @@ _MATRIX = re.compile(
 def matrix_cells(s: str) -> list[list[str]] | None:
     """Rows of cells of a matrix written with pmatrix, bmatrix, Bmatrix, matrix or a bracketed
     array; None for anything else (vmatrix is a determinant, not a matrix)."""
-    m = _MATRIX.match(s.strip())
-    if m is None:
+    if (m := _MATRIX.match(s.strip())) is None:
         return None
     rows = [r for r in re.split(r"\\\\", m.group(2)) if r.strip()]
     return [[c.strip() for c in row.split("&")] for row in rows] or None

@@ -10,10 +10,8 @@ import re
 from .macros import unreadable
 from .normalize import MAX_DIGITS
 
-# A worker that hit its memory cap answers with this reason and is replaced (worker.py, pool.py);
-# defined here so the pool need not import the worker module it runs with ``python -m``.
+# what a checker at its memory cap answers before it is replaced (here: the pool never imports checker.py)
 MEMORY_CAP_REASON = "memory cap reached"
-
 
 MAX_CHARS = 2000
 MAX_DEPTH = 40

@@ -93,8 +93,7 @@ def _matching_paren(s: str, open_at: int) -> int | None:
 def read_malformed(s: str) -> str:
     """``\\sqrt(17)`` → ``\\sqrt{17}``: what a malformed square root plainly means."""
     while (m := _MALFORMED_SQRT_RE.search(s)) is not None:
-        close = _matching_paren(s, m.end() - 1)
-        if close is None:
+        if (close := _matching_paren(s, m.end() - 1)) is None:
             return s  # left as it is: ``unreadable`` names it
         s = f"{s[: m.start()]}\\sqrt{{{s[m.end() : close]}}}{s[close + 1 :]}"
     return s
@@ -119,8 +118,7 @@ def resolve(s: str) -> str:
     out: list[str] = []
     pos = 0
     while (m := _TEXTLIKE_RE.search(s, pos)) is not None:
-        close = pairs.get(m.end() - 1)
-        if close is None:
+        if (close := pairs.get(m.end() - 1)) is None:
             break
         out.append(s[pos : m.start()])
         macro, content = m.group(1), s[m.end() : close]
@@ -166,14 +164,11 @@ def resolve(s: str) -> str:
 
 
 def unreadable(s: str) -> str | None:
-    """Why the CAS cannot be trusted with ``s`` as written: a text macro left in it (it would be
-    deleted with what it holds), an operator name or macro the CAS does not know, or a macro
-    written with parentheses where it needs braces; None when every macro is one it reads."""
-    malformed = _MALFORMED_RE.search(s)
-    if malformed:
+    """Why the CAS cannot be trusted with ``s`` as written (a text macro, an unknown operator name or
+    macro, a macro with parentheses for braces); None when every macro is one it reads."""
+    if malformed := _MALFORMED_RE.search(s):
         return f"a malformed \\{malformed.group(1)}(...)"
-    text = _TEXTLIKE_RE.search(s)
-    if text:
+    if text := _TEXTLIKE_RE.search(s):
         return f"text inside the mathematics (\\{text.group(1)}{{...}})"
     for name in _MACRO_RE.findall(s):
         if name not in KNOWN:

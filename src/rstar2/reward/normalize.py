@@ -34,7 +34,7 @@ ASSIGNMENT = re.compile(r"^\s*[A-Za-z](?:_\{?\w+\}?)?\s*(?:=|\\in)\s*(?!.*=)")
 _TEXT_WRAP = re.compile(r"^\\(?:text|textbf|mathrm|mbox|textit|mathbf)\{(.*)\}$", re.DOTALL)
 
 _NUM = r"(?:\d+(?:\.\d*)?|\.\d+)"
-# unsigned forms (``_parse_value`` takes the sign off first)
+# unsigned forms (``plain_number`` takes the sign off first)
 _PLAIN = re.compile(
     rf"^({_NUM})(?:[eE]([+-]?\d+)|\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{{?\s*([+-]?\d+)\s*\}}?)?$"
 )
@@ -69,7 +69,6 @@ _RELATIONS = [
 _UNICODE = {"−": "-", "–": "-", "π": "\\pi ", "×": "\\times ", "·": "\\cdot ", "∞": "\\infty ", "\u00a0": " "}
 _UNICODE_RE = re.compile("|".join(map(re.escape, _UNICODE)))
 
-
 _ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
 _TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
 _NUMBER_WORDS = {w: n for n, w in enumerate(_ONES)} | {w: 20 + 10 * i for i, w in enumerate(_TENS)}
@@ -86,10 +85,8 @@ def number_word(s: str) -> int | None:
 
 
 def normalize(answer: str, keep_assignment: bool = False) -> str:
-    """Cosmetic clean-up that never changes a value: delimiters, spacing macros, ``\\dfrac``,
-    degree signs, text macros by ``macros.resolve``'s rule (units only at the end of a whole
-    answer), trailing units and punctuation, dollar signs, ``x =`` / ``x \\in`` prefixes and
-    ``5 = x`` (kept with ``keep_assignment``: an equation compared with an equation)."""
+    """Cosmetic clean-up that never changes a value (text macros by ``macros.resolve``'s rule); the
+    ``x =`` / ``x \\in`` / ``5 = x`` of an assignment is kept only with ``keep_assignment``."""
     s = strip_delimiters(_UNICODE_RE.sub(lambda m: _UNICODE[m.group(0)], answer))
     s = _SPACING.sub("", s)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\$", "").replace("$", "")
@@ -104,15 +101,13 @@ def normalize(answer: str, keep_assignment: bool = False) -> str:
     s = macros.resolve(_PERCENT_TEXT.sub("%", s))  # text macros: symbols, separators, units at the end
     s = _PERCENT_WORD.sub("%", s)
     s = _apply_scale(s)
-    unit = _WORD_UNIT.search(s)
-    if unit and plain_number(s[: unit.start()]) is not None:
+    if (unit := _WORD_UNIT.search(s)) and plain_number(s[: unit.start()]) is not None:
         words = {w.lower() for w in re.findall(r"[A-Za-z]+", unit.group(0))}
         if not words & _NOT_UNITS:
             s = s[: unit.start()]
     s = s.strip().rstrip(".;").strip()
     if s.endswith(",") and not s.endswith("\\,"):
         s = s[:-1].rstrip()
-    s = s.strip()
     return s if keep_assignment else drop_assignment(s)
 
 
@@ -132,8 +127,7 @@ def drop_assignment(s: str) -> str:
 
 def _apply_scale(s: str) -> str:
     """``1.5 million dollars`` → ``1500000 dollars``: only when a plain number precedes the word."""
-    m = _SCALE_WORD.search(s)
-    if m is None:
+    if (m := _SCALE_WORD.search(s)) is None:
         return s
     number = plain_number(s[: m.start()])
     if number is None or number.percent:
@@ -144,15 +138,11 @@ def _apply_scale(s: str) -> str:
 
 
 def text_answer(s: str) -> str | None:
-    """A word answer (``\\text{Evelyn}``, ``east``, ``(C)``) in comparable form, else None.
-
-    These must be compared as strings: a CAS reads ``Evelyn`` as the product E·v·e·l·y·n,
-    which equals ``Evenly``.
-    """
+    """A word answer (``\\text{Evelyn}``, ``east``, ``(C)``) in comparable form, else None: compared
+    as strings, since a CAS reads ``Evelyn`` as the product E·v·e·l·y·n, which equals ``Evenly``."""
     m = _TEXT_WRAP.match(s)
     inner = m.group(1).strip() if m else s
-    choice = _CHOICE.match(inner)
-    if choice:
+    if choice := _CHOICE.match(inner):
         return (choice.group(1) or choice.group(2)).lower()
     words = r"[A-Za-z][A-Za-z\-']*(?: [A-Za-z][A-Za-z\-']*)*" if m else r"[A-Za-z]{2,}(?: [A-Za-z]{2,})*"
     if re.fullmatch(words, " ".join(inner.split())):
@@ -177,24 +167,16 @@ def plain_number(s: str) -> PlainNumber | None:
         percent, s = True, s[: -2 if s.endswith("\\%") else -1].strip()
     if len(s) > MAX_DIGITS + 20:
         return None
-    value = _parse_value(s)
-    if value is None:
+    if (value := _unsigned_value(s[1:] if s[:1] in ("+", "-") else s)) is None:
         return None
-    literal = _DECIMAL_LITERAL.match(s)
-    if literal is None:
+    value = -value if s[:1] == "-" else value
+    if (literal := _DECIMAL_LITERAL.match(s)) is None:
         return PlainNumber(value, percent)
     digits = (literal.group(1) + literal.group(2)).lstrip("0")
     return PlainNumber(value, percent, len(literal.group(2)), len(digits))
 
 
 _REPEATING = re.compile(r"^(\d*)\.(\d*)\\overline\s*\{(\d+)\}$")
-
-
-def _parse_value(s: str) -> Fraction | None:
-    """The value of one sign (or none) before an unsigned form; None for anything else."""
-    signed = s[:1] in ("+", "-")
-    value = _unsigned_value(s[1:] if signed else s)
-    return -value if value is not None and s[:1] == "-" else value
 
 
 def _unsigned_value(s: str) -> Fraction | None:
@@ -229,9 +211,7 @@ def same_plain_number(reference: PlainNumber, answer: PlainNumber) -> bool:
     and as /100 (``50%`` vs ``0.5``). Nothing else: ``50`` vs ``0.5`` is wrong."""
     ref = reference.value / 100 if reference.percent else reference.value
     ans = answer.value / 100 if answer.percent else answer.value
-    if ref == ans:
-        return True
-    return reference.percent != answer.percent and reference.value == answer.value
+    return ref == ans or (reference.percent != answer.percent and reference.value == answer.value)
 
 
 FLOAT_PRINT_DIGITS = 15  # a decimal this long is a program's print of a value, not a rounding
@@ -245,9 +225,7 @@ def is_float_print(exact: PlainNumber, decimal: PlainNumber) -> bool:
         return False
     if decimal.significant < FLOAT_PRINT_DIGITS or exact.value.denominator == 1:
         return False
-    if float(exact.value) == float(decimal.value):
-        return True
-    return round(exact.value, decimal.decimals) == decimal.value
+    return float(exact.value) == float(decimal.value) or round(exact.value, decimal.decimals) == decimal.value
 
 
 def has_decimal_literal(s: str) -> bool:

@@ -9,7 +9,7 @@ import base64
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..sandbox.request import ExecRequest
 from ..sandbox.result import ExecResult
@@ -38,8 +38,7 @@ def program_for(reference: str, answer: str) -> str:
 def verdict_from_result(result: ExecResult, answer: str, seconds: float) -> Verdict:
     if result.status == "ok":
         try:
-            data: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-            verdict = Verdict.from_dict(data)
+            verdict = Verdict.from_dict(json.loads(result.stdout.strip().splitlines()[-1]))
             verdict.seconds = seconds
             return verdict
         except (ValueError, IndexError, TypeError):

@@ -139,10 +139,7 @@ class _Worker:
     def over_box(self, now: float) -> bool:
         """Over the time box: its CPU time passed the box (a check starved of CPU by a busy
         machine is given more wall time, up to the backstop), or the backstop passed."""
-        if now >= self.hard_deadline:
-            return True
-        cpu = self.cpu_seconds()
-        if cpu is None:
+        if now >= self.hard_deadline or (cpu := self.cpu_seconds()) is None:
             return True
         used = cpu - self.cpu_at_start
         if used >= self.box_s:
@@ -158,13 +155,9 @@ class _Worker:
 
 @dataclass
 class PoolStats:
-    checks: int = 0
-    fast: int = 0
-    cas: int = 0
     timeouts: int = 0
     worker_deaths: int = 0
     replaced: int = 0
-    start_failures: int = 0
 
 
 class VerifierPool:
@@ -214,18 +207,14 @@ class VerifierPool:
         ``timeout_s`` and ``mode`` override the pool's for this check."""
         future: Future = Future()
         start = time.perf_counter()
-        self.stats.checks += 1
         verdict, answer = triage(reference, response, mode=mode or self.mode, extracted=extracted)
         if verdict is not None:
-            if answer is not None:
-                self.stats.fast += 1
             verdict.seconds = time.perf_counter() - start
             future.set_result(verdict)
             return future
         if self._closed:
             raise RuntimeError("VerifierPool is closed")
         self.start()
-        self.stats.cas += 1
         task = _Task(str(reference), str(answer), future, start, timeout_s or self.timeout_s)
         with self._lock:
             self._pending.append(task)
@@ -233,7 +222,6 @@ class VerifierPool:
         return future
 
     def check(self, reference: str, response: str, **options: Any) -> Verdict:
-        """``submit`` and wait; takes the same keyword options."""
         return self.submit(reference, response, **options).result()
 
     async def acheck(self, reference: str, response: str, **options: Any) -> Verdict:
@@ -284,9 +272,7 @@ class VerifierPool:
                 self._assign(live)
                 now = time.perf_counter()
                 deadlines = [w.deadline for w in live if w.task is not None]
-                timeout = max(0.0, min(deadlines, default=now + 1.0) - now)
-                if not live:
-                    timeout = 1.0  # the template is failing: retry once a second
+                timeout = max(0.0, min(deadlines, default=now + 1.0) - now)  # none running: 1 s
                 ready = wait([w.conn for w in live] + [self._wake_r], timeout=timeout)
                 if self._wake_r in ready:
                     with contextlib.suppress(BlockingIOError):
@@ -327,7 +313,6 @@ class VerifierPool:
                 try:
                     workers[i] = _Worker(self._template, self.memory_mb)
                 except (OSError, RuntimeError) as exc:
-                    self.stats.start_failures += 1
                     self._fail_pending(f"verifier workers cannot start: {exc}")
                     return
 

@@ -103,10 +103,8 @@ def with_weights(batch: Batch, aggregation: Aggregation, units: float | None = N
 
 def plan_micro_batches(batch: Batch, max_tokens: int, count: int | None = None) -> list[list[int]]:
     """Rows of each micro-batch: at most ``max_tokens`` padded tokens (at least one row each), rows
-    sorted by length so that rows of similar length share a micro-batch.
-
-    ``count`` asks for exactly that many (under FSDP every process must run as many forward
-    passes): the largest are split further, and empty lists stand for filler passes.
+    of similar length together. ``count`` asks for exactly that many (under FSDP every process must
+    run as many forward passes): the largest are split further, empty lists stand for filler passes.
     """
     lengths = batch.attention_mask.sum(dim=1).tolist()
     groups: list[list[int]] = []

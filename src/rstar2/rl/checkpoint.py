@@ -23,10 +23,6 @@ from .distributed import LOCAL, World, barrier, full_state_dict
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
-def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"step-{step:06d}"
-
-
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
@@ -38,20 +34,6 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     found = list_checkpoints(run_dir)
     return found[-1] if found else None
-
-
-def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def _optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, world: World) -> dict:
@@ -76,7 +58,7 @@ def save_checkpoint(
     keep: int = 2,
 ) -> Path:
     """Save step ``step``; every process must call it (the weights are gathered), rank 0 writes."""
-    final = checkpoint_dir(run_dir, step)
+    final = Path(run_dir) / "checkpoints" / f"step-{step:06d}"
     weights = full_state_dict(model, world)
     optim_state = _optimizer_state(model, optimizer, world)
     if world.main:
@@ -87,10 +69,11 @@ def save_checkpoint(
         model.save_pretrained(tmp, state_dict=cpu, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        torch.save(
-            {"optimizer": optim_state, "scheduler": lr_schedule.state_dict(), "rng": rng_state()},
-            tmp / "trainer_state.pt",
-        )
+        rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        blob = {"optimizer": optim_state, "scheduler": lr_schedule.state_dict(), "rng": rng}
+        torch.save(blob, tmp / "trainer_state.pt")
         (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=2))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -113,7 +96,11 @@ def load_trainer_state(
     blob = _trainer_blob(path)
     _set_optimizer_state(model, optimizer, blob["optimizer"], world)
     lr_schedule.load_state_dict(blob["scheduler"])
-    set_rng_state(blob["rng"])
+    rng = blob["rng"]
+    random.setstate(rng["python"])
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
     return json.loads((path / "state.json").read_text())
 
 

@@ -59,8 +59,7 @@ def shard(model: torch.nn.Module, world: World) -> torch.nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(world.device.type, (world.size,))
-    layers = getattr(getattr(model, "model", model), "layers", [])
-    for layer in layers:
+    for layer in getattr(getattr(model, "model", model), "layers", []):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
@@ -68,11 +67,15 @@ def shard(model: torch.nn.Module, world: World) -> torch.nn.Module:
 
 def on_device(world: World, fn: Callable[..., T]) -> Callable[..., T]:
     """``fn`` for a worker thread (``asyncio.to_thread``) that runs on this process's GPU: CUDA's
-    current device belongs to each thread, and a new one starts on device 0."""
+    current device belongs to each thread, and a new one starts on device 0. A device without an
+    index (one process: ``cuda``) is the calling thread's current one."""
+    index = None
+    if world.device.type == "cuda":
+        index = torch.cuda.current_device() if world.device.index is None else world.device.index
 
     def run(*args: Any, **kwargs: Any) -> T:
-        if world.device.type == "cuda":
-            torch.cuda.set_device(world.device)
+        if index is not None:
+            torch.cuda.set_device(index)
         return fn(*args, **kwargs)
 
     return run

@@ -31,12 +31,6 @@ from .sync import Mode, publish
 PROBE_PROBLEM = "What is 12 + 30?"  # the prompt each server samples from after a weight sync
 
 
-def engine_mode(servers: bool, distributed: bool, max_staleness: int) -> Mode:
-    if servers:
-        return "servers"
-    return "copy" if distributed or max_staleness else "shared"
-
-
 class TrainerEngines:
     """The engines of one RL run and how they get its weights (``mode``)."""
 
@@ -45,9 +39,8 @@ class TrainerEngines:
         starts with torch's default, not with them."""
         self.cfg, self.world = cfg, world
         self.threads = torch.get_num_threads()
-        self.mode = engine_mode(
-            bool(cfg.rollout.engine.servers), world.distributed, cfg.asynchronous.max_staleness
-        )
+        copies = world.distributed or cfg.asynchronous.max_staleness > 0
+        self.mode: Mode = "servers" if cfg.rollout.engine.servers else "copy" if copies else "shared"
         self.engine_model: torch.nn.Module | None = None  # what an in-process engine decodes
         self.engines: list[Any] = []
 

@@ -28,12 +28,8 @@ def group_advantages(
     the released recipe); ``scale_by_std=False`` gives r - mean (Dr. GRPO). A group of one has 0."""
     out = []
     for g in groups:
-        n = len(g)
-        if n == 0:
-            out.append([])
-            continue
-        mean = sum(g) / n
-        std = math.sqrt(sum((r - mean) ** 2 for r in g) / (n - 1)) if n > 1 else 0.0
+        mean = sum(g) / len(g) if g else 0.0
+        std = math.sqrt(sum((r - mean) ** 2 for r in g) / (len(g) - 1)) if len(g) > 1 else 0.0
         out.append([(r - mean) / (std + eps) if scale_by_std else r - mean for r in g])
     return out
 
@@ -125,12 +121,10 @@ def policy_loss(
     ref_logp: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped surrogate per token, summed with ``weights`` (see ``token_weights``).
-
-    All tensors are (rows, T); ``advantages`` is broadcast per token. Returns the loss and weighted
-    sums for metrics (divide by the summed weights of the batch): clip fractions below/above, the
-    approximate KL to the old policy, entropy, and the engine-vs-trainer logprob gap.
-    """
+    """PPO clipped surrogate per token, summed with ``weights`` (see ``token_weights``); all tensors
+    (rows, T). Returns the loss and weighted sums for metrics (divide by the summed weights of the
+    batch): clip fractions below/above, the approximate KL to the old policy, entropy, and the
+    engine-vs-trainer logprob gap."""
     log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
     ratio = log_ratio.exp()
     clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,23 +76,22 @@ def param_dtype(cfg: TrainConfig) -> torch.dtype:
 
 
 def fit_to_memory(cfg: TrainConfig, vocab: int, world: D.World) -> None:
-    """Lower ``optim.micro_batch_tokens`` where its logits would not fit half the memory free (the
-    default 16,384 is a GPU's: with a 49K vocabulary on a CPU it took 24 GB), saying so once. One
-    process only: under torchrun every rank must run the same micro-batches, so the config decides."""
+    """Lower ``optim.micro_batch_tokens`` (a GPU's default) where its logits would not fit half the
+    memory free, saying so once. One process only: under torchrun every rank must run the same
+    micro-batches, so the config decides."""
     from ..memory import available_bytes, fit_micro_batch
 
     if world.size > 1:
         return
     asked = cfg.optim.micro_batch_tokens
     fitted = fit_micro_batch(asked, vocab, available_bytes(str(world.device)))
-    if fitted < asked:
-        if world.main:
-            print(
-                f"[rstar2] optim.micro_batch_tokens {asked} would hold ~{asked * vocab * 32 / 2**30:.0f} GiB "
-                f"of logits ({vocab:,}-token vocabulary, more than half the memory free on {world.device}): "
-                f"using {fitted}; set it in the config to choose",
-                flush=True,
-            )
+    if fitted < asked:  # one process: the main one
+        print(
+            f"[rstar2] optim.micro_batch_tokens {asked} would hold ~{asked * vocab * 32 / 2**30:.0f} GiB "
+            f"of logits ({vocab:,}-token vocabulary, more than half the memory free on {world.device}): "
+            f"using {fitted}; set it in the config to choose",
+            flush=True,
+        )
         cfg.optim.micro_batch_tokens = fitted
 
 
@@ -143,12 +142,10 @@ class RunError(RuntimeError):
 
 def write_error(run_dir: str | Path, exc: BaseException) -> None:
     """The whole traceback of what stopped the run, as ``error.txt`` in its folder."""
-    try:
+    with suppress(OSError):
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         (Path(run_dir) / "error.txt").write_text(text)
-    except OSError:
-        pass
 
 
 @contextmanager
@@ -166,15 +163,14 @@ class Steps:
     the step an error belongs to."""
 
     def __init__(self, kind: str, cfg: TrainConfig, training: Training, total: int):
-        self.kind, self.training, self.total = kind, training, total
+        self.kind, self.total = kind, total
         self.save_every = max(1, cfg.run.save_every)
         self.where = f"{kind} start"  # what a failure now belongs to
         self.bar = None
         if cfg.run.progress and training.start.world.main:
             from tqdm.auto import tqdm
 
-            desc = f"{kind.lower()} steps"
-            self.bar = tqdm(total=total, initial=training.step, desc=desc, unit="step")
+            self.bar = tqdm(total=total, initial=training.step, desc=f"{kind.lower()} steps", unit="step")
 
     def begin(self, step: int) -> None:
         self.where = f"{self.kind} step {step}"

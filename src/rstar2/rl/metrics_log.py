@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..jsonl import read_jsonl, write_jsonl
+from ..plots import pyplot, save_figure
 
 PLOT_KEYS = (
     ("reward/mean", "reward (all rollouts)"),
@@ -59,45 +60,39 @@ class MetricsLog:
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        row = {"step": step, **metrics}
         with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
         if self.writer is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                     self.writer.add_scalar(k, v, step)
             self.writer.flush()
 
-    def close(self, plot: bool = True) -> Path | None:
+    def close(self) -> Path | None:
         if not self.enabled:
             return None
         if self.writer is not None:
             self.writer.close()
-        return plot_metrics(self.path) if plot else None
+        return plot_metrics(self.path)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return read_jsonl(path, strict=False)  # a line cut by a kill is skipped
 
 
-def plot_metrics(path: str | Path, keys=PLOT_KEYS) -> Path | None:
+def plot_metrics(path: str | Path) -> Path | None:
     """A grid of the main curves over steps, next to the JSONL (``metrics.png``); a panel whose key
     is a tuple draws one line per key."""
     if not Path(path).is_file():
         return None
     rows = read_metrics(path)
-    keys = [((k,) if isinstance(k, str) else tuple(k), title) for k, title in keys]
+    keys = [((k,) if isinstance(k, str) else k, title) for k, title in PLOT_KEYS]
     present = [(ks, title) for ks, title in keys if any(k in r for r in rows for k in ks)]
     if not rows or not present:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cols = min(3, len(present))
     nrows = (len(present) + cols - 1) // cols
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
+    fig, axes = pyplot().subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
     for ax, (ks, title) in zip(axes.flat, present, strict=False):
         for k in ks:
             pts = [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float))]
@@ -112,8 +107,4 @@ def plot_metrics(path: str | Path, keys=PLOT_KEYS) -> Path | None:
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(present) :]:
         ax.axis("off")
-    fig.tight_layout()
-    out = Path(path).with_suffix(".png")
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, Path(path).with_suffix(".png"))

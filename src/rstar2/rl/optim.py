@@ -29,7 +29,6 @@ def build_optimizer(model: torch.nn.Module, cfg, total_steps: int) -> tuple[torc
             (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8)
-    sched = LambdaLR(
+    return opt, LambdaLR(
         opt, lambda s: lr_factor(s, cfg.warmup_steps, total_steps, cfg.schedule, cfg.min_lr_ratio)
     )
-    return opt, sched

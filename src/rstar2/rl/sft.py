@@ -64,7 +64,6 @@ def exact_probability(learner: Learner, probe: Batch, max_tokens: int, compute: 
 class SFTTrainer:
     def __init__(self, cfg: SFTConfig, *, resume: bool = False):
         self.cfg, self.resume = cfg, resume
-        self.run_dir = Path(cfg.run.out)
         self.step_no = 0
 
     def _load(self) -> None:

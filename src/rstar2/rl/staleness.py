@@ -28,9 +28,8 @@ class StalenessError(RuntimeError):
 
 
 def check_versions(trajectories: Sequence[Any], *, trained_by: int, max_staleness: int) -> None:
-    """Before an update from policy ``trained_by``: every model token of every trajectory to train
-    must have been sampled by a version in [trained_by - max_staleness, trained_by]; else a
-    ``StalenessError`` naming the engine of the first token that was not (nothing is trained)."""
+    """Before an update from policy ``trained_by``: a ``StalenessError`` naming the engine of the
+    first model token not sampled by a version in [trained_by - max_staleness, trained_by]."""
     low = trained_by - max_staleness
     for t in trajectories:
         at = 0
@@ -65,10 +64,9 @@ def staleness_metrics(versions: Sequence[Sequence[int]], trained_by: int) -> dic
 
 class GroupFeed:
     """Starts groups as the bound allows (none past ``last_step``, the run's last) and hands each
-    step its own groups, in order, once they have all finished; groups of later steps keep
-    generating while the trainer updates.
-    ``launch(i)`` is called when group ``i`` is admitted (in order: it may take its problem from
-    the data stream there) and returns what to await for its rollouts."""
+    step its own groups once they have all finished. ``launch(i)`` is called when group ``i`` is
+    admitted (in order: it may take its problem from the data stream there) and returns what to
+    await for its rollouts."""
 
     def __init__(
         self,
@@ -82,14 +80,12 @@ class GroupFeed:
         self.launch, self.batch_size, self.max_staleness = launch, batch_size, max_staleness
         self.next = first_step * batch_size  # the next group to start
         self.end = last_step * batch_size  # no group past the run's last step starts
-        self.version = first_step
         self.running: dict[int, asyncio.Task] = {}
 
     def advance(self, version: int) -> None:
         """The policy is now at ``version``: start every group the bound lets in."""
-        self.version = version
         while self.next < self.end and admissible(
-            self.next, version=self.version, batch_size=self.batch_size, max_staleness=self.max_staleness
+            self.next, version=version, batch_size=self.batch_size, max_staleness=self.max_staleness
         ):
             self.running[self.next] = asyncio.ensure_future(self.launch(self.next))
             self.next += 1

@@ -57,11 +57,9 @@ def step_metrics(all_records: list[dict[str, Any]]) -> dict[str, float]:
         "time/tool_s_per_traj": stats.mean([r["tool_s"] for r in records]),
         "time/reward_s_per_traj": stats.mean([r["reward_s"] for r in records]),
     }
-    for reason in FINISH_REASONS:
-        m[f"finish/{reason}"] = finishes[reason] / n
-    for sign, share in d["health"].items():
-        m[f"health/{sign}"] = share
-    return {**m, **faulted, "rollouts": float(len(all_records))}
+    finish = {f"finish/{reason}": finishes[reason] / n for reason in FINISH_REASONS}
+    signs = {f"health/{sign}": share for sign, share in d["health"].items()}
+    return {**m, **finish, **signs, **faulted, "rollouts": float(len(all_records))}
 
 
 def engine_metrics(

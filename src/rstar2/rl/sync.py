@@ -42,18 +42,15 @@ async def reload_server(
 ) -> dict[str, Any]:
     """One server loads ``path`` (policy ``version``); retried with back-off, then a
     ``WeightSyncError`` naming it."""
-    delay, attempt = 1.0, 0
-    while True:
+    for attempt in range(settings.reload_retries + 1):
         try:
             return await engine.update_weights(str(path.resolve()), settings.reload_path, version)
         except Exception as exc:
-            attempt += 1
-            if attempt > settings.reload_retries:
+            if attempt == settings.reload_retries:
                 raise WeightSyncError(
-                    f"engine {engine.name} refused the new weights ({attempt} tries): {exc}"
+                    f"engine {engine.name} refused the new weights ({attempt + 1} tries): {exc}"
                 ) from exc
-        await asyncio.sleep(delay)
-        delay *= 2
+        await asyncio.sleep(2.0**attempt)
 
 
 def saved_tensors(folder: Path, weights: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -94,9 +91,9 @@ async def load_into_servers(
     version: int,
 ) -> None:
     """Every server loads the model folder as policy ``version``, all at once; each that states
-    what it now holds (``rstar2 serve``: version and fingerprint) is checked against it. Any
-    failure is one ``WeightSyncError`` naming every server that did not take the weights: the
-    caller stops before it trains on tokens from servers on different versions."""
+    what it now holds is checked against it. Any failure is one ``WeightSyncError`` naming every
+    server that did not take the weights: the caller stops before it trains on tokens from servers
+    on different versions."""
     answers = await asyncio.gather(
         *(reload_server(e, folder, settings, version) for e in engines), return_exceptions=True
     )
@@ -177,9 +174,8 @@ async def probe_engines(
     seed: int,
     compute: str = "auto",
 ) -> list[float]:
-    """Mean |engine logprob - trainer logprob| over ``PROBE_TOKENS`` sampled tokens, per engine,
-    the trainer's computed in its own precision (``compute``: ``model.compute``). Every process
-    calls this with its own engines (a forward under FSDP is a collective)."""
+    """Mean |engine logprob - trainer logprob| over ``PROBE_TOKENS`` sampled tokens, per engine.
+    Every process calls this with its own engines (a forward under FSDP is a collective)."""
     # ahead of every queued rollout: the trainer waits on it
     params = SamplingParams(max_new_tokens=PROBE_TOKENS, temperature=1.0, seed=seed, priority=-(2**31))
     gens = [await e.generate(list(prompt_ids), params) for e in engines]
@@ -189,15 +185,10 @@ async def probe_engines(
     batch = collate(seqs, [0.0] * len(seqs), [0] * len(seqs), pad_id).to(world.device)
     was_training = model.training
     model.eval()
-    with torch.no_grad():
-        trainers = logprobs_of(model, batch, max_tokens=1 << 20, world=world, compute=compute).cpu()
+    trainers = logprobs_of(model, batch, max_tokens=1 << 20, world=world, compute=compute).cpu()
     model.train(was_training)
-    diffs = []
-    for row in range(len(gens)):
-        mask = batch.mask[row].cpu().bool()
-        theirs = batch.engine_logp[row].cpu()[mask]
-        diffs.append(float((theirs - trainers[row][mask]).abs().mean()) if mask.any() else 0.0)
-    return diffs
+    mask, gap = batch.mask.cpu().bool(), (batch.engine_logp.cpu() - trainers).abs()
+    return [float(gap[row][mask[row]].mean()) if mask[row].any() else 0.0 for row in range(len(gens))]
 
 
 async def publish(
@@ -248,14 +239,12 @@ async def publish(
     )
     named = [(e.name, d) for e, d in zip(engines, diffs, strict=True)]
     every = [x for part in D.all_gather_objects(named, world) for x in part]  # the same on every rank
-    worst = max((d for _, d in every), default=0.0)
     tol = settings.weight_check_tol
-    if tol is not None:
-        bad = [(name, d) for name, d in every if d > tol]
-        if bad:
-            raise WeightSyncError(
-                f"with the weights of version {step}, engine {bad[0][0]} samples with other weights than "
-                f"the trainer's: mean |logprob difference| {bad[0][1]:.4f} > "
-                f"rollout.engine.weight_check_tol {tol}"
-            )
-    return {"sync/logprob_diff": worst}
+    bad = [(name, d) for name, d in every if tol is not None and d > tol]
+    if bad:
+        raise WeightSyncError(
+            f"with the weights of version {step}, engine {bad[0][0]} samples with other weights than "
+            f"the trainer's: mean |logprob difference| {bad[0][1]:.4f} > "
+            f"rollout.engine.weight_check_tol {tol}"
+        )
+    return {"sync/logprob_diff": max((d for _, d in every), default=0.0)}

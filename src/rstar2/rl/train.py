@@ -3,6 +3,7 @@ which both trainers start from, so that no module of ``rl/`` imports itself thro
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from ..config import TrainConfig
@@ -15,8 +16,6 @@ def train_config(cfg: TrainConfig, resume: bool) -> str:
 
         history = SFTTrainer(cfg, resume=resume).train()
     else:
-        import asyncio
-
         from .trainer import RLTrainer
 
         history = asyncio.run(RLTrainer(cfg, resume=resume).train())

@@ -17,6 +17,7 @@ so a resumed run continues exactly where the checkpoint left it.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import random
 import sys
@@ -30,6 +31,7 @@ import torch
 from ..chat.token_classes import TokenClasses
 from ..config import RLConfig
 from ..memory import trim_heap
+from ..problems import load_benchmark
 from ..rollout import health
 from ..rollout.multi_turn import CodeEnvironment, Verifier
 from ..rollout.trajectory import Trajectory
@@ -48,8 +50,6 @@ RewardFn = Callable[[Trajectory], float]
 
 def load_reward(spec: str) -> RewardFn:
     """``"package.module:function"`` → the function (a custom reward for ``reward:`` in a config)."""
-    import importlib
-
     module, _, name = spec.partition(":")
     try:
         fn = getattr(importlib.import_module(module), name)
@@ -108,8 +108,6 @@ class RLTrainer:
 
     # -- set-up ------------------------------------------------------------------------------
     def _load(self) -> None:
-        from ..problems import load_benchmark
-
         cfg = self.cfg
         start = begin(cfg, self.resume)
         self.world, self.tokenizer = start.world, start.tokenizer
@@ -144,15 +142,12 @@ class RLTrainer:
 
         path = self.cfg.run.init_from or self.cfg.model.path
         ref = AutoModelForCausalLM.from_pretrained(path, dtype=param_dtype(self.cfg))
-        ref = ref.to(self.world.device).eval()
-        ref.requires_grad_(False)
-        return ref
+        return ref.to(self.world.device).eval().requires_grad_(False)
 
     # -- the loop ----------------------------------------------------------------------------
     async def train(self) -> list[dict[str, Any]]:
-        """Run the remaining steps. A failure stops the run with a ``RunError`` that names the
-        step and the first error (its traceback in ``error.txt`` of the run folder); clean-up that
-        fails after it is only reported, and the folder keeps everything written so far."""
+        """Run the remaining steps; a failure stops the run with one ``RunError`` naming the step and
+        the first error (``launch.run_steps``)."""
         from ..rollout.build import open_rollout
 
         self._load()
@@ -184,8 +179,7 @@ class RLTrainer:
         return history
 
     async def _loop(self, steps: Steps, history: list[dict[str, Any]]) -> None:
-        """The remaining steps: each step, its metrics, its checkpoint when due, and the stop a
-        health limit asks for."""
+        """Each step, its checkpoint when due, and the stop a health limit asks for."""
         while self.step_no < self.cfg.run.steps:
             steps.begin(self.step_no + 1)
             metrics = await self.step()
@@ -198,11 +192,10 @@ class RLTrainer:
             if stop:  # every process saw the same gathered records: all stop here
                 raise RunError(f"RL step {self.step_no}: {stop} (run folder {self.run_dir})")
 
-    def save(self, metrics: dict[str, Any] | None = None) -> Path:
+    def save(self, metrics: dict[str, Any]) -> Path:
         # the problems of the steps trained so far (the feed may have taken later steps' already)
         position = self.first_position + (self.step_no - self.first_step) * self.cfg.run.batch_size
-        state = {"data_position": position, "metrics": metrics or {}}
-        return self.run.save(self.step_no, state)
+        return self.run.save(self.step_no, {"data_position": position, "metrics": metrics})
 
     # -- rollouts ----------------------------------------------------------------------------
     def _items(self, step: int, g: int, problem: dict[str, Any]) -> list[dict[str, Any]]:
@@ -248,21 +241,19 @@ class RLTrainer:
         """A bar of ``step``'s ``total`` rollouts (the groups of a step share one)."""
         if not (self.cfg.run.progress and self.world.main) or total < 2:
             return None
-        bars = self._bars
-        if step in bars:
-            return bars[step]
-        from tqdm.auto import tqdm
+        if step not in self._bars:
+            from tqdm.auto import tqdm
 
-        bar = tqdm(total=total, desc=f"rollouts step {step}", unit="traj", leave=False)
+            bar = tqdm(total=total, desc=f"rollouts step {step}", unit="traj", leave=False)
 
-        def done(_: Trajectory) -> None:
-            bar.update(1)
-            if bar.n >= total:
-                bar.close()
-                bars.pop(step, None)
+            def done(_: Trajectory) -> None:
+                bar.update(1)
+                if bar.n >= total:
+                    bar.close()
+                    self._bars.pop(step, None)
 
-        bars[step] = done
-        return done
+            self._bars[step] = done
+        return self._bars[step]
 
     # -- one step ----------------------------------------------------------------------------
     async def step(self) -> dict[str, Any]:
@@ -292,17 +283,11 @@ class RLTrainer:
 
         t1 = time.perf_counter()
         update = await asyncio.to_thread(D.on_device(self.world, self._update), rows, trajs)
-        update_s = time.perf_counter() - t1
         t2 = time.perf_counter()
         sync = await self._publish(step)
-        sync_s = time.perf_counter() - t2
+        t3 = time.perf_counter()
         self.step_no = step
-        times = {
-            "rollout": rollout_s,
-            "update": update_s,
-            "sync": sync_s,
-            "step": time.perf_counter() - t_step,
-        }
+        times = {"rollout": rollout_s, "update": t2 - t1, "sync": t3 - t2, "step": t3 - t_step}
         metrics = {**update, **sync, **await self._metrics(step, rows, records, choices, times)}
         self.warnings = self.watch.observe(step, metrics)
         metrics["health/warnings"] = float(len(self.warnings))
@@ -341,11 +326,10 @@ class RLTrainer:
             for t in full:
                 s, is_kept = scores.get(id(t)), id(t) in kept_ids
                 records.append(rollout_record(t, is_kept, s))
-                t.meta["roc"] = (
-                    {"kept": is_kept, "p_err": s.p_err, "p_format": s.p_format}
-                    if s
-                    else {"kept": False, "fault": t.fault}
-                )
+                if s:
+                    t.meta["roc"] = {"kept": is_kept, "p_err": s.p_err, "p_format": s.p_format}
+                else:
+                    t.meta["roc"] = {"kept": False, "fault": t.fault}
                 t.meta["step"] = step
         return rows, records, choices
 
@@ -383,12 +367,11 @@ class RLTrainer:
         """The first groups of the step, whole, with RoC's penalties and choice (for ``rstar2 view``)."""
         folder = self.run_dir / "samples"
         folder.mkdir(parents=True, exist_ok=True)
-        n, lines = 0, []
+        lines: list[str] = []
         for g in groups:
-            if n >= self.cfg.run.samples_per_step:
+            if len(lines) >= self.cfg.run.samples_per_step:
                 break
             lines += [json.dumps(t.to_dict()) for t in g]
-            n += len(g)
         (folder / f"step_{step:06d}.jsonl").write_text("\n".join(lines) + "\n")
 
     def _check_versions(self, trajs: list[Trajectory], trained_by: int) -> None:

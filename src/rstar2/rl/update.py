@@ -51,10 +51,8 @@ def forward_logprobs(
     """Log-probs of the labels, (rows, T-1), and optionally entropies. Logits are only computed
     from the first position any row learns from: the prompt's vocabulary projections and
     log-softmaxes are never needed (most of the compute of the head for a long prompt).
-    ``compute``: ``model.compute`` (see ``rstar2.device``); ``temperature``: the rollouts' sampling
-    temperature, so that the policy trained on is the one that sampled (logits / T); ``banned``: the
-    token ids the rollouts never sampled (``rollout.banned_tokens``), left out of the distribution
-    as the engine leaves them out."""
+    ``compute``: ``model.compute``; ``temperature`` and ``banned`` (``rollout.banned_tokens``): the
+    rollouts', so that the distribution trained on is the one the engine sampled from."""
     width = mb.labels.shape[1]
     learn = mb.mask.any(dim=0).nonzero()
     start = int(learn[0]) if len(learn) else width - 1
@@ -131,17 +129,6 @@ def optimizer_step(
     return {**totals, "grad_norm": grad_norm, "lr": lr_schedule.get_last_lr()[0]}
 
 
-def class_entropy_sums(entropy: torch.Tensor, token_class: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Summed entropy and token count per class (reasoning, reflection, code, answer): the
-    per-class means the trainer logs each step come from these, summed over micro-batches."""
-    out = {}
-    for k, name in enumerate(CLASSES):
-        hit = token_class == k
-        out[f"entropy_sum/{name}"] = (entropy.float() * hit).sum()
-        out[f"entropy_tokens/{name}"] = hit.sum()
-    return out
-
-
 def class_entropy_means(stats: dict[str, float]) -> dict[str, float]:
     """``stats`` with each class's sum and count replaced by ``entropy/<class>`` (classes with no
     token in this step are left out)."""
@@ -164,8 +151,7 @@ def policy_update(
     banned: Sequence[int] = (),
     ratios: list[torch.Tensor] | None = None,
 ) -> dict[str, float]:
-    """One clipped-policy-gradient step over ``batch`` (whose weights hold the global normaliser),
-    the policy's log-probs under ``logits / temperature`` (the rollouts' sampling temperature).
+    """One clipped-policy-gradient step over ``batch`` (whose weights hold the global normaliser).
     ``ratios``: where the batch has no old log-probs (the weights before this step are the old
     policy), gets log pi_old/mu of each trained token, for ``importance_weights``."""
 
@@ -184,8 +170,12 @@ def policy_update(
             ref_logp=mb.ref_logp,
             entropy=entropy,
         )
+        # entropy by token class: sums and counts over micro-batches (``class_entropy_means``)
         if mb.token_class is not None and entropy is not None:
-            stats.update(class_entropy_sums(entropy.detach(), mb.token_class))
+            for k, name in enumerate(CLASSES):
+                hit = mb.token_class == k
+                stats[f"entropy_sum/{name}"] = (entropy.detach().float() * hit).sum()
+                stats[f"entropy_tokens/{name}"] = hit.sum()
         return loss, stats
 
     out = optimizer_step(
@@ -242,21 +232,16 @@ def update_on_rollouts(
     banned: Sequence[int] = (),
     off_policy: bool = False,
 ) -> dict[str, float]:
-    """The RL update on the rollouts this process kept (``rows``).
-    With ``token_classes`` (response ids, loss mask → a class per token, see
-    ``chat.token_classes.TokenClasses``) the step also reports the mean entropy of each class.
+    """The RL update on the rollouts this process kept (``rows``). With ``token_classes`` (response
+    ids, loss mask → a class per token, ``chat.token_classes.TokenClasses``) the step also reports
+    the mean entropy of each class.
 
     ``optim.mini_batches`` optimizer steps per call, each on a share of the rows and normalised
     over all processes, ``optim.epochs`` passes. A process with no rows (all its groups dropped)
-    still joins the collectives with a zero-weight copy of ``stand_in``. ``compute``: the
-    passes' precision (``model.compute``); ``temperature``: the rollouts' sampling temperature,
-    under which every pass (policy, old, reference) takes its log-probs, with the ``banned`` ids
-    (``rollout.banned_tokens``) left out as the engine leaves them out. ``off_policy``: the
+    still joins the collectives with a zero-weight copy of ``stand_in``. ``off_policy``: the
     rollouts were sampled by older weights (asynchronous RL): the old policy is then the proximal
-    one of the decoupled objective, the behaviour policy the engine's log-probs, and the importance
-    weights pi_prox/mu are reported (also whenever ``loss.tis_cap`` applies them). With one
-    optimizer step per update the proximal log-probs come from that step's own pass (the weights
-    before it); with several, from a pass before the first.
+    one of the decoupled objective, and the importance weights pi_prox/mu are reported (also
+    whenever ``loss.tis_cap`` applies them).
     """
     model, world = learner.model, learner.world
     if all_sum([len(rows)], world)[0] == 0:
@@ -264,27 +249,17 @@ def update_on_rollouts(
     parts = [list(rows[i :: optim.mini_batches]) for i in range(optim.mini_batches)]
     batches = [rows_batch(part, stand_in, pad_id, loss.aggregation, token_classes, world) for part in parts]
     tokens = optim.micro_batch_tokens
+    passes = dict(compute=compute, temperature=temperature, banned=banned)
     # The old policy (of the clip; the proximal one of the decoupled objective) is the weights before
     # the first optimizer step: with one step per update, the step's own pass computes it
     if optim.mini_batches > 1 or optim.epochs > 1:
-        batches = [
-            replace(b, old_logp=logprobs_of(model, b, tokens, world, compute, temperature, banned))
-            for b in batches
-        ]
+        batches = [replace(b, old_logp=logprobs_of(model, b, tokens, world, **passes)) for b in batches]
     if loss.kl_coef and ref_model is not None:
-        batches = [
-            replace(b, ref_logp=logprobs_of(ref_model, b, tokens, LOCAL, compute, temperature, banned))
-            for b in batches
-        ]
+        batches = [replace(b, ref_logp=logprobs_of(ref_model, b, tokens, LOCAL, **passes)) for b in batches]
     report = off_policy or loss.tis_cap is not None  # the importance weights, in the metrics
     ratios = [(b.old_logp - b.engine_logp)[b.mask.bool()] for b in batches if b.old_logp is not None]
-    passes = {
-        "compute": compute,
-        "temperature": temperature,
-        "banned": banned,
-        "ratios": ratios if report else None,
-    }
-    out = [policy_update(learner, b, loss, optim, **passes) for _ in range(optim.epochs) for b in batches]
+    step = dict(passes, ratios=ratios if report else None)
+    out = [policy_update(learner, b, loss, optim, **step) for _ in range(optim.epochs) for b in batches]
     summed = {k for k in out[0] if k.startswith(("entropy_sum/", "entropy_tokens/"))}
     stats = {k: sum(o[k] for o in out) / (1 if k in summed else len(out)) for k in out[0]}
     weights = importance_weights(ratios, loss.tis_cap, world) if report else {}
@@ -297,8 +272,7 @@ def importance_weights(
     """pi_old / mu over the trained tokens, from their log-ratios (old: the policy at the start of
     the update; mu: the engine that sampled them): the mean, the largest and the share truncated
     at ``cap`` (None: no truncation, and none reported)."""
-    total = count = over = 0.0
-    top = 0.0
+    total = count = over = top = 0.0
     for r in log_ratios:
         w = r.detach().clamp(-20.0, 20.0).exp()
         if w.numel():

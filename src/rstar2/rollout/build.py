@@ -18,12 +18,6 @@ from ..engines.base import Engine
 from .multi_turn import CodeEnvironment, Rollout, Verifier
 
 
-def load_tokenizer(path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
-
-
 def check_engine_choice(model: str | None, settings: RolloutSection, tokenizer: str | None) -> None:
     """A local model directory or servers, not both; with servers, a tokenizer."""
     from pathlib import Path
@@ -140,7 +134,9 @@ async def open_rollout(
     if tokenizer is None and model is None:
         raise ValueError("with --server, give --tokenizer PATH (the served model's tokenizer directory)")
     if tokenizer is None or isinstance(tokenizer, str):
-        tokenizer = load_tokenizer(str(tokenizer or model))
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or model))
     fmt = ChatFormat.from_settings(tokenizer, settings)
     own = engines is None
     engines = await open_engines(settings.engine, model, device, dtype) if own else list(engines)

@@ -65,9 +65,6 @@ class HealthWarning:
             f"(run.health.{self.sign} = {self.limit:g}; {self.steps_over} step(s) in a row)"
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "message": self.message}
-
 
 @dataclass
 class Watch:
@@ -134,4 +131,4 @@ def keep_warnings_until(run_dir: str | Path, step: int) -> list[dict[str, Any]]:
 def append_warnings(run_dir: str | Path, warnings: Sequence[HealthWarning]) -> None:
     if warnings:
         with (Path(run_dir) / HEALTH_FILE).open("a") as f:
-            f.writelines(json.dumps(w.to_dict()) + "\n" for w in warnings)
+            f.writelines(json.dumps({**asdict(w), "message": w.message}) + "\n" for w in warnings)

@@ -172,9 +172,7 @@ class Static(Policy):
 
 
 class KVCapacity(Policy):
-    """Admit by free KV capacity; see the module docstring."""
-
-    name = "kv"
+    name = "kv"  # see the module docstring
 
     def __init__(
         self,
@@ -293,9 +291,6 @@ class Scheduler:
         self._held: dict[int, Request] = {}  # admitted, not yet released
         self.admitted = 0
 
-    def index(self, engine: Engine | None) -> int | None:
-        return None if engine is None else self._index.get(id(engine))
-
     def open(self, trajectory: str) -> None:
         self.policy.open(trajectory)
 
@@ -304,7 +299,7 @@ class Scheduler:
         self._pump()
 
     async def acquire(self, request: Request) -> Engine:
-        req = self.policy.submit(replace(request, previous=self.index(request.previous)))
+        req = self.policy.submit(replace(request, previous=self._index.get(id(request.previous))))
         fut = asyncio.get_running_loop().create_future()
         self._waiting[req.seq] = fut
         self._pump()

@@ -71,11 +71,8 @@ class CallOutput:
         """Fresh pipes for a call: the capture of their reading ends, and their writing ends for the
         child (stdout, stderr, report)."""
         (out_r, out_w), (err_r, err_w), (report_r, report_w) = os.pipe(), os.pipe(), os.pipe()
-        return cls(limits.output_bytes, limits.max_output_mb, out_r, err_r, report_r), [
-            out_w,
-            err_w,
-            report_w,
-        ]
+        output = cls(limits.output_bytes, limits.max_output_mb, out_r, err_r, report_r)
+        return output, [out_w, err_w, report_w]
 
     def read(self, fd: int) -> bool:
         """Take what is waiting on `fd`; False at its end."""

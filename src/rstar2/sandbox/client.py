@@ -9,8 +9,10 @@ Connection errors are retried with back-off for at least `retries` attempts and 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -18,27 +20,21 @@ from .request import ExecRequest
 from .result import ExecResult
 
 
+@dataclass(eq=False)
 class Client:
-    def __init__(
-        self,
-        url: str = "http://127.0.0.1:8088",
-        batch_size: int = 64,
-        linger_s: float = 0.002,
-        concurrency: int = 16,
-        retries: int = 4,
-        retry_for_s: float = 60.0,
-        request_timeout_s: float = 600.0,
-    ) -> None:
-        self.url = url.rstrip("/")
-        self.batch_size = batch_size
-        self.linger_s = linger_s
-        self.concurrency = concurrency
-        self.retries = retries
-        self.retry_for_s = retry_for_s
-        self.request_timeout_s = request_timeout_s
-        self._queue: asyncio.Queue | None = None
-        self._senders: list[asyncio.Task] = []
-        self._http: httpx.AsyncClient | None = None
+    url: str = "http://127.0.0.1:8088"
+    batch_size: int = 64
+    linger_s: float = 0.002
+    concurrency: int = 16
+    retries: int = 4
+    retry_for_s: float = 60.0
+    request_timeout_s: float = 600.0
+    _queue: asyncio.Queue | None = field(default=None, init=False, repr=False)
+    _senders: list[asyncio.Task] = field(default_factory=list, init=False, repr=False)
+    _http: httpx.AsyncClient | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.url = self.url.rstrip("/")
 
     async def __aenter__(self) -> Client:
         await self.start()
@@ -77,7 +73,6 @@ class Client:
     async def run_many(self, requests: list[ExecRequest | str]) -> list[ExecResult]:
         return list(await asyncio.gather(*(self.run(r) for r in requests)))
 
-    # ------------------------------------------------------------------ sending
     async def _sender(self) -> None:
         assert self._queue is not None
         while True:
@@ -117,8 +112,7 @@ class Client:
         payload = {"requests": [{k: v for k, v in r.to_dict().items() if v is not None} for r in reqs]}
         last_error = ""
         give_up_at = time.monotonic() + self.retry_for_s
-        attempt = 0
-        while True:
+        for attempt in itertools.count(1):
             try:
                 resp = await self._http.post(self.url + "/run_batch", json=payload)
                 if resp.status_code == 200:
@@ -129,7 +123,6 @@ class Client:
                 last_error = f"HTTP {resp.status_code}"
             except (httpx.TransportError, ValueError) as exc:
                 last_error = f"{type(exc).__name__}: {exc}"
-            attempt += 1
             if attempt > self.retries and time.monotonic() >= give_up_at:
                 break
             await asyncio.sleep(min(5.0, 0.25 * 2 ** min(attempt, 5)) * (0.5 + random.random()))

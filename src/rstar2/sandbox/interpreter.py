@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import io
 import json
 import linecache
@@ -52,10 +53,8 @@ def fresh_stdio() -> None:
 
 def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(Exception):
             stream.flush()
-        except Exception:
-            pass
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -104,8 +103,6 @@ def run_code(code: str, result_fd: int, namespace: dict | None = None, new_stdio
     if "value" in report and len(report["value"]) > 1 << 20:
         report["value"] = report["value"][: 1 << 19] + "..." + report["value"][-(1 << 19) :]
     if report:  # nothing to say is the common case: an empty result pipe reads as {}
-        try:
+        with contextlib.suppress(OSError):
             os.write(result_fd, json.dumps(report).encode())
-        except OSError:
-            pass
     return exit_code

@@ -20,6 +20,7 @@ skipped and the others still hold:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
@@ -114,10 +115,9 @@ class WorkerIsolation:
         self._probe_pid_namespace(flags)
         if cfg.seccomp:
             try:
-                self.seccomp_program = linux.SeccompProgram(_seccomp_program())
-                self.note(
-                    "seccomp", True, f"deny-list filter, {self.seccomp_program.size // 8} BPF instructions"
-                )
+                program = _seccomp_program()
+                self.seccomp_program = linux.SeccompProgram(program)
+                self.note("seccomp", True, f"deny-list filter, {len(program) // 8} BPF instructions")
             except Exception as exc:  # noqa: BLE001 - libseccomp missing or unsupported arch
                 self.note("seccomp", False, f"unavailable: {exc}")
         self._build_private_root(flags)
@@ -143,10 +143,8 @@ class WorkerIsolation:
         """Unshare the network, mount, IPC and UTS namespaces (when not root, inside a new user
         namespace, which allows them); returns the CLONE_ flags that took effect."""
         flags = linux.CLONE_NEWIPC | linux.CLONE_NEWUTS
-        if self.config.network:
-            flags |= linux.CLONE_NEWNET
-        if self.config.filesystem or self.config.pid:
-            flags |= linux.CLONE_NEWNS
+        flags |= linux.CLONE_NEWNET if self.config.network else 0
+        flags |= linux.CLONE_NEWNS if self.config.filesystem or self.config.pid else 0
         if not is_root and not self._enter_user_namespace():
             flags = 0
         try:
@@ -160,10 +158,8 @@ class WorkerIsolation:
         self.note("net", net, "empty network namespace" if net else "disabled")
         self.note("ipc_uts", bool(flags), "private IPC and hostname" if flags else "unavailable")
         if flags & linux.CLONE_NEWUTS:
-            try:
+            with contextlib.suppress(OSError):
                 socket.sethostname("sandbox")
-            except OSError:
-                pass
         return flags
 
     def _enter_user_namespace(self) -> bool:
@@ -198,10 +194,8 @@ class WorkerIsolation:
         if self.pid_ns_fd is None:
             # Orphans of a call (a double-forked daemon) become the worker's children, so the cgroup
             # sweep after the call can reap them instead of leaving zombies to the host's init.
-            try:
+            with contextlib.suppress(OSError):
                 linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
-            except OSError:
-                pass
 
     def _build_private_root(self, flags: int) -> None:
         if not (self.config.filesystem and flags & linux.CLONE_NEWNS):
@@ -229,11 +223,9 @@ class WorkerIsolation:
             linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)
         for res, value in rlimit_values(defaults):
             if res in _ZYGOTE_RLIMITS:
-                try:
+                with contextlib.suppress(ValueError, OSError):
                     resource.setrlimit(res, (value, value))
                     self.in_force[res] = value
-                except (ValueError, OSError):
-                    pass
 
     def plan(self, limits: Limits) -> CallPlan:
         uid = self.uid if self.uid is not None else 0
@@ -271,10 +263,8 @@ class WorkerIsolation:
                 os.chdir("/tmp")
             elif tmp_dir is not None:
                 os.chdir(tmp_dir)
-            try:
+            with contextlib.suppress(OSError):
                 _write("/proc/self/oom_score_adj", "1000")
-            except OSError:
-                pass
         elif tmp_dir is not None:
             os.chdir(tmp_dir)
 
@@ -292,9 +282,6 @@ class WorkerIsolation:
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
         if self.seccomp_program is not None:  # no_new_privs is the zygote's, inherited
             self.seccomp_program.install()
-
-    def report(self) -> list[dict]:
-        return list(self.layers.values())
 
 
 def safe_environment() -> None:
@@ -322,12 +309,9 @@ def _seccomp_program() -> bytes:
         finally:
             os._exit(0)
     os.close(w)
-    chunks = []
-    while chunk := os.read(r, 1 << 16):
-        chunks.append(chunk)
-    os.close(r)
+    with open(r, "rb") as fh:
+        data = fh.read()
     os.waitpid(pid, 0)
-    data = b"".join(chunks)
     if not data.startswith(b"+"):
         raise RuntimeError(data[1:].decode(errors="replace") or "the seccomp compiler died")
     return data[1:]
@@ -369,8 +353,7 @@ def _python_paths() -> list[str]:
     """Directories the interpreter needs after the root is replaced (prefixes and sys.path)."""
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     paths.update(p for p in sys.path if p and os.path.isdir(p))
-    exe_dir = os.path.dirname(os.path.realpath(sys.executable))
-    paths.add(exe_dir)
+    paths.add(os.path.dirname(os.path.realpath(sys.executable)))
     return sorted(os.path.realpath(p) for p in paths)
 
 
@@ -418,11 +401,9 @@ def _build_root(new: str) -> None:
 def reap_ready() -> None:
     """Reap children that have ended: without a PID namespace the worker is the subreaper of its
     calls' orphans, which would otherwise stay zombies (they are no longer in any cgroup list)."""
-    try:
+    with contextlib.suppress(ChildProcessError):
         while os.waitpid(-1, os.WNOHANG)[0]:
             pass
-    except ChildProcessError:
-        pass
 
 
 class CgroupPair:
@@ -452,10 +433,9 @@ class CgroupPair:
         os.makedirs(pids, exist_ok=True)
         for d in (mem, pids):
             _write(os.path.join(d, "cgroup.procs"), str(os.getpid()))
-        try:  # the cgroup's OOM killer should pick a call, never the worker (calls also raise theirs to 1000)
+        # the cgroup's OOM killer should pick a call, never the worker (calls also raise theirs to 1000)
+        with contextlib.suppress(OSError):
             _write("/proc/self/oom_score_adj", "-1000")
-        except OSError:
-            pass
         return cls(name, mem, pids)
 
     def _read(self, fd: int) -> str:
@@ -476,10 +456,8 @@ class CgroupPair:
                 return
             _kill_each(pids)
             for pid in pids:  # the worker is their subreaper: reap each (a non-child raises)
-                try:
+                with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, 0)
-                except ChildProcessError:
-                    pass
 
     def oom_kills(self) -> int:
         for line in self._read(self._oom_fd).splitlines():
@@ -513,10 +491,8 @@ class CgroupPair:
 
 def _kill_each(pids: list[int]) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def remove_cgroups(name: str) -> None:
@@ -533,7 +509,5 @@ def remove_cgroups(name: str) -> None:
         _kill_each(pids)
         time.sleep(0.01)
     for ctrl in ("memory", "pids"):
-        try:
+        with contextlib.suppress(OSError):
             os.rmdir(os.path.join(CGROUP_ROOT, ctrl, "rstar2", name))
-        except OSError:
-            pass

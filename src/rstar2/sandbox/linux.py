@@ -37,6 +37,7 @@ SECCOMP_MODE_FILTER = 2
 
 _SYS_MOUNT_SETATTR = 442  # same number on x86_64 and aarch64
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(platform.machine())
+AT_FDCWD = -100
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 0x1
 MOUNT_ATTR_NOSUID = 0x2
@@ -84,29 +85,16 @@ def pivot_root(new_root: str, put_old: str) -> None:
 
 
 class _MountAttr(ctypes.Structure):
-    _fields_ = [
-        ("attr_set", ctypes.c_uint64),
-        ("attr_clr", ctypes.c_uint64),
-        ("propagation", ctypes.c_uint64),
-        ("userns_fd", ctypes.c_uint64),
-    ]
+    _fields_ = [(name, ctypes.c_uint64) for name in ("attr_set", "attr_clr", "propagation", "userns_fd")]
 
 
 def make_tree_readonly(path: str) -> None:
     """Read-only and nosuid for a mount and everything mounted below it (Linux >= 5.12)."""
     attr = _MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, 0, 0)
-    AT_FDCWD = -100
-    _check(
-        _libc.syscall(
-            _SYS_MOUNT_SETATTR,
-            ctypes.c_int(AT_FDCWD),
-            path.encode(),
-            ctypes.c_uint(AT_RECURSIVE),
-            ctypes.byref(attr),
-            ctypes.c_size_t(ctypes.sizeof(attr)),
-        ),
-        f"mount_setattr {path}",
-    )
+    dirfd, flags = ctypes.c_int(AT_FDCWD), ctypes.c_uint(AT_RECURSIVE)
+    size = ctypes.c_size_t(ctypes.sizeof(attr))
+    ret = _libc.syscall(_SYS_MOUNT_SETATTR, dirfd, path.encode(), flags, ctypes.byref(attr), size)
+    _check(ret, f"mount_setattr {path}")
 
 
 def prctl(option: int, arg2: int = 0) -> None:
@@ -122,7 +110,6 @@ class SeccompProgram:
     each forked call installs it with a single prctl."""
 
     def __init__(self, program: bytes) -> None:
-        self.size = len(program)
         self._buf = ctypes.create_string_buffer(program, len(program))
         self._prog = _SockFprog(len(program) // 8, ctypes.cast(self._buf, ctypes.c_void_p))
         self._ref = ctypes.byref(self._prog)

@@ -47,7 +47,6 @@ class LocalPool:
         self._closed = False
         self.in_flight = 0
 
-    # ------------------------------------------------------------------ life cycle
     async def start(self) -> LocalPool:
         if self._queue is not None:
             return self
@@ -85,7 +84,6 @@ class LocalPool:
     def layers(self) -> list[dict]:
         return self.handles[0].layers if self.handles else []
 
-    # ------------------------------------------------------------------ calls
     async def run(self, code: str | ExecRequest, input: str = "", **kw) -> ExecResult:
         req = code if isinstance(code, ExecRequest) else ExecRequest(code=code, input=input, **kw)
         if self._closed:

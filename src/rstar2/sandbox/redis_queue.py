@@ -18,6 +18,7 @@ Delivery is at least once, results exactly once:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -91,11 +92,9 @@ class RedisBackend:
             if not fut.done():
                 fut.set_result(ExecResult.failure("internal", "sandbox service shutting down"))
         if self._redis is not None:
-            try:
+            with contextlib.suppress(RedisError, OSError, asyncio.TimeoutError):
                 await asyncio.wait_for(self._redis.delete(self.reply_key), 5)
                 await asyncio.wait_for(self._redis.aclose(), 5)
-            except (RedisError, OSError, asyncio.TimeoutError):
-                pass
         self._redis = None
 
     async def run(self, req: ExecRequest) -> ExecResult:
@@ -174,8 +173,6 @@ class RedisBackend:
                     self.duplicates += 1
                     continue
                 entry[1].set_result(ExecResult.from_dict(reply["result"]))
-            except asyncio.CancelledError:
-                raise
             except _CONN_ERRORS as exc:
                 if not lost:
                     log.warning("lost Redis at %s (%s); reconnecting", self.url, exc)
@@ -197,14 +194,12 @@ class RedisWorker:
         self.lease_s = lease_s
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.slots = asyncio.Semaphore(pool.size * 2)
-        self._redis: aioredis.Redis | None = None
+        self._redis = _client(url)  # connects on first use
         self._tasks: set[asyncio.Task] = set()
         self._running: set[str] = set()  # stream entries being executed on this node
         self._stop = asyncio.Event()
-        self.done = 0
 
     async def _ensure_group(self) -> None:
-        assert self._redis is not None
         try:
             await self._redis.xgroup_create(self.tasks_key, GROUP, id="0", mkstream=True)
         except ResponseError as exc:
@@ -216,7 +211,6 @@ class RedisWorker:
 
     async def run(self) -> None:
         await self.pool.start()
-        self._redis = _client(self.url)
         heartbeat = asyncio.create_task(self._heartbeat())
         delay = 0.1
         reclaim_at = 0.0
@@ -265,28 +259,18 @@ class RedisWorker:
                 log.warning("could not renew leases (%s)", exc)
 
     async def _renew(self) -> None:
-        if self._running:
-            assert self._redis is not None
-            await self._redis.xclaim(
-                self.tasks_key,
-                GROUP,
-                self.name,
-                min_idle_time=0,
-                message_ids=list(self._running),
-                justid=True,
-            )
+        if not self._running:
+            return
+        await self._redis.xclaim(
+            self.tasks_key, GROUP, self.name, min_idle_time=0, message_ids=list(self._running), justid=True
+        )
 
     async def _reclaim(self, free: int) -> None:
         """Take over tasks whose worker has held them past the lease (it died or hangs)."""
-        if free <= 0:
-            return
-        assert self._redis is not None
         lease_ms = int(self.lease_s * 1000)
         _, claimed, *_ = await self._redis.xautoclaim(
             self.tasks_key, GROUP, self.name, min_idle_time=lease_ms, start_id="0-0", count=free
         )
-        if not claimed:
-            return
         ids = [entry_id for entry_id, fields in claimed if fields]
         counts: dict[str, int] = {}
         if ids:
@@ -320,7 +304,6 @@ class RedisWorker:
                 result = await self.pool.run(ExecRequest.from_dict(json.loads(fields["req"])))
             reply = json.dumps({"id": fields["id"], "result": result.to_dict()})
             await self._reply(fields["reply"], reply, entry_id)
-            self.done += 1
         finally:
             self.slots.release()
 
@@ -328,7 +311,6 @@ class RedisWorker:
         delay = 0.1
         for _ in range(30):
             try:
-                assert self._redis is not None
                 async with self._redis.pipeline(transaction=True) as pipe:
                     pipe.rpush(key, reply)
                     pipe.expire(key, self.REPLY_TTL_S)

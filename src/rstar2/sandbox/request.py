@@ -22,12 +22,11 @@ class Limits:
     max_output_mb: float = 8.0  # printing more than this in total stops the call: status output_limit
 
     def merged(self, timeout_s: float | None = None, memory_mb: int | None = None) -> Limits:
-        changes: dict[str, Any] = {}
-        if timeout_s is not None:
-            changes["timeout_s"] = float(timeout_s)
-        if memory_mb is not None:
-            changes["memory_mb"] = int(memory_mb)
-        return dataclasses.replace(self, **changes) if changes else self
+        return dataclasses.replace(
+            self,
+            timeout_s=self.timeout_s if timeout_s is None else float(timeout_s),
+            memory_mb=self.memory_mb if memory_mb is None else int(memory_mb),
+        )
 
     def effective_cpu_s(self) -> int:
         return self.cpu_s if self.cpu_s > 0 else int(self.timeout_s) + 1
@@ -55,13 +54,8 @@ class ExecRequest:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ExecRequest:
-        return cls(
-            code=data["code"],
-            input=data.get("input") or "",
-            timeout_s=data.get("timeout_s"),
-            memory_mb=data.get("memory_mb"),
-            session_id=data.get("session_id"),
-        )
+        overrides = {k: data.get(k) for k in ("timeout_s", "memory_mb", "session_id")}
+        return cls(code=data["code"], input=data.get("input") or "", **overrides)
 
 
 _LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(Limits))

@@ -37,9 +37,7 @@ class ExecResult:
     @property
     def output(self) -> str:
         """What a notebook would show: stdout, or the trailing expression's value."""
-        if self.stdout:
-            return self.stdout
-        return self.value or ""
+        return self.stdout or self.value or ""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (shallow: one result per call, so this is on the hot path)."""

@@ -7,7 +7,6 @@ each call then installs those bytes with one prctl, which costs microseconds.
 from __future__ import annotations
 
 import errno
-import os
 import tempfile
 
 # Denied with EPERM, by what they would let the code do:
@@ -53,9 +52,8 @@ def build_program() -> bytes:
     flt.add_rule(deny, "socket", sc.Arg(0, sc.EQ, _AF_NETLINK))
     flt.add_rule(deny, "socket", sc.Arg(1, sc.MASKED_EQ, 0xF, _SOCK_RAW))
     with tempfile.TemporaryFile() as fh:
-        flt.export_bpf(fh)
-        fh.flush()
-        os.lseek(fh.fileno(), 0, os.SEEK_SET)
+        flt.export_bpf(fh)  # libseccomp writes to the descriptor, past the file object's buffer
+        fh.seek(0)
         program = fh.read()
     if not program or len(program) % 8:
         raise RuntimeError("libseccomp exported an empty or malformed BPF program")

@@ -69,12 +69,10 @@ class BatchBody(BaseModel):
 class Metrics:
     def __init__(self, backend: Backend) -> None:
         self.registry = CollectorRegistry()
-        Gauge(
-            "rstar2_sandbox_queue_depth", "calls waiting for a worker", registry=self.registry
-        ).set_function(lambda: backend.queue_depth)
-        Gauge("rstar2_sandbox_in_flight", "calls running now", registry=self.registry).set_function(
-            lambda: backend.in_flight
-        )
+        depth = Gauge("rstar2_sandbox_queue_depth", "calls waiting for a worker", registry=self.registry)
+        depth.set_function(lambda: backend.queue_depth)
+        running = Gauge("rstar2_sandbox_in_flight", "calls running now", registry=self.registry)
+        running.set_function(lambda: backend.in_flight)
         self.latency = Histogram(
             "rstar2_sandbox_latency_seconds",
             "end-to-end latency of a call in the service",
@@ -112,17 +110,12 @@ def create_app(backend: Backend) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(
-            status_code=422,
-            content={"error": _error_text(exc), "detail": exc.errors()[:10]},
-        )
+        return JSONResponse(status_code=422, content={"error": _error_text(exc), "detail": exc.errors()[:10]})
 
     async def _run(req: ExecRequest) -> ExecResult:
         t0 = time.monotonic()
         try:
             result = await backend.run(req)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # noqa: BLE001 - the service keeps serving
             result = ExecResult.failure("internal", f"backend error: {exc!r}")
         metrics.observe(result, time.monotonic() - t0)

@@ -15,6 +15,7 @@ over a SEQPACKET socket (``run_cell``), and keeps its live sessions in a ``Sessi
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import os
 import select
@@ -39,21 +40,15 @@ _MAX_MSG = 1 << 20
 # ----------------------------------------------------------------------------- inside the session
 def _reap() -> None:
     """Wait for our children after kill(-1, SIGKILL): they are all dying, so this ends quickly."""
-    while True:
-        try:
+    with contextlib.suppress(ChildProcessError):
+        while True:
             os.waitpid(-1, 0)
-        except ChildProcessError:
-            return
-        except InterruptedError:
-            continue
 
 
 def _kill_all_others() -> None:
     """SIGKILL every process of the session's namespace but this one (and its init, immune to it)."""
-    try:
+    with contextlib.suppress(OSError):
         os.kill(-1, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def _send(sock: socket.socket, obj: dict) -> None:
@@ -113,10 +108,8 @@ def _run_cell_and_take_over(
         os.dup2(null, target)
     os.close(null)
     os.close(3)
-    try:
+    with contextlib.suppress(OSError):  # OSError: the cell already killed the old holder
         os.write(handover_w, b"1")  # take over: the old holder exits
-    except OSError:
-        pass  # the cell already killed the old holder
     os.close(handover_w)
     _kill_all_others()
     _reap()
@@ -142,11 +135,8 @@ def _outlive_cell(sock: socket.socket, pid: int, handover_r: int, seq: int) -> d
                 outcome = {"seq": seq, "aborted": True}
     _kill_all_others()  # the failed cell and everything it started
     if "aborted" in outcome:
-        try:
-            _, status = os.waitpid(pid, 0)
-            outcome["status"] = status
-        except ChildProcessError:
-            pass
+        with contextlib.suppress(ChildProcessError):
+            outcome["status"] = os.waitpid(pid, 0)[1]
     _reap()
     os.close(pidfd)
     return outcome
@@ -197,10 +187,8 @@ class SessionHandle:
 
     def close(self) -> None:
         """Kill the session's init (the whole namespace goes with it); its zygote reaps it."""
-        try:
+        with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.sock.close()
         os.close(self.pidfd)
 
@@ -234,9 +222,6 @@ class SessionTable:
                 sid, f"evicted (least recently used; at most {self.max_sessions} live sessions per worker)"
             )
 
-    def add(self, handle: SessionHandle) -> None:
-        self.live[handle.session_id] = handle
-
     def touch(self, session_id: str) -> SessionHandle | None:
         handle = self.live.get(session_id)
         if handle is not None:
@@ -256,7 +241,6 @@ def run_cell(
     its output and wall clock; an over-limit cell is aborted by its holder, which restores the
     session to its state before the cell."""
     sid = req["session_id"]
-    table.expire(time.monotonic())
     handle = table.touch(sid)
     if handle is None:
         if sid in table.gone:
@@ -268,7 +252,7 @@ def run_cell(
             handle = start(sid, limits)
         except OSError as exc:
             return ExecResult.failure("internal", f"could not start session: {exc}")
-        table.add(handle)
+        table.live[sid] = handle
     t0 = time.monotonic()
     try:
         output = _send_cell(handle, req, limits, iso)

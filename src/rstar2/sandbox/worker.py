@@ -16,6 +16,8 @@ as length-prefixed JSON (`framing.py`) over two inherited pipes, read ahead by a
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import select
@@ -56,18 +58,6 @@ class Worker:
         self.full = ZygoteHandle("full", full, iso, defaults, proc_fd)
         self.light = ZygoteHandle("light", light, iso, defaults, proc_fd) if light != full else None
         self.devnull = os.open(os.devnull, os.O_RDONLY)
-        self._limits: dict[tuple, tuple[Limits, bytes]] = {}  # request overrides -> limits, their JSON
-
-    def limits_for(self, overrides: dict | None) -> tuple[Limits, bytes]:
-        """The call's limits (the defaults with the request's overrides) and their JSON, memoised."""
-        key = tuple(sorted((overrides or {}).items()))
-        hit = self._limits.get(key)
-        if hit is None:
-            if len(self._limits) > 256:
-                self._limits.clear()
-            limits = Limits.from_dict({**self.defaults.to_dict(), **dict(key)})
-            hit = self._limits[key] = (limits, json.dumps(limits.to_dict(), sort_keys=True).encode())
-        return hit
 
     @property
     def zygotes(self) -> list[ZygoteHandle]:
@@ -79,13 +69,12 @@ class Worker:
 
     def _zygote_for(self, code: str) -> ZygoteHandle:
         """The light zygote when `code` fits it, else the full one."""
-        light = self.light
-        if light is not None and fits_light(code, light.loaded):
-            return light
-        return self.full
+        fits = self.light is not None and fits_light(code, self.light.loaded)
+        return self.light if fits else self.full
 
     def run(self, req: dict) -> ExecResult:
-        limits, limits_json = self.limits_for(req.get("limits"))
+        overrides = tuple(sorted((req.get("limits") or {}).items()))
+        limits, limits_json = _limits_and_json(self.defaults, overrides)
         if req.get("session_id"):
             return run_cell(self.sessions, self.iso, req, limits, self._new_session)
         if self.iso.fs_ready or not self.iso.config.enabled:
@@ -106,10 +95,8 @@ class Worker:
         zygote = self._zygote_for(code)
         header = b"c" + limits_json + b"\0" + (tmp_dir or "").encode()
         code_fd = linux.memfd_with("code", code.encode("utf-8", "surrogateescape"))
-        text = req.get("input") or ""
-        stdin_fd = (
-            linux.memfd_with("stdin", text.encode("utf-8", "surrogateescape")) if text else self.devnull
-        )
+        text = (req.get("input") or "").encode("utf-8", "surrogateescape")
+        stdin_fd = linux.memfd_with("stdin", text) if text else self.devnull
         output, writing_ends = CallOutput.with_pipes(limits)
         self.iso.prepare_call(limits)
         try:
@@ -214,10 +201,8 @@ class Worker:
 
     def _end_leftovers(self, pid: int) -> None:
         """Without a PID namespace: end what the call left behind."""
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
         if self.iso.cgroup is not None:  # setsid daemons left the process group, not the cgroup
             self.iso.cgroup.kill_all_but({os.getpid(), *(z.pid for z in self.zygotes)})
         reap_ready()
@@ -238,14 +223,18 @@ class Worker:
         return SessionHandle(sid, pidfd, ours, time.monotonic())
 
 
+@functools.lru_cache(maxsize=256)
+def _limits_and_json(defaults: Limits, overrides: tuple) -> tuple[Limits, bytes]:
+    """A call's limits (the defaults with the request's overrides) and their JSON, memoised."""
+    limits = Limits.from_dict({**defaults.to_dict(), **dict(overrides)})
+    return limits, json.dumps(limits.to_dict(), sort_keys=True).encode()
+
+
 def _kill(pidfd: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)  # with a PID namespace: every process of the call
-    except ProcessLookupError:
-        pass
 
 
-# ----------------------------------------------------------------------------- main loop
 def main(argv: list[str]) -> int:
     cfg = json.loads(argv[1])
     linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -289,11 +278,9 @@ def main(argv: list[str]) -> int:
 def _pin_to_one_cpu(index: int) -> None:
     """One core per worker (its zygotes and calls inherit it): a process's memory is then only ever
     live on one CPU, so fork and exit need no cross-CPU TLB shoot-downs (costly on VMs)."""
-    try:
+    with contextlib.suppress(OSError):
         cpus = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cpus[index % len(cpus)]})
-    except OSError:
-        pass
 
 
 def _hello(worker: Worker) -> dict:
@@ -302,7 +289,7 @@ def _hello(worker: Worker) -> dict:
     return {
         "op": "hello",
         "pid": os.getpid(),
-        "layers": iso.report(),
+        "layers": list(iso.layers.values()),
         "preloaded": worker.full.hello.get("preloaded", []),
         "zygotes": [
             {"name": z.name, "pid": z.pid, **{k: z.hello.get(k) for k in ("preloaded", "huge_mb")}}

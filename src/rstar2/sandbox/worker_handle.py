@@ -14,10 +14,12 @@ behind it never started and go again (through the pool, to whichever worker is f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .framing import encode, read_msg
@@ -40,7 +42,7 @@ class _Call:
     id: int
     timeout_s: float
     future: asyncio.Future
-    timer: asyncio.TimerHandle | None = field(default=None)
+    timer: asyncio.TimerHandle | None = None
 
 
 @dataclass
@@ -54,29 +56,21 @@ class _WorkerProcess:
     lost: bool = False
 
 
+@dataclass(eq=False)
 class WorkerHandle:
     depth = 2  # calls outstanding at once (see above)
 
-    def __init__(
-        self,
-        index: int,
-        limits: Limits,
-        isolation: IsolationConfig,
-        preload: list[str] | None = None,
-        max_sessions: int = 64,
-        session_idle_s: float = 600.0,
-    ) -> None:
-        self.index = index
-        self.max_sessions = max_sessions
-        self.session_idle_s = session_idle_s
-        self.limits = limits
-        self.isolation = isolation
-        self.preload = preload
-        self.hello: dict = {}
-        self.restarts = 0
-        self._ids = itertools.count()
-        self._start_lock = asyncio.Lock()
-        self._current: _WorkerProcess | None = None
+    index: int
+    limits: Limits
+    isolation: IsolationConfig
+    preload: list[str] | None = None
+    max_sessions: int = 64
+    session_idle_s: float = 600.0
+    hello: dict = field(default_factory=dict, init=False)
+    restarts: int = field(default=0, init=False)
+    _ids: Iterator[int] = field(default_factory=itertools.count, init=False, repr=False)
+    _start_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
+    _current: _WorkerProcess | None = field(default=None, init=False, repr=False)
 
     @property
     def proc(self) -> asyncio.subprocess.Process | None:
@@ -84,7 +78,6 @@ class WorkerHandle:
         worker = self._current
         return worker.proc if worker is not None and not worker.lost else None
 
-    # ------------------------------------------------------------------ life cycle
     async def start(self) -> None:
         async with self._start_lock:
             if self.proc is None:
@@ -105,16 +98,8 @@ class WorkerHandle:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
         env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         env["PYTHONDONTWRITEBYTECODE"] = "1"
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "rstar2.sandbox.worker",
-            json.dumps(cfg),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            env=env,
-            limit=1 << 26,
-        )
+        args, pipe = (sys.executable, "-m", "rstar2.sandbox.worker", json.dumps(cfg)), asyncio.subprocess.PIPE
+        proc = await asyncio.create_subprocess_exec(*args, stdin=pipe, stdout=pipe, env=env, limit=1 << 26)
         try:
             hello = await asyncio.wait_for(self._recv(proc), _START_TIMEOUT_S)
         except (asyncio.TimeoutError, WorkerDied) as exc:
@@ -131,11 +116,9 @@ class WorkerHandle:
         worker.lost = True  # closing: its end is no loss
         proc = worker.proc
         if proc.returncode is None:
-            try:
+            with contextlib.suppress(Exception):
                 self._send(proc, {"op": "exit"})
                 await asyncio.wait_for(proc.wait(), 5)
-            except Exception:  # noqa: BLE001
-                pass
         if worker.reader is not None:
             worker.reader.cancel()
             await asyncio.gather(worker.reader, return_exceptions=True)
@@ -145,24 +128,19 @@ class WorkerHandle:
     async def _kill(proc: asyncio.subprocess.Process, hello: dict) -> None:
         """End a worker process and remove what it leaves on the host (its cgroup, its root dir)."""
         if proc.returncode is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-            except ProcessLookupError:
-                pass
             await proc.wait()
         if hello.get("cgroup"):
             remove_cgroups(hello["cgroup"])
         if hello.get("root_dir"):
-            try:
+            with contextlib.suppress(OSError):
                 os.rmdir(hello["root_dir"])
-            except OSError:
-                pass
 
     @property
     def layers(self) -> list[dict]:
         return list(self.hello.get("layers", []))
 
-    # ------------------------------------------------------------------ calls
     async def run(self, req: ExecRequest, may_return: bool = False) -> ExecResult | None:
         """Run one call. With `may_return`, None means the call came back unstarted (queued behind a
         slow one, or behind one whose worker died): the caller should give it to another worker.
@@ -187,10 +165,8 @@ class WorkerHandle:
             worker.pending[call.id] = call
             if len(worker.pending) == 1:
                 self._arm(call, worker.proc)
-            try:
+            with contextlib.suppress(OSError):  # the reader finds the worker dead and answers this call
                 self._send(worker.proc, msg)
-            except (ConnectionError, OSError):
-                pass  # the reader finds the worker dead and answers this call
             # A caller that gives up leaves the call to finish; its answer is then dropped.
             answer = await asyncio.shield(call.future)
             if answer is not _UNSTARTED:
@@ -234,8 +210,6 @@ class WorkerHandle:
                     call.future.set_result(_UNSTARTED if returned else ExecResult.from_dict(reply["result"]))
                 if call.id == head and pending:
                     self._arm(pending[next(iter(pending))], proc)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # noqa: BLE001 - the worker died or broke the protocol
             if worker.lost:  # closed on purpose
                 return

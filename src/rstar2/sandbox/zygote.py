@@ -21,7 +21,9 @@ Protocol on the SEQPACKET socket to the worker (one call at a time):
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import functools
 import gc
 import importlib
 import json
@@ -63,17 +65,13 @@ def preload(modules: list[str]) -> list[str]:
             continue
         warm_up = getattr(module, "warm_up", None)
         if name.startswith("rstar2.") and callable(warm_up):  # e.g. the verifier's CAS caches
-            try:
+            with contextlib.suppress(Exception):
                 warm_up()
-            except Exception:  # noqa: BLE001
-                pass
     if "sympy" in loaded:  # warm sympy's lazy caches with a typical call
-        try:
+        with contextlib.suppress(Exception):
             import sympy
 
             sympy.solve(sympy.Symbol("x") ** 2 - 1)
-        except Exception:  # noqa: BLE001
-            pass
     return loaded
 
 
@@ -85,7 +83,11 @@ def serve(
         sock.send(json.dumps(_get_ready(iso, modules, defaults, proc_fd)).encode())
     except BaseException:  # noqa: BLE001 - the worker sees the closed socket
         os._exit(INTERNAL_EXIT)
-    plans: dict[bytes, CallPlan] = {}
+
+    @functools.lru_cache(maxsize=64)
+    def plan_for(limits_json: bytes) -> CallPlan:  # worked out once per distinct set of limits
+        return iso.plan(Limits.from_dict(json.loads(limits_json)))
+
     has_sessions = False
     while True:
         try:
@@ -97,13 +99,8 @@ def serve(
         if has_sessions:
             reap_ready()  # sessions that ended since the last request
         if msg[:1] == b"c" and len(fds) == 5:
-            key, _, tmp_dir = msg[1:].partition(b"\0")
-            plan = plans.get(key)
-            if plan is None:
-                if len(plans) > 64:
-                    plans.clear()
-                plan = plans[key] = iso.plan(Limits.from_dict(json.loads(key)))
-            _fork_call(sock, iso, plan, fds, tmp_dir.decode() or None)
+            limits_json, _, tmp_dir = msg[1:].partition(b"\0")
+            _fork_call(sock, iso, plan_for(limits_json), fds, tmp_dir.decode() or None)
         elif msg[:1] == b"s" and len(fds) == 1:
             has_sessions = True
             _fork_session(sock, iso, Limits.from_dict(json.loads(msg[1:])), fds[0])
@@ -121,12 +118,10 @@ def _get_ready(iso: WorkerIsolation, modules: list[str], defaults: Limits, proc_
     huge_pages = os.environ.get("RSTAR2_HUGE_PAGES", "1") != "0"
     safe_environment()
     gc.collect()
-    try:  # hand freed heap back: a smaller zygote forks faster
+    with contextlib.suppress(OSError, AttributeError):  # hand freed heap back: a smaller zygote forks faster
         import ctypes
 
         ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
     gc.freeze()  # keep the children from touching (copying) every object's GC header
     huge = 0
     if proc_fd is not None:
@@ -223,13 +218,8 @@ def _collapse(proc_fd: int) -> int:
         fd = os.open(f"{os.getpid()}/maps", os.O_RDONLY, dir_fd=proc_fd)
     except OSError:
         return 0
-    chunks = []
-    try:
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    return linux.collapse_anonymous_memory(b"".join(chunks).decode())
+    with open(fd, "rb") as fh:
+        return linux.collapse_anonymous_memory(fh.read().decode())
 
 
 # ----------------------------------------------------------------------------- in the worker
@@ -277,14 +267,10 @@ class ZygoteHandle:
 
     def stop(self) -> None:
         if self.pidfd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-            except OSError:
-                pass
-            try:
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(self.pid, 0)
-            except ChildProcessError:
-                pass
             os.close(self.pidfd)
         if self.sock is not None:
             self.sock.close()
