@@ -157,10 +157,16 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     # a second run into the same folder must say --resume; with it, finished stages are skipped
     with pytest.raises(ValueError, match="--resume"):
         run_recipe(recipe, out, progress=False, log=lambda s: None)
+    # ... and a stage's evaluation that a stop interrupted is run, the stage not trained again
+    state = json.loads((out / "recipe_state.json").read_text())
+    first = recipe.stages[0].name
+    del state["evals"][first]
+    (out / "recipe_state.json").write_text(json.dumps(state))
     logged: list[str] = []
     run_recipe(recipe, out, resume=True, progress=False, log=logged.append)
     assert not [s for s in logged if "stage" in s]
-    assert json.loads((out / "recipe_state.json").read_text())["stages"] == state["stages"]
+    resumed = json.loads((out / "recipe_state.json").read_text())
+    assert resumed["stages"] == state["stages"] and first in resumed["evals"]
 
 
 def tree_banned(recipe) -> list[str]:

@@ -471,11 +471,9 @@ async def _stages(run: RecipeRun, resume: bool) -> Path:
             await _evaluate(run, "start-plain", 0, current, held_out, also, plain=True)
         for n, stage in enumerate(recipe.stages, 1):
             done = run.state["stages"].get(stage.name)
-            if done:
-                current = Path(done["checkpoint"])
-                continue
-            current = await _train(run, n, current, resume)
-            # the eval.also sets after SFT too: the report pairs them with the final model's
+            current = Path(done["checkpoint"]) if done else await _train(run, n, current, resume)
+            # a finished stage too (a run stopped during its evaluation); the eval.also sets after SFT
+            # too: the report pairs them with the final model's
             await _evaluate(run, stage.name, n, current, held_out, also if stage.kind == "sft" else {})
         await _evaluate(run, recipe.stages[-1].name, len(recipe.stages), current, held_out, also)
     _final_entropy(run, current)
