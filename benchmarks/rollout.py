@@ -4,9 +4,8 @@
     python benchmarks/rollout.py --baseline-rev 79f1a95 --groups 6 --group-size 8 --turns 3
     python benchmarks/rollout.py --model runs/x/model --device cuda
 
-The baseline is ``src/rstar2/engines/*.py`` as they were at ``--baseline-rev`` (read with ``git
-show``, imported as a package of their own), the same model object, the same
-requests: A-B-B-A, the two runs of each averaged (this machine is shared and noisy).
+The baseline is the engine as it was at ``--baseline-rev`` (the package at that commit, from
+``git archive``, imported under another name), the same model object, the same requests: A-B-B-A, the two runs of each averaged (this machine is shared and noisy).
 
 1. **Isolated decode**: ``--batch`` prompts through the model's chat template (with the same chat
    settings as the rollouts: ``--chat-from-recipe`` applies to both), ``--new-tokens``
@@ -26,12 +25,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
+import io
 import json
 import random
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -56,29 +56,16 @@ CODES = [
 
 
 def baseline_engine_class(rev: str) -> type:
-    """``HFEngine`` as it was at ``rev``, with its own sampling and base modules."""
-    pkg = Path(tempfile.mkdtemp(prefix="rstar2-baseline-")) / "baseline_engines"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    names = subprocess.run(  # every module of the engines folder at that commit (kv.py, batch.py...)
-        ["git", "-C", str(ROOT), "ls-tree", "--name-only", rev, "src/rstar2/engines/"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    for name in (Path(n).name for n in names if n.endswith(".py") and not n.endswith("__init__.py")):
-        text = subprocess.run(
-            ["git", "-C", str(ROOT), "show", f"{rev}:src/rstar2/engines/{name}"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-        (pkg / name).write_text(text)
-    spec = importlib.util.spec_from_file_location("baseline_engines", pkg / "__init__.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    sys.modules["baseline_engines"] = module
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    from baseline_engines.hf import HFEngine as Baseline  # type: ignore[import-not-found]
+    """``HFEngine`` as it was at ``rev``: the whole package at that commit, imported under another
+    name, so that its relative imports (config, chat, the other engine modules) resolve inside it."""
+    root = Path(tempfile.mkdtemp(prefix="rstar2-baseline-"))
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "src/rstar2"], check=True, capture_output=True
+    ).stdout
+    tarfile.open(fileobj=io.BytesIO(archive)).extractall(root, filter="data")
+    (root / "src" / "rstar2").rename(root / "baseline_rstar2")
+    sys.path.insert(0, str(root))
+    from baseline_rstar2.engines.hf import HFEngine as Baseline  # type: ignore[import-not-found]
 
     return Baseline
 
