@@ -53,15 +53,19 @@ def test_two_processes_end_the_step_with_the_parameters_of_one(tiny_dir, tmp_pat
     assert one["stats"]["update/clip_high"] == pytest.approx(two["stats"]["update/clip_high"], abs=1e-6)
 
 
-@pytest.mark.parametrize(("device", "expected"), [("cuda", 3), ("cuda:1", 1), ("cpu", None)])
-def test_a_worker_thread_is_put_on_the_callers_gpu_by_index(monkeypatch, device, expected):
-    """One process asks for ``cuda`` (no index), which ``torch.cuda.set_device`` refuses: the thread
-    gets the caller's current device by number; torchrun's ``cuda:N`` keeps N; a CPU run sets none."""
-    from rstar2.rl.distributed import World, on_device
+def test_one_process_on_cuda_names_its_device_by_number(monkeypatch):
+    """``torch.cuda.set_device`` (the update's worker thread: ``on_device``) refuses a bare ``cuda``:
+    a one-process world names the current device by number, as torchrun's ``cuda:N`` does."""
+    from rstar2.rl.distributed import World, init_world, on_device
 
-    chosen = []
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert init_world("auto").device == init_world("cuda").device == torch.device("cuda", 3)
+    assert init_world("cuda:1").device == torch.device("cuda", 1)
+    assert init_world("cpu").device == torch.device("cpu")
+    chosen = []
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
-    wrapped = on_device(World(device=torch.device(device)), lambda x: x + 1)
-    assert wrapped(1) == 2
-    assert chosen == ([] if expected is None else [expected])
+    for world in (init_world("cuda"), World()):
+        assert on_device(world, lambda x: x + 1)(1) == 2
+    assert chosen == [torch.device("cuda", 3)]

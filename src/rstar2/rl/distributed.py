@@ -42,6 +42,8 @@ def init_world(device: str = "auto") -> World:
     cuda = torch.cuda.is_available() and device != "cpu"
     if size == 1:
         dev = torch.device(device if device not in ("auto", "cuda") else ("cuda" if cuda else "cpu"))
+        if dev.type == "cuda" and dev.index is None:  # by number, as torchrun's: set_device needs one
+            dev = torch.device("cuda", torch.cuda.current_device())
         return World(0, 1, dev)
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if cuda:
@@ -67,15 +69,11 @@ def shard(model: torch.nn.Module, world: World) -> torch.nn.Module:
 
 def on_device(world: World, fn: Callable[..., T]) -> Callable[..., T]:
     """``fn`` for a worker thread (``asyncio.to_thread``) that runs on this process's GPU: CUDA's
-    current device belongs to each thread, and a new one starts on device 0. A device without an
-    index (one process: ``cuda``) is the calling thread's current one."""
-    index = None
-    if world.device.type == "cuda":
-        index = torch.cuda.current_device() if world.device.index is None else world.device.index
+    current device belongs to each thread, and a new one starts on device 0."""
 
     def run(*args: Any, **kwargs: Any) -> T:
-        if index is not None:
-            torch.cuda.set_device(index)
+        if world.device.type == "cuda":
+            torch.cuda.set_device(world.device)
         return fn(*args, **kwargs)
 
     return run
