@@ -38,7 +38,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from rstar2.problems import load_benchmark
+from rstar2.problems import load_problems
 from rstar2.reward import VerifierPool, check_answer, extract_answer, triage
 from rstar2.reward.normalize import normalize, plain_number
 
@@ -153,7 +153,7 @@ def build_pairs(quick: bool, dapo_n: int) -> list[dict]:
     ]
     sets = ["aime2024", "aime2025", "hmmt_feb_2025", "math500"]
     for name in sets:
-        refs = [str(r["answer"]) for r in load_benchmark(name)]
+        refs = [str(r["answer"]) for r in load_problems(name)]
         if quick:
             refs = refs[:60]
         for i, ref in enumerate(refs):

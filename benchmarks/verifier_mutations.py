@@ -179,9 +179,9 @@ def mutants() -> tuple[Mutant, ...]:
     """Every confirmed mutant of every gold answer of the shipped sets (deterministic)."""
     import sympy
 
-    from rstar2.problems import load_benchmark
+    from rstar2.problems import load_problems
 
-    golds = sorted({str(r["answer"]).strip() for name in SETS for r in load_benchmark(name)})
+    golds = sorted({str(r["answer"]).strip() for name in SETS for r in load_problems(name)})
     kept: list[Mutant] = []
     for gold in golds:
         value, cands = candidates(gold)

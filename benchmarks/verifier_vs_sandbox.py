@@ -20,14 +20,14 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from rstar2.problems import load_benchmark
+from rstar2.problems import load_problems
 from rstar2.reward import SandboxVerifier, VerifierPool, triage
 from rstar2.sandbox.local_pool import LocalPool
 
 
 def cas_pairs(n: int) -> list[tuple[str, str]]:
     pairs = []
-    for row in load_benchmark("math500") + load_benchmark("hmmt_feb_2025"):
+    for row in load_problems("math500") + load_problems("hmmt_feb_2025"):
         ref = str(row["answer"])
         for answer in (ref, ref + "+1"):
             response = f"<answer>\\boxed{{{answer}}}</answer>"

@@ -3,7 +3,7 @@ the ways a model writes it, and as wrong against a different answer."""
 
 import pytest
 
-from rstar2.problems import load_benchmark
+from rstar2.problems import load_problems
 from rstar2.reward.normalize import normalize, plain_number
 
 SETS = ["aime2024", "aime2025", "hmmt_feb_2025", "math500"]
@@ -33,7 +33,7 @@ def a_wrong_answer(rows: list[dict], i: int) -> str:
 
 @pytest.mark.parametrize("name", SETS)
 def test_references_verify_against_themselves(verifier, name):
-    rows = load_benchmark(name)
+    rows = load_problems(name)
     pairs = [(str(r["answer"]), resp) for r in rows for resp in written_by_a_model(str(r["answer"]))]
     verdicts = verifier.map(pairs)
     failed = [(ref, v.answer, v.reason) for (ref, _), v in zip(pairs, verdicts, strict=True) if not v.correct]
@@ -42,7 +42,7 @@ def test_references_verify_against_themselves(verifier, name):
 
 @pytest.mark.parametrize("name", SETS)
 def test_references_reject_a_wrong_answer(verifier, name):
-    rows = load_benchmark(name)
+    rows = load_problems(name)
     pairs = [
         (str(r["answer"]), f"<answer>\\boxed{{{a_wrong_answer(rows, i)}}}</answer>")
         for i, r in enumerate(rows)

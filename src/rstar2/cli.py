@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .config import CAPACITY_HELP, CHAT_ROLLOUT, DEFAULT_ROLLOUT, EVAL_ROLLOUT, KEEP_HELP
+from .config import CAPACITY_HELP, CHAT_ROLLOUT, DEFAULT_ROLLOUT, EVAL_ROLLOUT, KEEP_HELP, Columns, validate
 from .sandbox import commands as sandbox_commands
 
 app = typer.Typer(
@@ -237,7 +237,15 @@ def eval_cmd(
     tokenizer: str | None = TOKENIZER,
     sandbox: str | None = SANDBOX,
     bench: str = typer.Option(
-        "aime24,aime25,hmmt25,math500,amc23", help="Comma-separated benchmark names or .jsonl paths."
+        "aime24,aime25,hmmt25,math500,amc23",
+        help="Comma-separated problem sources: shipped benchmark names, .jsonl/.json/.parquet files, "
+        "`datasets` folders (save_to_disk), or reasoning-gym tasks as gym:TASK?size=200&seed=0.",
+    ),
+    column: list[str] = typer.Option(
+        [],
+        "--column",
+        help="Where the files keep problem and answer: problem=question, answer=reward_model.ground_truth, "
+        "split=test (repeatable; default: problem/question/prompt and answer/ground_truth).",
     ),
     samples: int = typer.Option(16, "--samples", "-k", help="Samples per problem (pass@1 is their average)."),
     temperature: float | None = typer.Option(
@@ -282,6 +290,7 @@ def eval_cmd(
     settings = rollout_settings(locals(), EVAL_ROLLOUT)
     benches = [b.strip() for b in bench.split(",") if b.strip()]
     try:
+        columns = validate(Columns, dict(c.partition("=")[::2] for c in column), "--column")
         run_eval(
             settings,
             benches,
@@ -292,8 +301,9 @@ def eval_cmd(
             samples=samples,
             limit=limit,
             seed=seed,
+            columns=columns,
         )
-    except (FileNotFoundError, ValueError) as exc:  # a bad benchmark, or settings the model cannot take
+    except (OSError, ValueError, ImportError) as exc:  # a bad source, or settings the model cannot take
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     Console().print((out / "summary.md").read_text())
@@ -351,7 +361,7 @@ def _failures(after_run_error: str | None = None) -> Iterator[None]:
         if after_run_error:
             console.print(after_run_error, markup=False)
         raise typer.Exit(1) from None
-    except (ValueError, OSError) as exc:  # ConfigError is a ValueError
+    except (ValueError, OSError, ImportError) as exc:  # ConfigError is a ValueError; a missing extra
         console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
 

@@ -39,10 +39,67 @@ class ModelSection(_Section):
     threads: int | None = None  # torch CPU threads (None: torch's default)
 
 
+class Columns(_Section):
+    """Where a data file keeps the problem and its answer (``rstar2.problems``): a column name, or a
+    dotted path into a nested one (verl's ``reward_model.ground_truth``). A problem that is a list of
+    chat messages (verl's ``prompt``) is its last user message."""
+
+    problem: str | None = None  # None: the first of problem, question, prompt
+    answer: str | None = None  # None: the first of answer, ground_truth, reward_model.ground_truth
+    split: str | None = None  # a `datasets` folder holding several splits: which one
+
+
+class GymTask(_Section):
+    """One reasoning-gym task (``reasoning_gym.create_dataset(name, **config)``) in a mixture."""
+
+    name: str
+    weight: float = Field(1.0, gt=0)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class GymSection(_Section):
+    """Problems drawn from reasoning-gym's procedural tasks (``rstar2.gym``; ``pip install
+    'rstar2[gym]'``): ``size`` of them from ``seed``, tasks mixed by weight. ``score``: ``auto``
+    checks an answer that is a plain number with rstar2's verifier and any other with the task's own
+    ``score_answer``; ``task`` / ``math`` use that one always."""
+
+    tasks: list[GymTask]
+    size: int = Field(500, ge=1)
+    seed: int = 0
+    score: Literal["auto", "task", "math"] = "auto"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _names(cls, tree: Any) -> Any:
+        """A task may be written as its bare name."""
+        if isinstance(tree, dict) and isinstance(tree.get("tasks"), list):
+            tree = {**tree, "tasks": [{"name": t} if isinstance(t, str) else t for t in tree["tasks"]]}
+        return tree
+
+    @model_validator(mode="after")
+    def _some(self) -> GymSection:
+        if not self.tasks:
+            raise ValueError("gym.tasks: name at least one reasoning-gym task")
+        return self
+
+
 class DataSection(_Section):
-    train: str  # JSONL path or a benchmark name (see rstar2.problems)
+    # A problem source (``rstar2.problems``): a JSONL, parquet or JSON file, a `datasets` folder
+    # (``save_to_disk``), a shipped benchmark's name, or ``gym:TASK?size=N&seed=S``; SFT: JSONL
+    # conversations
+    train: str | None = None
+    columns: Columns = Field(default_factory=Columns)  # RL: which columns hold problem and answer
+    gym: GymSection | None = None  # RL: a mixture of reasoning-gym tasks, instead of train
     limit: int | None = None
     shuffle: bool = True
+
+    @model_validator(mode="after")
+    def _one(self) -> DataSection:
+        if (self.train is None) == (self.gym is None):
+            raise ValueError(
+                "give one of data.train (a file, folder, benchmark name or gym:TASK) or data.gym"
+            )
+        return self
 
 
 class ChatSection(_Section):
@@ -338,6 +395,12 @@ class SFTConfig(_Section):
     optim: OptimSection = Field(default_factory=lambda: OptimSection(lr=5e-6, schedule="cosine"))
     run: RunSection = Field(default_factory=lambda: RunSection(out="runs/sft"))
     chat: ChatSection = Field(default_factory=ChatSection)  # rendered as rollouts render it
+
+    @model_validator(mode="after")
+    def _conversations(self) -> SFTConfig:
+        if self.data.train is None or self.data.columns != Columns():
+            raise ValueError('an SFT config trains on data.train, a JSONL file of {"messages": [...]} lines')
+        return self
 
 
 TrainConfig = RLConfig | SFTConfig

@@ -1,11 +1,21 @@
-"""Problem sets: the benchmarks shipped with the package (``data/README.md`` says where they come
-from) and any JSON Lines file of ``problem``/``answer`` rows. Training, recipes and evaluation all
-read their problems through here."""
+"""Problem sets, from wherever users keep them: the benchmarks shipped with the package
+(``data/README.md`` says where they come from), JSON Lines, JSON, parquet files, a `datasets`
+folder (``save_to_disk``), and reasoning-gym's tasks (``rstar2.gym``). Training, recipes and
+evaluation all read their problems through ``load_problems``.
+
+Every row comes back with ``problem`` and ``answer`` (a string), the file's other columns kept as
+they are. ``Columns`` says where they are when a file names them otherwise; verl's layout (a chat
+``prompt`` list and ``reward_model.ground_truth``) is found without being told.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
+from . import gym
+from .config import Columns, DataSection, GymSection
 from .jsonl import iter_jsonl
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -13,20 +23,144 @@ DATA_DIR = Path(__file__).parent / "data"
 # program; transfer: situations no training generator writes (scripts/make_transfer_set.py)
 BENCHMARKS = ("aime2024", "aime2025", "hmmt_feb_2025", "math500", "amc2023", "paraphrased", "transfer")
 ALIASES = {"aime24": "aime2024", "aime25": "aime2025", "hmmt25": "hmmt_feb_2025", "amc23": "amc2023"}
+PROBLEM_COLUMNS = ("problem", "question", "prompt")
+ANSWER_COLUMNS = ("answer", "ground_truth", "reward_model.ground_truth")
+FORMATS = "a .jsonl, .json or .parquet file, a `datasets` folder (save_to_disk), or gym:TASK"
 
 
-def load_benchmark(name_or_path: str) -> list[dict]:
-    """Rows (``id``, ``problem``, ``answer``, ...) of a shipped set, or of any JSON Lines file."""
-    name_or_path = ALIASES.get(name_or_path, name_or_path)
-    path = DATA_DIR / f"{name_or_path}.jsonl" if name_or_path in BENCHMARKS else Path(name_or_path)
+def source_name(source: str | GymSection) -> str:
+    """A short name for a source's folder and table row: the benchmark, the file's stem, ``gym-TASK``."""
+    if isinstance(source, GymSection):
+        return gym.source_name(source)
+    if gym.is_gym(source):
+        return gym.source_name(gym.parse_source(source))
+    name = ALIASES.get(source, source)
+    return name if name in BENCHMARKS else Path(name.rstrip("/")).stem
+
+
+def _path(source: str) -> Path:
+    """The file or folder behind ``source``: a shipped benchmark's, or the path given, which must exist."""
+    name = ALIASES.get(source, source)
+    if name in BENCHMARKS:
+        return DATA_DIR / f"{name}.jsonl"
+    path = Path(source)
     if not path.exists():
-        known = ", ".join(BENCHMARKS)
         raise FileNotFoundError(
-            f"no benchmark {name_or_path!r}: use one of {known} (or {', '.join(ALIASES)}), or a .jsonl path"
+            f"{source} does not exist: give {FORMATS}, or a shipped benchmark ({', '.join(BENCHMARKS)}, "
+            f"or {', '.join(ALIASES)})"
         )
-    rows = []
-    for n, row in iter_jsonl(path):
-        if not isinstance(row, dict) or "problem" not in row or "answer" not in row:
-            raise ValueError(f"{path}:{n}: each row needs 'problem' and 'answer'")
-        rows.append(row)
-    return rows
+    return path
+
+
+def check_source(source: str | GymSection) -> None:
+    """What can be known before anything runs: the file or folder exists, or reasoning-gym is
+    installed and knows the tasks."""
+    if isinstance(source, GymSection) or gym.is_gym(source):
+        gym.check_tasks(source if isinstance(source, GymSection) else gym.parse_source(source))
+    else:
+        _path(source)
+
+
+def load_problems(source: str | GymSection, columns: Columns | None = None) -> list[dict[str, Any]]:
+    """The rows of ``source`` (see the module's docstring), each with ``problem`` and ``answer``;
+    an error names the file and the column it lacks, or the file that holds no problem."""
+    if isinstance(source, GymSection) or gym.is_gym(source):
+        return gym.draw(source if isinstance(source, GymSection) else gym.parse_source(source))
+    path, columns = _path(source), columns or Columns()
+    raw = _read(path, columns.split)
+    if not raw:
+        raise ValueError(f"{path}: no problems in it")
+    return [_row(path, n, r, columns) for n, r in raw]
+
+
+def training_problems(data: DataSection) -> list[dict[str, Any]]:
+    """An RL config's problems (``data:``), up to ``data.limit``."""
+    return load_problems(data.gym or data.train, data.columns)[: data.limit]
+
+
+def _read(path: Path, split: str | None) -> list[tuple[int | str, Any]]:
+    """(place, row) of every row of the file or folder: a line number, or a row's index."""
+    if path.is_dir():
+        return list(enumerate(_dataset_rows(path, split)))
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq  # with the `data` extra (datasets brings it)
+
+        return list(enumerate(pq.read_table(path).to_pylist()))
+    if path.suffix == ".json":
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(rows, list):
+            raise ValueError(f"{path}: a .json file of problems holds a list of rows")
+        return list(enumerate(rows))
+    return list(iter_jsonl(path))
+
+
+def _dataset_rows(path: Path, split: str | None) -> list[dict[str, Any]]:
+    """A `datasets` folder's rows (one split: ``split``, or the only one)."""
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError(
+            f"{path} is a folder: reading a `datasets` folder needs pip install 'rstar2[data]'"
+        ) from None
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except FileNotFoundError:
+        raise ValueError(f"{path} is a folder but not one `datasets` saved (save_to_disk)") from None
+    if isinstance(loaded, datasets.DatasetDict):
+        names = list(loaded)
+        if split is None and len(names) != 1:
+            raise ValueError(f"{path} holds the splits {names}: name one with columns.split")
+        if split is not None and split not in loaded:
+            raise ValueError(f"{path} has no split {split!r}; it holds {names}")
+        loaded = loaded[split or names[0]]
+    return loaded.to_list()
+
+
+def _get(row: dict[str, Any], dotted: str) -> Any:
+    """``row[a][b]`` for ``a.b``; a missing key gives ``KeyError``."""
+    value: Any = row
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise KeyError(dotted)
+        value = value[part]
+    return value
+
+
+def _column(
+    path: Path, where: int | str, row: dict[str, Any], given: str | None, defaults: tuple, role: str
+) -> Any:
+    for name in [given] if given else defaults:
+        try:
+            return _get(row, name)
+        except KeyError:
+            continue
+    shown = f"column {given!r}" if given else f"a column {' / '.join(map(repr, defaults))}"
+    raise ValueError(
+        f"{path} (row {where}): no {shown} for the {role}; it has {', '.join(map(repr, row))}: "
+        f"name the {role}'s column with columns.{role} (data.columns in a config)"
+    )
+
+
+def _as_problem(value: Any) -> str:
+    """A problem's text: a string, or the last user message of a chat (verl's ``prompt``)."""
+    if isinstance(value, list):
+        users = [m.get("content") for m in value if isinstance(m, dict) and m.get("role") == "user"]
+        if users and isinstance(users[-1], str):
+            return users[-1]
+    if isinstance(value, str):
+        return value
+    raise ValueError("not text, nor a chat with a user message")
+
+
+def _row(path: Path, where: int | str, row: Any, columns: Columns) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise ValueError(f"{path} (row {where}): a problem is a mapping of columns, got {type(row).__name__}")
+    problem = _column(path, where, row, columns.problem, PROBLEM_COLUMNS, "problem")
+    answer = _column(path, where, row, columns.answer, ANSWER_COLUMNS, "answer")
+    try:
+        text = _as_problem(problem)
+    except ValueError as exc:
+        raise ValueError(f"{path} (row {where}): the problem's column holds {exc}") from None
+    if answer is None or isinstance(answer, (dict, list)):
+        raise ValueError(f"{path} (row {where}): the answer's column holds {answer!r}, not an answer")
+    return {**row, "problem": text, "answer": str(answer)}

@@ -3,6 +3,7 @@ model) and the trajectory viewer (every status rendered, model text escaped, the
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import os
@@ -226,3 +227,17 @@ def test_the_viewer_shows_and_filters_tool_use_health(tmp_path):
         env=wide,
     )
     assert bad.returncode != 0 and "unknown health sign 'silence'" in bad.stderr
+
+
+def test_the_viewer_shows_a_file_of_drawn_problems_escaped(tmp_path):
+    from rstar2.analysis.view import view
+    from rstar2.problems import load_problems
+
+    rows = load_problems("gym:leg_counting?size=3&seed=4")
+    rows.append({"problem": "<script>alert('x')</script>", "answer": "<b>1</b>", "source": "mine"})
+    path = tmp_path / "problems.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = view(path).read_text()
+    assert "4 problems." in page and page.count("gym:leg_counting") == 3
+    assert all(html.escape(r["problem"]) in page for r in rows[:3])
+    assert "<script>alert" not in page and "<b>1</b>" not in page

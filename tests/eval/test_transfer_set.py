@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rstar2.problems import DATA_DIR, load_benchmark
+from rstar2.problems import DATA_DIR, load_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "rstar2"
@@ -20,7 +20,7 @@ _spec.loader.exec_module(transfer_set)
 
 
 def test_the_shipped_file_is_the_scripts_output_and_its_programs_compute_its_answers():
-    rows = load_benchmark("transfer")
+    rows = load_problems("transfer")
     text = (DATA_DIR / "transfer.jsonl").read_text()
     assert text == "".join(json.dumps(r) + "\n" for r in transfer_set.build())
     assert len(rows) == 96 and len({r["kind"] for r in rows}) == 12

@@ -50,7 +50,9 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     other.write_text(
         "".join(json.dumps({"problem": f"Add {i} and {i}.", "answer": str(2 * i)}) + "\n" for i in range(2))
     )
-    tree["eval"].update(plain_before=True, also=[str(other)])
+    gym = "gym:calendar_arithmetic?size=2&seed=0"  # reasoning-gym, scored by its own task
+    tree["eval"].update(plain_before=True, also=[str(other), gym])
+    tree["stages"][2]["data"]["gym"] = {"tasks": ["leg_counting"], "size": 2}
     # rl-64 climbs the ladder: arithmetic and relation cells probed, then its problems drawn
     tree["stages"][1]["ladder"] = {"probes": 1, "samples": 2}
     tree["stages"][1]["data"]["generator"].update(families=["product", "ages"], levels=[1, 2])
@@ -61,7 +63,15 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     state = json.loads((out / "recipe_state.json").read_text())
     assert list(state["stages"]) == ["sft", "rl-64", "rl-128", "rl-hard"]
     assert list(state["evals"]) == ["start", "start-plain", "sft", "rl-64", "rl-128", "rl-hard"]
-    assert list(state["also"][str(other)]) == ["start", "start-plain", "sft", "rl-hard"]
+    assert (
+        list(state["also"][str(other)])
+        == list(state["also"][gym])
+        == ["start", "start-plain", "sft", "rl-hard"]
+    )
+    drawn = (
+        out / "eval" / "04-rl-hard-gym-calendar_arithmetic" / "problems" / "trajectories.jsonl"
+    ).read_text()
+    assert len(drawn.splitlines()) == 2
     plain = [
         json.loads(x)
         for x in (out / "eval" / "00-start-plain" / "problems" / "trajectories.jsonl")
@@ -119,6 +129,10 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
         for x in (out / n / "train.jsonl").read_text().splitlines()
     }
     assert len(held) == 3 and not held & trained
+    rl128 = [json.loads(x) for x in (out / "03-rl-128" / "train.jsonl").read_text().splitlines()]
+    assert (
+        sum(r.get("gym", {}).get("task") == "leg_counting" for r in rl128) == 2
+    )  # kept with the generator's
     text = report.read_text()
     for name in ("start", "start-plain", "sft", "rl-64", "rl-128", "rl-hard"):
         assert f"| {name} |" in text
@@ -260,6 +274,8 @@ def test_a_miniature_recipe_on_a_remote_engine(tmp_path):
             "a ladder needs a policy that already writes",
         ),
         (lambda t: t["stages"][1]["data"]["generator"].update(levels=[2, 4]), "levels must be"),
+        (lambda t: t["stages"][0]["data"].update(gym={"tasks": ["leg_counting"]}), "without a program"),
+        (lambda t: t["eval"].update(also=["gym:leg_countin"]), "eval.also: unknown reasoning-gym tasks"),
         (lambda t: t["stages"].append(dict(t["stages"][1])), "distinct"),
     ],
 )

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from rstar2.problems import load_benchmark
+from rstar2.problems import load_problems
 from rstar2.recipe.relations import FAMILIES as RELATIONS
 from rstar2.recipe.relations import Say
 from rstar2.recipe.run import choose_cells
@@ -111,11 +111,13 @@ def test_no_transfer_problem_shares_a_wording_or_a_number_pattern_with_the_train
         t
         for seed in (0, 1, 2)
         for wording in ("plain", "varied")
-        for t in generate(1500, families=list(ALL_FAMILIES), digits=(1, 4), seed=seed, wording=wording)
+        for t in generate(
+            1500, families=list(ALL_FAMILIES), digits=(1, 4), levels=(1, 6), seed=seed, wording=wording
+        )
     ]
     train_sentences = set().union(*(_skeletons(t.problem) for t in training))
     train_patterns = {_pattern(t.problem, t.answer) for t in training}
-    transfer = load_benchmark("transfer")
+    transfer = load_problems("transfer")
     shared = [(r["problem"], s) for r in transfer for s in _skeletons(r["problem"]) & train_sentences]
     assert not shared
     assert not [r["problem"] for r in transfer if _pattern(r["problem"], r["answer"]) in train_patterns]

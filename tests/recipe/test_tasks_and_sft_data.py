@@ -112,10 +112,10 @@ def test_the_paraphrased_set_answers_what_its_programs_compute_and_is_unlike_the
     import subprocess
     import sys
 
-    from rstar2.problems import load_benchmark
+    from rstar2.problems import load_problems
     from rstar2.recipe.tasks import generate as tiny_tasks
 
-    shipped = load_benchmark("paraphrased")
+    shipped = load_problems("paraphrased")
     assert len(shipped) == 120 and len({r["kind"] for r in shipped}) == 16
     assert len({r["problem"] for r in shipped}) == len(shipped)  # distinct
     # every answer again, from its own program, in a fresh interpreter

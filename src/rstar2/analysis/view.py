@@ -174,12 +174,33 @@ def render(items: list[tuple[str, dict[str, Any]]], title: str = "rstar2 traject
     )
 
 
+def problems_page(rows: list[dict[str, Any]], title: str) -> str:
+    """A file of problems (a run's ``problems.jsonl``, a stage's ``train.jsonl``): each problem with
+    its answer and where it came from (a reasoning-gym task, a generator's family)."""
+    cards = "".join(
+        f"<section class='traj'><details><summary>#{n} · answer <code>{_e(r.get('answer'))}</code> · "
+        f"{_e(r.get('source') or r.get('family') or '')}</summary><p class='problem'>{_e(r.get('problem'))}</p>"
+        "</details></section>"
+        for n, r in enumerate(rows)
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title><style>{STYLE}</style>"
+        f"</head><body><h1>{_e(title)}</h1><p>{len(rows)} problems.</p>{cards}</body></html>"
+    )
+
+
 def view(target: Path, out: Path | None = None, limit: int | None = 2000, sign: str | None = None) -> Path:
-    """``sign``: only trajectories showing that tool-use health sign (``rollout.health.SIGNS``)."""
+    """``sign``: only trajectories showing that tool-use health sign (``rollout.health.SIGNS``). A
+    file of problems rather than trajectories is shown as its problems."""
     if sign is not None and sign not in SIGNS:
         raise ValueError(f"unknown health sign {sign!r}: one of {', '.join(SIGNS)}")
-    items = load(find_files(target), limit, sign)
+    files = find_files(target)
     if out is None:
         out = (target if target.is_dir() else target.parent) / "view.html"
-    out.write_text(render(items, f"rstar2 · {target.name}"))
+    title = f"rstar2 · {target.name}"
+    rows = [d for _, d in iter_jsonl(target, strict=False) if isinstance(d, dict)] if target.is_file() else []
+    if rows and "problem" in rows[0] and "turns" not in rows[0]:
+        out.write_text(problems_page(rows[:limit], title))
+    else:
+        out.write_text(render(load(files, limit, sign), title))
     return out

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import RolloutSection
+from ..config import Columns, RolloutSection
 from ..jsonl import write_jsonl
-from ..problems import ALIASES, load_benchmark
+from ..problems import check_source, load_problems, source_name
 from ..rollout.multi_turn import Rollout
 from ..rollout.trajectory import Trajectory, read_trajectories
 from .metrics import summarize
@@ -27,6 +27,7 @@ def plan(
         {
             "problem": row["problem"],
             "answer": str(row["answer"]),
+            "gym": row.get("gym"),
             "seed": seed + pi * 1009 + s,
             "meta": {"bench": bench, "problem_index": pi, "sample": s, "problem_id": row.get("id", pi)},
         }
@@ -46,19 +47,22 @@ async def evaluate(
     seed: int = 0,
     progress: bool = True,
     settings: dict[str, Any] | None = None,
+    columns: Columns | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """``samples`` rollouts of each problem of ``benches`` (names or JSONL paths), sampled into
-    ``out_dir``; returns each benchmark's summary."""
+    """``samples`` rollouts of each problem of ``benches`` (problem sources: ``rstar2.problems``,
+    their columns found by ``columns``), sampled into ``out_dir``; returns each benchmark's summary.
+    Problems drawn from reasoning-gym are written beside their trajectories (``problems.jsonl``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
     results: dict[str, list[Trajectory]] = {}  # this run's problems: earlier lines and new ones
     items: list[dict[str, Any]] = []
     for b in benches:
-        name = ALIASES.get(b, b)
-        name = Path(name).stem if name.endswith(".jsonl") else name
-        rows = load_benchmark(b)[:limit]
+        name = source_name(b)
+        rows = load_problems(b, columns)[:limit]
         files[name] = out / name / "trajectories.jsonl"
+        if any("gym" in r for r in rows):
+            write_jsonl(rows, out / name / "problems.jsonl")
         results[name], done = _resumed(files[name], rows, samples)
         items += plan(rows, name, samples, seed, done)
     await _sample_appending(rollout, items, files, results, progress)
@@ -133,13 +137,16 @@ def run_eval(
     samples: int = 16,
     limit: int | None = None,
     seed: int = 0,
+    columns: Columns | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """``rstar2 eval``: the benchmarks (names or JSONL paths, checked first) on a local model or
+    """``rstar2 eval``: the benchmarks (problem sources, checked first) on a local model or
     servers, summaries, tables and plots in ``out_dir``; rerunning resumes."""
     from ..rollout.build import check_engine_choice, open_rollout
 
     for b in benches:
-        load_benchmark(b)  # a bad name or file fails before anything starts
+        check_source(b)  # a bad name, file or task fails before anything starts
+    if model is not None and not Path(model).is_dir():
+        raise FileNotFoundError(f"--model {model} does not exist (a local Hugging Face model folder)")
     check_engine_choice(model, settings, tokenizer)
     shown = {"model": model or ",".join(settings.engine.servers), "samples": samples}
     shown.update({k: getattr(settings, k) for k in SHOWN})
@@ -149,7 +156,14 @@ def run_eval(
     async def go() -> dict[str, dict[str, Any]]:
         async with open_rollout(settings, model=model, tokenizer=tokenizer, device=device) as rollout:
             return await evaluate(
-                rollout, benches, out_dir, samples=samples, limit=limit, seed=seed, settings=shown
+                rollout,
+                benches,
+                out_dir,
+                samples=samples,
+                limit=limit,
+                seed=seed,
+                settings=shown,
+                columns=columns,
             )
 
     return asyncio.run(go())

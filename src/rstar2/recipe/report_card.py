@@ -9,6 +9,7 @@ from typing import Any
 
 from ..eval.metrics import mean_ci95, per_problem_accuracy
 from ..plots import pyplot, save_figure
+from ..problems import source_name
 from ..rl.metrics_log import read_metrics
 from ..rollout.health import SIGNS, read_warnings
 from ..rollout.trajectory import read_trajectories
@@ -129,7 +130,7 @@ def also_changes(out: Path, recipe: Any, name: str, by_model: dict[str, Any]) ->
         return []
 
     def accuracy(label: str) -> dict[Any, float] | None:
-        folder = eval_dir(out, index[label], f"{label}-{Path(name).stem}")
+        folder = eval_dir(out, index[label], f"{label}-{source_name(name)}")
         return accuracy_in(folder) if sampled_trajectories(folder).exists() else None
 
     last, after = labels[-1], accuracy(labels[-1])

@@ -18,6 +18,7 @@ from ..config import NO_TOOLS, RolloutSection, dump_config, parse_config
 from ..device import pick_device, record, resolve_precision
 from ..jsonl import read_jsonl, write_jsonl
 from ..memory import release_memory
+from ..problems import source_name
 from .spec import (
     PROBE_FILE,
     DataSpec,
@@ -83,9 +84,12 @@ def prepare_model(recipe: Recipe, out: Path) -> Path:
 
 # -- data ---------------------------------------------------------------------------------------
 def problem_rows(data: DataSpec, seed: int, split: str = "train") -> list[dict[str, Any]]:
-    from ..problems import load_benchmark
+    """The problems of ``data``: its sources' (files, benchmarks, gym:TASK), its reasoning-gym
+    draw's, and its generator's ``split``."""
+    from ..problems import load_problems
 
-    rows = [row for f in data.files for row in load_benchmark(f)]  # JSONL paths or shipped benchmarks' names
+    rows = [row for f in data.files for row in load_problems(f, data.columns)]
+    rows += load_problems(data.gym) if data.gym is not None else []
     g = data.generator
     if g is not None:
         rows += [t.row() for t in generated(g, seed if g.seed is None else g.seed, split=split)]
@@ -286,8 +290,9 @@ async def stage_data(run: RecipeRun, stage: StageSpec, model_dir: Path, stage_di
     seed = run.recipe.seed
     if stage.kind == "sft":
         rows = await sft_rows(run, stage.data)
-    elif stage.ladder is not None:  # the files as given, the generator's problems from the cells in reach
-        files = problem_rows(DataSpec(files=stage.data.files), seed) if stage.data.files else []
+    elif stage.ladder is not None:  # files and gym as given, the generator's problems from the cells in reach
+        given = stage.data.model_copy(update={"generator": None, "limit": None})
+        files = problem_rows(given, seed) if given.files or given.gym else []
         ladder = await ladder_rows(run, stage, model_dir, stage_dir / "ladder")
         rows = (files + ladder)[: stage.data.limit]
     else:
@@ -342,7 +347,7 @@ async def _evaluate(
 
     run.where = f"evaluation {label}"
     todo = [(run.state["evals"], label, held_out)] if held_out else []
-    todo += [(run.state["also"][name], f"{label}-{Path(name).stem}", rows) for name, rows in also.items()]
+    todo += [(run.state["also"][name], f"{label}-{source_name(name)}", rows) for name, rows in also.items()]
     for done, folder, rows in todo:
         if label not in done:
             done[label] = await evaluate_model(run, model, rows, eval_dir(run.out, index, folder), plain)

@@ -11,8 +11,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..config import ChatSection, Compute, ConfigError, RolloutSection, parse_config, read_yaml, validate
-from .tasks import expand_families
+from ..config import (
+    ChatSection,
+    Columns,
+    Compute,
+    ConfigError,
+    GymSection,
+    RolloutSection,
+    parse_config,
+    read_yaml,
+    validate,
+)
+from .tasks import MAX_LEVEL, expand_families
 
 
 class _Spec(BaseModel):
@@ -48,11 +58,12 @@ class ModelSpec(_Spec):
 class GeneratorSpec(_Spec):
     """Synthetic problems (``rstar2.recipe.tasks``); for an SFT stage, conversations built on them."""
 
-    # arithmetic families (tasks.py), relation families (relations.py), or the groups `arithmetic`
-    # and `relations`; default: the arithmetic ones
+    # arithmetic families (tasks.py), relation families (relations.py), chains (chains.py), or the
+    # groups `arithmetic`, `relations` and `chains`; default: the arithmetic ones
     families: list[str] | None = None
     digits: tuple[int, int] = (1, 3)  # the arithmetic families' numbers
-    levels: tuple[int, int] = (1, 3)  # the relation families' steps (3: with a number to ignore)
+    # the steps of the relation families (at most 3; 3: with a number to ignore) and of the chains (at most 6)
+    levels: tuple[int, int] = (1, 3)
     count: int = 1000
     # plain: one phrasing per family; varied: several phrasings and contexts, thousands separators
     # (training only: held-out evaluations keep the plain wording, so runs stay comparable)
@@ -65,20 +76,26 @@ class GeneratorSpec(_Spec):
         expand_families(self.families)  # unknown names are an error naming the known ones
         if not 1 <= self.digits[0] <= self.digits[1]:
             raise ValueError(f"digits must be [lo, hi] with 1 <= lo <= hi, got {list(self.digits)}")
-        if not 1 <= self.levels[0] <= self.levels[1] <= 3:
-            raise ValueError(f"levels must be [lo, hi] with 1 <= lo <= hi <= 3, got {list(self.levels)}")
+        if not 1 <= self.levels[0] <= self.levels[1] <= MAX_LEVEL:
+            raise ValueError(
+                f"levels must be [lo, hi] with 1 <= lo <= hi <= {MAX_LEVEL}, got {list(self.levels)}"
+            )
         return self
 
 
 class DataSpec(_Spec):
-    files: list[str] = Field(default_factory=list)  # JSONL: problems (rl, eval) or conversations (sft)
+    # problems (rl, eval): any problem source (``rstar2.problems``: JSONL, JSON, parquet, a `datasets`
+    # folder, a benchmark's name, gym:TASK), their columns found by ``columns``; sft: JSONL conversations
+    files: list[str] = Field(default_factory=list)
+    columns: Columns = Field(default_factory=Columns)
+    gym: GymSection | None = None  # problems drawn from reasoning-gym's tasks (rl, eval)
     generator: GeneratorSpec | None = None
     limit: int | None = None
 
     @model_validator(mode="after")
     def _some(self) -> DataSpec:
-        if not self.files and self.generator is None:
-            raise ValueError("give data.files or data.generator")
+        if not self.files and self.generator is None and self.gym is None:
+            raise ValueError("give data.files, data.gym or data.generator")
         return self
 
 
@@ -123,8 +140,9 @@ class EvalSpec(_Spec):
     # and once more plain: the bare problem, no tools, one turn, lenient answer checking (the
     # zero-shot baseline of a model never taught this format)
     plain_before: bool = False
-    # more sets (benchmark names or JSONL files, e.g. paraphrased), evaluated before the first stage
-    # (also plain, with plain_before) and after the last; their table is in the report
+    # more sets (problem sources: benchmark names, files, gym:TASK?size=N&seed=S; e.g. paraphrased),
+    # evaluated before the first stage (also plain, with plain_before), after SFT stages and after
+    # the last; their tables and paired changes are in the report
     also: list[str] = Field(default_factory=list)
     # `rstar2 analyze entropy` of the final model on this many of its held-out trajectories (0 = off)
     entropy_trajectories: int = Field(128, ge=0)
@@ -191,6 +209,11 @@ class StageSpec(_Spec):
             raise ValueError(f"stage {self.name}: stop_skill is measured on the stage's probe: give probe")
         if self.ladder is not None and self.data.generator is None:
             raise ValueError(f"stage {self.name}: a ladder draws from data.generator; give one")
+        if self.kind == "sft" and self.data.gym is not None:
+            raise ValueError(
+                f"stage {self.name}: SFT trains on demonstrations, and reasoning-gym's problems come "
+                "without a program to demonstrate: draw them in RL stages (data.gym) or evaluations"
+            )
         return self
 
 
@@ -289,16 +312,22 @@ def stage_rollout(recipe: Recipe, stage: StageSpec | None = None, **overrides: A
     return validate(RolloutSection, {**tree, **overrides}, "rollout settings")
 
 
-def _exists(f: str) -> bool:
-    from ..problems import ALIASES, BENCHMARKS
+def _named(f: str) -> bool:
+    """A source that is not a path relative to the recipe: a shipped benchmark, gym:TASK, or a path that exists."""
+    from ..problems import ALIASES, BENCHMARKS, gym
 
-    return Path(f).exists() or f in BENCHMARKS or f in ALIASES
+    return Path(f).exists() or f in BENCHMARKS or f in ALIASES or gym.is_gym(f)
 
 
-def _must_exist(key: str, files: list[str]) -> None:
-    for f in files:
-        if not _exists(f):
-            raise ConfigError(f"{key}: {f} does not exist")
+def _must_exist(key: str, sources: list[str | GymSection]) -> None:
+    """Each source can be read (``problems.check_source``), or an error naming ``key``."""
+    from ..problems import check_source
+
+    for source in sources:
+        try:
+            check_source(source)
+        except (OSError, ValueError, ImportError) as exc:
+            raise ConfigError(f"{key}: {exc}") from None
 
 
 def check_stage(recipe: Recipe, stage: StageSpec, check_paths: bool = True) -> None:
@@ -309,7 +338,7 @@ def check_stage(recipe: Recipe, stage: StageSpec, check_paths: bool = True) -> N
         raise ConfigError(f"stages.{stage.name}: {exc}") from None
     for key, data in (("data", stage.data), ("probe", stage.probe)):
         if check_paths and data is not None:
-            _must_exist(f"stages.{stage.name}.{key}.files", data.files)
+            _must_exist(f"stages.{stage.name}.{key}", [*data.files, *([data.gym] if data.gym else [])])
 
 
 def parse_recipe(tree: dict[str, Any], base: Path | None = None, check_paths: bool = True) -> Recipe:
@@ -319,13 +348,13 @@ def parse_recipe(tree: dict[str, Any], base: Path | None = None, check_paths: bo
     if base is not None:
         datas = [s.data for s in recipe.stages] + [s.probe for s in recipe.stages] + [recipe.eval.data]
         for data in [d for d in datas if d is not None]:
-            data.files = [f if Path(f).is_absolute() or _exists(f) else str(base / f) for f in data.files]
+            data.files = [f if Path(f).is_absolute() or _named(f) else str(base / f) for f in data.files]
     for stage in recipe.stages:
         check_stage(recipe, stage, check_paths)
     if not check_paths:
         return recipe
-    if recipe.eval.data is not None:
-        _must_exist("eval.data.files", recipe.eval.data.files)
+    if (data := recipe.eval.data) is not None:
+        _must_exist("eval.data", [*data.files, *([data.gym] if data.gym else [])])
     if recipe.model.path and not Path(recipe.model.path).exists():
         raise ConfigError(f"model.path: {recipe.model.path} does not exist")
     if recipe.model.source:

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from ..problems import DATA_DIR
-from . import relations
+from . import chains, relations
 
 HELDOUT_SHARE = 0.1  # the share of all possible problems reserved for evaluation
 
@@ -27,7 +27,7 @@ class Task:
     problem: str
     answer: int
     code: str  # a program that prints the answer
-    level: int | None = None  # a relation family's steps (relations.py); None for the arithmetic ones
+    level: int | None = None  # its steps (relations.py, chains.py); None for the arithmetic families
 
     def row(self) -> dict:
         row = {"problem": self.problem, "answer": str(self.answer), "family": self.family}
@@ -113,12 +113,21 @@ FAMILIES: dict[str, Callable[[random.Random, tuple[int, int]], Drawn]] = {
     "choose": _choose,
 }
 WORDINGS = ("plain", "varied")
-# The relation families (recipe/relations.py: situations of one to three steps), named apart from
-# the arithmetic ones above; a generator draws them only when they are named (`families: [relations]`
-# names them all).
+# The families with levels of steps, each in the module that writes it: the relation families
+# (recipe/relations.py: situations of one to three steps) and the chains (recipe/chains.py: stories of
+# one to six relations, forwards and backwards); a generator draws them only when they are named
+# (`families: [relations, chains]` names them all).
+LEVELED = {**dict.fromkeys(relations.FAMILIES, relations), **dict.fromkeys(chains.FAMILIES, chains)}
 RELATION_FAMILIES = tuple(relations.FAMILIES)
-ALL_FAMILIES = (*FAMILIES, *RELATION_FAMILIES)
-GROUPS = {"arithmetic": tuple(FAMILIES), "relations": RELATION_FAMILIES}
+ALL_FAMILIES = (*FAMILIES, *LEVELED)
+GROUPS = {"arithmetic": tuple(FAMILIES), "relations": RELATION_FAMILIES, "chains": tuple(chains.FAMILIES)}
+MAX_LEVEL = max(chains.LEVELS)
+
+
+def level_range(family: str, levels: tuple[int, int]) -> tuple[int, int]:
+    """A leveled family's share of a generator's ``levels``: the range cut at its own highest level."""
+    top = max(LEVELED[family].LEVELS)
+    return min(levels[0], top), min(levels[1], top)
 
 
 def expand_families(names: Sequence[str] | None) -> list[str]:
@@ -136,8 +145,8 @@ def cells(
     families: Sequence[str] | None, digits: tuple[int, int], levels: tuple[int, int]
 ) -> list[tuple[str, int]]:
     """The (family, level) cells of a generator: an arithmetic family's level is its numbers' digits,
-    a relation family's its steps (the difficulty ladder probes each cell)."""
-    ranges = {f: digits if f in FAMILIES else levels for f in expand_families(families)}
+    any other's its steps (the difficulty ladder probes each cell)."""
+    ranges = {f: digits if f in FAMILIES else level_range(f, levels) for f in expand_families(families)}
     return [(f, n) for f, (lo, hi) in ranges.items() for n in range(lo, hi + 1)]
 
 
@@ -166,8 +175,8 @@ def generate(
     family with few distinct problems, like small binomials, gives way to the others); the other
     settings are a recipe's generator's (``GeneratorSpec``)."""
     names = expand_families(families)
-    if not (1 <= levels[0] <= levels[1] <= max(relations.LEVELS)):
-        raise ValueError(f"levels must be a range within {relations.LEVELS}, got {levels}")
+    if not (1 <= levels[0] <= levels[1] <= MAX_LEVEL):
+        raise ValueError(f"levels must be a range within 1..{MAX_LEVEL}, got {levels}")
     if wording not in WORDINGS:
         raise ValueError(f"wording must be one of {', '.join(WORDINGS)}, got {wording!r}")
     if split not in ("train", "heldout"):
@@ -177,7 +186,7 @@ def generate(
         raise ValueError(f"digits must be a range 1 <= lo <= hi, got {digits}")
     varied = wording == "varied"
     key = f"{seed}:{split}:{lo}-{hi}:{','.join(names)}" + (":varied" if varied else "")
-    if any(f in relations.FAMILIES for f in names):
+    if any(f in LEVELED for f in names):
         key += f":levels{levels[0]}-{levels[1]}"
     rng = random.Random(key)
     out: list[Task] = []
@@ -188,9 +197,9 @@ def generate(
         if tries > 200 * count + 1000:
             raise ValueError(f"cannot find {count} distinct {split} problems with digits {digits}")
         family = names[tries % len(names)]
-        level = rng.randint(*levels) if family in relations.FAMILIES else None
+        level = rng.randint(*level_range(family, levels)) if family in LEVELED else None
         if level is not None:
-            text, answer, code = relations.draw(family, rng, level, varied)
+            text, answer, code = LEVELED[family].draw(family, rng, level, varied)
         else:
             values, answer, code = FAMILIES[family](rng, digits)
             text = _write(rng, varied, wordings()[family], values)

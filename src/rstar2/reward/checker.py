@@ -26,8 +26,22 @@ def _die_with_parent() -> None:
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def check_task(gym: dict, answer: str) -> Verdict:
+    """A reasoning-gym task's own scorer on ``answer``: correct only at full marks. A scorer that
+    raises on the answer scores it wrong; one that cannot be loaded is the verifier's fault."""
+    from ..gym import task_score
+
+    try:
+        score = task_score(gym, answer)
+    except ImportError as exc:
+        return Verdict(False, str(exc), answer, "error")
+    except Exception as exc:  # noqa: BLE001 -- third-party code on model-written text
+        return Verdict(False, f"{gym['task']}'s scorer raised {type(exc).__name__}: {exc}", answer, "task")
+    return Verdict(score >= 1.0, f"{gym['task']}'s scorer gave {score:g}", answer, "task")
+
+
 def serve_checks(conn: Connection, memory_mb: int) -> None:
-    """A checker: receive (reference, answer), send a verdict dict, until EOF."""
+    """A checker: receive (reference, answer, gym), send a verdict dict, until EOF."""
     if memory_mb > 0:
         limit = memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -42,9 +56,9 @@ def serve_checks(conn: Connection, memory_mb: int) -> None:
             return
         if task is None:
             return
-        reference, answer = task
+        reference, answer, gym = task
         try:
-            conn.send(check_answer(reference, answer).to_dict())
+            conn.send((check_task(gym, answer) if gym else check_answer(reference, answer)).to_dict())
         except MemoryError:
             conn.send(Verdict(False, MEMORY_CAP_REASON, answer, "error").to_dict())
             return  # a checker that ran out of memory is replaced

@@ -35,7 +35,7 @@ class Verdict:
     correct: bool
     reason: str
     answer: str | None = None  # the extracted answer that was graded
-    path: str = "fast"  # fast | text | guard | cas | none | timeout | stalled | error
+    path: str = "fast"  # fast | text | guard | cas | task | none | timeout | stalled | error
     seconds: float = 0.0
 
     def __bool__(self) -> bool:

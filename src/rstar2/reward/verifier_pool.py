@@ -26,12 +26,15 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+from ..gym import scored_by_task
 from .equivalence import Verdict, triage
-from .extract import Mode
+from .extract import Mode, extract_answer
 from .guards import MEMORY_CAP_REASON
 
 _log = logging.getLogger("rstar2.reward")
 DEFAULT_TIMEOUT_S = 2.0
+# a reasoning-gym task's own scorer: its first check in a checker also imports reasoning-gym (~1 s)
+TASK_TIMEOUT_S = 10.0
 DEFAULT_MEMORY_MB = 2048
 _START_TIMEOUT_S = 120.0
 _WALL_BACKSTOP = 3.0  # a check may take up to 3x its box in wall time if it was starved of CPU
@@ -45,6 +48,7 @@ class _Task:
     future: Future
     submitted: float = field(default_factory=time.perf_counter)
     timeout_s: float = DEFAULT_TIMEOUT_S  # its time box
+    gym: dict[str, Any] | None = None  # the reasoning-gym task whose scorer decides (rstar2.gym)
 
 
 class _Template:
@@ -202,12 +206,21 @@ class VerifierPool:
         extracted: bool = False,
         timeout_s: float | None = None,
         mode: Mode | None = None,
+        gym: dict[str, Any] | None = None,
     ) -> Future:
         """Grade ``response`` (a whole model output, or an answer when ``extracted``);
-        ``timeout_s`` and ``mode`` override the pool's for this check."""
+        ``timeout_s`` and ``mode`` override the pool's for this check. ``gym``: a reasoning-gym
+        problem's scorer inputs; its task's own scorer decides where ``rstar2.gym.scored_by_task``
+        says, in a checker like a CAS check, under ``TASK_TIMEOUT_S``."""
         future: Future = Future()
         start = time.perf_counter()
-        verdict, answer = triage(reference, response, mode=mode or self.mode, extracted=extracted)
+        by_task = scored_by_task(gym, str(reference))
+        if by_task:
+            answer = response if extracted else extract_answer(response, mode or self.mode)
+            verdict = None if answer is not None else Verdict(False, "no answer found", None, "none")
+            timeout_s = timeout_s or TASK_TIMEOUT_S
+        else:
+            verdict, answer = triage(reference, response, mode=mode or self.mode, extracted=extracted)
         if verdict is not None:
             verdict.seconds = time.perf_counter() - start
             future.set_result(verdict)
@@ -215,7 +228,9 @@ class VerifierPool:
         if self._closed:
             raise RuntimeError("VerifierPool is closed")
         self.start()
-        task = _Task(str(reference), str(answer), future, start, timeout_s or self.timeout_s)
+        task = _Task(
+            str(reference), str(answer), future, start, timeout_s or self.timeout_s, gym if by_task else None
+        )
         with self._lock:
             self._pending.append(task)
         self._wake()
@@ -329,7 +344,7 @@ class VerifierPool:
             w.hard_deadline = now + box * _WALL_BACKSTOP
             w.cpu_at_start = w.cpu_seconds() or 0.0
             try:
-                w.conn.send((task.reference, task.answer))
+                w.conn.send((task.reference, task.answer, task.gym))
             except OSError:
                 pass  # the worker died; _receive sees EOF and replaces it
 

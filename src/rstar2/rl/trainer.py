@@ -30,8 +30,9 @@ import torch
 
 from ..chat.token_classes import TokenClasses
 from ..config import RLConfig
+from ..jsonl import write_jsonl
 from ..memory import trim_heap
-from ..problems import load_benchmark
+from ..problems import training_problems
 from ..rollout import health
 from ..rollout.multi_turn import CodeEnvironment, Verifier
 from ..rollout.trajectory import Trajectory
@@ -126,7 +127,9 @@ class RLTrainer:
             kept = [w for w in health.read_warnings(self.run_dir) if w.get("step", 0) <= self.step_no]
         self.watch.resume(kept, self.step_no)
         self.ref_model = self._reference() if cfg.loss.kl_coef else None
-        rows = load_benchmark(cfg.data.train)[: cfg.data.limit]
+        rows = training_problems(cfg.data)
+        if self.world.main and any("gym" in r for r in rows):  # drawn here: kept with the run
+            write_jsonl(rows, self.run_dir / "problems.jsonl")
         self.problems = DataStream(rows, cfg.run.seed, cfg.data.shuffle, run.data_position)
         if self.max_staleness and cfg.loss.tis_cap is None and self.world.main:
             _say(
@@ -206,6 +209,7 @@ class RLTrainer:
             {
                 "problem": problem["problem"],
                 "answer": None if self.reward_fn else str(problem["answer"]),
+                "gym": problem.get("gym"),
                 "seed": _seed(cfg.run.seed, step, g, k),
                 "priority": step,  # an engine short of rows serves earlier steps first
                 "meta": {"group": g, "sample": k},

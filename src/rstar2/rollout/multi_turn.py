@@ -36,6 +36,9 @@ class CodeEnvironment(Protocol):
 
 
 class Verifier(Protocol):
+    """``options``: ``mode`` (strict or lenient), and ``gym`` for a problem drawn from reasoning-gym
+    (``rstar2.gym``: its task's own scorer may decide)."""
+
     async def acheck(self, reference: str, response: str, **options: Any) -> Any: ...
 
 
@@ -105,9 +108,11 @@ class Rollout:
         on_event: Event | None = None,
         prompt_ids: list[int] | None = None,
         priority: int = 0,
+        gym: dict[str, Any] | None = None,
     ) -> Trajectory:
         """One trajectory. ``priority``: its requests' place in an engine's queue when rows are short
-        (lower first; the trainer gives the step it trains at); a later turn goes ahead of earlier ones."""
+        (lower first; the trainer gives the step it trains at); a later turn goes ahead of earlier ones.
+        ``gym``: a reasoning-gym problem's scorer inputs (its row's ``gym``), passed to the verifier."""
         started = time.perf_counter()
         traj = Trajectory(
             problem, reference, list(prompt_ids or self._prompt_ids(problem)), meta=dict(meta or {})
@@ -123,7 +128,7 @@ class Rollout:
         finally:
             self.scheduler.close(key)
         t_reward = time.perf_counter()
-        await self._score(traj)
+        await self._score(traj, gym)
         traj.meta["reward_s"] = time.perf_counter() - t_reward
         if traj.finish_reason == "error":
             traj.fault = "engine"
@@ -267,13 +272,12 @@ class Rollout:
         text, cut = self.fmt.tool_response(result)
         return ToolCallRecord(call.name, call.arguments, text, result, cut=cut)
 
-    async def _score(self, traj: Trajectory) -> None:
+    async def _score(self, traj: Trajectory, gym: dict[str, Any] | None) -> None:
         if traj.reference is None or self.verifier is None or traj.finish_reason in ("max_length", "error"):
             return  # a truncated trajectory keeps reward 0
+        options: dict[str, Any] = {"mode": self.config.verify_mode} | ({"gym": gym} if gym else {})
         try:
-            verdict = await self.verifier.acheck(
-                traj.reference, traj.model_text, mode=self.config.verify_mode
-            )
+            verdict = await self.verifier.acheck(traj.reference, traj.model_text, **options)
         except Exception as exc:
             traj.verdict, traj.fault = f"verifier error: {type(exc).__name__}: {exc}", "verifier"
             return
@@ -292,7 +296,7 @@ class Rollout:
         on_done: Callable[[Trajectory], None] | None = None,
     ) -> list[Trajectory]:
         """Items are dicts with ``problem`` and optional ``answer``, ``seed``, ``meta``,
-        ``priority``; results keep their order. ``on_done`` sees each trajectory as soon as it finishes."""
+        ``priority``, ``gym``; results keep their order. ``on_done`` sees each trajectory as soon as it finishes."""
         gate = asyncio.Semaphore(concurrency or max(1, len(items)))
 
         async def one(item: dict[str, Any]) -> Trajectory:
@@ -303,6 +307,7 @@ class Rollout:
                     seed=item.get("seed"),
                     meta=item.get("meta"),
                     priority=item.get("priority", 0),
+                    gym=item.get("gym"),
                 )
             if on_done is not None:
                 on_done(traj)
