@@ -68,6 +68,8 @@ def variant_tree(tree: dict[str, Any], variant: str, seed: int, model: str, over
     }
     sft, rl, hard = t["stages"]
     if variant == "relations":  # the recipe's data at commit 9ecfdfc, before the chains
+        for stage in (sft, rl, hard):
+            stage["data"]["generator"].pop("weights", None)
         sft["steps"] = 40
         sft["data"]["generator"] |= {"families": ["product", "sum", "quotient", "remainder", "relations"]}
         sft["data"]["generator"] |= {"levels": [1, 3], "count": 480}

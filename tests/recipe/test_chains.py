@@ -76,3 +76,13 @@ def test_no_gsm_symbolic_problem_shares_a_sentence_or_a_computation_with_the_tra
     yardstick = load_problems("gym:gsm_symbolic?size=300&seed=0")
     assert not [(r["problem"], s) for r in yardstick for s in _skeletons(r["problem"]) & train_sentences]
     assert not [r["problem"] for r in yardstick if _pattern(r["problem"], r["answer"]) in train_patterns]
+
+
+def test_weights_give_a_group_its_turns_and_leave_an_unweighted_generator_as_it_was():
+    from collections import Counter
+
+    weighted = Counter(t.family for t in generate(300, families=["product", "chains"], weights={"chains": 2}))
+    assert 50 <= weighted["product"] <= 70 and 110 <= weighted["chain"] <= 130  # 1 : 2 : 2 turns
+    plain = generate(300, families=["product", "chains"], seed=3)
+    assert generate(300, families=["product", "chains"], seed=3, weights={}) == plain
+    assert all(90 <= n <= 110 for n in Counter(t.family for t in plain).values())  # one turn each

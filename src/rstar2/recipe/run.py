@@ -102,7 +102,7 @@ def generated(
     """The problems of generator spec ``g``: ``count`` (default ``g.count``) of ``split``, in its
     wording (held-out problems always plain), with ``narrow`` (families, digits, levels) in place
     of the spec's own (a ladder cell)."""
-    spec = {"families": g.families, "digits": g.digits, "levels": g.levels} | narrow
+    spec = {"families": g.families, "digits": g.digits, "levels": g.levels, "weights": g.weights} | narrow
     wording = g.wording if split == "train" else "plain"
     return generate(count or g.count, seed=seed, split=split, wording=wording, **spec)
 
@@ -291,10 +291,9 @@ async def stage_data(run: RecipeRun, stage: StageSpec, model_dir: Path, stage_di
     if stage.kind == "sft":
         rows = await sft_rows(run, stage.data)
     elif stage.ladder is not None:  # files and gym as given, the generator's problems from the cells in reach
-        given = stage.data.model_copy(update={"generator": None, "limit": None})
-        files = problem_rows(given, seed) if given.files or given.gym else []
+        given = problem_rows(stage.data.model_copy(update={"generator": None, "limit": None}), seed)
         ladder = await ladder_rows(run, stage, model_dir, stage_dir / "ladder")
-        rows = (files + ladder)[: stage.data.limit]
+        rows = (given + ladder)[: stage.data.limit]
     else:
         rows = problem_rows(stage.data, seed)
     if stage.kind == "rl" and stage.filter is not None:

@@ -64,6 +64,8 @@ class GeneratorSpec(_Spec):
     digits: tuple[int, int] = (1, 3)  # the arithmetic families' numbers
     # the steps of the relation families (at most 3; 3: with a number to ignore) and of the chains (at most 6)
     levels: tuple[int, int] = (1, 3)
+    # turns a family (or each family of a group) takes in the generator's round, e.g. {chains: 3}; default 1
+    weights: dict[str, int] = Field(default_factory=dict)
     count: int = 1000
     # plain: one phrasing per family; varied: several phrasings and contexts, thousands separators
     # (training only: held-out evaluations keep the plain wording, so runs stay comparable)
@@ -74,6 +76,9 @@ class GeneratorSpec(_Spec):
     @model_validator(mode="after")
     def _known(self) -> GeneratorSpec:
         expand_families(self.families)  # unknown names are an error naming the known ones
+        expand_families(list(self.weights))
+        if any(w < 1 for w in self.weights.values()):
+            raise ValueError(f"weights are turns in the round, at least 1: got {self.weights}")
         if not 1 <= self.digits[0] <= self.digits[1]:
             raise ValueError(f"digits must be [lo, hi] with 1 <= lo <= hi, got {list(self.digits)}")
         if not 1 <= self.levels[0] <= self.levels[1] <= MAX_LEVEL:

@@ -161,6 +161,12 @@ def is_heldout(problem: str) -> bool:
     return h / 2**64 < HELDOUT_SHARE
 
 
+def _weight(family: str, weights: dict[str, int]) -> int:
+    """A family's turns in a generator's round: its own weight, else its group's, else 1."""
+    group = next((g for g, members in GROUPS.items() if family in members and g in weights), None)
+    return weights.get(family, weights.get(group, 1) if group else 1)
+
+
 def generate(
     count: int,
     *,
@@ -170,11 +176,14 @@ def generate(
     split: str = "train",
     wording: str = "plain",
     levels: tuple[int, int] = (1, 3),
+    weights: dict[str, int] | None = None,
 ) -> list[Task]:
     """``count`` distinct problems of one split, families in turn (equally present, except that a
-    family with few distinct problems, like small binomials, gives way to the others); the other
-    settings are a recipe's generator's (``GeneratorSpec``)."""
+    family with few distinct problems, like small binomials, gives way to the others; ``weights``
+    gives a family, or each family of a group, that many turns in the round); the other settings are a
+    recipe's generator's (``GeneratorSpec``)."""
     names = expand_families(families)
+    turns = [f for f in names for _ in range(_weight(f, weights or {}))]
     if not (1 <= levels[0] <= levels[1] <= MAX_LEVEL):
         raise ValueError(f"levels must be a range within 1..{MAX_LEVEL}, got {levels}")
     if wording not in WORDINGS:
@@ -188,6 +197,8 @@ def generate(
     key = f"{seed}:{split}:{lo}-{hi}:{','.join(names)}" + (":varied" if varied else "")
     if any(f in LEVELED for f in names):
         key += f":levels{levels[0]}-{levels[1]}"
+    if turns != names:
+        key += f":turns{','.join(turns)}"
     rng = random.Random(key)
     out: list[Task] = []
     seen: set[str] = set()
@@ -196,7 +207,7 @@ def generate(
         tries += 1
         if tries > 200 * count + 1000:
             raise ValueError(f"cannot find {count} distinct {split} problems with digits {digits}")
-        family = names[tries % len(names)]
+        family = turns[tries % len(turns)]
         level = rng.randint(*level_range(family, levels)) if family in LEVELED else None
         if level is not None:
             text, answer, code = LEVELED[family].draw(family, rng, level, varied)
