@@ -83,8 +83,10 @@ def _read(path: Path, split: str | None) -> list[tuple[int | str, Any]]:
     if path.is_dir():
         return list(enumerate(_dataset_rows(path, split)))
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq  # with the `data` extra (datasets brings it)
-
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ImportError(f"{path}: reading parquet needs pip install 'rstar2[data]'") from None
         return list(enumerate(pq.read_table(path).to_pylist()))
     if path.suffix == ".json":
         rows = json.loads(path.read_text(encoding="utf-8"))
