@@ -289,7 +289,7 @@ def eval_cmd(
 
     settings = rollout_settings(locals(), EVAL_ROLLOUT)
     benches = [b.strip() for b in bench.split(",") if b.strip()]
-    try:
+    with _failures():  # a bad source or column, a missing extra, settings the model cannot take: exit 2
         columns = validate(Columns, dict(c.partition("=")[::2] for c in column), "--column")
         run_eval(
             settings,
@@ -303,9 +303,6 @@ def eval_cmd(
             seed=seed,
             columns=columns,
         )
-    except (OSError, ValueError, ImportError) as exc:  # a bad source, or settings the model cannot take
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
     Console().print((out / "summary.md").read_text())
     console.print(f"scored in {settings.verify_mode} mode; trajectories, summaries and plots in {out}")
 

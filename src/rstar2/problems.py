@@ -28,12 +28,17 @@ ANSWER_COLUMNS = ("answer", "ground_truth", "reward_model.ground_truth")
 FORMATS = "a .jsonl, .json or .parquet file, a `datasets` folder (save_to_disk), or gym:TASK"
 
 
+def _gym_spec(source: str | GymSection) -> GymSection | None:
+    """The reasoning-gym draw a source names, if it names one."""
+    if isinstance(source, GymSection):
+        return source
+    return gym.parse_source(source) if gym.is_gym(source) else None
+
+
 def source_name(source: str | GymSection) -> str:
     """A short name for a source's folder and table row: the benchmark, the file's stem, ``gym-TASK``."""
-    if isinstance(source, GymSection):
-        return gym.source_name(source)
-    if gym.is_gym(source):
-        return gym.source_name(gym.parse_source(source))
+    if (spec := _gym_spec(source)) is not None:
+        return gym.source_name(spec)
     name = ALIASES.get(source, source)
     return name if name in BENCHMARKS else Path(name.rstrip("/")).stem
 
@@ -55,8 +60,8 @@ def _path(source: str) -> Path:
 def check_source(source: str | GymSection) -> None:
     """What can be known before anything runs: the file or folder exists, or reasoning-gym is
     installed and knows the tasks."""
-    if isinstance(source, GymSection) or gym.is_gym(source):
-        gym.check_tasks(source if isinstance(source, GymSection) else gym.parse_source(source))
+    if (spec := _gym_spec(source)) is not None:
+        gym.check_tasks(spec)
     else:
         _path(source)
 
@@ -64,8 +69,8 @@ def check_source(source: str | GymSection) -> None:
 def load_problems(source: str | GymSection, columns: Columns | None = None) -> list[dict[str, Any]]:
     """The rows of ``source`` (see the module's docstring), each with ``problem`` and ``answer``;
     an error names the file and the column it lacks, or the file that holds no problem."""
-    if isinstance(source, GymSection) or gym.is_gym(source):
-        return gym.draw(source if isinstance(source, GymSection) else gym.parse_source(source))
+    if (spec := _gym_spec(source)) is not None:
+        return gym.draw(spec)
     path, columns = _path(source), columns or Columns()
     raw = _read(path, columns.split)
     if not raw:
@@ -143,15 +148,12 @@ def _column(
     )
 
 
-def _as_problem(value: Any) -> str:
+def _as_problem(value: Any) -> str | None:
     """A problem's text: a string, or the last user message of a chat (verl's ``prompt``)."""
     if isinstance(value, list):
         users = [m.get("content") for m in value if isinstance(m, dict) and m.get("role") == "user"]
-        if users and isinstance(users[-1], str):
-            return users[-1]
-    if isinstance(value, str):
-        return value
-    raise ValueError("not text, nor a chat with a user message")
+        value = users[-1] if users else None
+    return value if isinstance(value, str) else None
 
 
 def _row(path: Path, where: int | str, row: Any, columns: Columns) -> dict[str, Any]:
@@ -159,10 +161,11 @@ def _row(path: Path, where: int | str, row: Any, columns: Columns) -> dict[str, 
         raise ValueError(f"{path} (row {where}): a problem is a mapping of columns, got {type(row).__name__}")
     problem = _column(path, where, row, columns.problem, PROBLEM_COLUMNS, "problem")
     answer = _column(path, where, row, columns.answer, ANSWER_COLUMNS, "answer")
-    try:
-        text = _as_problem(problem)
-    except ValueError as exc:
-        raise ValueError(f"{path} (row {where}): the problem's column holds {exc}") from None
+    text = _as_problem(problem)
+    if text is None:
+        raise ValueError(
+            f"{path} (row {where}): the problem's column holds neither text nor a chat with a user message"
+        )
     if answer is None or isinstance(answer, (dict, list)):
         raise ValueError(f"{path} (row {where}): the answer's column holds {answer!r}, not an answer")
     return {**row, "problem": text, "answer": str(answer)}

@@ -8,9 +8,9 @@ import re
 
 from rstar2.problems import load_problems
 from rstar2.recipe.chains import LEVELS
-from rstar2.recipe.tasks import ALL_FAMILIES, cells, generate
+from rstar2.recipe.tasks import cells, generate
 
-from .test_relations import NUMBER, WORDS, _pattern, _printed, _skeletons
+from .test_relations import NUMBER, WORDS, _printed, shared_with_training
 
 
 def test_every_chain_answers_what_its_program_prints():
@@ -63,19 +63,11 @@ def test_no_gsm_symbolic_problem_shares_a_sentence_or_a_computation_with_the_tra
     """The yardstick (reasoning-gym's gsm_symbolic, GSM8K's test set made symbolic) against every
     family the recipes train on: no sentence of it (numbers masked) is a training sentence, and no
     problem's numbers and answer are a training problem's."""
-    training = [
-        t
-        for seed in (0, 1)
-        for wording in ("plain", "varied")
-        for t in generate(
-            1500, families=list(ALL_FAMILIES), digits=(1, 4), levels=(1, 6), seed=seed, wording=wording
-        )
-    ]
-    train_sentences = set().union(*(_skeletons(t.problem) for t in training))
-    train_patterns = {_pattern(t.problem, t.answer) for t in training}
-    yardstick = load_problems("gym:gsm_symbolic?size=300&seed=0")
-    assert not [(r["problem"], s) for r in yardstick for s in _skeletons(r["problem"]) & train_sentences]
-    assert not [r["problem"] for r in yardstick if _pattern(r["problem"], r["answer"]) in train_patterns]
+    sentences, patterns, _ = shared_with_training(
+        load_problems("gym:gsm_symbolic?size=300&seed=0"), seeds=(0, 1)
+    )
+    assert not sentences
+    assert not patterns
 
 
 def test_weights_give_a_group_its_turns_and_leave_an_unweighted_generator_as_it_was():

@@ -198,8 +198,9 @@ def view(target: Path, out: Path | None = None, limit: int | None = 2000, sign: 
     if out is None:
         out = (target if target.is_dir() else target.parent) / "view.html"
     title = f"rstar2 · {target.name}"
-    rows = [d for _, d in iter_jsonl(target, strict=False) if isinstance(d, dict)] if target.is_file() else []
-    if rows and "problem" in rows[0] and "turns" not in rows[0]:
+    first = next((d for _, d in iter_jsonl(target, strict=False)), None) if target.is_file() else None
+    if isinstance(first, dict) and "problem" in first and "turns" not in first:
+        rows = [d for _, d in iter_jsonl(target, strict=False) if isinstance(d, dict)]
         out.write_text(problems_page(rows[:limit], title))
     else:
         out.write_text(render(load(files, limit, sign), title))

@@ -11,6 +11,7 @@ with a number the answer does not use may stand among the facts.
 
 from __future__ import annotations
 
+import operator
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from .relations import PEOPLE, Say
 LEVELS = (1, 2, 3, 4, 5, 6)
 ITEMS = "stickers marbles stamps shells cards coins beads pencils buttons acorns".split()
 _IDENT = {name: name.lower() for name in PEOPLE}
+OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv}
 
 
 @dataclass
@@ -33,12 +35,24 @@ class _Story:
     sentences: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
 
-    def tell(self, sentence: str, name: str, value: int, expression: str, base: str | None = None) -> None:
-        """A fact: ``name``'s amount is now ``value`` (``expression`` in the program), from ``base``'s."""
-        self.uses[name] = self.uses.get(base or name, set()) | {len(self.sentences)}
+    def start(self, sentence: str, name: str, amount: int) -> None:
+        """The first fact: ``name`` has ``amount``."""
+        self.uses[name] = {len(self.sentences)}
         self.sentences.append(sentence)
-        self.amounts[name] = value
-        self.lines.append(f"{_IDENT[name]} = {expression}")
+        self.amounts[name] = amount
+        self.lines.append(f"{_IDENT[name]} = {amount}")
+
+    def tell(
+        self, sentence: str | None, name: str, base: str, op: str, operand: int, written: str = ""
+    ) -> None:
+        """A fact: ``name``'s amount is now ``base``'s ``op`` ``operand`` (``written`` in the program,
+        default the operand); the one value and the program's line both come from it. ``sentence``
+        None: a second amount the last sentence changed (a gift's receiver)."""
+        if sentence is not None:
+            self.sentences.append(sentence)
+        self.uses[name] = self.uses.get(base, set()) | {len(self.sentences) - 1}
+        self.amounts[name] = OPS[op](self.amounts[base], operand)
+        self.lines.append(f"{_IDENT[name]} = {_IDENT[base]} {op} {written or operand}")
 
 
 def _newcomer(story: _Story) -> str:
@@ -57,23 +71,23 @@ def _compare(story: _Story) -> bool:
             f"{new} has {say.n(k)} more {it} than {base}.",
             f"{new} owns {say.n(k)} {it} more than {base} does.",
         )
-        story.tell(text, new, b + k, f"{_IDENT[base]} + {k}", base)
+        story.tell(text, new, base, "+", k)
     elif kind == "fewer" and b > 3:
         k = r.randint(1, b - 1)
         text = say.one(
             f"{new} has {say.n(k)} fewer {it} than {base}.", f"{new} has {say.n(k)} {it} less than {base}."
         )
-        story.tell(text, new, b - k, f"{_IDENT[base]} - {k}", base)
+        story.tell(text, new, base, "-", k)
     elif kind == "times" and b <= 500:
         m = r.randint(2, 5)
         times = {2: "twice", 3: "three times"}.get(m, f"{say.n(m)} times")
         text = say.one(f"{new} has {times} as many {it} as {base}.", f"{new}'s {it} are {times} {base}'s.")
-        story.tell(text, new, b * m, f"{_IDENT[base]} * {m}", base)
+        story.tell(text, new, base, "*", m)
     elif kind == "half" and b % 2 == 0:
         text = say.one(
             f"{new} has half as many {it} as {base}.", f"{new} owns half the number of {it} {base} has."
         )
-        story.tell(text, new, b // 2, f"{_IDENT[base]} // 2", base)
+        story.tell(text, new, base, "//", 2)
     else:
         return False
     return True
@@ -92,7 +106,7 @@ def _change(story: _Story) -> bool:
             f"{who} finds another {say.n(k)} {it}.",
             f"{who} is given {say.n(k)} {it}.",
         )
-        story.tell(text, who, a + k, f"{_IDENT[who]} + {k}")
+        story.tell(text, who, who, "+", k)
     elif kind == "lose" and a > 2:
         k = r.randint(1, a - 1)
         text = say.one(
@@ -100,24 +114,23 @@ def _change(story: _Story) -> bool:
             f"Then {who} uses up {say.n(k)} of them.",
             f"{who} sells {say.n(k)} {it}.",
         )
-        story.tell(text, who, a - k, f"{_IDENT[who]} - {k}")
+        story.tell(text, who, who, "-", k)
     elif kind == "give" and a > 2 and len(story.amounts) > 1:
         k = r.randint(1, a - 1)
         other = r.choice([p for p in story.amounts if p != who])
         text = say.one(
             f"{who} gives {say.n(k)} {it} to {other}.", f"{who} hands {other} {say.n(k)} of the {it}."
         )
-        story.tell(text, who, a - k, f"{_IDENT[who]} - {k}")
-        story.amounts[other] += k
-        story.uses[other] |= story.uses[who]
-        story.lines.append(f"{_IDENT[other]} = {_IDENT[other]} + {k}")
+        story.tell(text, who, who, "-", k)
+        story.tell(None, other, other, "+", k)
+        story.uses[other] |= story.uses[who]  # the gift was drawn within the giver's amount
     elif kind == "packs":
         k, size = r.randint(2, 9), r.randint(3, 25)
         text = say.one(
             f"{who} buys {say.n(k)} packs of {size} {it}.",
             f"{who} gets {say.n(k)} packs, each with {size} {it}.",
         )
-        story.tell(text, who, a + k * size, f"{_IDENT[who]} + {k} * {size}")
+        story.tell(text, who, who, "+", k * size, f"{k} * {size}")
     else:
         return False
     return True
@@ -162,15 +175,11 @@ def chain(rng: random.Random, level: int, say: Say) -> tuple[str, int, str]:
     """A story forwards: one person's amount, then ``level`` relations, then a question."""
     story = _Story(say, rng.choice(ITEMS))
     first = say.who()
-    story.tell(
-        say.one(
-            f"{first} has {say.n(n := rng.randint(5, 90))} {story.item}.",
-            f"{first} starts with {say.n(n)} {story.item}.",
-        ),
-        first,
-        n,
-        str(n),
+    opening = say.one(
+        f"{first} has {say.n(n := rng.randint(5, 90))} {story.item}.",
+        f"{first} starts with {say.n(n)} {story.item}.",
     )
+    story.start(opening, first, n)
     steps: list[Callable[[_Story], bool]] = [_compare]  # someone to compare with, change or give to
     while len(steps) < level:
         steps.append(rng.choice([_compare, _change]))

@@ -135,14 +135,15 @@ def _has_letters(s: str) -> bool:
 
 
 def triage(
-    reference: str, response: str, *, mode: Mode = "strict", extracted: bool = False
+    reference: str, response: str, *, mode: Mode = "strict", extracted: bool = False, fast: bool = True
 ) -> tuple[Verdict | None, str | None]:
-    """The part of a check every caller runs locally: find the answer, try the fast path;
-    ``(None, answer)`` when the CAS must judge it under a time box."""
+    """The part of a check every caller runs locally: find the answer, try the fast path (unless
+    ``fast`` is off: another scorer decides); ``(None, answer)`` when a checker must judge it under
+    a time box."""
     answer = response if extracted else extract_answer(response, mode)
     if answer is None:
         return Verdict(False, "no answer found", None, "none"), None
-    return quick_check(str(reference), answer), answer
+    return (quick_check(str(reference), answer) if fast else None), answer
 
 
 def cas_check(reference: str, answer: str) -> Verdict:

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..gym import scored_by_task
 from .equivalence import Verdict, triage
-from .extract import Mode, extract_answer
+from .extract import Mode
 from .guards import MEMORY_CAP_REASON
 
 _log = logging.getLogger("rstar2.reward")
@@ -215,12 +215,11 @@ class VerifierPool:
         future: Future = Future()
         start = time.perf_counter()
         by_task = scored_by_task(gym, str(reference))
+        verdict, answer = triage(
+            reference, response, mode=mode or self.mode, extracted=extracted, fast=not by_task
+        )
         if by_task:
-            answer = response if extracted else extract_answer(response, mode or self.mode)
-            verdict = None if answer is not None else Verdict(False, "no answer found", None, "none")
             timeout_s = timeout_s or TASK_TIMEOUT_S
-        else:
-            verdict, answer = triage(reference, response, mode=mode or self.mode, extracted=extracted)
         if verdict is not None:
             verdict.seconds = time.perf_counter() - start
             future.set_result(verdict)
