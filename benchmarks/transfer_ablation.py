@@ -5,11 +5,12 @@
 
 Variants (whole recipe runs, SFT included, each in OUT/VARIANT-sSEED; a stopped ablation resumes):
 
-- ``relations``: the data of issue 20 (the recipe before issue 25): SFT on four arithmetic families and
-  the relation families' situations of one to three steps, RL on all families up to three steps, each
-  RL stage on the difficulty ladder;
-- ``chains``: the recipe as shipped: also stories of up to four relations in SFT and up to six in RL
-  (forwards and backwards, recipe/chains.py), and reasoning-gym's arithmetic chains in RL.
+- ``relations``: the stages of issue 20 (the recipe before issue 25, its data and step counts): SFT on
+  four arithmetic families and the relation families' situations of one to three steps, RL on all
+  families up to three steps, each RL stage on the difficulty ladder;
+- ``chains``: the recipe as shipped: also stories of up to four relations in SFT (about half of it) and
+  up to six in RL (forwards and backwards, recipe/chains.py), reasoning-gym's arithmetic chains in RL,
+  and a last stage on the chains alone.
 
 Every run is evaluated on the same sets, after SFT and at the end: the held-out problems of issue 20's
 families (arithmetic and relations, the 96 its README figures were measured on), and three sets never
@@ -67,16 +68,16 @@ def variant_tree(tree: dict[str, Any], variant: str, seed: int, model: str, over
         "also": list(ALSO.values()),
     }
     sft, rl, hard = t["stages"]
-    if variant == "relations":  # the recipe's data at commit 9ecfdfc, before the chains
+    if variant == "relations":  # the recipe's stages at commit 9ecfdfc, before the chains
         for stage in (sft, rl, hard):
             stage["data"]["generator"].pop("weights", None)
-        sft["steps"] = 40
+        sft["steps"], rl["steps"], hard["steps"] = 40, 14, 5
         sft["data"]["generator"] |= {"families": ["product", "sum", "quotient", "remainder", "relations"]}
         sft["data"]["generator"] |= {"levels": [1, 3], "count": 480}
         rl["data"] = {
             "generator": rl["data"]["generator"] | {"families": ["arithmetic", "relations"], "levels": [1, 3]}
         }
-        hard["data"]["generator"] |= {"families": ["arithmetic", "relations"], "levels": [2, 3]}
+        hard["data"]["generator"] |= {"families": ["arithmetic", "relations"], "digits": [3, 4], "levels": [2, 3]}
     elif variant != "chains":
         raise ValueError(f"unknown variant {variant!r}: choose from {', '.join(VARIANTS)}")
     for o in overrides:

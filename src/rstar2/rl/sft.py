@@ -16,6 +16,7 @@ from typing import Any
 
 from ..config import SFTConfig
 from ..jsonl import iter_jsonl
+from ..memory import trim_heap
 from . import distributed as D
 from .batch import Batch, collate, with_weights
 from .data import DataStream
@@ -122,6 +123,7 @@ class SFTTrainer:
             batch.weights.zero_()  # a stand-in row: this process still joins the collectives
         tokens_max, compute = cfg.optim.micro_batch_tokens, cfg.model.compute
         m = sft_step(self.run.learner, batch, tokens_max, cfg.optim.grad_clip, compute)
+        trim_heap()  # the step's logits and activations, freed: else each step's shapes grow the heap
         self.step_no += 1
         seconds = time.perf_counter() - t0
         m.update({"tokens_per_s": tokens / seconds, "time/step_s": seconds})
