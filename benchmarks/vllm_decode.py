@@ -101,7 +101,7 @@ async def vllm(model_dir: Path, batch, tokens: int, eager: bool, a) -> dict:
     t0 = time.perf_counter()
     log = Path(tempfile.mkdtemp()) / "vllm.log"
     options = {"cores": "0-1", "kv_cache_gib": 2, "dtype": "float32", "eager": eager}
-    with local_server(model_dir, log, **options) as url:
+    with local_server(model_dir, log, weights_from=[model_dir], **options) as url:
         start = time.perf_counter() - t0
         engine = await connect(url)
         try:

@@ -249,3 +249,46 @@ def verifier():
 
     with VerifierPool(2, timeout_s=10.0) as vpool:
         yield vpool
+
+
+# ------------------------------------------------------------------- every RL run the tests made
+def trained_tokens_out_of_bound(root: Path) -> list[str]:
+    """Every RL run under ``root`` (a ``metrics.jsonl`` beside its ``config.yaml``): a logged
+    ``staleness/*`` outside [0, k], or a kept rollout of step N with a model token whose version
+    was not reported or lies outside [N - 1 - k, N - 1]. What the trainer refuses, checked again
+    on what it wrote, over the whole suite's runs."""
+    import json
+
+    import yaml
+
+    bad = []
+    for metrics in root.rglob("metrics.jsonl"):
+        config = metrics.parent / "config.yaml"
+        if not config.exists():
+            continue
+        tree = yaml.safe_load(config.read_text()) or {}
+        if tree.get("kind") != "rl":
+            continue
+        k = (tree.get("asynchronous") or {}).get("max_staleness", 0)
+        for line in metrics.read_text().splitlines():
+            row = json.loads(line)
+            for key in ("staleness/mean", "staleness/max"):
+                if key in row and not 0 <= row[key] <= k:
+                    bad.append(f"{metrics}: step {row.get('step')} {key} {row[key]} outside [0, {k}]")
+        for samples in sorted((metrics.parent / "samples").glob("step_*.jsonl")):
+            step = int(samples.stem.split("_")[1])
+            for line in samples.read_text().splitlines():
+                t = json.loads(line)
+                if not (t.get("meta") or {}).get("roc", {}).get("kept"):
+                    continue
+                model = [v for v, m in zip(t["versions"], t["loss_mask"], strict=True) if m]
+                if any(v < 0 or not 0 <= step - 1 - v <= k for v in model):
+                    bad.append(f"{samples}: a trained token of version {sorted(set(model))}, k = {k}")
+    return bad
+
+
+@pytest.fixture(scope="session", autouse=True)
+def every_rl_run_trained_only_reported_versions_in_bound(tmp_path_factory):
+    yield
+    bad = trained_tokens_out_of_bound(tmp_path_factory.getbasetemp())
+    assert not bad, "\n".join(bad[:20])

@@ -11,7 +11,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "rstar2"
 MAP = (ROOT / "ARCHITECTURE.md").read_text()
-GROUND = {"config", "device", "problems", "gym", "jsonl", "memory", "importer", "local_service", "plots"}
+GROUND = {
+    "config",
+    "device",
+    "problems",
+    "gym",
+    "jsonl",
+    "memory",
+    "importer",
+    "local_service",
+    "plots",
+    "auth",
+}
 
 
 def _rooms() -> dict[str, set[str]]:

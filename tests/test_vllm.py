@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
+import re
 import subprocess
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import pytest
 import torch
 import yaml
 
+from rstar2.auth import KEY_ENV
 from rstar2.engines.base import SamplingParams
 from rstar2.engines.openai import ServerError
 from rstar2.engines.vllm_launch import installed, vllm_python
@@ -30,6 +33,7 @@ from .rl.test_scale_out import cli, ok, small_rl, write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 TOL = 1e-4  # nats: vLLM's log-prob of a sampled token against the trainer's, both in fp32
+KEY = "vllm-test-key"
 
 
 def need_vllm() -> None:
@@ -65,14 +69,38 @@ def model_dir(recipe_out) -> Path:
 
 
 @pytest.fixture(scope="module")
-def vllm(model_dir, tmp_path_factory):
-    """``rstar2 vllm`` on the tiny model, started as a user would; its log beside the test's files."""
+def api_key():
+    """The module's servers ask for a key; rstar2's clients here (and the CLI runs) send it from
+    ``$RSTAR2_API_KEY``."""
+    before = os.environ.get(KEY_ENV)
+    os.environ[KEY_ENV] = KEY
+    yield KEY
+    if before is None:
+        del os.environ[KEY_ENV]
+    else:
+        os.environ[KEY_ENV] = before
+
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def vllm(model_dir, tmp_path_factory, api_key):
+    """``rstar2 vllm`` on the tiny model, started as a user would, with an API key and the tests'
+    folders to load weights from; its log beside the test's files."""
     need_vllm()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path_factory.mktemp("vllm-log") / "server.log"
     args = ["vllm", "--model", str(model_dir), "--port", str(port), "--dtype", "float32", "--eager"]
-    args += ["--kv-cache-gib", "1"]
+    args += [
+        "--kv-cache-gib",
+        "1",
+        "--api-key",
+        api_key,
+        "--weights-from",
+        str(tmp_path_factory.getbasetemp()),
+    ]
     with log.open("wb") as fh:
         proc = subprocess.Popen(RSTAR2 + args, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
@@ -130,41 +158,58 @@ def test_vllm_samples_from_the_distribution_the_trainer_computes(vllm, model_dir
         assert float((torch.tensor(gen.logprobs) - mine).abs().max()) < TOL
 
 
+def generated_tokens(url: str) -> float:
+    """vLLM's count of tokens generated so far (its Prometheus counter)."""
+    found = re.search(
+        r"^vllm:generation_tokens_total\{[^}]*\} (\S+)$", httpx.get(url + "/metrics", headers=AUTH).text, re.M
+    )
+    return float(found.group(1)) if found else 0.0
+
+
 def test_new_weights_reach_vllm_in_place_mid_request_and_each_token_says_its_version(
     vllm, model_dir, tmp_path
 ):
+    """A load while a 400-token request decodes (after its first 20 tokens, counted by the server):
+    the request goes on, its tokens before the load are the old weights' and after it the new
+    weights' (log-probs of the request itself, against the trainer's on each side)."""
     new = perturbed(model_dir, tmp_path / "new", 0.05, seed=1)
+    prompt = [5, 6, 7, 8]
 
     async def main():
         engine = await connect(vllm)
         try:
             await engine.update_weights(str(model_dir), "", 1)
-            params = SamplingParams(max_new_tokens=400, temperature=1.0)
-            long = asyncio.create_task(engine.generate([5, 6, 7, 8], params))
-            while httpx.get(vllm + "/metrics").text.find("vllm:generation_tokens_total") < 0:
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.5)  # decoding
+            start = generated_tokens(vllm)
+            long = asyncio.create_task(
+                engine.generate(prompt, SamplingParams(max_new_tokens=400, temperature=1.0))
+            )
+            while generated_tokens(vllm) < start + 20:  # decoding: the load falls after its 20th token
+                assert not long.done()
+                await asyncio.sleep(0.02)
             answer = await engine.update_weights(str(new), "", 2)
-            gen = await long
-            probe = await engine.generate([5, 6, 7, 8], SamplingParams(max_new_tokens=16))
-            return answer, gen, probe
+            return answer, await long
         finally:
             await engine.close()
 
-    answer, gen, probe = asyncio.run(main())
+    answer, gen = asyncio.run(main())
     assert answer["weights_version"] == 2 and answer["parameters_written"] > 0
-    assert httpx.get(vllm + "/weight_info").json() == {"weight_version": "2"}
+    assert httpx.get(vllm + "/weight_info", headers=AUTH).json() == {"weight_version": "2"}
     v = gen.versions
-    assert len(v) == len(gen.token_ids) == 400 and v[0] == 1 and v[-1] == 2, (v[:3], v[-3:])
+    assert len(v) == len(gen.token_ids) == 400 and v[:20] == [1] * 20 and v[-1] == 2, (v[:3], v[-3:])
     assert v == sorted(v) and set(v) == {1, 2}  # neither lost nor restarted: 1s, then 2s
-    assert probe.versions == [2] * 16
-    mine = trainer_logprobs(new, [5, 6, 7, 8], probe.token_ids, 1.0)
-    assert float((torch.tensor(probe.logprobs) - mine).abs().max()) < TOL  # the new weights, every layer
+    switch = v.index(2)
+    old = trainer_logprobs(model_dir, prompt, gen.token_ids, 1.0)
+    now = trainer_logprobs(new, prompt, gen.token_ids, 1.0)  # every layer new, the whole context again
+    got = torch.tensor(gen.logprobs)
+    assert float((got[:switch] - old[:switch]).abs().max()) < TOL
+    assert float((got[switch:] - now[switch:]).abs().max()) < TOL
+    assert float((got[switch:] - old[switch:]).abs().max()) > 100 * TOL  # and the two do differ
 
 
-def test_a_load_of_other_sizes_or_with_a_tensor_left_out_is_refused_and_the_server_serves_on(
-    vllm, model_dir, tmp_path
-):
+def test_a_refused_load_serves_nothing_until_a_whole_load_succeeds(vllm, model_dir, tmp_path):
+    """A load of other sizes, or with a tensor left out, is refused; the server then stays paused (its
+    weights may be half written): a request sent meanwhile waits, and is answered by the next whole
+    load's weights, under its version."""
     from safetensors.torch import load_file, save_file
 
     partial = tmp_path / "partial"
@@ -186,25 +231,48 @@ def test_a_load_of_other_sizes_or_with_a_tensor_left_out_is_refused_and_the_serv
                 await engine.update_weights(str(other), "", 6)
             with pytest.raises(ServerError, match="not loaded") as refused:
                 await engine.update_weights(str(partial), "", 7)
+            waiting = asyncio.create_task(engine.generate([5, 6], SamplingParams(max_new_tokens=4)))
+            await asyncio.sleep(3)  # 4 tokens take milliseconds on a serving vLLM
+            assert not waiting.done(), "a request was served from half-loaded weights"
             await engine.update_weights(str(model_dir), "", 8)
-            return refused.value, await engine.generate([5, 6], SamplingParams(max_new_tokens=4))
+            return refused.value, await waiting
         finally:
             await engine.close()
 
     refused, gen = asyncio.run(main())
     assert "down_proj" in str(refused)
     assert gen.versions == [8] * 4
+    mine = trainer_logprobs(model_dir, [5, 6], gen.token_ids, 1.0)
+    assert float((torch.tensor(gen.logprobs) - mine).abs().max()) < TOL
+
+
+def test_vllm_refuses_a_stranger_and_a_folder_outside_its_own(vllm, model_dir, tmp_path_factory):
+    """Without the key, vLLM's development routes (load any folder, relabel the version) answer 401;
+    with it, ``rstar2_load`` still reads only under ``--weights-from``."""
+    load = {"method": "rstar2_load", "kwargs": {"folder": str(model_dir)}}
+    assert httpx.post(vllm + "/collective_rpc", json=load, timeout=60).status_code == 401
+    assert httpx.post(vllm + "/update_weight_version", json={"new_version": "99"}).status_code == 401
+    assert httpx.post(vllm + "/pause").status_code == 401
+    assert httpx.get(vllm + "/weight_info").status_code == 401
+    assert httpx.get(vllm + "/health").status_code == 200
+    outside = {"method": "rstar2_load", "kwargs": {"folder": "/etc"}}
+    answer = httpx.post(vllm + "/collective_rpc", json=outside, headers=AUTH, timeout=60).json()
+    assert "not under a folder this server loads weights from" in answer["results"][0]["error"]
+    assert httpx.get(vllm + "/weight_info", headers=AUTH).json()["weight_version"] != "99"
 
 
 def test_seeded_requests_never_take_vllm_on_a_cpu_down(vllm):
     """64 concurrent seeded requests of 80-token prompts kill vLLM's CPU engine when the seeds are
-    sent (`CPU Generator does not use offset`); the engine leaves them out there, and says so."""
+    sent (`CPU Generator does not use offset`); the engine leaves them out there, and says so; on a
+    GPU it sends them."""
     rng = random.Random(0)
+    info = httpx.get(vllm + "/server_info", params={"config_format": "json"}, headers=AUTH).json()
+    device = info["vllm_config"]["device_config"]["device"]
 
     async def main():
         engine = await connect(vllm)
         try:
-            assert engine.send_seed is False
+            assert engine.send_seed is (device != "cpu"), device
             prompts = [[rng.randrange(3, 300) for _ in range(80)] for _ in range(64)]
             return await asyncio.gather(
                 *(engine.generate(p, SamplingParams(max_new_tokens=8, seed=i)) for i, p in enumerate(prompts))
@@ -249,7 +317,7 @@ def test_rl_on_vllm_trains_only_its_own_policys_tokens(vllm, model_dir, problems
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["sync/logprob_diff"] < TOL for r in rows), [r["sync/logprob_diff"] for r in rows]
     assert_versions_in_bound(run_dir, k)
-    assert httpx.get(vllm + "/weight_info").json() == {"weight_version": "3"}
+    assert httpx.get(vllm + "/weight_info", headers=AUTH).json() == {"weight_version": "3"}
     final = run_dir / "checkpoints" / "step-000003"
 
     async def probe():
@@ -264,7 +332,7 @@ def test_rl_on_vllm_trains_only_its_own_policys_tokens(vllm, model_dir, problems
     assert float((torch.tensor(gen.logprobs) - mine).abs().max()) < TOL
 
 
-def test_a_miniature_recipe_on_a_vllm_it_starts(model_dir, recipe_out, tmp_path):
+def test_a_miniature_recipe_on_a_vllm_it_starts(model_dir, recipe_out, tmp_path, api_key):
     """`vllm:` in a recipe: the run starts `rstar2 vllm` on its starting model, samples every
     filter, evaluation and RL stage there (each stage's model loaded in place first) and stops it."""
     from typer.testing import CliRunner
@@ -287,6 +355,13 @@ def test_a_miniature_recipe_on_a_vllm_it_starts(model_dir, recipe_out, tmp_path)
     files = recipe_out.glob("*/**/trajectories.jsonl")
     engines = {json.loads(x)["turns"][0]["engine"] for f in files for x in f.read_text().splitlines()}
     assert len(engines) == 1 and next(iter(engines)).startswith("http://127.0.0.1:")
-    assert "Starting vLLM server" in (recipe_out / "vllm.log").read_text()
+    log = (recipe_out / "vllm.log").read_text()
+    assert "Starting vLLM server" in log
+    # each stage's starting model loaded before it sampled: the start's, then SFT's, then rl-64's own
+    loads = re.findall(r"\[rstar2\] loaded (\S+): \d+ parameters", log)
+    stages = [next((s for s in ("01-sft", "02-rl-64") if s in f), "start") for f in loads]
+    assert stages[0] == "start" and "model-init" in loads[0], loads
+    assert stages == sorted(stages, key=["start", "01-sft", "02-rl-64"].index), loads
+    assert {"01-sft", "02-rl-64"} <= set(stages), loads
     with pytest.raises(httpx.HTTPError):  # stopped with the run
         httpx.get(next(iter(engines)) + "/health", timeout=5)

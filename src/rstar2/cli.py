@@ -122,6 +122,40 @@ def rollout_settings(args: dict, preset: dict):
         raise typer.BadParameter(str(exc)) from None
 
 
+API_KEY = typer.Option(
+    None,
+    "--api-key",
+    help="Callers must send it as 'Authorization: Bearer KEY' (default: $RSTAR2_API_KEY; none: open).",
+    show_default=False,
+)
+WEIGHTS_FROM = typer.Option(
+    [],
+    "--weights-from",
+    help="A folder weight loads may come from (the trainer's run folders); repeat. None: no loads.",
+)
+
+
+def service_key(api_key: str | None, host: str, what: str) -> str | None:
+    """The key a service requires, and a warning when it binds a routable address without one."""
+    from .auth import exposed_warning
+    from .auth import service_key as resolve
+
+    key = resolve(api_key)
+    warning = exposed_warning(host, key, what)
+    if warning:
+        console.print(f"[yellow][rstar2] {warning}[/yellow]")
+    return key
+
+
+def weights_roots(folders: list[Path]) -> list[Path]:
+    from .auth import weights_roots as resolve
+
+    try:
+        return resolve(folders)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 @app.command("serve")
 def serve(
     model: Path = typer.Option(..., "--model", help=MODEL_HELP),
@@ -143,14 +177,23 @@ def serve(
         help=f"Of those, KV tokens kept for a conversation's next turn (default: {KEEP_HELP}; 0: none); "
         "the rest is what the server reports to the kv scheduler.",
     ),
+    api_key: str | None = API_KEY,
+    weights_from: list[Path] = WEIGHTS_FROM,
 ) -> None:
-    """Serve a model over an OpenAI-compatible API (/v1/completions, /v1/chat/completions)."""
+    """Serve a model over an OpenAI-compatible API (/v1/completions, /v1/chat/completions), and load
+    a trainer's new weights in place (/update_weights_from_disk) from the --weights-from folders."""
     from .engines.server import serve as serve_model
 
     if not model.is_dir():
         raise typer.BadParameter(f"--model {model}: no such directory")
     sizes = {"max_batch_size": max_batch_size, "capacity_tokens": capacity_tokens, "keep_tokens": keep_tokens}
-    serve_model(model, host, port, name=name, device=device, dtype=dtype, log=console.print, **sizes)
+    access = {
+        "api_key": service_key(api_key, host, "rstar2 serve"),
+        "weights_from": weights_roots(weights_from),
+    }
+    serve_model(
+        model, host, port, name=name, device=device, dtype=dtype, log=console.print, **access, **sizes
+    )
 
 
 @app.command("vllm", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -169,6 +212,8 @@ def vllm_cmd(
     python: str | None = typer.Option(
         None, help="The Python of vLLM's environment (default: $RSTAR2_VLLM_PYTHON, else .venv-vllm)."
     ),
+    api_key: str | None = API_KEY,
+    weights_from: list[Path] = WEIGHTS_FROM,
 ) -> None:
     """Start a vLLM server ready for rstar2: in-place weight loads, each token's weight version, the
     sampled distribution's log-probs, priority scheduling. Arguments after -- go to vLLM."""
@@ -191,8 +236,12 @@ def vllm_cmd(
         eager=eager,
         extra=tuple(ctx.args),
     )
+    access = {
+        "api_key": service_key(api_key, host, "rstar2 vllm"),
+        "weights_from": weights_roots(weights_from),
+    }
     console.print(f"[rstar2] {' '.join(args)}")
-    os.execve(exe, args, launch.environment(cores, kv_cache_gib))  # signals reach vLLM itself
+    os.execve(exe, args, launch.environment(cores, kv_cache_gib, **access))  # signals reach vLLM itself
 
 
 @app.command("chat")

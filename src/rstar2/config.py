@@ -134,6 +134,9 @@ class SchedulerSection(_Section):
     policy: Literal["kv", "least_requests", "static"] = "kv"
     grant_tokens: int | None = None  # kv: new tokens per admitted request (None: 512 or capacity/64)
     retries: int = Field(2, ge=0)  # a turn whose engine failed is retried on another
+    # RL: a failed engine is out until it holds the current weights again (loaded by the trainer,
+    # tried with back-off); after this long it is out for good, and with none left the step stops
+    revive_for_s: float = Field(600.0, gt=0)
 
 
 class AsyncSection(_Section):

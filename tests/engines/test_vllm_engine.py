@@ -44,3 +44,80 @@ def test_an_answer_without_a_log_prob_a_token_or_that_was_aborted_is_an_error():
         engine.parse({**good, "logprobs": {"content": [{"logprob": -1.0}]}})
     with pytest.raises(ServerError, match="abort"):
         engine.parse({**good, "finish_reason": "abort"})
+
+
+def vllm_answering(config: dict, routes: dict | None = None) -> tuple[VLLMEngine, list[str]]:
+    """A ``VLLMEngine`` over a stand-in server: ``/server_info`` answers ``config``, ``routes`` the
+    rest (path -> JSON); the paths asked, in order."""
+    import httpx
+
+    asked: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        if request.url.path == "/server_info":
+            return httpx.Response(200, json={"vllm_config": config})
+        if request.url.path in (routes or {}):
+            return httpx.Response(200, json=routes[request.url.path])
+        return httpx.Response(404, json={})
+
+    engine = VLLMEngine("http://vllm:8000")
+    engine._client = httpx.AsyncClient(base_url=engine.base_url, transport=httpx.MockTransport(handler))
+    return engine, asked
+
+
+async def test_more_than_one_worker_is_refused_at_connect():
+    """rstar2's checked in-place load counts one worker's parameters and zeros: under tensor or
+    pipeline parallelism each worker holds a shard, so such a server is refused, saying why."""
+    for parallel in ({"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}):
+        engine, _ = vllm_answering({"parallel_config": parallel, "device_config": {"device": "cuda"}})
+        with pytest.raises(ServerError, match="runs 2 workers"):
+            await engine.probe_capacity()
+        await engine.close()
+    engine, _ = vllm_answering(
+        {"parallel_config": {"tensor_parallel_size": 1}, "device_config": {"device": "cuda"}}
+    )
+    await engine.probe_capacity()
+    assert engine.send_seed and engine.version_source == "tokens"  # seeds go to a GPU server
+    await engine.close()
+
+
+async def test_a_failed_load_leaves_the_server_paused_under_no_version():
+    """Paused first, relabelled "loading" (no number: nothing it decodes meanwhile trains), then
+    loaded; a worker that says a parameter was left out ends it there: no new version, no resume."""
+    half = {
+        "missing": ["model.layers.0.mlp.down_proj.weight"],
+        "unwritten": [],
+        "zero_in_folder": 0,
+        "parameters": 9,
+    }
+    routes = {"/pause": {}, "/update_weight_version": {}, "/collective_rpc": {"results": [half]}}
+    engine, asked = vllm_answering({}, routes)
+    with pytest.raises(ServerError, match="parameters not loaded"):
+        await engine.update_weights("/runs/r/weights-latest", "", 4)
+    assert asked == ["/pause", "/update_weight_version", "/collective_rpc"]
+    whole = {"missing": [], "unwritten": [], "zero_in_folder": 0, "parameters": 9}
+    routes |= {"/collective_rpc": {"results": [whole]}, "/reset_prefix_cache": {"success": True}}
+    routes |= {"/resume": {}, "/weight_info": {"weight_version": "4"}}
+    engine, asked = vllm_answering({}, routes)
+    assert await engine.update_weights("/runs/r/weights-latest", "", 4) == {
+        "weights_version": 4,
+        "parameters_written": 9,
+    }
+    assert asked[-3:] == ["/reset_prefix_cache", "/resume", "/weight_info"]
+    await engine.close()
+
+
+def test_a_recipes_vllm_on_a_gpu_takes_a_memory_share_and_the_models_dtype(tmp_path):
+    from rstar2.engines.vllm_launch import local_command
+
+    gpu = local_command(tmp_path, 8000, gpu=True, weights_from=[tmp_path])
+    assert gpu[gpu.index("--dtype") + 1] == "auto"
+    assert gpu[gpu.index("--") :] == ["--", "--gpu-memory-utilization", "0.4"]
+    cpu = local_command(tmp_path, 8000, gpu=False, weights_from=[tmp_path], cores="1")
+    assert cpu[cpu.index("--dtype") + 1] == "float32" and "--gpu-memory-utilization" not in cpu
+    assert cpu[cpu.index("--weights-from") + 1] == str(tmp_path)
+    shared = local_command(
+        tmp_path, 8000, gpu=True, weights_from=[tmp_path], gpu_share=0.25, dtype="bfloat16"
+    )
+    assert shared[shared.index("--dtype") + 1] == "bfloat16" and shared[-1] == "0.25"

@@ -222,7 +222,8 @@ def test_a_miniature_recipe_on_a_remote_engine(tmp_path):
     init = prepare_model(parse_recipe(tree), out)  # the server needs the recipe's architecture
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = start_cli(["serve", "--model", str(init), "--port", str(port), "--device", "cpu"])
+    args = ["serve", "--model", str(init), "--port", str(port), "--device", "cpu"]
+    server = start_cli([*args, "--weights-from", str(tmp_path)])
     try:
         wait_http(url, server)
         tree["servers"] = [url]

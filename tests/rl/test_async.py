@@ -41,15 +41,20 @@ def _config(tiny_dir, root, out, steps=3, **rollout):
 
 
 def assert_versions_in_bound(run: Path, k: int) -> None:
-    """Every logged step's staleness in [0, k] (logged when k > 0), and every sampled model token's version in
-    [step - 1 - k, step - 1] (the trainer refuses a step otherwise; this reads what it trained)."""
+    """Every logged step's staleness in [0, k] (logged when k > 0), and every sampled model token's version
+    reported (>= 0) and in [step - 1 - k, step - 1] (the trainer refuses a step otherwise; this reads
+    what it trained)."""
     rows = read_metrics(run / "metrics.jsonl")
     assert rows and all(0 <= r["staleness/mean"] <= r["staleness/max"] <= k for r in rows if k), rows
     for r in rows:
         lines = (run / "samples" / f"step_{r['step']:06d}.jsonl").read_text().splitlines()
         for t in map(json.loads, lines):
             model = [v for v, m in zip(t["versions"], t["loss_mask"], strict=True) if m]
-            assert model and all(0 <= r["step"] - 1 - v <= k for v in model), (run, r["step"], model)
+            assert model and all(v >= 0 and 0 <= r["step"] - 1 - v <= k for v in model), (
+                run,
+                r["step"],
+                model,
+            )
 
 
 def _train(cfg, trainer=RLTrainer, resume=False):

@@ -28,14 +28,18 @@ from .test_async import assert_versions_in_bound
 from .test_trainer import FP32, place, rl_config
 
 _PATH = os.pathsep.join(p for p in (str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")) if p)
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": _PATH}
+
+
+def env() -> dict[str, str]:
+    """The CLI's environment: this process's as it is now (a test's API key, for one), one thread."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": _PATH}
 
 
 def cli(args: list[str], timeout: float = 600, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "rstar2", *args],
         cwd=cwd,
-        env=ENV,
+        env=env(),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -45,7 +49,7 @@ def cli(args: list[str], timeout: float = 600, cwd: Path = ROOT) -> subprocess.C
 def torchrun(n: int, args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
     return subprocess.run(
-        [*cmd, "-m", "rstar2", *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout
+        [*cmd, "-m", "rstar2", *args], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -97,11 +101,13 @@ def other_weights(tiny, tmp_path_factory) -> Path:
     return folder
 
 
-def serve_tiny(model_dir: Path):
-    """``rstar2 serve`` on ``model_dir`` in its own process: yields its URL, stops it after."""
+def serve_tiny(model_dir: Path, weights_from: Path):
+    """``rstar2 serve`` on ``model_dir`` in its own process, loading weights from under
+    ``weights_from``: yields its URL, stops it after."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_cli(["serve", "--model", str(model_dir), "--port", str(port), "--device", "cpu"], env=ENV)
+    args = ["serve", "--model", str(model_dir), "--port", str(port), "--device", "cpu"]
+    proc = start_cli([*args, "--weights-from", str(weights_from)], env=env())
     try:
         wait_http(url, proc)
         yield url
@@ -110,8 +116,8 @@ def serve_tiny(model_dir: Path):
 
 
 @pytest.fixture
-def served(other_weights):
-    yield from serve_tiny(other_weights)
+def served(other_weights, tmp_path_factory):
+    yield from serve_tiny(other_weights, tmp_path_factory.getbasetemp())
 
 
 @pytest.mark.slow
@@ -139,8 +145,8 @@ def test_rl_on_a_served_engine_keeps_the_server_on_the_trainers_weights(served, 
 
 
 @pytest.fixture
-def second_server(other_weights):
-    yield from serve_tiny(other_weights)
+def second_server(other_weights, tmp_path_factory):
+    yield from serve_tiny(other_weights, tmp_path_factory.getbasetemp())
 
 
 @pytest.mark.slow
@@ -184,9 +190,10 @@ def test_a_versioned_weight_update_reaches_two_served_engines_mid_generation(
     for u, choice in zip(urls, choices, strict=True):
         versions = choice["token_versions"]
         assert len(choice["token_ids"]) == len(versions) == 1500, u
-        assert versions[0] == 0 and versions[-1] == 5, (u, versions[:3], versions[-3:])
+        # before the first load a server says no version (-1: what it serves is not a trainer's)
+        assert versions[0] == -1 and versions[-1] == 5, (u, versions[:3], versions[-3:])
         first_new = versions.index(5)
-        assert set(versions[:first_new]) == {0} and set(versions[first_new:]) == {5}, u
+        assert set(versions[:first_new]) == {-1} and set(versions[first_new:]) == {5}, u
         info = httpx.get(u + "/get_server_info").json()
         assert info["weights_version"] == info["engine"]["policy_version"] == 5 and info["weights_loads"] == 1
 
@@ -248,6 +255,110 @@ def test_runs_on_one_server_holding_other_weights_train_only_their_own_policys_t
     info = httpx.get(served + "/get_server_info").json()
     assert info["weights_version"] == 2
     assert info["weights_fingerprint"] == pytest.approx(weights_fingerprint(final_weights(second)), rel=1e-12)
+
+
+class RestartableServer:
+    """``rstar2 serve`` on a fixed port that a test kills (SIGKILL: a crash) and starts again, as a
+    process manager would: it comes back on its starting weights and says no version."""
+
+    def __init__(self, model_dir: Path, weights_from: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = ["serve", "--model", str(model_dir), "--port", str(self.port), "--device", "cpu"]
+        self.args += ["--weights-from", str(weights_from)]
+        self.proc = None
+        self.start()
+
+    def start(self) -> None:
+        self.proc = start_cli(self.args, env=env())
+        wait_http(self.url, self.proc)
+
+    def crash_while_sampling(self, run: Path, after_step: int, timeout: float = 300) -> None:
+        """Kill it once the run has logged ``after_step`` and the next step's rollouts are on it."""
+        deadline = time.monotonic() + timeout
+        metrics = run / "metrics.jsonl"
+        while not (metrics.exists() and len(read_metrics(metrics)) >= after_step):
+            assert time.monotonic() < deadline, "the run never reached the step"
+            time.sleep(0.05)
+        while httpx.get(self.url + "/health").json()["in_flight"] == 0:
+            assert time.monotonic() < deadline, "no rollout reached the server"
+            time.sleep(0.005)
+        self.proc.kill()
+        self.proc.wait()
+
+
+def train_in_background(config: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rstar2", "train", str(config)],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def long_rollouts(tree: dict) -> dict:
+    """Rollouts of 48 tokens (the server decodes a while: a crash falls mid-step), a publish that
+    waits through a server's restart (5 retries, 31 s)."""
+    tree["rollout"]["max_response_tokens"] = 48
+    tree["rollout"]["engine"]["reload_retries"] = 5
+    return tree
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_server_restarted_mid_run_serves_again_only_once_it_holds_the_trainers_weights(
+    other_weights, tiny_dir, problems, tmp_path, tmp_path_factory
+):
+    """The server crashes while it samples step 2 and comes back on its starting weights (other
+    than the run's), labelled with no version: its tokens are never trained on; the trainer loads
+    its current weights into it, checked, before it serves the run again; the run goes on."""
+    server = RestartableServer(other_weights, tmp_path_factory.getbasetemp())
+    out = tmp_path / "run"
+    tree = long_rollouts(small_rl(tiny_dir, problems, out, steps=4, servers=[server.url]))
+    train = train_in_background(write_config(tree, tmp_path / "rl.yaml"))
+    try:
+        server.crash_while_sampling(out, after_step=1)
+        server.start()
+        _, err = train.communicate(timeout=600)
+        info = httpx.get(server.url + "/get_server_info").json()
+    finally:
+        train.kill()
+        stop(server.proc)
+    assert train.returncode == 0, err[-3000:]
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert_versions_in_bound(out, k=0)  # no token without a reported version, none but the trainer's
+    said = " ".join(err.split())
+    assert f"engine {server.url} failed" in said and f"engine {server.url} is back" in said, said[-3000:]
+    # since its restart it loaded the trainer's weights (the revival, then each publish) and holds the last
+    assert info["weights_version"] == 4 and info["weights_loads"] >= 2
+    assert info["weights_fingerprint"] == pytest.approx(weights_fingerprint(final_weights(out)), rel=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_server_that_dies_for_good_stops_the_step_saying_which(
+    other_weights, tiny_dir, problems, tmp_path, tmp_path_factory
+):
+    """Its rollouts are neither dropped nor trained on short: the step stops, naming the server."""
+    server = RestartableServer(other_weights, tmp_path_factory.getbasetemp())
+    out = tmp_path / "run"
+    tree = long_rollouts(small_rl(tiny_dir, problems, out, steps=3, servers=[server.url]))
+    tree["rollout"]["engine"]["reload_retries"] = 0
+    tree["rollout"]["scheduler"] = {"revive_for_s": 3}
+    train = train_in_background(write_config(tree, tmp_path / "rl.yaml"))
+    try:
+        server.crash_while_sampling(out, after_step=1)
+        _, err = train.communicate(timeout=600)
+    finally:
+        train.kill()
+        stop(server.proc)
+    assert train.returncode == 1, err[-3000:]
+    said = " ".join(err.split())
+    assert "RL step 2 failed" in said and server.url in said, said[-3000:]
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1]
+    assert not (out / "samples" / "step_000002.jsonl").exists()
 
 
 @pytest.mark.slow
@@ -380,9 +491,9 @@ def test_rl_on_the_remote_code_environment(tool_caller, problems, tmp_path, mode
         if mode == "redis":  # the service enqueues to Redis; a worker node runs the calls
             serve += ["--redis", redis_server.url]
             procs.append(
-                start_cli(["sandbox", "worker", "--redis", redis_server.url, "--workers", "1"], env=ENV)
+                start_cli(["sandbox", "worker", "--redis", redis_server.url, "--workers", "1"], env=env())
             )
-        procs.append(start_cli(serve, env=ENV))
+        procs.append(start_cli(serve, env=env()))
         wait_http(url, procs[-1])
         out = tmp_path / "run"
         tree = small_rl(

@@ -18,9 +18,10 @@ from ..conftest import ROOT, RSTAR2, free_port, start_cli, stop, wait_http
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dir):
+def server(tiny_dir, tmp_path_factory):
     port = free_port()
-    proc = start_cli(["serve", "--model", str(tiny_dir), "--port", str(port), "--max-batch-size", "8"])
+    args = ["serve", "--model", str(tiny_dir), "--port", str(port), "--max-batch-size", "8"]
+    proc = start_cli([*args, "--weights-from", str(tmp_path_factory.getbasetemp())])
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http(url, proc, timeout=180)
@@ -208,7 +209,7 @@ def test_rstar2_serve_bans_what_logit_bias_bans_and_refuses_what_it_cannot_honou
     r = httpx.post(server + "/update_weights_from_disk", json=load, timeout=60)
     assert r.status_code == 400 and "nothing was loaded" in r.text
     after = httpx.get(server + "/get_server_info").json()
-    assert after["weights_version"] == before["weights_version"] == 0
+    assert after["weights_version"] == before["weights_version"] == -1  # none loaded yet
     assert after["weights_fingerprint"] == before["weights_fingerprint"]
 
 

@@ -48,11 +48,19 @@ class Generation:
     versions: list[int] | None = None  # the policy version that sampled each token, where known
 
 
+class UnversionedTokens(RuntimeError):
+    """An engine sampled tokens without saying which policy version sampled them (a restarted
+    server says none until the trainer has loaded its weights): they are never trained on."""
+
+
 @runtime_checkable
 class Engine(Protocol):
     name: str
     capacity_tokens: int  # KV-cache tokens the engine can hold at once (capacity-aware scheduling)
     in_flight: int  # requests accepted and not yet answered
+    # how it tells which policy version sampled a token: "tokens" (each token's), "stated" (the
+    # version it holds, asked before and after a request), None (it cannot: never trained on)
+    version_source: str | None
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
 

@@ -39,6 +39,8 @@ def weights_stamp(model: Any) -> int:
 class HFEngine:
     """A transformers causal LM behind the ``LocalEngine`` protocol."""
 
+    version_source = "tokens"  # each token says which policy version sampled it
+
     gather_s = 0.01  # seconds of quiet that end a burst of arrivals (``_admit``)
 
     def __init__(

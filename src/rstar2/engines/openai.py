@@ -11,11 +11,18 @@ from typing import Any
 
 import httpx
 
+from ..auth import client_headers
 from .base import Generation, SamplingParams
 
 
 class ServerError(RuntimeError):
     pass
+
+
+def stated_number(value: Any) -> int | None:
+    """A version label as a policy version (a count of updates), or None (``default``, missing)."""
+    text = str(value) if value is not None else ""
+    return int(text) if text.isdigit() else None
 
 
 DEFAULT_CAPACITY_TOKENS = 1 << 20  # when neither the config nor the server says
@@ -80,6 +87,7 @@ class OpenAIEngine:
         capacity_tokens: int | None = None,
         timeout_s: float = 600.0,
         retries: int = 3,
+        api_key: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.model = model
@@ -88,8 +96,15 @@ class OpenAIEngine:
         self.capacity_source = "config" if capacity_tokens else "default"
         self.prefix_cache = True  # vLLM and SGLang reuse a prompt's cached prefix
         self.retries = retries
-        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s)
+        # the server's API key ($RSTAR2_API_KEY unless given) on every request
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url, timeout=timeout_s, headers=client_headers(api_key)
+        )
         self.in_flight = 0
+        # how the server tells which policy sampled a token (set by probe_capacity): "tokens" (each
+        # token's, rstar2 serve and vLLM), "stated" (the version it holds, asked before and after
+        # each request: SGLang's /get_weight_version), or None (it cannot tell)
+        self.version_source: str | None = None
         self.send_priority = False  # SamplingParams.priority sent (set by probe_capacity)
         self.send_seed = True  # SamplingParams.seed sent (VLLMEngine: not to a CPU server)
 
@@ -97,10 +112,14 @@ class OpenAIEngine:
         """The server's KV capacity in tokens, unless the config set one: SGLang's (and ``rstar2
         serve``'s) ``/get_server_info``, else vLLM's ``/metrics``, else the default
         (``capacity_source`` says which); and whether it takes ``SamplingParams.priority``."""
-        info = await get_object(self._client, "/get_server_info") or {}
+        info = await self._server_info()
         # rstar2 serve orders its queue by priority; vLLM refuses one unless started with
         # --scheduling-policy priority, so it is sent only where the server says it is ours
         self.send_priority = "engine" in info
+        stated = await get_object(self._client, "/get_weight_version") or {}
+        self.version_source = (
+            "tokens" if "engine" in info else "stated" if "weight_version" in stated else None
+        )
         if self.capacity_source != "default":
             return self.capacity_tokens
         try:
@@ -114,6 +133,27 @@ class OpenAIEngine:
         except (httpx.HTTPError, ValueError):
             pass
         return self.capacity_tokens
+
+    async def _server_info(self) -> dict[str, Any]:
+        """SGLang's (and ``rstar2 serve``'s) ``/get_server_info``; a refused key is an error."""
+        try:
+            resp = await self._client.get("/get_server_info")
+        except httpx.HTTPError:
+            return {}
+        if resp.status_code == 401:
+            raise ServerError(
+                f"{self.base_url} refused rstar2's request (401): set $RSTAR2_API_KEY to the server's API key"
+            )
+        try:
+            found = resp.json() if resp.status_code == 200 else None
+        except ValueError:
+            return {}
+        return found if isinstance(found, dict) else {}
+
+    async def _stated(self) -> int | None:
+        """The policy version the server says it holds now (SGLang's ``/get_weight_version``)."""
+        found = await get_object(self._client, "/get_weight_version")
+        return stated_number((found or {}).get("weight_version"))
 
     async def _model(self) -> str:
         if self.model is None:
@@ -156,8 +196,13 @@ class OpenAIEngine:
         self.in_flight += 1
         try:
             body = self.body(prompt_ids, params, await self._model())
+            before = await self._stated() if self.version_source == "stated" else None
             answer = await self._call("POST", self.path, json=body, retries=self.retries)
-            return self.parse(answer["choices"][0])
+            gen = self.parse(answer["choices"][0])
+            if self.version_source == "stated":  # one version for every token, only if it held throughout
+                after = await self._stated()
+                gen.versions = [before if before is not None and before == after else -1] * len(gen.token_ids)
+            return gen
         finally:
             self.in_flight -= 1
 

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..auth import FolderRefused, allowed_folder, key_guard
 from ..chat.format import end_of_turn_ids, ensure_chat_template
 from ..chat.tags import TOOL_CALL_OPEN
 from ..chat.tools import ToolCall, parse_tool_calls
@@ -81,11 +82,15 @@ def banned_ids(logit_bias: dict[str, float] | None, vocab: int) -> tuple[int, ..
 
 
 class Served:
-    """What every route shares: the engine, its tokenizer and name, and the weights it holds."""
+    """What every route shares: the engine, its tokenizer and name, the weights it holds, and the
+    folders it may load weights from."""
 
-    def __init__(self, engine: HFEngine, tokenizer: Any, model_name: str) -> None:
+    def __init__(
+        self, engine: HFEngine, tokenizer: Any, model_name: str, weights_from: list[Path] | None = None
+    ) -> None:
         ensure_chat_template(tokenizer)
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
+        self.weights_from = list(weights_from or [])
         self.default_stops = end_of_turn_ids(tokenizer)
         self.dtype = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
         # loads so far, the last one's folder, the tensors it named and their fingerprint (None: not yet)
@@ -109,10 +114,15 @@ class Served:
 
     async def load(self, folder: str, version: str | None) -> int:
         """The safetensors of ``folder`` written into the model as policy ``version``; how many
-        tensors. A folder that does not fit changes nothing (400); a load that fails half way (500)
-        leaves the engine refusing requests until one succeeds."""
+        tensors. A folder outside ``--weights-from`` is refused before anything is read (403); one
+        whose tensors do not fit, from their headers, before their data is (400); a load that fails
+        half way (500) leaves the engine refusing requests until one succeeds."""
         from safetensors.torch import load_file
 
+        try:
+            folder = str(allowed_folder(folder, self.weights_from))
+        except FolderRefused as exc:
+            raise HTTPException(403, str(exc)) from exc
         if not (version or "").isdigit():
             raise HTTPException(
                 400,
@@ -122,6 +132,11 @@ class Served:
         files = sorted(Path(folder).glob("*.safetensors"))
         if not files:
             raise HTTPException(400, f"no *.safetensors files in {folder}")
+        misfits = await asyncio.to_thread(self.misfits, files)
+        if misfits:
+            raise HTTPException(
+                400, f"{folder}: tensors that do not fit the served model: {misfits[:5]}; nothing was loaded"
+            )
         state: dict[str, Any] = {}
         for f in files:
             state.update(await asyncio.to_thread(load_file, str(f)))
@@ -134,6 +149,23 @@ class Served:
             raise HTTPException(500, f"{folder}: {exc}") from exc
         self.weights.update(loads=self.weights["loads"] + 1, path=folder, fingerprint=None, keys=list(state))
         return len(state)
+
+    def misfits(self, files: list[Path]) -> list[str]:
+        """The tensors of ``files`` the model has not, or has in another shape (read from the files'
+        headers only)."""
+        from safetensors import safe_open
+
+        held = {k: tuple(v.shape) for k, v in self.engine.model.state_dict().items()}
+        out = []
+        for f in files:
+            with safe_open(str(f), framework="pt") as fh:
+                for key in fh.keys():
+                    shape = tuple(fh.get_slice(key).get_shape())
+                    if held.get(key) != shape:
+                        out.append(
+                            f"{key} {list(shape)} (served: {list(held[key]) if key in held else 'none'})"
+                        )
+        return out
 
     def params(self, req: _Sampling, i: int) -> SamplingParams:
         stops = () if req.ignore_eos else self.default_stops
@@ -307,9 +339,19 @@ def _assistant_message(content: str, tools: tuple[str, ...]) -> tuple[dict[str, 
     return message, "tool_calls"
 
 
-def create_app(engine: HFEngine, tokenizer: Any, model_name: str) -> FastAPI:
-    served = Served(engine, tokenizer, model_name)
+def create_app(
+    engine: HFEngine,
+    tokenizer: Any,
+    model_name: str,
+    *,
+    api_key: str | None = None,
+    weights_from: list[Path] | None = None,
+) -> FastAPI:
+    """The server's routes over ``engine``; with ``api_key``, only for callers that send it; weight
+    loads only from under ``weights_from``."""
+    served = Served(engine, tokenizer, model_name, weights_from)
     app = FastAPI(title="rstar2 serve", version="1")
+    app.middleware("http")(key_guard(api_key))
     for routes in (server_routes, completion_routes, chat_routes):
         app.include_router(routes(served))
     return app
@@ -324,6 +366,8 @@ def serve(
     device: str,
     dtype: str,
     log: Any = print,
+    api_key: str | None = None,
+    weights_from: list[Path] | None = None,
     **sizes: Any,
 ) -> None:
     """``rstar2 serve``: the model in an ``HFEngine`` (``sizes``: its batch and KV budget), served."""
@@ -331,7 +375,11 @@ def serve(
     from transformers import AutoTokenizer
 
     engine = HFEngine.from_pretrained(model_dir, device=device, dtype=dtype, **sizes)
+    # no policy version until a trainer loads its weights: what it samples before is never trained on
+    # (a server restarted mid-run serves its starting weights, not the trainer's)
+    engine.version = -1
     model_name = name or model_dir.name
     log(f"serving {model_name} on http://{host}:{port}/v1 ({engine.model.device})")
-    app = create_app(engine, AutoTokenizer.from_pretrained(str(model_dir)), model_name)
+    access = {"api_key": api_key, "weights_from": weights_from}
+    app = create_app(engine, AutoTokenizer.from_pretrained(str(model_dir)), model_name, **access)
     uvicorn.run(app, host=host, port=port, log_level="warning")

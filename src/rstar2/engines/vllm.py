@@ -14,8 +14,9 @@ from typing import Any
 
 import httpx
 
+from ..auth import client_headers
 from .base import Generation, SamplingParams
-from .openai import OpenAIEngine, ServerError, get_object
+from .openai import OpenAIEngine, ServerError, get_object, stated_number
 
 GENERATE = "/inference/v1/generate"
 HOW_TO_START = (
@@ -32,7 +33,9 @@ async def vllm_config(client: httpx.AsyncClient) -> dict[str, Any] | None:
 
 async def is_vllm(url: str) -> bool:
     """Whether the server at ``url`` is a vLLM in development mode (as ``rstar2 vllm`` starts it)."""
-    async with httpx.AsyncClient(base_url=url.rstrip("/").removesuffix("/v1")) as client:
+    async with httpx.AsyncClient(
+        base_url=url.rstrip("/").removesuffix("/v1"), headers=client_headers()
+    ) as client:
         return await vllm_config(client) is not None
 
 
@@ -43,9 +46,9 @@ def token_versions(spans: Any, n: int) -> list[int] | None:
         return None
     versions = [-1] * n
     for span in spans:
-        label = str(span.get("version", ""))
+        version = stated_number(span.get("version"))
         for i in range(max(0, int(span["start"])), min(n, int(span["end"]))):
-            versions[i] = int(label) if label.isdigit() else -1
+            versions[i] = -1 if version is None else version
     return versions
 
 
@@ -61,6 +64,16 @@ class VLLMEngine(OpenAIEngine):
         config = await vllm_config(self._client)
         if config is None:
             raise ServerError(f"{self.base_url} answers no /server_info: {HOW_TO_START}")
+        parallel = config.get("parallel_config") or {}
+        workers = int(parallel.get("tensor_parallel_size") or 1) * int(
+            parallel.get("pipeline_parallel_size") or 1
+        )
+        if workers > 1:  # each worker would answer for its shard: counts and zero checks per shard, untested
+            raise ServerError(
+                f"{self.base_url} runs {workers} workers (tensor or pipeline parallel): rstar2's checked "
+                "in-place weight load is made for one; serve one model per GPU and list each server"
+            )
+        self.version_source = "tokens"  # each token's weight version, in spans
         cache = config.get("cache_config") or {}
         if self.capacity_source == "default" and cache.get("num_gpu_blocks"):
             self.capacity_tokens = int(cache["num_gpu_blocks"]) * int(cache["block_size"])
@@ -98,33 +111,34 @@ class VLLMEngine(OpenAIEngine):
 
     async def update_weights(self, model_dir: str, endpoint: str, version: int) -> dict[str, Any]:
         """Load ``model_dir`` in place as policy ``version`` (``endpoint``, SGLang's route, goes
-        unused); a load that left a parameter unwritten, or any refused step, is a ``ServerError``,
-        and the server is resumed either way."""
+        unused); a load that left a parameter unwritten, or any refused step, is a ``ServerError``.
+        The server resumes only after a whole load: after a failed one it stays paused (its weights
+        may be half written; requests wait) until a later load succeeds, or the run stops."""
         what = f"{self.base_url} could not load {model_dir}"
         await self._call("POST", "/pause", what, params={"mode": "keep"})
-        try:
-            load = {"method": "rstar2_load", "kwargs": {"folder": str(model_dir)}}
-            answers = (await self._call("POST", "/collective_rpc", what, json=load)).get("results")
-            if not answers or not all(isinstance(a, dict) for a in answers):
-                raise ServerError(f"{what}: no worker answered rstar2_load ({answers}); {HOW_TO_START}")
-            for a in answers:  # a parameter may stay zero only where the folder holds zeros
-                if a.get("error"):
-                    raise ServerError(f"{what}: {a['error']}")
-                if a["missing"] or len(a["unwritten"]) > a["zero_in_folder"]:
-                    raise ServerError(
-                        f"{what}: parameters not loaded {a['missing'][:4]} ({len(a['missing'])}), "
-                        f"still zero {a['unwritten'][:4]} ({len(a['unwritten'])}; the folder has "
-                        f"{a['zero_in_folder']} all-zero tensors)"
-                    )
-            await self._call("POST", "/update_weight_version", what, json={"new_version": str(version)})
-            # running requests prefill again under the new weights; cached prefixes are dropped
-            reset = await self._call(
-                "POST", "/reset_prefix_cache", what, params={"reset_running_requests": "true"}
-            )
-            if reset.get("success") is not True:
-                raise ServerError(f"{what}: its prefix cache could not be reset ({reset})")
-        finally:
-            await self._call("POST", "/resume", f"{self.base_url} could not resume")
+        # no number until the load is whole: a token decoded meanwhile (a caller resumed it) is never trained on
+        await self._call("POST", "/update_weight_version", what, json={"new_version": "loading"})
+        load = {"method": "rstar2_load", "kwargs": {"folder": str(model_dir)}}
+        answers = (await self._call("POST", "/collective_rpc", what, json=load)).get("results")
+        if not answers or not all(isinstance(a, dict) for a in answers):
+            raise ServerError(f"{what}: no worker answered rstar2_load ({answers}); {HOW_TO_START}")
+        for a in answers:  # a parameter may stay zero only where the folder holds zeros
+            if a.get("error"):
+                raise ServerError(f"{what}: {a['error']}")
+            if a["missing"] or len(a["unwritten"]) > a["zero_in_folder"]:
+                raise ServerError(
+                    f"{what}: parameters not loaded {a['missing'][:4]} ({len(a['missing'])}), "
+                    f"still zero {a['unwritten'][:4]} ({len(a['unwritten'])}; the folder has "
+                    f"{a['zero_in_folder']} all-zero tensors)"
+                )
+        await self._call("POST", "/update_weight_version", what, json={"new_version": str(version)})
+        # running requests prefill again under the new weights; cached prefixes are dropped
+        reset = await self._call(
+            "POST", "/reset_prefix_cache", what, params={"reset_running_requests": "true"}
+        )
+        if reset.get("success") is not True:
+            raise ServerError(f"{what}: its prefix cache could not be reset ({reset})")
+        await self._call("POST", "/resume", f"{self.base_url} could not resume")
         stated = str((await self._call("GET", "/weight_info", what)).get("weight_version"))
         written = sum(a["parameters"] for a in answers)
         return {"weights_version": int(stated) if stated.isdigit() else stated, "parameters_written": written}

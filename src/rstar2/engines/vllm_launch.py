@@ -4,12 +4,15 @@ vLLM lives in a virtual environment of its own (``scripts/setup-vllm.sh``: it pi
 transformers than rstar2's), so the server runs under that environment's Python. It needs the
 development routes and ``--enable-scale-out`` (weight loads, ``/server_info``, token-in token-out
 generation with each token's weight version), rstar2's worker extension, the log-probs of the
-distribution sampled from (what the trainer corrects by), and priority scheduling.
+distribution sampled from (what the trainer corrects by), and priority scheduling. Every route but
+``/health`` then asks for the API key (``rstar2.auth.vllm_guard``; vLLM's own ``--api-key`` leaves
+the development routes open), and weights load only from the ``--weights-from`` folders.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,9 +21,13 @@ from pathlib import Path
 
 import rstar2
 
+from ..auth import KEY_ENV, WEIGHTS_FROM_ENV
+
 SRC = Path(rstar2.__file__).resolve().parents[1]  # the folder holding the rstar2 package
 EXTENSION = "rstar2.engines.vllm_worker.WorkerExtension"
 ENTRY = "vllm.entrypoints.launchers.api_server.entry"  # `vllm serve` without its console script
+GUARD = "rstar2.auth.vllm_guard"  # the API key on every route but /health
+GPU_SHARE = 0.4  # a recipe's vLLM on a GPU: its share of the GPU's memory, the trainer's beside it
 
 
 def vllm_python(given: str | None = None) -> str:
@@ -42,7 +49,7 @@ def command(
     extra: tuple[str, ...] = (),
 ) -> list[str]:
     args = [python, "-m", ENTRY, "--model", model, "--host", host, "--port", str(port), "--dtype", dtype]
-    args += ["--enable-scale-out", "--worker-extension-cls", EXTENSION]
+    args += ["--enable-scale-out", "--worker-extension-cls", EXTENSION, "--middleware", GUARD]
     args += ["--logprobs-mode", "processed_logprobs", "--scheduling-policy", "priority"]
     if max_model_len:
         args += ["--max-model-len", str(max_model_len)]
@@ -51,9 +58,18 @@ def command(
     return args + list(extra)
 
 
-def environment(cores: str | None = None, kv_cache_gib: int | None = None) -> dict[str, str]:
+def environment(
+    cores: str | None = None,
+    kv_cache_gib: int | None = None,
+    *,
+    api_key: str | None = None,
+    weights_from: list[Path] | None = None,
+) -> dict[str, str]:
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    if api_key:  # in the environment, not on the command line where `ps` shows it
+        env[KEY_ENV] = api_key
+    env[WEIGHTS_FROM_ENV] = os.pathsep.join(str(p) for p in weights_from or ())
     # idle connections kept a while (vLLM's default, 5 s, closes the trainer's between its steps)
     env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "300")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
@@ -83,26 +99,51 @@ def cpu_set(cores: str) -> set[int]:
     return found
 
 
+def local_command(
+    model: Path,
+    port: int,
+    *,
+    gpu: bool,
+    weights_from: list[Path],
+    cores: str | None = None,
+    kv_cache_gib: int | None = None,
+    dtype: str | None = None,
+    gpu_share: float = GPU_SHARE,
+    eager: bool = False,
+) -> list[str]:
+    """The ``rstar2 vllm`` command of ``local_server``: on a GPU, ``gpu_share`` of its memory (the
+    trainer's beside it) and the model's own dtype unless given; on a CPU float32, as the trainer."""
+    args = [sys.executable, "-m", "rstar2.cli", "vllm", "--model", str(model), "--port", str(port)]
+    args += ["--dtype", dtype or ("auto" if gpu else "float32")]
+    args += [arg for folder in weights_from for arg in ("--weights-from", str(folder))]
+    args += (["--cores", cores] if cores else []) + (["--eager"] if eager else [])
+    args += ["--kv-cache-gib", str(kv_cache_gib)] if kv_cache_gib else []
+    return args + (["--", "--gpu-memory-utilization", str(gpu_share)] if gpu else [])
+
+
 @contextmanager
 def local_server(
     model: Path,
     log: Path,
     *,
-    cores: str | None = None,
-    kv_cache_gib: int | None = None,
-    dtype: str = "float32",
-    eager: bool = False,
+    weights_from: list[Path],
     timeout_s: float = 900.0,
+    cores: str | None = None,
+    **options,
 ) -> Iterator[str]:
-    """``rstar2 vllm`` on ``model`` on this machine for the block, its output appended to ``log``;
-    yields its URL once it answers. With ``cores``, this process (and what it starts later: the
-    code environment, the verifier) keeps to the other cores meanwhile."""
+    """``rstar2 vllm`` on ``model`` on this machine for the block (``local_command``), loading
+    weights from under the folders ``weights_from``, its output appended to ``log``; yields its URL
+    once it answers. Its API key is ``$RSTAR2_API_KEY``, set to a fresh one when unset (this
+    process's clients send it). With ``cores``, this process (and what it starts later: the code
+    environment, the verifier) keeps to the other cores meanwhile."""
+    import torch
+
     from ..local_service import free_port, wait_healthy
 
+    os.environ.setdefault(KEY_ENV, secrets.token_urlsafe(24))
     port = free_port()
-    args = [sys.executable, "-m", "rstar2.cli", "vllm", "--model", str(model), "--port", str(port)]
-    args += ["--dtype", dtype] + (["--cores", cores] if cores else []) + (["--eager"] if eager else [])
-    args += ["--kv-cache-gib", str(kv_cache_gib)] if kv_cache_gib else []
+    gpu = torch.cuda.is_available()
+    args = local_command(model, port, gpu=gpu, weights_from=weights_from, cores=cores, **options)
     before = os.sched_getaffinity(0)
     with log.open("ab") as fh:
         proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT)

@@ -1,6 +1,7 @@
 """What rstar2 adds to vLLM's workers (``--worker-extension-cls``): a load of the trainer's model
-folder in place that says whether every parameter was written. It runs inside vLLM's process, so it
-imports nothing of rstar2 but this file.
+folder in place that says whether every parameter was written, from a folder under those the server
+was started with (``rstar2 vllm --weights-from``). It runs inside vLLM's process, so it imports
+nothing of rstar2 but this file and ``rstar2.auth``.
 
 Not vLLM's ``reload_weights`` alone: on a CPU, vLLM computes with a packed copy of each linear
 layer's weight, and a tied LM head, which receives no weights of its own on a reload, would keep
@@ -10,8 +11,11 @@ computing logits with the start's weights; such copies are made again from the w
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
+
+from ..auth import WEIGHTS_FROM_ENV, allowed_folder
 
 
 def zero_tensors(folder: str) -> int:
@@ -59,6 +63,8 @@ class WorkerExtension:
     def _rstar2_load(self, folder: str) -> dict[str, Any]:
         import torch
 
+        roots = [Path(p) for p in os.environ.get(WEIGHTS_FROM_ENV, "").split(os.pathsep) if p]
+        folder = str(allowed_folder(folder, roots))
         refuse_other_shapes(folder, self.model_runner.model_config.hf_config)  # type: ignore[attr-defined]
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         held = [(name, p) for name, p in model.named_parameters() if p.numel() > 0]
@@ -81,6 +87,9 @@ class WorkerExtension:
         _remake_cpu_copies(model)
         expected = {name for name, _ in model.named_parameters()}
         unwritten = [name for name, p in held if not bool(p.any())]
+        print(
+            f"[rstar2] loaded {folder}: {len(expected & loaded)} parameters", flush=True
+        )  # the server's log
         return {
             "missing": sorted(expected - loaded),
             "unwritten": unwritten,

@@ -443,7 +443,7 @@ def on_local_vllm(recipe: Recipe, out: Path, log: Callable[[str], None]) -> Iter
     model = prepare_model(recipe, out)
     log(f"[rstar2] starting vLLM on {model} (cores {spec.cores or 'all'}; its log: {out / 'vllm.log'})")
     options = spec.model_dump(exclude={"if_installed"})
-    with vllm_launch.local_server(model, out / "vllm.log", **options) as url:
+    with vllm_launch.local_server(model, out / "vllm.log", weights_from=[out, model], **options) as url:
         yield recipe.model_copy(update={"servers": [url], "vllm": None})
 
 

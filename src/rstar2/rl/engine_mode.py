@@ -13,6 +13,7 @@ Everything that differs between the modes is here: the model the engine is built
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +27,7 @@ from ..device import engine_dtype
 from ..engines.base import Engine
 from . import distributed as D
 from .launch import quietly
-from .sync import Mode, publish
+from .sync import Mode, WeightSyncError, load_into_servers, publish
 
 PROBE_PROBLEM = "What is 12 + 30?"  # the prompt each server samples from after a weight sync
 
@@ -43,6 +44,8 @@ class TrainerEngines:
         self.mode: Mode = "servers" if cfg.rollout.engine.servers else "copy" if copies else "shared"
         self.engine_model: torch.nn.Module | None = None  # what an in-process engine decodes
         self.engines: list[Any] = []
+        self.published: tuple[Path, int] | None = None  # servers: the folder and version they hold
+        self._sending: asyncio.Lock | None = None  # a publish and a revive, one at a time
 
     def adopt(self, model: torch.nn.Module) -> None:
         """The trainer's full model, before it is sharded: shared, or copied in the engine's dtype."""
@@ -69,6 +72,28 @@ class TrainerEngines:
         self, model: torch.nn.Module, step: int, folder: Path, probe_prompt: list[int], pad_id: int
     ) -> dict[str, float]:
         """The trainer's weights as policy version ``step`` to every engine, checked (``rl/sync.py``)."""
+        async with self._lock():
+            metrics = await self._publish(model, step, folder, probe_prompt, pad_id)
+            self.published = (folder, step)
+            return metrics
+
+    async def revive(self, engine: Any) -> None:
+        """A server that failed (or restarted) loads the weights every server now holds, checked as
+        after an update (version, fingerprint or parameters written), before it serves again."""
+        async with self._lock():
+            if self.published is None:
+                raise WeightSyncError(f"engine {engine.name}: no weights published yet")
+            folder, version = self.published
+            await load_into_servers([engine], folder, self.cfg.rollout.engine, version=version)
+
+    def _lock(self) -> asyncio.Lock:
+        if self._sending is None:  # made on the run's event loop
+            self._sending = asyncio.Lock()
+        return self._sending
+
+    async def _publish(
+        self, model: torch.nn.Module, step: int, folder: Path, probe_prompt: list[int], pad_id: int
+    ) -> dict[str, float]:
         return await publish(
             model,
             self.engines,

@@ -27,9 +27,29 @@ class StalenessError(RuntimeError):
     """A step would train on tokens sampled outside [version - k, version]."""
 
 
+def require_reported_versions(engines: Sequence[Any], max_staleness: int) -> None:
+    """At the run's start: every engine must say which policy version sampled its tokens. One that
+    only states the version it holds (asked before and after each request) will do at
+    ``max_staleness`` 0, where weights change only between steps; one that says nothing never does."""
+    for e in engines:
+        source = getattr(e, "version_source", None)
+        if source is None:
+            raise StalenessError(
+                f"engine {e.name} does not say which policy version sampled its tokens, so none of them "
+                "can be trained on: use rstar2 serve, rstar2 vllm, or a server with SGLang's /get_weight_version"
+            )
+        if source == "stated" and max_staleness > 0:
+            raise StalenessError(
+                f"engine {e.name} states only the version it holds, not each token's: with "
+                f"asynchronous.max_staleness={max_staleness} weights change while it samples; use "
+                "max_staleness 0, or rstar2 serve / rstar2 vllm, whose tokens carry their versions"
+            )
+
+
 def check_versions(trajectories: Sequence[Any], *, trained_by: int, max_staleness: int) -> None:
     """Before an update from policy ``trained_by``: a ``StalenessError`` naming the engine of the
-    first model token not sampled by a version in [trained_by - max_staleness, trained_by]."""
+    first model token not sampled by a version in [trained_by - max_staleness, trained_by], or
+    whose version its engine did not report (-1)."""
     low = trained_by - max_staleness
     for t in trajectories:
         at = 0
@@ -37,7 +57,9 @@ def check_versions(trajectories: Sequence[Any], *, trained_by: int, max_stalenes
             for v in t.versions[at : at + turn.model_tokens]:
                 if not low <= v <= trained_by:
                     why = (
-                        "it holds other weights than the trainer sent"
+                        "its engine did not report it"
+                        if v < 0
+                        else "it holds other weights than the trainer sent"
                         if v > trained_by
                         else "older than the bound lets a group start with"
                     )

@@ -42,7 +42,7 @@ from .engine_mode import PROBE_PROBLEM, TrainerEngines
 from .grpo import group_advantages
 from .launch import RunError, Steps, begin, load_training, param_dtype, run_steps
 from .roc import GroupChoice, Scored, roc_counts, roc_select, score
-from .staleness import GroupFeed, StalenessError, check_versions, staleness_metrics
+from .staleness import GroupFeed, StalenessError, check_versions, require_reported_versions, staleness_metrics
 from .step_metrics import engine_metrics, rollout_record, step_metrics
 from .update import Row, update_on_rollouts
 
@@ -162,9 +162,14 @@ class RLTrainer:
                     self.cfg.rollout, tokenizer=self.tokenizer, engines=engines, **self.services
                 ) as rollout:
                     self.rollout = rollout
+                    # a token without a reported version fails its engine, which serves again only
+                    # once it holds the current weights (a server restarted mid-run holds its first)
+                    rollout.require_versions = True
+                    rollout.scheduler.revive = self.engines.revive if self.engines.mode == "servers" else None
                     # every engine holds this run's weights and version before the first group starts
                     # (a server may hold another run's, or this run's from after the checkpoint resumed)
                     await self._publish(self.step_no)
+                    require_reported_versions(engines, self.max_staleness)  # (a dead one failed above)
                     self._counters = (time.perf_counter(), await self.engines.counters())
                     self.feed = GroupFeed(
                         self._launch_group,
@@ -177,6 +182,7 @@ class RLTrainer:
                         await self._loop(steps, history)
                     finally:  # groups started for steps that will not run here (a resume redoes them)
                         await self.feed.close()
+                        await rollout.scheduler.stop_reviving()
             finally:
                 await self.engines.close()
         return history
@@ -219,8 +225,7 @@ class RLTrainer:
 
     def _launch_group(self, i: int) -> Awaitable[list[Trajectory]]:
         """Group ``i`` of the run, admitted now: its problem taken from the data stream (groups are
-        admitted in order), its rollouts started; model tokens whose sampler the engine does not
-        report are given the version at admission (a lower bound)."""
+        admitted in order), its rollouts started."""
         B = self.cfg.run.batch_size
         step, g = i // B + 1, i % B
         problem = self.problems.take(1)[0]
@@ -234,9 +239,6 @@ class RLTrainer:
             trajs = await self.rollout.run_many(items, on_done=on_done)
             for t in trajs:
                 t.meta["admitted_version"] = admitted
-                t.versions = [
-                    admitted if v < 0 and m else v for v, m in zip(t.versions, t.loss_mask, strict=True)
-                ]
             return trajs
 
         return run()
@@ -391,11 +393,21 @@ class RLTrainer:
             raise StalenessError(first)
 
     def _check_faults(self, trajs: list[Trajectory]) -> None:
-        """Stop when more than ``run.max_fault_share`` of the step's rollouts (all processes) were
-        spoiled by the system (engine, code environment, verifier): a thin batch of survivors is no
-        step to train on, and the cause needs a person."""
+        """Stop when a rollout lost its engine (its turns were retried on others and on the engine
+        once it was back with the current weights: what is left is a dead server, and training on
+        the survivors would favour short rollouts), or when more than ``run.max_fault_share`` of
+        the step's rollouts (all processes) were spoiled by the system (code environment,
+        verifier): a thin batch of survivors is no step to train on, and the cause needs a person."""
         failed = [t for t in trajs if t.fault is not None]
-        n_failed, n_all = D.all_sum([len(failed), len(trajs)], self.world)
+        lost = [t for t in failed if t.fault == "engine"]
+        n_failed, n_all, n_lost = D.all_sum([len(failed), len(trajs), len(lost)], self.world)
+        if n_lost:
+            first = next(v for v in D.all_gather_objects(lost[0].verdict if lost else None, self.world) if v)
+            raise RuntimeError(
+                f"{int(n_lost)} of {int(n_all)} rollouts lost their engine after "
+                f"rollout.scheduler.retries={self.cfg.rollout.scheduler.retries} retries; the step was "
+                f"not trained (the survivors are not a fair sample): {first}"
+            )
         if n_all and n_failed / n_all > self.cfg.run.max_fault_share:
             causes = D.all_gather_objects(fault_message(failed[0]) if failed else None, self.world)
             first = next(v for v in causes if v)

@@ -16,7 +16,7 @@ from ..chat.format import ChatFormat, end_of_turn_ids
 from ..chat.tags import ANSWER_OPEN
 from ..chat.tools import SESSION_TOOL, ParsedTurn, ToolCall, parse_tool_calls
 from ..config import RolloutSection
-from ..engines.base import Engine, Generation, SamplingParams
+from ..engines.base import Engine, Generation, SamplingParams, UnversionedTokens
 from ..sandbox.request import ExecRequest
 from ..sandbox.result import ExecResult
 from .scheduler import Request, Scheduler
@@ -64,6 +64,11 @@ class _Live:
     engine: Engine | None = None  # the engine that served its last request (its prefix is there)
 
 
+def known_versions(gen: Generation) -> list[int]:
+    """The policy version of each sampled token, -1 where the engine did not say."""
+    return list(gen.versions) if gen.versions is not None else [-1] * len(gen.token_ids)
+
+
 class Rollout:
     def __init__(
         self,
@@ -82,13 +87,18 @@ class Rollout:
         self.verifier = verifier
         self.config = config or RolloutSection()
         self.scheduler = scheduler or Scheduler(
-            engines, self.config.scheduler.policy, grant_tokens=self.config.scheduler.grant_tokens
+            engines,
+            self.config.scheduler.policy,
+            grant_tokens=self.config.scheduler.grant_tokens,
+            revive_for_s=self.config.scheduler.revive_for_s,
         )
         self.stop_ids = token_ids(fmt.tokenizer, self.config.stop_tokens, "rollout.stop_tokens") or (
             end_of_turn_ids(fmt.tokenizer)
         )
         self.banned_ids = token_ids(fmt.tokenizer, self.config.banned_tokens, "rollout.banned_tokens")
         self._prompts: dict[str, list[int]] = {}
+        # the RL trainer's: a token whose version the engine does not report is a failure of that engine
+        self.require_versions = False
 
     def _prompt_ids(self, problem: str) -> list[int]:
         """The rendered prompt, once per problem: its 2G samples (or K eval samples) share it."""
@@ -170,7 +180,7 @@ class Rollout:
         traj.response_ids += ids
         traj.loss_mask += [1] * len(ids)
         traj.logprobs += list(gen.logprobs)
-        traj.versions += gen.versions or []  # one a token: _generate_turn fills the unknown
+        traj.versions += gen.versions or []  # one a token (-1 where unknown): _generate_turn's
         live.emit("generation", {"turn": turn_no, "text": text})
         return gen, turn
 
@@ -221,11 +231,18 @@ class Rollout:
             params = self._sampling(live, turn_no, piece, grant)
             try:
                 gen = await used.generate(context, params)
+                if self.require_versions and any(v < 0 for v in known_versions(gen)):
+                    raise UnversionedTokens(
+                        f"engine {used.name} did not say which policy version sampled its tokens "
+                        "(restarted, or a weight load failed): it serves again once it holds the current weights"
+                    )
             except ValueError:
                 raise
-            except Exception:
+            except Exception as exc:
                 failures += 1
-                if failures > cfg.scheduler.retries or not self.scheduler.fail(used):
+                if failures > cfg.scheduler.retries or not self.scheduler.fail(
+                    used, f"{type(exc).__name__}: {exc}"
+                ):
                     raise
                 live.engine = None  # the turn goes on elsewhere
                 continue
@@ -234,7 +251,7 @@ class Rollout:
             live.engine = used
             ids += gen.token_ids
             logprobs += gen.logprobs
-            versions += gen.versions or [-1] * len(gen.token_ids)
+            versions += known_versions(gen)
             piece += 1
             cut_short = gen.finish_reason == "length" and len(gen.token_ids) < grant  # model's positions
             if gen.finish_reason == "stop" or len(ids) >= budget or cut_short:

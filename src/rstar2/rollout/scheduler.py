@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Sequence
+import sys
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -25,6 +26,10 @@ from ..engines.base import Engine
 
 class NoEngineError(RuntimeError):
     """No engine can ever serve the request: it needs more KV tokens than the largest engine holds."""
+
+
+class EngineDown(RuntimeError):
+    """Every engine failed, and none came back holding the current weights: nothing can be sampled."""
 
 
 @dataclass
@@ -272,12 +277,18 @@ class Scheduler:
         *,
         grant_tokens: int | None = None,
         revive_after_s: float | None = 60.0,
+        revive_for_s: float = 600.0,
     ) -> None:
         """``grant_tokens`` is for ``kv`` (ignored by the others); when None and no engine has a
         prefix cache (``HFEngine``), turns are granted whole, since a continued turn would prefill
-        its whole context again."""
+        its whole context again. ``revive``, when set (the RL trainer sets it), brings a failed
+        engine back: it must load the current weights into it, or raise."""
         self.engines = list(engines)
         self.revive_after_s = revive_after_s
+        self.revive_for_s = revive_for_s
+        self.revive: Callable[[Engine], Awaitable[None]] | None = None
+        self.down: str | None = None  # why nothing can be sampled any more (every engine is out)
+        self._reviving: dict[int, asyncio.Task] = {}
         if not self.engines:
             raise ValueError("at least one engine is needed")
         options = {}
@@ -299,13 +310,15 @@ class Scheduler:
         self._pump()
 
     async def acquire(self, request: Request) -> Engine:
+        if self.down:
+            raise EngineDown(self.down)
         req = self.policy.submit(replace(request, previous=self._index.get(id(request.previous))))
         fut = asyncio.get_running_loop().create_future()
         self._waiting[req.seq] = fut
         self._pump()
         try:
             engine = await fut
-        except asyncio.CancelledError:
+        except BaseException:  # cancelled, or no engine left
             self._waiting.pop(req.seq, None)
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 self.policy.release(fut.result(), req)  # admitted just as we were cancelled
@@ -323,11 +336,26 @@ class Scheduler:
             self.policy.release(self._index[id(engine)], req)
         self._pump()
 
-    def fail(self, engine: Engine) -> bool:
-        """``engine`` stopped answering: out of rotation (back after ``revive_after_s``, in case it
-        was restarted), unless it is the last one left — then its turns fail one by one instead.
-        True when it was taken out, so the caller may retry the turn elsewhere."""
+    def fail(self, engine: Engine, why: str = "") -> bool:
+        """``engine`` failed a request: True when the caller may retry the turn (on another engine,
+        or on this one once it is back). With ``revive`` it is out of rotation, the last one too,
+        until ``revive`` has loaded the current weights into it (tried with back-off for
+        ``revive_for_s``; then it is out for good, and once no engine is left every waiting request
+        fails with ``EngineDown``). Without, it is back after ``revive_after_s`` as it is, in case
+        it was restarted, and the last one left stays: its turns fail one by one instead."""
         i = self._index[id(engine)]
+        if self.revive is not None:
+            if self.down:
+                return False
+            if i not in self._reviving:
+                print(
+                    f"[rstar2] engine {engine.name} failed ({why[:300]}): out of rotation until it holds "
+                    "the current weights",
+                    file=sys.stderr,
+                )
+                self.policy.remove_engine(i)
+                self._reviving[i] = asyncio.get_running_loop().create_task(self._bring_back(i))
+            return True
         if not self.policy.alive[i] or self.policy.live() == [i]:
             return False
         self.policy.remove_engine(i)
@@ -339,6 +367,41 @@ class Scheduler:
     def _revive(self, i: int) -> None:
         self.policy.alive[i] = True
         self._pump()
+
+    async def _bring_back(self, i: int) -> None:
+        assert self.revive is not None
+        loop, engine = asyncio.get_running_loop(), self.engines[i]
+        deadline, delay = loop.time() + self.revive_for_s, 1.0
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self.revive(engine)
+            except Exception as exc:  # noqa: BLE001 - said when it gives up
+                why = f"{type(exc).__name__}: {exc}"
+                if loop.time() + delay > deadline:
+                    break
+                delay = min(2 * delay, self.revive_after_s or 60.0)
+                continue
+            del self._reviving[i]
+            self._revive(i)
+            print(f"[rstar2] engine {engine.name} is back, holding the current weights", file=sys.stderr)
+            return
+        del self._reviving[i]
+        if not self.policy.live() and not self._reviving:
+            self.down = (
+                f"every engine failed; {engine.name} did not come back holding the current weights "
+                f"within {self.revive_for_s:.0f} s ({why})"
+            )
+            for fut in self._waiting.values():
+                if not fut.done():
+                    fut.set_exception(EngineDown(self.down))
+
+    async def stop_reviving(self) -> None:
+        """Stop bringing engines back (the run is over)."""
+        for task in list(self._reviving.values()):
+            task.cancel()
+        await asyncio.gather(*self._reviving.values(), return_exceptions=True)
+        self._reviving.clear()
 
     def _pump(self) -> None:
         for req, engine in self.policy.admit():

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from ..auth import client_headers
 from .request import ExecRequest
 from .result import ExecResult
 
@@ -29,6 +30,7 @@ class Client:
     retries: int = 4
     retry_for_s: float = 60.0
     request_timeout_s: float = 600.0
+    api_key: str | None = field(default=None, repr=False)  # the service's (default: $RSTAR2_API_KEY)
     _queue: asyncio.Queue | None = field(default=None, init=False, repr=False)
     _senders: list[asyncio.Task] = field(default_factory=list, init=False, repr=False)
     _http: httpx.AsyncClient | None = field(default=None, init=False, repr=False)
@@ -48,7 +50,9 @@ class Client:
             return
         self._queue = asyncio.Queue()
         limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
-        self._http = httpx.AsyncClient(timeout=self.request_timeout_s, limits=limits)
+        self._http = httpx.AsyncClient(
+            timeout=self.request_timeout_s, limits=limits, headers=client_headers(self.api_key)
+        )
         self._senders = [asyncio.create_task(self._sender()) for _ in range(self.concurrency)]
 
     async def close(self) -> None:
@@ -119,6 +123,8 @@ class Client:
                     return [ExecResult.from_dict(d) for d in resp.json()["results"]]
                 if 400 <= resp.status_code < 500:  # our request is wrong: retrying will not help
                     reason = f"rejected by the service ({resp.status_code}): {resp.text[:500]}"
+                    if resp.status_code == 401:
+                        reason += " (set $RSTAR2_API_KEY to the service's API key)"
                     return [ExecResult.failure("rejected", reason) for _ in reqs]
                 last_error = f"HTTP {resp.status_code}"
             except (httpx.TransportError, ValueError) as exc:

@@ -73,8 +73,10 @@ def serve(
     limits: Limits,
     preload: list[str] | None,
     deadline_s: float,
+    api_key: str | None = None,
 ) -> None:
-    """The HTTP service over a local pool, or over Redis worker nodes (``redis``)."""
+    """The HTTP service over a local pool, or over Redis worker nodes (``redis``); with
+    ``api_key``, only for callers that send it."""
     import uvicorn
 
     from .service import create_app
@@ -87,7 +89,7 @@ def serve(
         from .local_pool import LocalPool
 
         backend = LocalPool(workers=workers, limits=limits, preload=preload)
-    uvicorn.run(create_app(backend), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(backend, api_key), host=host, port=port, log_level="warning")
 
 
 def run_worker_node(
@@ -189,13 +191,25 @@ def sandbox_serve(
     memory_mb: int = typer.Option(1024, "--memory-mb", help="Default memory limit per call."),
     deadline_s: float = typer.Option(600.0, help="Redis mode: a call gets a failure after this long."),
     preload: str | None = typer.Option(None, help=PRELOAD_HELP),
+    api_key: str | None = typer.Option(
+        None,
+        "--api-key",
+        help="Callers must send it as 'Authorization: Bearer KEY' (default: $RSTAR2_API_KEY; none: open).",
+        show_default=False,
+    ),
 ) -> None:
     """Serve the sandbox over HTTP (POST /run, /run_batch; GET /health, /metrics)."""
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    from ..auth import exposed_warning, loopback, service_key
+
+    key = service_key(api_key)
+    if not loopback(host):
         console.print(
             f"[yellow]warning[/yellow]: binding {host}: this service runs untrusted code; "
             "never expose it to a network you do not control."
         )
+    warning = exposed_warning(host, key, "rstar2 sandbox serve")
+    if warning:
+        console.print(f"[yellow][rstar2] {warning}[/yellow]")
     limits, modules = Limits().merged(timeout_s, memory_mb), parse_preload(preload)
     serve(
         host,
@@ -205,6 +219,7 @@ def sandbox_serve(
         limits=limits,
         preload=modules,
         deadline_s=deadline_s,
+        api_key=key,
     )
 
 

@@ -1,7 +1,8 @@
 """The HTTP service: `POST /run`, `POST /run_batch`, `GET /health`, `GET /metrics`.
 
-It runs untrusted code: it binds to loopback by default and must never be exposed to a network
-you do not control. User input never causes a 500: bad requests get a 4xx that says what is wrong,
+It runs untrusted code: it binds to loopback by default, asks for its API key when given one
+(``rstar2.auth``: every route but ``/health``), and must never be exposed to a network you do not
+control. User input never causes a 500: bad requests get a 4xx that says what is wrong,
 and everything that goes wrong while running code becomes a structured `ExecResult`.
 """
 
@@ -25,6 +26,7 @@ from prometheus_client import (
 )
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..auth import key_guard
 from .request import ExecRequest
 from .result import STATUSES, ExecResult
 
@@ -96,7 +98,7 @@ def _error_text(exc: RequestValidationError) -> str:
     return "; ".join(parts[:10])
 
 
-def create_app(backend: Backend) -> FastAPI:
+def create_app(backend: Backend, api_key: str | None = None) -> FastAPI:
     metrics = Metrics(backend)
 
     @asynccontextmanager
@@ -107,6 +109,7 @@ def create_app(backend: Backend) -> FastAPI:
 
     app = FastAPI(title="rstar2 sandbox", lifespan=lifespan)
     app.state.backend = backend
+    app.middleware("http")(key_guard(api_key))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

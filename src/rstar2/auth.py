@@ -1,0 +1,131 @@
+"""Who may call rstar2's services, and which folders they may load weights from.
+
+``rstar2 serve``, ``rstar2 vllm`` and ``rstar2 sandbox serve`` can load weights or run code, so a
+caller must show the service's API key (``--api-key``, else ``$RSTAR2_API_KEY``) as an HTTP bearer
+token, the way vLLM's and OpenAI's clients send it. rstar2's own clients send ``$RSTAR2_API_KEY``
+when it is set. Only ``GET /health`` stays open (process managers and start-up waits poll it).
+
+A weight load names a folder: it is taken only when it lies under a folder the server was started
+with (``--weights-from``), so a key holder still cannot make the server read the rest of the disk,
+and the refusal says nothing of whether the path exists.
+
+This module imports only the standard library and Starlette: it also runs inside vLLM's API server
+(``--middleware rstar2.auth.vllm_guard``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+import secrets
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+KEY_ENV = "RSTAR2_API_KEY"
+WEIGHTS_FROM_ENV = "RSTAR2_WEIGHTS_FROM"  # rstar2 vllm: --weights-from for its worker extension
+OPEN_PATHS = frozenset({"/health"})
+
+
+def service_key(given: str | None) -> str | None:
+    """The key a service requires: ``--api-key``, else ``$RSTAR2_API_KEY``, else none."""
+    return given or os.environ.get(KEY_ENV) or None
+
+
+def client_headers(key: str | None = None) -> dict[str, str]:
+    """What rstar2's clients send: the bearer token of ``key`` (default ``$RSTAR2_API_KEY``)."""
+    key = key or os.environ.get(KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def authorized(header: str | None, key: str) -> bool:
+    """Whether an ``Authorization`` header carries ``key`` as a bearer token (compared in constant
+    time, over digests so that the length does not show either)."""
+    scheme, _, token = (header or "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return secrets.compare_digest(
+        hashlib.sha256(token.encode()).digest(), hashlib.sha256(key.encode()).digest()
+    )
+
+
+Handler = Callable[[Any], Awaitable[Any]]
+
+
+def key_guard(key: str | None) -> Callable[[Any, Handler], Awaitable[Any]]:
+    """An HTTP middleware (``app.middleware("http")(key_guard(key))``) that answers 401 to every
+    request but ``GET /health`` without ``key``; with no key it lets everything through."""
+    from starlette.responses import JSONResponse
+
+    async def guard(request: Any, call_next: Handler) -> Any:
+        if (
+            key
+            and request.url.path not in OPEN_PATHS
+            and not authorized(request.headers.get("authorization"), key)
+        ):
+            return JSONResponse(
+                {"error": "unauthorized: send the server's API key as 'Authorization: Bearer KEY'"},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return await call_next(request)
+
+    return guard
+
+
+async def vllm_guard(request: Any, call_next: Handler) -> Any:
+    """``key_guard`` on ``$RSTAR2_API_KEY`` inside vLLM's API server: unlike vLLM's own
+    ``--api-key``, which guards ``/v1`` and ``/inference`` only, it also guards the development
+    routes (``/collective_rpc``, ``/pause``, ``/update_weight_version``, ...) that replace or relabel
+    the weights."""
+    return await key_guard(os.environ.get(KEY_ENV))(request, call_next)
+
+
+def loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def exposed_warning(host: str, key: str | None, what: str) -> str | None:
+    """The warning a service prints at start when it binds a non-loopback address without a key."""
+    if key or loopback(host):
+        return None
+    return (
+        f"warning: {what} binds {host} without an API key: anyone who reaches this port can "
+        f"{'run code on this machine' if 'sandbox' in what else 'replace the weights it serves'}; "
+        f"give --api-key (or ${KEY_ENV}) and the same key to its clients"
+    )
+
+
+def weights_roots(given: Iterable[str | Path]) -> list[Path]:
+    """The folders weight loads may come from, resolved (a missing one is an error at start)."""
+    roots = []
+    for folder in given:
+        path = Path(folder).expanduser()
+        if not path.is_dir():
+            raise ValueError(f"--weights-from {folder}: no such directory")
+        roots.append(path.resolve())
+    return roots
+
+
+class FolderRefused(PermissionError):
+    """A weight load from a folder outside those the server was started with."""
+
+
+def allowed_folder(folder: str, roots: list[Path]) -> Path:
+    """``folder`` resolved, when it lies under one of ``roots``; else ``FolderRefused``, whose text
+    does not say whether the path exists."""
+    if not roots:
+        raise FolderRefused(
+            "this server was started without --weights-from: it loads no weights (start it with "
+            "--weights-from DIR, the folder the trainer writes its runs to)"
+        )
+    path = Path(folder).expanduser().resolve()
+    if not any(path.is_relative_to(root) for root in roots):
+        raise FolderRefused(f"{folder} is not under a folder this server loads weights from (--weights-from)")
+    return path
