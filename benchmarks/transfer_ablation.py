@@ -77,7 +77,11 @@ def variant_tree(tree: dict[str, Any], variant: str, seed: int, model: str, over
         rl["data"] = {
             "generator": rl["data"]["generator"] | {"families": ["arithmetic", "relations"], "levels": [1, 3]}
         }
-        hard["data"]["generator"] |= {"families": ["arithmetic", "relations"], "digits": [3, 4], "levels": [2, 3]}
+        hard["data"]["generator"] |= {
+            "families": ["arithmetic", "relations"],
+            "digits": [3, 4],
+            "levels": [2, 3],
+        }
     elif variant != "chains":
         raise ValueError(f"unknown variant {variant!r}: choose from {', '.join(VARIANTS)}")
     for o in overrides:
