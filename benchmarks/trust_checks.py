@@ -53,7 +53,8 @@ def start(model: Path, key: str | None) -> tuple[subprocess.Popen, str]:
 
 
 async def batch(url: str, key: str | None, requests: int, tokens: int) -> float:
-    """Wall seconds for ``requests`` concurrent completions of ``tokens`` tokens (greedy, no stop)."""
+    """Wall seconds for ``requests`` concurrent completions of up to ``tokens`` tokens (greedy: the
+    same tokens on both servers)."""
     engine = OpenAIEngine(url, api_key=key)
     await engine.probe_capacity()
     params = SamplingParams(max_new_tokens=tokens, temperature=0.0)
@@ -62,7 +63,7 @@ async def batch(url: str, key: str | None, requests: int, tokens: int) -> float:
     t0 = time.perf_counter()
     gens = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
     wall = time.perf_counter() - t0
-    assert all(len(g.token_ids) == tokens and g.versions is not None for g in gens)
+    assert all(g.versions is not None and len(g.versions) == len(g.token_ids) for g in gens)
     await engine.close()
     return wall
 
