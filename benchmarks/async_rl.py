@@ -47,6 +47,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from rstar2.auth import client_headers
 from rstar2.config import parse_config
 from rstar2.engines.hf import HFEngine
 from rstar2.local_service import free_port, wait_healthy
@@ -116,9 +117,22 @@ def on_core_0(
     return proc, url
 
 
+# the runs these benchmarks make live in temporary folders: the servers load weights from there
+WEIGHTS_FROM = ["--weights-from", tempfile.gettempdir()]
+
+
 def start_server(model: Path, rows: int) -> tuple[subprocess.Popen, str]:
     """``rstar2 serve`` on core 0 with one thread."""
-    command = ["serve", "--model", str(model), "--device", "cpu", "--max-batch-size", str(rows)]
+    command = [
+        "serve",
+        "--model",
+        str(model),
+        "--device",
+        "cpu",
+        "--max-batch-size",
+        str(rows),
+        *WEIGHTS_FROM,
+    ]
     return on_core_0(
         command, "rstar2 serve", 300, {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     )
@@ -126,7 +140,18 @@ def start_server(model: Path, rows: int) -> tuple[subprocess.Popen, str]:
 
 def start_vllm(model: Path, eager: bool) -> tuple[subprocess.Popen, str]:
     """``rstar2 vllm`` on core 0 (its engine bound there, its API server beside it)."""
-    command = ["vllm", "--model", str(model), "--dtype", "float32", "--cores", "0", "--kv-cache-gib", "2"]
+    command = [
+        "vllm",
+        "--model",
+        str(model),
+        "--dtype",
+        "float32",
+        "--cores",
+        "0",
+        "--kv-cache-gib",
+        "2",
+        *WEIGHTS_FROM,
+    ]
     return on_core_0(command + (["--eager"] if eager else []), "rstar2 vllm", 600)
 
 
@@ -274,7 +299,7 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
         elif a.engine == "serve":
             import httpx
 
-            stats = httpx.get(url + "/get_server_info").json()["engine"]
+            stats = httpx.get(url + "/get_server_info", headers=client_headers()).json()["engine"]
         else:  # vLLM keeps no such counters
             stats = {k: float("nan") for k in ("reprefills", "busy_s", "prefill_s", "generated_tokens")}
             stats |= {"steps": 1, "row_steps": float("nan")}

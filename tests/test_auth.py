@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from rstar2.auth import KEY_ENV, FolderRefused, allowed_folder, authorized, exposed_warning, vllm_guard
@@ -62,16 +62,26 @@ def test_vllms_development_routes_are_guarded_too(monkeypatch):
     ``/v1`` and ``/inference``, not the routes that load and relabel weights."""
     app = FastAPI()
     app.middleware("http")(vllm_guard)
+
+    async def echo(request: Request) -> dict:
+        return {"body": (await request.body()).decode()}  # the route still reads what was sent
+
     for path in ("/collective_rpc", "/update_weight_version", "/pause", "/v1/completions"):
-        app.post(path)(lambda: {"ok": True})
+        app.post(path)(echo)
     app.get("/health")(lambda: {"ok": True})
     monkeypatch.setenv(KEY_ENV, KEY)
     client = TestClient(app)
+    load = {"method": "rstar2_load", "kwargs": {"folder": "/runs/r/weights-latest"}}
     for path in ("/collective_rpc", "/update_weight_version", "/pause", "/v1/completions"):
-        assert client.post(path).status_code == 401
-        assert client.post(path, headers={"Authorization": "Bearer wrong"}).status_code == 401
-        assert client.post(path, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+        assert client.post(path, json=load).status_code == 401
+        assert client.post(path, json=load, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        ok = client.post(path, json=load, headers={"Authorization": f"Bearer {KEY}"})
+        assert ok.status_code == 200 and "rstar2_load" in ok.json()["body"]
     assert client.get("/health").status_code == 200
+    # vLLM's own reload_weights reads any path: not through rstar2's server, key or not
+    other = {"method": "reload_weights", "kwargs": {"weights_path": "/etc"}}
+    refused = client.post("/collective_rpc", json=other, headers={"Authorization": f"Bearer {KEY}"})
+    assert refused.status_code == 403 and "rstar2_load" in refused.text
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +139,9 @@ def test_rstar2_serve_loads_weights_only_from_its_folders(keyed_server, tiny, tm
     name = next(iter(tiny[0].state_dict()))
     save_file({name: torch.zeros(3, 3)}, str(misfit / "model.safetensors"))
     r = load(misfit)
-    assert r.status_code == 400 and name in r.text and "nothing was loaded" in r.text
+    # refused from the files' headers, before their data is read (the engine's own check says
+    # "the new weights do not fit the model", after)
+    assert r.status_code == 400 and name in r.text and "do not fit the served model" in r.text
     assert (
         httpx.get(url + "/get_server_info", headers=auth).json()["weights_fingerprint"]
         == (before["weights_fingerprint"])

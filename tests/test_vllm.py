@@ -255,6 +255,8 @@ def test_vllm_refuses_a_stranger_and_a_folder_outside_its_own(vllm, model_dir, t
     assert httpx.post(vllm + "/pause").status_code == 401
     assert httpx.get(vllm + "/weight_info").status_code == 401
     assert httpx.get(vllm + "/health").status_code == 200
+    theirs = {"method": "reload_weights", "kwargs": {"weights_path": "/etc"}}  # vLLM's own: any path
+    assert httpx.post(vllm + "/collective_rpc", json=theirs, headers=AUTH, timeout=60).status_code == 403
     outside = {"method": "rstar2_load", "kwargs": {"folder": "/etc"}}
     answer = httpx.post(vllm + "/collective_rpc", json=outside, headers=AUTH, timeout=60).json()
     assert "not under a folder this server loads weights from" in answer["results"][0]["error"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
 import os
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
@@ -74,11 +75,26 @@ def key_guard(key: str | None) -> Callable[[Any, Handler], Awaitable[Any]]:
     return guard
 
 
+RPC_ALLOWED = frozenset({"rstar2_load"})  # worker methods /collective_rpc may call on rstar2's vLLM
+
+
 async def vllm_guard(request: Any, call_next: Handler) -> Any:
     """``key_guard`` on ``$RSTAR2_API_KEY`` inside vLLM's API server: unlike vLLM's own
     ``--api-key``, which guards ``/v1`` and ``/inference`` only, it also guards the development
     routes (``/collective_rpc``, ``/pause``, ``/update_weight_version``, ...) that replace or relabel
-    the weights."""
+    the weights. ``/collective_rpc`` may call only ``rstar2_load``, whose folders are checked:
+    vLLM's own ``reload_weights`` would read any path."""
+    from starlette.responses import JSONResponse
+
+    if request.url.path == "/collective_rpc":
+        try:
+            method = json.loads(await request.body() or b"{}").get("method")
+        except (ValueError, AttributeError):
+            method = None
+        if method not in RPC_ALLOWED:
+            return JSONResponse(
+                {"error": f"/collective_rpc may call only {sorted(RPC_ALLOWED)}"}, status_code=403
+            )
     return await key_guard(os.environ.get(KEY_ENV))(request, call_next)
 
 

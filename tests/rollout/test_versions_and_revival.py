@@ -107,7 +107,7 @@ async def test_an_engine_that_never_comes_back_stops_the_turns_that_wait_for_it(
         and "did not come back" in traj.verdict
         and "connection refused" in traj.verdict
     )
-    assert rollout.scheduler.down is not None
+    assert traj.meta["engine_lost"] and rollout.scheduler.down is not None
 
 
 def test_a_step_with_a_rollout_that_lost_its_engine_is_not_trained():
@@ -118,9 +118,13 @@ def test_a_step_with_a_rollout_that_lost_its_engine_is_not_trained():
         world=D.World(),
     )
     fine = [Trajectory("p", "1", [1], [2], [1], [0.0]) for _ in range(7)]
+    refused = Trajectory("p", "1", [1], [2], [1], [0.0])  # a request the server refused (4xx): a fault
+    refused.fault, refused.verdict = "engine", "rollout error: RequestRefused: answered 400"
+    refused.meta["engine_lost"] = False
+    RLTrainer._check_faults(trainer, [*fine, refused])
     lost = Trajectory("p", "1", [1], [2], [1], [0.0])
     lost.fault, lost.verdict = "engine", "rollout error: EngineDown: every engine failed"
-    RLTrainer._check_faults(trainer, fine)
+    lost.meta["engine_lost"] = True
     with pytest.raises(RuntimeError, match="1 of 8 rollouts lost their engine.*not trained.*EngineDown"):
         RLTrainer._check_faults(trainer, [*fine, lost])
 

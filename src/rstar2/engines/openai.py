@@ -19,6 +19,11 @@ class ServerError(RuntimeError):
     pass
 
 
+class RequestRefused(ServerError, ValueError):
+    """The server answered 4xx: the request (or its key) is wrong, not the server; retrying it on
+    another engine, or bringing this one back, would not help."""
+
+
 def stated_number(value: Any) -> int | None:
     """A version label as a policy version (a count of updates), or None (``default``, missing)."""
     text = str(value) if value is not None else ""
@@ -250,7 +255,9 @@ class OpenAIEngine:
             else:
                 if resp.status_code == 200:
                     break
-                if resp.status_code < 500 or attempt == retries:
+                if resp.status_code < 500:
+                    raise RequestRefused(f"{what}: answered {resp.status_code}: {resp.text[:500]}")
+                if attempt == retries:
                     raise ServerError(f"{what}: answered {resp.status_code}: {resp.text[:500]}")
             await asyncio.sleep(delay)
             delay *= 2

@@ -22,6 +22,7 @@ from ..config import (
     read_yaml,
     validate,
 )
+from ..engines.vllm_launch import GPU_SHARE
 from .tasks import MAX_LEVEL, expand_families
 
 
@@ -229,7 +230,9 @@ class LocalVLLM(_Spec):
     cores: str | None = None  # CPU: the cores its engine is bound to; the recipe's process takes the rest
     kv_cache_gib: int | None = Field(None, ge=1)  # CPU: its KV cache (default: vLLM's)
     dtype: str | None = None  # None: float32 on a CPU (as the trainer), the model's own on a GPU
-    gpu_share: float = Field(0.4, gt=0, lt=1)  # GPU: its share of the memory; the trainer's is beside it
+    gpu_share: float = Field(
+        GPU_SHARE, gt=0, lt=1
+    )  # GPU: its share of the memory; the trainer's is beside it
     eager: bool = False  # skip torch.compile: a faster start, a slower decode
     if_installed: bool = False  # without vLLM (scripts/setup-vllm.sh), run in-process instead of failing
 

@@ -84,7 +84,8 @@ class TrainerEngines:
             if self.published is None:
                 raise WeightSyncError(f"engine {engine.name}: no weights published yet")
             folder, version = self.published
-            await load_into_servers([engine], folder, self.cfg.rollout.engine, version=version)
+            once = self.cfg.rollout.engine.model_copy(update={"reload_retries": 0})  # the scheduler retries
+            await load_into_servers([engine], folder, once, version=version)
 
     def _lock(self) -> asyncio.Lock:
         if self._sending is None:  # made on the run's event loop

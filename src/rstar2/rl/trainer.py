@@ -165,7 +165,9 @@ class RLTrainer:
                     # a token without a reported version fails its engine, which serves again only
                     # once it holds the current weights (a server restarted mid-run holds its first)
                     rollout.require_versions = True
-                    rollout.scheduler.revive = self.engines.revive if self.engines.mode == "servers" else None
+                    # (by rank 0, which writes the weights: another rank could read a folder half written)
+                    revives = self.engines.mode == "servers" and self.world.main
+                    rollout.scheduler.revive = self.engines.revive if revives else None
                     # every engine holds this run's weights and version before the first group starts
                     # (a server may hold another run's, or this run's from after the checkpoint resumed)
                     await self._publish(self.step_no)
@@ -399,7 +401,7 @@ class RLTrainer:
         the step's rollouts (all processes) were spoiled by the system (code environment,
         verifier): a thin batch of survivors is no step to train on, and the cause needs a person."""
         failed = [t for t in trajs if t.fault is not None]
-        lost = [t for t in failed if t.fault == "engine"]
+        lost = [t for t in failed if t.meta.get("engine_lost")]
         n_failed, n_all, n_lost = D.all_sum([len(failed), len(trajs), len(lost)], self.world)
         if n_lost:
             first = next(v for v in D.all_gather_objects(lost[0].verdict if lost else None, self.world) if v)

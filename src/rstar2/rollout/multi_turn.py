@@ -19,7 +19,7 @@ from ..config import RolloutSection
 from ..engines.base import Engine, Generation, SamplingParams, UnversionedTokens
 from ..sandbox.request import ExecRequest
 from ..sandbox.result import ExecResult
-from .scheduler import Request, Scheduler
+from .scheduler import NoEngineError, Request, Scheduler
 from .trajectory import FinishReason, ToolCallRecord, Trajectory, Turn
 
 Event = Callable[[str, dict[str, Any]], None]
@@ -135,6 +135,8 @@ class Rollout:
         except Exception as exc:  # an engine failure ends this trajectory, never the batch
             traj.finish_reason = "error"
             traj.verdict = f"rollout error: {type(exc).__name__}: {exc}"
+            # its engine failed every retry (not a request refused, or too large for any engine)
+            traj.meta["engine_lost"] = not isinstance(exc, ValueError | NoEngineError)
         finally:
             self.scheduler.close(key)
         t_reward = time.perf_counter()
@@ -240,9 +242,10 @@ class Rollout:
                 raise
             except Exception as exc:
                 failures += 1
-                if failures > cfg.scheduler.retries or not self.scheduler.fail(
+                retry = self.scheduler.fail(
                     used, f"{type(exc).__name__}: {exc}"
-                ):
+                )  # out of rotation either way
+                if failures > cfg.scheduler.retries or not retry:
                     raise
                 live.engine = None  # the turn goes on elsewhere
                 continue

@@ -289,6 +289,7 @@ class Scheduler:
         self.revive: Callable[[Engine], Awaitable[None]] | None = None
         self.down: str | None = None  # why nothing can be sampled any more (every engine is out)
         self._reviving: dict[int, asyncio.Task] = {}
+        self._gone: set[int] = set()  # engines that did not come back: out for good
         if not self.engines:
             raise ValueError("at least one engine is needed")
         options = {}
@@ -345,8 +346,8 @@ class Scheduler:
         it was restarted, and the last one left stays: its turns fail one by one instead."""
         i = self._index[id(engine)]
         if self.revive is not None:
-            if self.down:
-                return False
+            if self.down or i in self._gone:
+                return bool(self.policy.live()) and not self.down
             if i not in self._reviving:
                 print(
                     f"[rstar2] engine {engine.name} failed ({why[:300]}): out of rotation until it holds "
@@ -374,8 +375,8 @@ class Scheduler:
         deadline, delay = loop.time() + self.revive_for_s, 1.0
         while True:
             await asyncio.sleep(delay)
-            try:
-                await self.revive(engine)
+            try:  # a hung server does not hold it past the deadline
+                await asyncio.wait_for(self.revive(engine), max(1.0, deadline - loop.time()))
             except Exception as exc:  # noqa: BLE001 - said when it gives up
                 why = f"{type(exc).__name__}: {exc}"
                 if loop.time() + delay > deadline:
@@ -387,6 +388,12 @@ class Scheduler:
             print(f"[rstar2] engine {engine.name} is back, holding the current weights", file=sys.stderr)
             return
         del self._reviving[i]
+        self._gone.add(i)
+        print(
+            f"[rstar2] engine {engine.name} did not come back within {self.revive_for_s:.0f} s: out for "
+            f"good ({why[:300]})",
+            file=sys.stderr,
+        )
         if not self.policy.live() and not self._reviving:
             self.down = (
                 f"every engine failed; {engine.name} did not come back holding the current weights "

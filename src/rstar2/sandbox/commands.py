@@ -202,12 +202,12 @@ def sandbox_serve(
     from ..auth import exposed_warning, loopback, service_key
 
     key = service_key(api_key)
-    if not loopback(host):
-        console.print(
-            f"[yellow]warning[/yellow]: binding {host}: this service runs untrusted code; "
-            "never expose it to a network you do not control."
-        )
-    warning = exposed_warning(host, key, "rstar2 sandbox serve")
+    warning = exposed_warning(host, key, "rstar2 sandbox serve") or (
+        None
+        if loopback(host)
+        else f"warning: binding {host}: this service runs untrusted code; never expose it to a network "
+        "you do not control"
+    )
     if warning:
         console.print(f"[yellow][rstar2] {warning}[/yellow]")
     limits, modules = Limits().merged(timeout_s, memory_mb), parse_preload(preload)
