@@ -91,6 +91,7 @@ class TimedEngine:
         self.engine, self.name = engine, getattr(engine, "name", "hf")
         self.capacity_tokens = engine.capacity_tokens
         self.prefix_cache = getattr(engine, "prefix_cache", False)
+        self.version_source = getattr(engine, "version_source", None)
         self.waits: list[float] = []
 
     @property

@@ -23,6 +23,7 @@ class ScriptedEngine:
         self.fmt, self.scripts, self.end_id, self.turn_marker = fmt, scripts, end_id, turn_marker
         self.char_level = char_level
         self.name = "scripted"
+        self.version_source = None  # it says no version (tests that need one set it)
         self.capacity_tokens = 1 << 20
         self.in_flight = 0
         self.generated: dict[str, list[list[int]]] = {}
