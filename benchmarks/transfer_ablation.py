@@ -12,10 +12,12 @@ Variants (whole recipe runs, SFT included, each in OUT/VARIANT-sSEED; a stopped 
   up to six in RL (forwards and backwards, recipe/chains.py), reasoning-gym's arithmetic chains in RL,
   and a last stage on the chains alone.
 
-Every run is evaluated on the same sets, after SFT and at the end: the held-out problems of issue 20's
-families (arithmetic and relations, the 96 its README figures were measured on), and three sets never
-trained on: ``paraphrased``, ``transfer`` and 200 of reasoning-gym's ``gsm_symbolic``. The zero-shot
-evaluations are the same model in every run, so the runs skip them. The table gives each set's final
+Every run is evaluated on the same sets, after SFT and at the end: the shipped recipe's held-out
+problems (128 of its first RL stage's generator: every family, one to six relations), and three sets
+never trained on: ``paraphrased``, ``transfer`` and 200 of reasoning-gym's ``gsm_symbolic``. The
+zero-shot evaluations are the same model in every run, so the runs skip them; a ``chains`` run is the
+shipped recipe with those left out, so a finished ``rstar2 demo --recipe smollm2-135m`` run of the same
+seed can stand for it (link it as OUT/chains-sSEED). The table gives each set's final
 accuracy (mean over seeds, 95% interval over seed x problem) and the change from the first variant,
 paired over (seed, problem); minutes and peak memory a run.
 """
@@ -49,9 +51,6 @@ ALSO = {
     "gsm_symbolic": "gym:gsm_symbolic?size=200&seed=0",
 }
 SETS = ("heldout", *ALSO)
-# issue 20's held-out problems (its first RL stage's generator, split heldout, plain wording as every
-# held-out set), for every variant alike
-HELD_OUT = {"families": ["arithmetic", "relations"], "digits": [2, 3], "levels": [1, 3], "count": 96}
 
 
 def variant_tree(tree: dict[str, Any], variant: str, seed: int, model: str, overrides: list[str]) -> dict:
@@ -59,15 +58,18 @@ def variant_tree(tree: dict[str, Any], variant: str, seed: int, model: str, over
     t["model"] = {k: v for k, v in t["model"].items() if k not in ("source", "build")} | {"path": model}
     t["seed"] = seed
     t["name"] = f"{t['name']}-{variant}-s{seed}"
+    sft, rl, hard = t["stages"]
+    # the shipped recipe's held-out problems (what its eval reads: its first RL stage's generator,
+    # split heldout, plain wording), for every variant alike
+    held_out = rl["data"]["generator"] | {"count": t["eval"]["count"]}
     t["eval"] = {
         **t["eval"],
         "before": False,
         "plain_before": False,
         "entropy_trajectories": 0,
-        "data": {"generator": HELD_OUT},
+        "data": {"generator": held_out},
         "also": list(ALSO.values()),
     }
-    sft, rl, hard = t["stages"]
     if variant == "relations":  # the recipe's stages at commit 9ecfdfc, before the chains
         for stage in (sft, rl, hard):
             stage["data"]["generator"].pop("weights", None)

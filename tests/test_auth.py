@@ -37,6 +37,9 @@ def test_a_routable_address_without_a_key_is_warned_about():
     said = exposed_warning("0.0.0.0", None, "rstar2 serve")
     assert said and "replace the weights" in said and KEY_ENV in said
     assert "run code" in exposed_warning("10.0.0.5", None, "rstar2 sandbox serve")
+    # the code environment is warned about on a routable address even with a key
+    assert "untrusted code" in exposed_warning("10.0.0.5", KEY, "rstar2 sandbox serve")
+    assert exposed_warning("127.0.0.1", KEY, "rstar2 sandbox serve") is None
 
 
 def test_weights_load_only_from_under_the_servers_folders(tmp_path):

@@ -15,6 +15,7 @@ This module imports only the standard library and Starlette: it also runs inside
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import json
@@ -29,9 +30,11 @@ WEIGHTS_FROM_ENV = "RSTAR2_WEIGHTS_FROM"  # rstar2 vllm: --weights-from for its 
 OPEN_PATHS = frozenset({"/health"})
 
 
-def service_key(given: str | None) -> str | None:
-    """The key a service requires: ``--api-key``, else ``$RSTAR2_API_KEY``, else none."""
-    return given or os.environ.get(KEY_ENV) or None
+def service_key(given: str | None, host: str, what: str) -> tuple[str | None, str | None]:
+    """The key service ``what`` requires (``--api-key``, else ``$RSTAR2_API_KEY``, else none) and the
+    warning it says at start when bound to ``host`` (``exposed_warning``)."""
+    key = given or os.environ.get(KEY_ENV) or None
+    return key, exposed_warning(host, key, what)
 
 
 def client_headers(key: str | None = None) -> dict[str, str]:
@@ -75,6 +78,7 @@ def key_guard(key: str | None) -> Callable[[Any, Handler], Awaitable[Any]]:
     return guard
 
 
+_guard_for = functools.lru_cache(maxsize=4)(key_guard)  # vllm_guard: one guard a key, not one a request
 RPC_ALLOWED = frozenset({"rstar2_load"})  # worker methods /collective_rpc may call on rstar2's vLLM
 
 
@@ -95,7 +99,7 @@ async def vllm_guard(request: Any, call_next: Handler) -> Any:
             return JSONResponse(
                 {"error": f"/collective_rpc may call only {sorted(RPC_ALLOWED)}"}, status_code=403
             )
-    return await key_guard(os.environ.get(KEY_ENV))(request, call_next)
+    return await _guard_for(os.environ.get(KEY_ENV))(request, call_next)
 
 
 def loopback(host: str) -> bool:
@@ -108,12 +112,21 @@ def loopback(host: str) -> bool:
 
 
 def exposed_warning(host: str, key: str | None, what: str) -> str | None:
-    """The warning a service prints at start when it binds a non-loopback address without a key."""
-    if key or loopback(host):
+    """The warning a service says at start on a non-loopback address: without a key, that anyone
+    who reaches it can use it; the sandbox, key or not, that it runs untrusted code."""
+    runs_code = "sandbox" in what
+    if loopback(host):
         return None
+    if key:
+        return (
+            f"warning: binding {host}: this service runs untrusted code; never expose it to a network "
+            "you do not control"
+            if runs_code
+            else None
+        )
     return (
         f"warning: {what} binds {host} without an API key: anyone who reaches this port can "
-        f"{'run code on this machine' if 'sandbox' in what else 'replace the weights it serves'}; "
+        f"{'run code on this machine' if runs_code else 'replace the weights it serves'}; "
         f"give --api-key (or ${KEY_ENV}) and the same key to its clients"
     )
 

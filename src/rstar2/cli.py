@@ -122,12 +122,8 @@ def rollout_settings(args: dict, preset: dict):
         raise typer.BadParameter(str(exc)) from None
 
 
-API_KEY = typer.Option(
-    None,
-    "--api-key",
-    help="Callers must send it as 'Authorization: Bearer KEY' (default: $RSTAR2_API_KEY; none: open).",
-    show_default=False,
-)
+API_KEY = sandbox_commands.API_KEY
+PROGRESS = typer.Option(True, "--progress/--no-progress", help="Progress bars.")
 WEIGHTS_FROM = typer.Option(
     [],
     "--weights-from",
@@ -135,13 +131,11 @@ WEIGHTS_FROM = typer.Option(
 )
 
 
-def service_key(api_key: str | None, host: str, what: str) -> str | None:
-    """The key a service requires, and a warning when it binds a routable address without one."""
-    from .auth import exposed_warning
-    from .auth import service_key as resolve
+def required_key(api_key: str | None, host: str, what: str) -> str | None:
+    """The key service ``what`` requires, its warning (``auth.service_key``) said."""
+    from .auth import service_key
 
-    key = resolve(api_key)
-    warning = exposed_warning(host, key, what)
+    key, warning = service_key(api_key, host, what)
     if warning:
         console.print(f"[yellow][rstar2] {warning}[/yellow]")
     return key
@@ -188,7 +182,7 @@ def serve(
         raise typer.BadParameter(f"--model {model}: no such directory")
     sizes = {"max_batch_size": max_batch_size, "capacity_tokens": capacity_tokens, "keep_tokens": keep_tokens}
     access = {
-        "api_key": service_key(api_key, host, "rstar2 serve"),
+        "api_key": required_key(api_key, host, "rstar2 serve"),
         "weights_from": weights_roots(weights_from),
     }
     serve_model(
@@ -237,7 +231,7 @@ def vllm_cmd(
         extra=tuple(ctx.args),
     )
     access = {
-        "api_key": service_key(api_key, host, "rstar2 vllm"),
+        "api_key": required_key(api_key, host, "rstar2 vllm"),
         "weights_from": weights_roots(weights_from),
     }
     console.print(f"[rstar2] {' '.join(args)}")
@@ -332,6 +326,7 @@ def eval_cmd(
     capacity_tokens: int | None = typer.Option(
         None, help="KV tokens per engine for the kv scheduler (default: what each server reports)."
     ),
+    progress: bool = PROGRESS,
 ) -> None:
     """Average pass@1 over K samples (95% CI), pass@k, maj@k, lengths and tool statistics."""
     from .eval.harness import run_eval
@@ -351,6 +346,7 @@ def eval_cmd(
             limit=limit,
             seed=seed,
             columns=columns,
+            progress=progress,
         )
     Console().print((out / "summary.md").read_text())
     console.print(f"scored in {settings.verify_mode} mode; trajectories, summaries and plots in {out}")
@@ -367,7 +363,7 @@ def train(
     set_: list[str] = typer.Option(
         [], "--set", help="Override one value: --set optim.lr=1e-5, or stages.rl-64.steps=5 (repeatable)."
     ),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
+    progress: bool = PROGRESS,
 ) -> None:
     """Train: GRPO-RoC (kind: rl) or supervised fine-tuning (kind: sft), or a whole recipe with
     --recipe. Under torchrun, every process runs this command:
@@ -418,7 +414,7 @@ def demo(
     out: str | None = typer.Option(None, "--out", help="Run folder (default: runs/RECIPE)."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted demo."),
     set_: list[str] = typer.Option([], "--set", help="Override one value: stages.sft.steps=50 (repeatable)."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
+    progress: bool = PROGRESS,
 ) -> None:
     """The main job on the embedded default: the tiny recipe (SFT -> RL stages) on a CPU."""
     from .recipe.run import run_named
@@ -499,7 +495,7 @@ def compare_cmd(
     stages: str | None = typer.Option(
         None, "--stages", help="Comma-separated RL stages of the recipe to run (default: all of them)."
     ),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
+    progress: bool = PROGRESS,
 ) -> None:
     """GRPO-RoC against plain GRPO (on as many rollouts as RoC keeps, and on all 2G), or the
     synchronous loop against asynchronous ones, each over seeds, from a recipe run's SFT checkpoint:

@@ -89,6 +89,7 @@ def test_eval_command_writes_trajectories_summary_and_plots(tiny_dir, tmp_path):
     assert (out / "summary.md").read_text().count("| mini |") == 1
     assert (out / "mini" / "plots.png").read_bytes()[:4] == b"\x89PNG"
     assert "pass@1" in run.stdout
+    assert "eval: 100%" in run.stderr  # its progress bar
 
 
 @pytest.mark.slow
@@ -105,9 +106,10 @@ def test_eval_takes_every_rollout_knob_and_says_how_it_scored(tiny_dir, tmp_path
     out = tmp_path / "eval"
     args = ["eval", "--model", str(tiny_dir), "--bench", str(mini_bench(tmp_path)), "--samples", "2",
             "--config", str(config), "--set", "temperature=0.9", "--banned-token", "<|endoftext|>",
-            "--no-tools", "--verify-mode", "lenient", "--out", str(out), "--device", "cpu"]  # fmt: skip
+            "--no-tools", "--verify-mode", "lenient", "--no-progress", "--out", str(out), "--device", "cpu"]  # fmt: skip
     run = subprocess.run(RSTAR2 + args, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
+    assert "eval:" not in run.stderr  # --no-progress
     settings = json.loads((out / "summary.json").read_text())["settings"]
     assert settings["verify_mode"] == "lenient" and "scored in lenient mode" in " ".join(run.stderr.split())
     assert settings["top_k"] == 5 and settings["temperature"] == 0.9 and settings["max_turns"] == 1

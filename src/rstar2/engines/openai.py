@@ -46,11 +46,19 @@ def capacity_from_vllm_metrics(text: str) -> int | None:
 
 
 async def get_object(client: httpx.AsyncClient, path: str, key: str | None = None, **kw: Any) -> dict | None:
-    """The JSON object ``GET path`` answers (or the one under its ``key``); None where there is none."""
+    """The JSON object ``GET path`` answers (or the one under its ``key``); None where there is none.
+    A refused key is an error: the server is there, rstar2 is not let in."""
     try:
         resp = await client.get(path, **kw)
+    except httpx.HTTPError:
+        return None
+    if resp.status_code == 401:
+        raise ServerError(
+            f"{client.base_url} refused rstar2's request (401): set $RSTAR2_API_KEY to the server's API key"
+        )
+    try:
         found = resp.json() if resp.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
+    except ValueError:
         return None
     if key is not None and isinstance(found, dict):
         found = found.get(key)
@@ -117,7 +125,8 @@ class OpenAIEngine:
         """The server's KV capacity in tokens, unless the config set one: SGLang's (and ``rstar2
         serve``'s) ``/get_server_info``, else vLLM's ``/metrics``, else the default
         (``capacity_source`` says which); and whether it takes ``SamplingParams.priority``."""
-        info = await self._server_info()
+        # SGLang's (and rstar2 serve's)
+        info = await get_object(self._client, "/get_server_info") or {}
         # rstar2 serve orders its queue by priority; vLLM refuses one unless started with
         # --scheduling-policy priority, so it is sent only where the server says it is ours
         self.send_priority = "engine" in info
@@ -138,22 +147,6 @@ class OpenAIEngine:
         except (httpx.HTTPError, ValueError):
             pass
         return self.capacity_tokens
-
-    async def _server_info(self) -> dict[str, Any]:
-        """SGLang's (and ``rstar2 serve``'s) ``/get_server_info``; a refused key is an error."""
-        try:
-            resp = await self._client.get("/get_server_info")
-        except httpx.HTTPError:
-            return {}
-        if resp.status_code == 401:
-            raise ServerError(
-                f"{self.base_url} refused rstar2's request (401): set $RSTAR2_API_KEY to the server's API key"
-            )
-        try:
-            found = resp.json() if resp.status_code == 200 else None
-        except ValueError:
-            return {}
-        return found if isinstance(found, dict) else {}
 
     async def _stated(self) -> int | None:
         """The policy version the server says it holds now (SGLang's ``/get_weight_version``)."""

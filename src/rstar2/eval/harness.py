@@ -138,6 +138,7 @@ def run_eval(
     limit: int | None = None,
     seed: int = 0,
     columns: Columns | None = None,
+    progress: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """``rstar2 eval``: the benchmarks (problem sources, checked first) on a local model or
     servers, summaries, tables and plots in ``out_dir``; rerunning resumes."""
@@ -164,6 +165,7 @@ def run_eval(
                 seed=seed,
                 settings=shown,
                 columns=columns,
+                progress=progress,
             )
 
     return asyncio.run(go())

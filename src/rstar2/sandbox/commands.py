@@ -21,6 +21,13 @@ from .zygote import PRELOAD
 
 app = typer.Typer(help="The code environment: isolated, fast Python execution.", no_args_is_help=True)
 console = Console(stderr=True)
+# every service that runs code or loads weights takes it (rstar2 serve and rstar2 vllm too)
+API_KEY = typer.Option(
+    None,
+    "--api-key",
+    help="Callers must send it as 'Authorization: Bearer KEY' (default: $RSTAR2_API_KEY; none: open).",
+    show_default=False,
+)
 
 
 def parse_preload(text: str | None) -> list[str] | None:
@@ -191,23 +198,12 @@ def sandbox_serve(
     memory_mb: int = typer.Option(1024, "--memory-mb", help="Default memory limit per call."),
     deadline_s: float = typer.Option(600.0, help="Redis mode: a call gets a failure after this long."),
     preload: str | None = typer.Option(None, help=PRELOAD_HELP),
-    api_key: str | None = typer.Option(
-        None,
-        "--api-key",
-        help="Callers must send it as 'Authorization: Bearer KEY' (default: $RSTAR2_API_KEY; none: open).",
-        show_default=False,
-    ),
+    api_key: str | None = API_KEY,
 ) -> None:
     """Serve the sandbox over HTTP (POST /run, /run_batch; GET /health, /metrics)."""
-    from ..auth import exposed_warning, loopback, service_key
+    from ..auth import service_key
 
-    key = service_key(api_key)
-    warning = exposed_warning(host, key, "rstar2 sandbox serve") or (
-        None
-        if loopback(host)
-        else f"warning: binding {host}: this service runs untrusted code; never expose it to a network "
-        "you do not control"
-    )
+    key, warning = service_key(api_key, host, "rstar2 sandbox serve")
     if warning:
         console.print(f"[yellow][rstar2] {warning}[/yellow]")
     limits, modules = Limits().merged(timeout_s, memory_mb), parse_preload(preload)
