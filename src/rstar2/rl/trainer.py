@@ -82,6 +82,13 @@ def fault_message(t: Trajectory) -> str:
     return t.verdict
 
 
+def first_cause(among: list[Trajectory], world: D.World) -> str:
+    """What spoiled the first of ``among`` on the first process that has one (every process calls
+    it: the counts that decide were summed over all)."""
+    causes = D.all_gather_objects(fault_message(among[0]) if among else None, world)
+    return next(v for v in causes if v)
+
+
 class RLTrainer:
     """Build with a config; ``await trainer.train()`` runs ``run.steps`` steps (resuming if asked)."""
 
@@ -404,7 +411,7 @@ class RLTrainer:
         lost = [t for t in failed if t.meta.get("engine_lost")]
         n_failed, n_all, n_lost = D.all_sum([len(failed), len(trajs), len(lost)], self.world)
         if n_lost:
-            first = self._first_cause(lost)
+            first = first_cause(lost, self.world)
             raise RuntimeError(
                 f"{int(n_lost)} of {int(n_all)} rollouts lost their engine after "
                 f"rollout.scheduler.retries={self.cfg.rollout.scheduler.retries} retries; the step was "
@@ -413,14 +420,8 @@ class RLTrainer:
         if n_all and n_failed / n_all > self.cfg.run.max_fault_share:
             raise RuntimeError(
                 f"{int(n_failed)} of {int(n_all)} rollouts failed (more than run.max_fault_share="
-                f"{self.cfg.run.max_fault_share}); the first: {self._first_cause(failed)}"
+                f"{self.cfg.run.max_fault_share}); the first: {first_cause(failed, self.world)}"
             )
-
-    def _first_cause(self, among: list[Trajectory]) -> str:
-        """What spoiled the first of ``among`` on the first process that has one (all processes call
-        it: the counts that decide were summed over all)."""
-        causes = D.all_gather_objects(fault_message(among[0]) if among else None, self.world)
-        return next(v for v in causes if v)
 
     def _update(self, rows: list[Row], trajs: list[Trajectory]) -> dict[str, Any]:
         """The update on the step's rows, in a worker thread (beside a decoding engine copy, the two
