@@ -283,13 +283,16 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
     trainer = RLTrainer(parse_config(tree), reward_fn=REWARDS[a.reward])
     trainer.save = lambda metrics=None: None  # time steps, not checkpoints
     if pause:  # the engine held between two steps for the whole update
-        update = trainer._update
+        off_loop = trainer.off_loop
 
-        def paused(rows, trajs):
-            with trainer.engines.engines[0].paused():
-                return update(rows, trajs)
+        def paused(update, *args, **kw):
+            def held(*args, **kw):
+                with trainer.engines.engines[0].paused():
+                    return update(*args, **kw)
 
-        trainer._update = paused
+            return off_loop(held, *args, **kw)
+
+        trainer.off_loop = paused
     t0 = time.perf_counter()
     try:
         history = asyncio.run(trainer.train())

@@ -69,17 +69,16 @@ class LockstepTrainer(RLTrainer):
     """The plain synchronous loop, written out as the reference: each step takes its problems,
     samples all their rollouts, then trains on them (no feed)."""
 
-    async def step(self):
+    async def rollouts(self):
         cfg, world = self.cfg, self.world
-        step, t_step = self.step_no + 1, time.perf_counter()
+        step = self.step_no + 1
         problems = self.problems.take(cfg.run.batch_size)
         own = list(range(world.rank, len(problems), world.size))
         items = [item for g in own for item in self._items(step, g, problems[g])]
         self.model.eval()
         trajs = await self.rollout.run_many(items)
         S = cfg.rollout.samples
-        sampled = [trajs[i * S : (i + 1) * S] for i in range(len(own))]
-        return await self.train_on(step, own, sampled, time.perf_counter() - t_step, t_step)
+        return own, [trajs[i * S : (i + 1) * S] for i in range(len(own))]
 
 
 def test_staleness_without_a_correction_is_refused(tiny_dir, data):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rstar2.config import LossSection
-from rstar2.rl.batch import collate, micro_batches, with_weights
+from rstar2.rl.batch import collate, plan_micro_batches, take_rows, with_weights
 from rstar2.rl.grpo import (
     group_advantages,
     policy_loss,
@@ -129,7 +129,7 @@ def test_micro_batches_do_not_change_the_loss():
 
     full_logp, _ = token_logprobs(logits[:, :-1], b.labels)
     full, _ = policy_loss(full_logp, full_logp.detach() - 0.1, b.advantages, b.weights)
-    parts = micro_batches(b, max_tokens=12)
+    parts = [take_rows(b, rows) for rows in plan_micro_batches(b, max_tokens=12)]
     assert len(parts) > 1 and sum(p.rows for p in parts) == b.rows
     total = 0.0
     lengths = b.attention_mask.sum(dim=1).tolist()
@@ -181,30 +181,45 @@ def test_gradient_of_the_loss_on_a_tiny_model_matches_finite_differences(tiny):
     assert grad.abs().max() > 1e-4  # large next to that tolerance: a wrong gradient shows
 
 
+def _rows(seqs, advantages, groups):
+    """Kept rollouts as the trainer hands them to the update."""
+    from rstar2.rl.update import Row
+    from rstar2.rollout.trajectory import Trajectory
+
+    return [
+        Row(Trajectory("", None, p, r, m, lp), a, g)
+        for (p, r, m, lp), a, g in zip(seqs, advantages, groups, strict=True)
+    ]
+
+
+def _update(model, rows, loss, **kw):
+    """One update of ``model`` at lr 0 on ``rows`` (the loss and metrics, no change to the weights)."""
+    from rstar2.config import OptimSection
+    from rstar2.rl.optim import Learner, build_optimizer
+    from rstar2.rl.update import update_on_rollouts
+
+    opt, sched = build_optimizer(model, OptimSection(lr=0.0, warmup_steps=0), total_steps=1)
+    learner = Learner(model, opt, sched)
+    return update_on_rollouts(
+        learner, rows, rows[0].trajectory, pad_id=0, optim=OptimSection(), loss=loss, **kw
+    )
+
+
 def test_kl_to_a_reference_model_enters_the_update(tiny):
     """With kl_coef > 0 the update reads the reference's logprobs: a reference equal to the policy
     adds nothing; a different one adds kl_coef times its (positive) k3 estimate to the loss."""
     import copy
-    from dataclasses import replace
-
-    from rstar2.config import OptimSection
-    from rstar2.rl.optim import build_optimizer
-    from rstar2.rl.update import Learner, logprobs_of, policy_update
 
     model, _ = tiny
     seqs = [([5, 6, 7], [8 + i, 9 + i, 10 + i], [1, 1, 1], [0.0] * 3) for i in range(4)]
-    batch = with_weights(collate(seqs, [1.0, -1.0, 0.5, -0.5], [0, 0, 1, 1]), "token-mean")
+    rows = _rows(seqs, [1.0, -1.0, 0.5, -0.5], [0, 0, 1, 1])
     other = copy.deepcopy(model)
     with torch.no_grad():
         for p in other.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    cfg = LossSection(kl_coef=0.3)
 
     def loss_with(ref):
-        m = copy.deepcopy(model)
-        opt, sched = build_optimizer(m, OptimSection(lr=0.0, warmup_steps=0), total_steps=1)
-        b = batch if ref is None else replace(batch, ref_logp=logprobs_of(ref, batch, 4096))
-        return policy_update(Learner(m, opt, sched), b, cfg)
+        return _update(copy.deepcopy(model), rows, LossSection(kl_coef=0.3), ref_model=ref)
 
     plain, same, moved = loss_with(None), loss_with(model), loss_with(other)
     assert "update/ref_kl" not in plain
@@ -218,9 +233,6 @@ def test_entropy_by_class_is_the_mean_entropy_of_each_class_tokens(tiny):
     """The step's ``entropy/<class>`` is the plain mean, over that class's tokens, of the policy's
     next-token entropy at those positions (tool tokens, class -1, belong to none)."""
     from rstar2.chat.token_classes import CLASSES
-    from rstar2.config import OptimSection
-    from rstar2.rl.optim import build_optimizer
-    from rstar2.rl.update import Learner, class_entropy_means, policy_update
 
     model, _ = tiny
     prompts = [[5, 6, 7], [5, 9]]
@@ -228,9 +240,11 @@ def test_entropy_by_class_is_the_mean_entropy_of_each_class_tokens(tiny):
     masks = [[1, 1, 0, 1, 1], [1, 1, 1]]
     classes = [[2, 2, -1, 1, 3], [0, 0, 3]]  # code code tool reflection answer | reasoning×2 answer
     seqs = [(p, r, m, [0.0] * len(r)) for p, r, m in zip(prompts, responses, masks, strict=True)]
-    batch = with_weights(collate(seqs, [1.0, -1.0], [0, 0], classes=classes), "token-mean")
-    opt, sched = build_optimizer(model, OptimSection(lr=0.0, warmup_steps=0), total_steps=1)
-    stats = class_entropy_means(policy_update(Learner(model, opt, sched), batch, LossSection()))
+
+    def token_classes(response, mask):
+        return classes[responses.index(list(response))]
+
+    stats = _update(model, _rows(seqs, [1.0, -1.0], [0, 0]), LossSection(), token_classes=token_classes)
 
     expected: dict[str, list[float]] = {c: [] for c in CLASSES}
     with torch.no_grad():

@@ -18,7 +18,7 @@ from rstar2.engines.base import Generation, SamplingParams
 from rstar2.engines.openai import OpenAIEngine
 from rstar2.rl import distributed as D
 from rstar2.rl.staleness import StalenessError, check_versions, require_reported_versions
-from rstar2.rl.trainer import RLTrainer
+from rstar2.rl.trainer import check_faults
 from rstar2.rollout import Rollout, Trajectory
 from rstar2.rollout.trajectory import Turn
 
@@ -121,12 +121,12 @@ def test_a_step_with_a_rollout_that_lost_its_engine_is_not_trained():
     refused = Trajectory("p", "1", [1], [2], [1], [0.0])  # a request the server refused (4xx): a fault
     refused.fault, refused.verdict = "engine", "rollout error: RequestRefused: answered 400"
     refused.meta["engine_lost"] = False
-    RLTrainer._check_faults(trainer, [*fine, refused])
+    check_faults([*fine, refused], trainer.cfg, trainer.world)
     lost = Trajectory("p", "1", [1], [2], [1], [0.0])
     lost.fault, lost.verdict = "engine", "rollout error: EngineDown: every engine failed"
     lost.meta["engine_lost"] = True
     with pytest.raises(RuntimeError, match="1 of 8 rollouts lost their engine.*not trained.*EngineDown"):
-        RLTrainer._check_faults(trainer, [*fine, lost])
+        check_faults([*fine, lost], trainer.cfg, trainer.world)
 
 
 def test_a_token_whose_version_was_not_reported_is_refused():

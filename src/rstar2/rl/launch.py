@@ -19,8 +19,7 @@ from ..device import Precision, record, resolve_precision
 from . import distributed as D
 from .checkpoint import carry_optimizer_state, latest_checkpoint, load_trainer_state, save_checkpoint
 from .metrics_log import MetricsLog
-from .optim import build_optimizer
-from .update import Learner
+from .optim import Learner, build_optimizer
 
 
 @dataclass

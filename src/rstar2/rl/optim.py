@@ -1,11 +1,51 @@
-"""AdamW with linear warm-up, then a constant or cosine learning rate (shared by SFT and RL)."""
+"""AdamW with linear warm-up, then a constant or cosine learning rate, and the optimizer step that
+SFT and RL share: gradients accumulated over micro-batches, clipped, one step."""
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
-from torch.optim.lr_scheduler import LambdaLR
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
+
+from .distributed import LOCAL, World, all_sum
+
+
+class Learner(NamedTuple):
+    """The model being trained, its optimizer and schedule, and the processes that share it."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    lr_schedule: LRScheduler
+    world: World = LOCAL
+
+
+def start_step(learner: Learner) -> dict[str, float]:
+    """Gradients zeroed; the sums ``accumulate`` adds each micro-batch's loss and statistics to."""
+    learner.model.train()
+    learner.optimizer.zero_grad(set_to_none=True)
+    return {"loss": 0.0}
+
+
+def accumulate(
+    loss: torch.Tensor, stats: dict[str, torch.Tensor], sums: dict[str, float], world: World
+) -> None:
+    """One micro-batch's gradients (its ``loss`` already weighted for the whole batch) and sums."""
+    (loss * world.size).backward()  # FSDP averages gradients over processes: the weights are global
+    for k, v in {"loss": loss.detach(), **stats}.items():
+        sums[k] = sums.get(k, 0.0) + float(v)
+
+
+def finish_step(learner: Learner, sums: dict[str, float], grad_clip: float) -> dict[str, float]:
+    """Clip, one optimizer and learning-rate step; the sums over all processes, the norm and lr."""
+    model, optimizer, lr_schedule, world = learner
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    optimizer.step()
+    lr_schedule.step()
+    totals = dict(zip(sums, all_sum(list(sums.values()), world), strict=True))
+    return {**totals, "grad_norm": grad_norm, "lr": lr_schedule.get_last_lr()[0]}
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str = "constant", floor: float = 0.1) -> float:

@@ -18,10 +18,11 @@ from ..config import SFTConfig
 from ..jsonl import iter_jsonl
 from ..memory import trim_heap
 from . import distributed as D
-from .batch import Batch, collate, with_weights
+from .batch import Batch, collate, take_rows, with_weights
 from .data import DataStream
 from .launch import begin, load_training, run_steps
-from .update import Learner, forward_logprobs, logprobs_of, optimizer_step
+from .optim import Learner, accumulate, finish_step, start_step
+from .passes import forward_logprobs, logprobs_of, plan
 
 
 def read_conversations(path: str | Path) -> list[list[dict[str, Any]]]:
@@ -45,12 +46,12 @@ def sft_step(
     learner: Learner, batch: Batch, max_tokens: int, grad_clip: float, compute: str = "auto"
 ) -> dict:
     """Cross-entropy on assistant tokens, token mean over the whole batch (``batch.weights``)."""
-
-    def micro_loss(mb: Batch):
+    sums = start_step(learner)
+    for rows in plan(batch, max_tokens, learner.world):
+        mb = take_rows(batch, rows)
         logp, _ = forward_logprobs(learner.model, mb, compute=compute)
-        return -(logp * mb.weights).sum(), {}
-
-    return optimizer_step(learner, batch, micro_loss, grad_clip=grad_clip, max_tokens=max_tokens)
+        accumulate(-(logp * mb.weights).sum(), {}, sums, learner.world)
+    return finish_step(learner, sums, grad_clip)
 
 
 def exact_probability(learner: Learner, probe: Batch, max_tokens: int, compute: str) -> float:

@@ -27,7 +27,7 @@ from ..config import EngineSection
 from ..engines.base import Engine, LocalEngine, SamplingParams, ServedEngine, weights_fingerprint
 from . import distributed as D
 from .batch import collate
-from .update import logprobs_of
+from .passes import logprobs_of
 
 PROBE_TOKENS = 16
 Mode = Literal["shared", "copy", "servers"]  # how the engines hold the weights (rl/engine_mode.py)

@@ -89,6 +89,34 @@ def first_cause(among: list[Trajectory], world: D.World) -> str:
     return next(v for v in causes if v)
 
 
+def check_faults(trajs: list[Trajectory], cfg: RLConfig, world: D.World) -> None:
+    """Stop when a rollout lost its engine (its turns were retried on others and on the engine
+    once it was back with the current weights: what is left is a dead server, and training on
+    the survivors would favour short rollouts), or when more than ``run.max_fault_share`` of
+    the step's rollouts (all processes) were spoiled by the system (code environment,
+    verifier): a thin batch of survivors is no step to train on, and the cause needs a person."""
+    failed = [t for t in trajs if t.fault is not None]
+    lost = [t for t in failed if t.meta.get("engine_lost")]
+    n_failed, n_all, n_lost = D.all_sum([len(failed), len(trajs), len(lost)], world)
+    if n_lost:
+        first = first_cause(lost, world)
+        raise RuntimeError(
+            f"{int(n_lost)} of {int(n_all)} rollouts lost their engine after "
+            f"rollout.scheduler.retries={cfg.rollout.scheduler.retries} retries; the step was "
+            f"not trained (the survivors are not a fair sample): {first}"
+        )
+    if n_all and n_failed / n_all > cfg.run.max_fault_share:
+        raise RuntimeError(
+            f"{int(n_failed)} of {int(n_all)} rollouts failed (more than run.max_fault_share="
+            f"{cfg.run.max_fault_share}); the first: {first_cause(failed, world)}"
+        )
+
+
+def stand_in(pad: int) -> Trajectory:
+    """A process without problems this step still joins every collective, with a zero-weight row."""
+    return Trajectory("", None, [pad], [pad], [0], [0.0])
+
+
 class RLTrainer:
     """Build with a config; ``await trainer.train()`` runs ``run.steps`` steps (resuming if asked)."""
 
@@ -272,38 +300,113 @@ class RLTrainer:
 
     # -- one step ----------------------------------------------------------------------------
     async def step(self) -> dict[str, Any]:
-        """The next step: its groups from the feed (started up to ``max_staleness`` updates ago; at
-        0, now), then the update on them; the feed starts the groups the new version lets in."""
-        t_step = time.perf_counter()
-        groups = await self.feed.step(self.step_no)
-        own = [g for g in range(len(groups)) if g % self.world.size == self.world.rank]
-        sampled = [groups[g] for g in own]
-        return await self.train_on(self.step_no + 1, own, sampled, time.perf_counter() - t_step, t_step)
-
-    async def train_on(
-        self, step: int, own: list[int], sampled: list[list[Trajectory]], rollout_s: float, t_step: float
-    ) -> dict[str, Any]:
-        """RoC, advantages, the update, the new weights to the engines and the step's metrics, on
-        this process's groups ``own`` (their rollouts ``sampled``; ``rollout_s``: the time the step
-        waited for them)."""
+        """One RL step, in order: rollouts → faults → RoC and advantages → version check → update →
+        publish → metrics. The methods after it are plumbing a reader may skip: where the groups
+        come from (``rollouts``), the thread the update runs in (``off_loop``), what a step records
+        (``after_step``)."""
+        cfg, step, t0 = self.cfg, self.step_no + 1, time.perf_counter()
+        own, sampled = await self.rollouts()  # this process's groups, started up to k updates ago
         trajs = [t for g in sampled for t in g]
-        self._check_faults(trajs)
+        rollout_s = time.perf_counter() - t0
+        check_faults(trajs, cfg, self.world)  # a lost engine, or too many spoiled: no step
         if self.reward_fn is not None:
             for t in trajs:
                 t.reward = float(self.reward_fn(t))  # a custom reward sees every rollout, truncated ones too
-        rows, records, choices = self._select(step, own, sampled)
-        if self.world.main and self.cfg.run.samples_per_step > 0:
-            self._save_samples(step, sampled)
-        self._check_versions([r.trajectory for r in rows], trained_by=step - 1)
+
+        # RoC keeps G of each group's 2G, then group-normalised advantages; faults reach neither
+        groups = [[t for t in g if t.fault is None] for g in sampled]
+        r = cfg.roc
+        scored = [[score(t, r.error_penalty, r.format_penalty, r.format_turns) for t in g] for g in groups]
+        rngs = [random.Random(_seed(cfg.run.seed, step, g, 1)) for g in own]  # by group, not by process
+        choices = roc_select(scored, r, rngs)
+        kept = [[g[i] for i in c.kept] for g, c in zip(groups, choices, strict=True)]
+        advantages = group_advantages(
+            [[t.reward for t in g] for g in kept], cfg.loss.adv_eps, cfg.loss.scale_by_std
+        )
+        rows = [
+            Row(t, a, gi)
+            for gi, (g, adv) in enumerate(zip(kept, advantages, strict=True))
+            for t, a in zip(g, adv, strict=True)
+        ]
+        # every token to train sampled within max_staleness updates of the policy it trains
+        self._check_versions([row.trajectory for row in rows], trained_by=step - 1)
 
         t1 = time.perf_counter()
-        update = await asyncio.to_thread(D.on_device(self.world, self._update), rows, trajs)
+        pad = self.tokenizer.pad_token_id or 0
+        update = await self.off_loop(
+            update_on_rollouts,
+            self.run.learner,
+            rows,
+            trajs[0] if trajs else stand_in(pad),  # no rows here: still in every collective
+            pad_id=pad,
+            optim=cfg.optim,
+            loss=cfg.loss,
+            ref_model=self.ref_model,
+            token_classes=self.token_classes,
+            compute=cfg.model.compute,
+            temperature=cfg.rollout.temperature,
+            banned=self.rollout.banned_ids,
+            off_policy=self.max_staleness > 0,
+        )
         t2 = time.perf_counter()
         sync = await self._publish(step)
         t3 = time.perf_counter()
         self.step_no = step
-        times = {"rollout": rollout_s, "update": t2 - t1, "sync": t3 - t2, "step": t3 - t_step}
-        metrics = {**update, **sync, **await self._metrics(step, rows, records, choices, times)}
+        times = {"rollout": rollout_s, "update": t2 - t1, "sync": t3 - t2, "step": t3 - t0}
+        return await self.after_step(
+            step, sampled, groups, scored, kept, rows, choices, {**update, **sync}, times
+        )
+
+    async def rollouts(self) -> tuple[list[int], list[list[Trajectory]]]:
+        """This process's groups of the next step (their indices in the step, and their rollouts),
+        from the feed: started up to ``max_staleness`` updates ago; at 0, now."""
+        groups = await self.feed.step(self.step_no)
+        own = [g for g in range(len(groups)) if g % self.world.size == self.world.rank]
+        return own, [groups[g] for g in own]
+
+    async def off_loop(self, update: Callable[..., dict[str, Any]], *args: Any, **kw: Any) -> dict[str, Any]:
+        """``update(*args, **kw)`` in a worker thread, so that the rollouts of later steps go on in the
+        event loop; beside an engine copy decoding, the two split the torch threads
+        (``TrainerEngines.beside_update``). The heap is trimmed before (the rollouts' KV) and after
+        (the update's activations), so neither lies under the other's peak (rstar2.memory)."""
+
+        def run() -> dict[str, Any]:
+            trim_heap()
+            with self.engines.beside_update():
+                out = update(*args, **kw)
+            self.model.eval()
+            trim_heap()
+            return out
+
+        return await asyncio.to_thread(D.on_device(self.world, run))
+
+    async def after_step(
+        self,
+        step: int,
+        sampled: list[list[Trajectory]],
+        groups: list[list[Trajectory]],
+        scored: list[list[Scored]],
+        kept: list[list[Trajectory]],
+        rows: list[Row],
+        choices: list[GroupChoice],
+        update: dict[str, float],
+        times: dict[str, float],
+    ) -> dict[str, Any]:
+        """What a step records: RoC's choice in each rollout's meta (for ``rstar2 view``), the saved
+        samples, the metrics of all processes, the health signs and their warnings, the log."""
+        records = []
+        for full, g, k, sc in zip(sampled, groups, kept, scored, strict=True):
+            scores: dict[int, Scored] = {id(t): s for t, s in zip(g, sc, strict=True)}
+            kept_ids = {id(t) for t in k}
+            for t in full:
+                s, is_kept = scores.get(id(t)), id(t) in kept_ids
+                records.append(rollout_record(t, is_kept, s))
+                fault = {"kept": False, "fault": t.fault}
+                t.meta["roc"] = {"kept": is_kept, "p_err": s.p_err, "p_format": s.p_format} if s else fault
+                t.meta["step"] = step
+        if self.world.main and self.cfg.run.samples_per_step > 0:
+            self._save_samples(step, sampled)
+        metrics = {**update, **await self._metrics(step, rows, records, choices, times)}
         self.warnings = self.watch.observe(step, metrics)
         metrics["health/warnings"] = float(len(self.warnings))
         if self.world.main:
@@ -312,41 +415,6 @@ class RLTrainer:
                 _say(f"[rstar2] warning: {w.message}")
         self.log.log(step, metrics)
         return metrics
-
-    def _select(
-        self, step: int, own: list[int], sampled: list[list[Trajectory]]
-    ) -> tuple[list[Row], list[dict[str, Any]], list[GroupChoice]]:
-        """RoC's choice in each group and the advantages of the kept rollouts (the rows to train);
-        a record of every rollout for the metrics, its penalties and RoC's choice in its meta (for
-        ``rstar2 view``). Faults reach neither RoC nor the loss."""
-        cfg = self.cfg
-        groups = [[t for t in g if t.fault is None] for g in sampled]
-        r = cfg.roc
-        scored = [[score(t, r.error_penalty, r.format_penalty, r.format_turns) for t in g] for g in groups]
-        rngs = [random.Random(_seed(cfg.run.seed, step, g, 1)) for g in own]  # by group, not by process
-        choices = roc_select(scored, cfg.roc, rngs)
-        kept_groups = [[g[i] for i in c.kept] for g, c in zip(groups, choices, strict=True)]
-        advs = group_advantages(
-            [[t.reward for t in g] for g in kept_groups], cfg.loss.adv_eps, cfg.loss.scale_by_std
-        )
-        rows = [
-            Row(t, a, gi)
-            for gi, (g, ad) in enumerate(zip(kept_groups, advs, strict=True))
-            for t, a in zip(g, ad, strict=True)
-        ]
-        records = []
-        for full, g, kept, sc in zip(sampled, groups, kept_groups, scored, strict=True):
-            scores: dict[int, Scored] = {id(t): s for t, s in zip(g, sc, strict=True)}
-            kept_ids = {id(t) for t in kept}
-            for t in full:
-                s, is_kept = scores.get(id(t)), id(t) in kept_ids
-                records.append(rollout_record(t, is_kept, s))
-                if s:
-                    t.meta["roc"] = {"kept": is_kept, "p_err": s.p_err, "p_format": s.p_format}
-                else:
-                    t.meta["roc"] = {"kept": False, "fault": t.fault}
-                t.meta["step"] = step
-        return rows, records, choices
 
     async def _metrics(
         self,
@@ -400,54 +468,6 @@ class RLTrainer:
         first = next((x for x in D.all_gather_objects(refusal, self.world) if x), None)
         if first:
             raise StalenessError(first)
-
-    def _check_faults(self, trajs: list[Trajectory]) -> None:
-        """Stop when a rollout lost its engine (its turns were retried on others and on the engine
-        once it was back with the current weights: what is left is a dead server, and training on
-        the survivors would favour short rollouts), or when more than ``run.max_fault_share`` of
-        the step's rollouts (all processes) were spoiled by the system (code environment,
-        verifier): a thin batch of survivors is no step to train on, and the cause needs a person."""
-        failed = [t for t in trajs if t.fault is not None]
-        lost = [t for t in failed if t.meta.get("engine_lost")]
-        n_failed, n_all, n_lost = D.all_sum([len(failed), len(trajs), len(lost)], self.world)
-        if n_lost:
-            first = first_cause(lost, self.world)
-            raise RuntimeError(
-                f"{int(n_lost)} of {int(n_all)} rollouts lost their engine after "
-                f"rollout.scheduler.retries={self.cfg.rollout.scheduler.retries} retries; the step was "
-                f"not trained (the survivors are not a fair sample): {first}"
-            )
-        if n_all and n_failed / n_all > self.cfg.run.max_fault_share:
-            raise RuntimeError(
-                f"{int(n_failed)} of {int(n_all)} rollouts failed (more than run.max_fault_share="
-                f"{self.cfg.run.max_fault_share}); the first: {first_cause(failed, self.world)}"
-            )
-
-    def _update(self, rows: list[Row], trajs: list[Trajectory]) -> dict[str, Any]:
-        """The update on the step's rows, in a worker thread (beside a decoding engine copy, the two
-        split the torch threads: ``TrainerEngines.beside_update``)."""
-        trim_heap()  # the rollouts' KV, freed: not under the update's peak (rstar2.memory)
-        pad = self.tokenizer.pad_token_id or 0
-        # a process without problems this step still joins every collective, with a zero-weight row
-        stand_in = trajs[0] if trajs else Trajectory("", None, [pad], [pad], [0], [0.0])
-        with self.engines.beside_update():
-            out = update_on_rollouts(
-                self.run.learner,
-                rows,
-                stand_in,
-                pad_id=pad,
-                optim=self.cfg.optim,
-                loss=self.cfg.loss,
-                ref_model=self.ref_model,
-                token_classes=self.token_classes,
-                compute=self.cfg.model.compute,
-                temperature=self.cfg.rollout.temperature,
-                banned=self.rollout.banned_ids,
-                off_policy=self.max_staleness > 0,
-            )
-        self.model.eval()
-        trim_heap()  # the update's logits and activations, freed: not under the next rollouts' peak
-        return out
 
     async def _publish(self, step: int) -> dict[str, float]:
         """New weights to the engines, checked (``TrainerEngines.publish``)."""

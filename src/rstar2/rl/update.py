@@ -1,7 +1,8 @@
-"""The policy update of one RL step: recompute old logprobs, clipped loss, accumulate, clip, step.
+"""The policy update of one RL step: old log-probs, then per optimizer step the micro-batches'
+clipped loss accumulated, clipped, one step.
 
 With one mini-batch and one epoch (on-policy, the paper's setting) the old policy *is* the current
-one, so old logprobs are taken from the same forward pass (detached) instead of a second pass: the
+one, so old log-probs are taken from the same forward pass (detached) instead of a second pass: the
 ratio is exactly 1 and the gradient the same, at two thirds of the compute. With several
 mini-batches or epochs they are recomputed once, before the first optimizer step.
 """
@@ -16,117 +17,16 @@ import torch
 
 from ..chat.token_classes import CLASSES, NO_CLASS
 from ..config import LossSection, OptimSection
-from ..device import compute_precision
-from .batch import Batch, collate, plan_micro_batches, take_rows, with_weights
+from .batch import Batch, collate, take_rows, with_weights
 from .distributed import LOCAL, World, all_max, all_sum
-from .grpo import policy_loss, token_logprobs, weight_units
+from .grpo import policy_loss, weight_units
+from .optim import Learner, accumulate, finish_step, start_step
+from .passes import forward_logprobs, logprobs_of, plan
 
 if TYPE_CHECKING:
-    from torch.optim.lr_scheduler import LRScheduler
-
     from ..rollout.trajectory import Trajectory
 
-
-class Learner(NamedTuple):
-    """The model being trained, its optimizer and schedule, and the processes that share it."""
-
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    lr_schedule: LRScheduler
-    world: World = LOCAL
-
-
-DEFAULT_OPTIM = OptimSection()
 _MEANS = ("clip_low", "clip_high", "approx_kl", "entropy", "engine_gap", "ref_kl")
-
-
-def forward_logprobs(
-    model: torch.nn.Module,
-    mb: Batch,
-    with_entropy: bool = False,
-    compute: str = "auto",
-    temperature: float = 1.0,
-    banned: Sequence[int] = (),
-):
-    """Log-probs of the labels, (rows, T-1), and optionally entropies. Logits are only computed
-    from the first position any row learns from: the prompt's vocabulary projections and
-    log-softmaxes are never needed (most of the compute of the head for a long prompt).
-    ``compute``: ``model.compute``; ``temperature`` and ``banned`` (``rollout.banned_tokens``): the
-    rollouts', so that the distribution trained on is the one the engine sampled from."""
-    width = mb.labels.shape[1]
-    learn = mb.mask.any(dim=0).nonzero()
-    start = int(learn[0]) if len(learn) else width - 1
-    with compute_precision(mb.input_ids.device, compute):
-        logits = model(
-            input_ids=mb.input_ids,
-            attention_mask=mb.attention_mask,
-            use_cache=False,
-            logits_to_keep=width + 1 - start,
-        ).logits
-    ban = torch.tensor(sorted(set(banned)), dtype=torch.long) if banned else None  # each mass once
-    logp, entropy = token_logprobs(logits[:, :-1], mb.labels[:, start:], with_entropy, temperature, ban)
-    if start:
-        pad = logp.new_zeros(logp.shape[0], start)
-        logp = torch.cat([pad, logp], dim=1)
-        entropy = torch.cat([pad, entropy], dim=1) if entropy is not None else None
-    return logp, entropy
-
-
-def plan(batch: Batch, max_tokens: int, world: World) -> list[list[int]]:
-    """Micro-batch rows; under FSDP every process gets as many (each forward is a collective)."""
-    rows = plan_micro_batches(batch, max_tokens)
-    if world.distributed:
-        rows = plan_micro_batches(batch, max_tokens, count=all_max(len(rows), world))
-    return rows
-
-
-@torch.no_grad()
-def logprobs_of(
-    model: torch.nn.Module,
-    batch: Batch,
-    max_tokens: int,
-    world: World = LOCAL,
-    compute: str = "auto",
-    temperature: float = 1.0,
-    banned: Sequence[int] = (),
-) -> torch.Tensor:
-    """(rows, T-1) log-probs of the batch's labels under ``model`` (micro-batched, no grad)."""
-    out = torch.zeros_like(batch.mask)
-    for rows in plan(batch, max_tokens, world):
-        mb = take_rows(batch, rows)
-        logp, _ = forward_logprobs(model, mb, compute=compute, temperature=temperature, banned=banned)
-        if rows:
-            out[torch.tensor(rows), : logp.shape[1]] = logp.float()
-    return out
-
-
-def optimizer_step(
-    learner: Learner,
-    batch: Batch,
-    micro_loss: Callable[[Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]],
-    *,
-    grad_clip: float,
-    max_tokens: int,
-) -> dict[str, float]:
-    """Gradient accumulation over micro-batches, clipping, one optimizer and learning-rate step (the
-    loop SFT and RL share). ``micro_loss`` returns a micro-batch's loss, already weighted for the
-    whole batch, and sums for metrics; both come back summed over micro-batches and processes."""
-    model, optimizer, lr_schedule, world = learner
-    model.train()
-    optimizer.zero_grad(set_to_none=True)
-    sums: dict[str, float] = {"loss": 0.0}
-    for rows in plan(batch, max_tokens, world):
-        loss, stats = micro_loss(take_rows(batch, rows))
-        # FSDP averages gradients over processes; the weights are already global, so undo that.
-        (loss * world.size).backward()
-        for k, v in {"loss": loss.detach(), **stats}.items():
-            sums[k] = sums.get(k, 0.0) + float(v)
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-    optimizer.step()
-    lr_schedule.step()
-    totals = dict(zip(sums, all_sum(list(sums.values()), world), strict=True))
-    return {**totals, "grad_norm": grad_norm, "lr": lr_schedule.get_last_lr()[0]}
 
 
 def class_entropy_means(stats: dict[str, float]) -> dict[str, float]:
@@ -140,50 +40,16 @@ def class_entropy_means(stats: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def policy_update(
-    learner: Learner,
-    batch: Batch,
-    loss_cfg: LossSection,
-    optim: OptimSection = DEFAULT_OPTIM,
-    *,
-    compute: str = "auto",
-    temperature: float = 1.0,
-    banned: Sequence[int] = (),
-    ratios: list[torch.Tensor] | None = None,
-) -> dict[str, float]:
-    """One clipped-policy-gradient step over ``batch`` (whose weights hold the global normaliser).
-    ``ratios``: where the batch has no old log-probs (the weights before this step are the old
-    policy), gets log pi_old/mu of each trained token, for ``importance_weights``."""
-
-    def micro_loss(mb: Batch):
-        logp, entropy = forward_logprobs(learner.model, mb, True, compute, temperature, banned)
-        old = mb.old_logp if mb.old_logp is not None else logp.detach()
-        if ratios is not None and mb.old_logp is None:
-            ratios.append((old - mb.engine_logp)[mb.mask.bool()])
-        loss, stats = policy_loss(
-            logp,
-            old,
-            mb.advantages,
-            mb.weights,
-            loss_cfg,
-            engine_logp=mb.engine_logp,
-            ref_logp=mb.ref_logp,
-            entropy=entropy,
-        )
-        # entropy by token class: sums and counts over micro-batches (``class_entropy_means``)
-        if mb.token_class is not None and entropy is not None:
-            for k, name in enumerate(CLASSES):
-                hit = mb.token_class == k
-                stats[f"entropy_sum/{name}"] = (entropy.detach().float() * hit).sum()
-                stats[f"entropy_tokens/{name}"] = hit.sum()
-        return loss, stats
-
-    out = optimizer_step(
-        learner, batch, micro_loss, grad_clip=optim.grad_clip, max_tokens=optim.micro_batch_tokens
-    )
-    w = out.pop("weight") or 1.0  # weighted sums → means over the batch's tokens
-    means = {f"update/{k}": out.pop(k) / w for k in _MEANS if k in out}
-    return {**out, **means}
+def class_entropy_sums(mb: Batch, entropy: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Entropy by token class: each class's sum and count in this micro-batch (``class_entropy_means``)."""
+    if mb.token_class is None or entropy is None:
+        return {}
+    out = {}
+    for k, name in enumerate(CLASSES):
+        hit = mb.token_class == k
+        out[f"entropy_sum/{name}"] = (entropy.detach().float() * hit).sum()
+        out[f"entropy_tokens/{name}"] = hit.sum()
+    return out
 
 
 class Row(NamedTuple):
@@ -258,8 +124,25 @@ def update_on_rollouts(
         batches = [replace(b, ref_logp=logprobs_of(ref_model, b, tokens, LOCAL, **passes)) for b in batches]
     report = off_policy or loss.tis_cap is not None  # the importance weights, in the metrics
     ratios = [(b.old_logp - b.engine_logp)[b.mask.bool()] for b in batches if b.old_logp is not None]
-    step = dict(passes, ratios=ratios if report else None)
-    out = [policy_update(learner, b, loss, optim, **step) for _ in range(optim.epochs) for b in batches]
+    out = []
+    for _ in range(optim.epochs):
+        for batch in batches:  # one optimizer step (the batch's weights hold the global normaliser)
+            sums = start_step(learner)
+            for part in plan(batch, tokens, world):
+                mb = take_rows(batch, part)
+                logp, entropy = forward_logprobs(model, mb, True, **passes)
+                old = mb.old_logp if mb.old_logp is not None else logp.detach()
+                if report and mb.old_logp is None:  # the weights before this step are the old policy
+                    ratios.append((old - mb.engine_logp)[mb.mask.bool()])
+                micro_loss, stats = policy_loss(
+                    logp, old, mb.advantages, mb.weights, loss,
+                    engine_logp=mb.engine_logp, ref_logp=mb.ref_logp, entropy=entropy,
+                )  # fmt: skip
+                accumulate(micro_loss, {**stats, **class_entropy_sums(mb, entropy)}, sums, world)
+            done = finish_step(learner, sums, optim.grad_clip)
+            w = done.pop("weight") or 1.0  # weighted sums → means over the batch's tokens
+            means = {f"update/{k}": done.pop(k) / w for k in _MEANS if k in done}
+            out.append({**done, **means})
     summed = {k for k in out[0] if k.startswith(("entropy_sum/", "entropy_tokens/"))}
     stats = {k: sum(o[k] for o in out) / (1 if k in summed else len(out)) for k in out[0]}
     weights = importance_weights(ratios, loss.tis_cap, world) if report else {}
