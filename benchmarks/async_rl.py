@@ -51,8 +51,8 @@ from rstar2.auth import client_headers
 from rstar2.config import parse_config
 from rstar2.engines.hf import HFEngine
 from rstar2.local_service import free_port, wait_healthy
-from rstar2.recipe.tasks import generate
 from rstar2.rl.trainer import RLTrainer
+from rstar2.tasks.generator import generate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollout import isolated  # noqa: E402 (the engine's isolated rate, as benchmarks/rollout.py takes it)
@@ -96,9 +96,11 @@ def chat_settings(recipe: str) -> dict:
     read from its YAML (the recipe's model need not be installed)."""
     import yaml
 
+    from rstar2.config import ChatSection
     from rstar2.recipe.spec import find_recipe
 
-    return yaml.safe_load(find_recipe(recipe).read_text()).get("chat", {})
+    rollout = yaml.safe_load(find_recipe(recipe).read_text()).get("rollout", {})
+    return {k: v for k, v in rollout.items() if k in ChatSection.model_fields}
 
 
 def on_core_0(
@@ -327,7 +329,7 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
         "update_s": statistics.fmean(m["time/update_s"] for m in counted),
         "sync_s": statistics.fmean(m["time/sync_s"] for m in counted),
         "wait_s": statistics.fmean(m["time/rollout_s"] for m in counted),
-        # the trainer's per-step engine metrics (rstar2.rl.step_metrics.engine_metrics), counted steps
+        # the trainer's per-step engine metrics (rstar2.rl.plumbing.step_metrics.engine_metrics), counted steps
         "occupancy": statistics.fmean(m.get("engine/occupancy", float("nan")) for m in counted),
         "join_share": statistics.fmean(m.get("engine/join_share", float("nan")) for m in counted),
         "busy_share": statistics.fmean(m.get("engine/busy_share", float("nan")) for m in counted),

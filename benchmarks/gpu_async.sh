@@ -52,7 +52,7 @@ from pathlib import Path
 
 run, model = Path(sys.argv[1]), sys.argv[2]
 cmd = [sys.executable, "-m", "rstar2", "demo", "--recipe", "smollm2-135m", "--out", str(run), "--no-progress"]
-for s in (f"model.source={model}", "model.device=cuda", "sandbox_workers=8", "eval.before=false",
+for s in (f"model.source={model}", "model.device=cuda", "rollout.sandbox_workers=8", "eval.before=false",
           "eval.plain_before=false", "eval.also=[]"):
     cmd += ["--set", s]
 proc = subprocess.Popen(cmd)
@@ -68,7 +68,7 @@ while proc.poll() is None:
 sys.exit(proc.wait() if proc.returncode is None else proc.returncode)
 EOF
 phase compare 400 "$py" -m rstar2 compare "$work/run" --out "$work/compare" --variants roc,async-k1 \
-  --seeds 1 --stages rl-192 --set stages.rl-192.steps=8 --set model.device=cuda --set 'eval.also=[]' \
+  --seeds 1 --stages rl-192 --set stages.rl-192.run.steps=8 --set model.device=cuda --set 'eval.also=[]' \
   --set eval.count=48 --no-progress
 pack
 ls -la "$out"

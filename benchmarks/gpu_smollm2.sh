@@ -18,7 +18,7 @@ export PYTHONUNBUFFERED=1
 if [[ $what == recipe || $what == all ]]; then
   timer=(); [[ -x /usr/bin/time ]] && timer=(/usr/bin/time -v)
   "${timer[@]}" "$py" -m rstar2 demo --recipe smollm2-135m --out "$out/run" --no-progress \
-    --set model.source="$gguf" --set model.device=cuda --set sandbox_workers=8 \
+    --set model.source="$gguf" --set model.device=cuda --set rollout.sandbox_workers=8 \
     2>&1 | tee "$out/recipe.log"
 fi
 if [[ $what == rl-step || $what == all ]]; then

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollout import load_model  # noqa: E402
 
 from rstar2.device import resolve_precision  # noqa: E402
-from rstar2.rl.grpo import token_logprobs  # noqa: E402
+from rstar2.rl.algorithm.grpo import token_logprobs
 
 
 def autocast(on: bool):

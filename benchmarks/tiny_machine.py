@@ -25,7 +25,7 @@ from rstar2.config import OptimSection
 from rstar2.recipe.corpus import tiny_corpus
 from rstar2.recipe.spec import find_recipe, load_recipe
 from rstar2.recipe.tiny_model import build_model, build_tokenizer
-from rstar2.rl.optim import build_optimizer
+from rstar2.rl.plumbing.optim import build_optimizer
 from rstar2.rl.sft import sft_batch, sft_step
 from rstar2.rl.update import Learner
 
@@ -70,7 +70,7 @@ def demo_sft_batch(tok, recipe, n: int):
     from rstar2.chat.format import ChatFormat
     from rstar2.chat.prompt import problem_messages
     from rstar2.recipe.sft_data import break_code, conversation
-    from rstar2.recipe.tasks import generate
+    from rstar2.tasks.generator import generate
 
     chat = recipe.chat
     fmt = ChatFormat(

@@ -9,7 +9,7 @@ Variants (whole recipe runs, SFT included, each in OUT/VARIANT-sSEED; a stopped 
   four arithmetic families and the relation families' situations of one to three steps, RL on all
   families up to three steps, each RL stage on the difficulty ladder;
 - ``chains``: the recipe as shipped: also stories of up to four relations in SFT (about half of it) and
-  up to six in RL (forwards and backwards, recipe/chains.py), reasoning-gym's arithmetic chains in RL,
+  up to six in RL (forwards and backwards, tasks/chains.py), reasoning-gym's arithmetic chains in RL,
   and a last stage on the chains alone.
 
 Every run is evaluated on the same sets, after SFT and at the end: the shipped recipe's held-out
@@ -73,7 +73,7 @@ def variant_tree(tree: dict[str, Any], variant: str, seed: int, model: str, over
     if variant == "relations":  # the recipe's stages at commit 9ecfdfc, before the chains
         for stage in (sft, rl, hard):
             stage["data"]["generator"].pop("weights", None)
-        sft["steps"], rl["steps"], hard["steps"] = 40, 14, 5
+        sft["run"]["steps"], rl["run"]["steps"], hard["run"]["steps"] = 40, 14, 5
         sft["data"]["generator"] |= {"families": ["product", "sum", "quotient", "remainder", "relations"]}
         sft["data"]["generator"] |= {"levels": [1, 3], "count": 480}
         rl["data"] = {

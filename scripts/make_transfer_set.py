@@ -2,7 +2,7 @@
 training generator writes, to measure whether the tool habit (read the relations, write the program,
 check, answer) carries past the training problems.
 
-Written apart from the training families of ``recipe/relations.py`` and kept out of the package, so
+Written apart from the training families of ``tasks/relations.py`` and kept out of the package, so
 no training code can draw on it (a test checks that no wording or number pattern of this set occurs
 in the training data). Its twelve situations (recipes scaled, durations on a clock, fence posts,
 stock over weeks, tiered prices, savings goals, fuel, tables for guests, "times as many", a missing

@@ -55,15 +55,32 @@ def _imports(path: Path) -> set[str]:
     return out
 
 
-def test_every_module_is_on_the_map():
-    missing = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if path.name in ("__init__.py", "__main__.py"):
-            continue
-        rel = path.relative_to(PACKAGE).as_posix()
-        if f"`{rel}`" not in MAP and f"`{path.name}`" not in MAP:
-            missing.append(rel)
-    assert not missing, f"modules ARCHITECTURE.md does not name: {missing}"
+def _mapped_files() -> list[str]:
+    """The files the map's file-by-file tables name, as paths in the package: a row's file is
+    relative to the one folder its section is about (none: the ground floor, or named in full)."""
+    rooms = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    named, room = [], ""
+    for line in MAP.split("## File by file", 1)[1].splitlines():
+        if line.startswith("### "):
+            heading = re.findall(r"`(\w+)/`", line)
+            room = heading[0] + "/" if len(heading) == 1 else ""
+        elif line.startswith("| `"):
+            for name in re.findall(r"`([\w/]+\.py)`", line.split("|")[1]):
+                named.append(name if name.split("/")[0] in rooms else room + name)
+    return named
+
+
+def test_every_module_is_on_the_map_once():
+    """One line a file, under its own folder's heading, and no line for a file that is not there."""
+    named = _mapped_files()
+    files = {
+        path.relative_to(PACKAGE).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        if path.name not in ("__init__.py", "__main__.py")
+    }
+    assert not files - set(named), f"modules ARCHITECTURE.md does not name: {sorted(files - set(named))}"
+    assert not set(named) - files, f"the map names files that are not there: {sorted(set(named) - files)}"
+    assert len(named) == len(set(named)), "a file named twice"
 
 
 def test_imports_between_rooms_go_the_way_the_map_says():
@@ -117,7 +134,7 @@ def test_no_module_imports_itself_through_others():
     a sign that one module holds two concepts: the trainers' dispatch sat in the module both
     trainers start from)."""
     graph = _module_imports()
-    assert ("rl", "launch") in graph[("rl", "sft")]  # relative imports are read
+    assert ("rl", "plumbing", "launch") in graph[("rl", "sft")]  # relative imports are read
     circles = []
     for start in sorted(graph):
         stack = [(start, [start])]
@@ -129,3 +146,128 @@ def test_no_module_imports_itself_through_others():
                 elif target > start and target not in path:  # each circle found once, from its least module
                     stack.append((target, [*path, target]))
     assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_the_algorithm_stands_apart_from_its_plumbing():
+    """``rl/algorithm/`` (advantages, RoC, the loss, batches, the staleness rules) imports nothing
+    of the rest of ``rl/``: it reads and tests without processes, engines or files."""
+    graph = _module_imports()
+    algorithm = [m for m in graph if m[:2] == ("rl", "algorithm")]
+    assert len(algorithm) >= 5
+    wrong = [
+        f"{'.'.join(m)} imports {'.'.join(t)}"
+        for m in algorithm
+        for t in graph[m]
+        if t[0] == "rl" and t[:2] != ("rl", "algorithm")
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the string constants that are docstrings or bare expression statements."""
+    return {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
+
+
+def test_the_format_tags_are_spelled_only_in_their_home():
+    """``<answer>``, ``<tool_call>``, … are ``chat/tags.py``'s: any other module takes them from
+    there (``chat/prompt.py`` spells them in the prose the model reads); docstrings and help texts
+    may name them."""
+    from rstar2.chat import tags
+
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel in ("chat/tags.py", "chat/prompt.py"):
+            continue
+        tree = ast.parse(path.read_text())
+        skip = _docstrings(tree)
+        skip |= {id(k.value) for k in ast.walk(tree) if isinstance(k, ast.keyword) and k.arg == "help"}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+                hits = [t for t in tags.ALL if t in node.value]
+                if hits:
+                    found.append(f"{rel}:{node.lineno} spells {hits[0]}: import it from chat/tags.py")
+    assert not found, "\n".join(found)
+
+
+# values that mean "nothing chosen" or "no change" wherever they appear (resolve later, T = 1, off),
+# and names another concept shares with a setting (``enabled`` of a log, of the isolation layers)
+NEUTRAL = {
+    ("device", "auto"),
+    ("dtype", "auto"),
+    ("compute", "auto"),
+    ("temperature", 1.0),
+    ("top_p", 1.0),
+    ("top_k", 0),
+    ("seed", 0),
+    ("progress", True),
+}
+OTHER_CONCEPTS = {"enabled"}
+
+
+def _setting_defaults() -> dict[str, set]:
+    """Each setting of config.py's sections (by its key) and the defaults it has there."""
+    from pydantic import BaseModel
+
+    from rstar2 import config
+
+    homes: dict[str, set] = {}
+    for obj in vars(config).values():
+        if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == config.__name__:
+            for key, field in obj.model_fields.items():
+                if isinstance(field.default, (bool, int, float, str)):
+                    homes.setdefault(key, set()).add((type(field.default), field.default))
+    return homes
+
+
+def _written_defaults(tree: ast.AST):
+    """(name, default node) of every parameter and class field with a default in a module."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            positional = a.posonlyargs + a.args
+            with_default = positional[len(positional) - len(a.defaults) :]
+            yield from ((x.arg, d) for x, d in zip(with_default, a.defaults, strict=True))
+            yield from ((x.arg, d) for x, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is not None)
+        elif isinstance(node, ast.ClassDef):
+            for st in node.body:
+                if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name) and st.value is not None:
+                    value = st.value
+                    if (
+                        isinstance(value, ast.Call)
+                        and getattr(value.func, "id", "") == "Field"
+                        and value.args
+                    ):
+                        value = value.args[0]
+                    yield st.target.id, value
+
+
+def test_every_default_has_one_home():
+    """A setting's default is written in config.py only: a parameter or field elsewhere that takes
+    the same setting refers to it (``DEFAULT_LOSS.adv_eps``, ``DEFAULT_CHAT.stateful``) or is
+    required, never restates the number; the recipe adds no second name for a section's key."""
+    from rstar2.config import ModelSection, RLConfig, SFTConfig
+    from rstar2.recipe.spec import SECTIONS, ModelSpec, Recipe, StageSpec
+
+    homes = _setting_defaults()
+    restated = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel == "config.py":
+            continue
+        for name, node in _written_defaults(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Constant) or name in OTHER_CONCEPTS or (name, node.value) in NEUTRAL:
+                continue
+            if (type(node.value), node.value) in homes.get(name, ()):
+                restated.append(f"{rel}:{node.lineno} {name}={node.value!r}: use config's default")
+    assert not restated, "\n".join(restated)
+    # the recipe: sections by their own names, nothing beside them that a section already has
+    sections = set(RLConfig.model_fields) | set(SFTConfig.model_fields)
+    assert set(SECTIONS) <= sections
+    assert set(StageSpec.model_fields) == {"name", "kind", "data", "filter", "ladder", *SECTIONS}
+    assert not set(Recipe.model_fields) & (sections - {"model", "rollout"})
+    assert issubclass(ModelSpec, ModelSection)  # the recipe's model: is the config's, plus its source

@@ -17,11 +17,11 @@ def miniature_sets() -> list[str]:
     """`--set` values that shrink the tiny recipe to seconds (the shape of tests/recipe's miniature)."""
     sets = ["model.vocab=320", "model.hidden=32", "model.layers=1", "model.heads=2", "model.mlp=64"]
     sets += ["eval.count=3", "eval.samples=1", "eval.entropy_trajectories=4", "defaults.sft.run.batch_size=8"]
-    sets += ["defaults.rl.rollout.samples=4", "defaults.rl.rollout.max_turns=2", "defaults.rl.roc.keep=2"]
-    sets += ["defaults.rl.run.batch_size=2", "stages.sft.steps=2", "stages.sft.stop_loss=null"]
+    sets += ["rollout.samples=4", "rollout.max_turns=2", "defaults.rl.roc.keep=2"]
+    sets += ["defaults.rl.run.batch_size=2", "stages.sft.run.steps=2", "stages.sft.sft.stop_loss=null"]
     sets += ["stages.sft.data.generator.count=16"]
     for stage in ("rl-64", "rl-128", "rl-hard"):
-        sets += [f"stages.{stage}.steps=1", f"stages.{stage}.max_response_tokens=40"]
+        sets += [f"stages.{stage}.run.steps=1", f"stages.{stage}.rollout.max_response_tokens=40"]
         sets += [f"stages.{stage}.data.generator.count=3"]
         sets += [f"stages.{stage}.filter={{samples: 2, min_solved: 0, max_solved: 2}}"]
     return [x for s in sets for x in ("--set", s)]

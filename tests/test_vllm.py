@@ -24,7 +24,7 @@ from rstar2.engines.base import SamplingParams
 from rstar2.engines.openai import ServerError
 from rstar2.engines.vllm_launch import installed, vllm_python
 from rstar2.recipe.tiny_model import build_model, build_tokenizer, save_pretrained
-from rstar2.rl.metrics_log import read_metrics
+from rstar2.rl.plumbing.metrics_log import read_metrics
 from rstar2.rollout.build import connect
 
 from .conftest import CORPUS, ROOT, RSTAR2, free_port, stop, wait_http
@@ -115,10 +115,10 @@ def vllm(model_dir, tmp_path_factory, api_key):
 def trainer_logprobs(
     folder: Path, prompt: list[int], ids: list[int], temperature: float, banned=()
 ) -> torch.Tensor:
-    """The trainer's teacher-forced log-probs of ``ids`` after ``prompt`` (``rl/grpo.py``)."""
+    """The trainer's teacher-forced log-probs of ``ids`` after ``prompt`` (``rl/algorithm/grpo.py``)."""
     from transformers import AutoModelForCausalLM
 
-    from rstar2.rl.grpo import token_logprobs
+    from rstar2.rl.algorithm.grpo import token_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     with torch.no_grad():

@@ -13,7 +13,17 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .config import CAPACITY_HELP, CHAT_ROLLOUT, DEFAULT_ROLLOUT, EVAL_ROLLOUT, KEEP_HELP, Columns, validate
+from .config import (
+    CAPACITY_HELP,
+    CHAT_ROLLOUT,
+    DEFAULT_ROLLOUT,
+    DEFAULT_RUN,
+    EVAL_ROLLOUT,
+    EVAL_SAMPLES,
+    KEEP_HELP,
+    Columns,
+    validate,
+)
 from .sandbox import commands as sandbox_commands
 
 app = typer.Typer(
@@ -290,7 +300,9 @@ def eval_cmd(
         help="Where the files keep problem and answer: problem=question, answer=reward_model.ground_truth, "
         "split=test (repeatable; default: problem/question/prompt and answer/ground_truth).",
     ),
-    samples: int = typer.Option(16, "--samples", "-k", help="Samples per problem (pass@1 is their average)."),
+    samples: int = typer.Option(
+        EVAL_SAMPLES, "--samples", "-k", help="Samples per problem (pass@1 is their average)."
+    ),
     temperature: float | None = typer.Option(
         None, help=f"Sampling temperature (default {EVAL_ROLLOUT['temperature']})."
     ),
@@ -394,7 +406,7 @@ def _log(text: str) -> None:
 def _failures(after_run_error: str | None = None) -> Iterator[None]:
     """A run that started and failed (``RunError``: the first error and where; the run folder keeps
     the rest) exits 1; bad data, paths or settings exit 2: both say what, without a traceback."""
-    from .rl.launch import RunError
+    from .rl.plumbing.launch import RunError
 
     try:
         yield
@@ -455,7 +467,9 @@ def analyze_entropy(
         ..., "--trajectories", help="A trajectories JSONL (rstar2 eval, RL samples)."
     ),
     top: float = typer.Option(0.2, help="Share of each trajectory's model tokens marked high-entropy."),
-    window: int = typer.Option(20, help="Model tokens after a tool response counted as reflection."),
+    window: int = typer.Option(
+        DEFAULT_RUN.reflection_window, help="Model tokens after a tool response counted as reflection."
+    ),
     limit: int | None = typer.Option(None, help="Only the first N trajectories."),
     temperature: float = typer.Option(1.0, help="The sampling temperature the entropy is taken at."),
     device: str = typer.Option("auto", help="cpu, cuda, ... (auto: CUDA when present)."),

@@ -132,7 +132,7 @@ class SchedulerSection(_Section):
     """Which engine serves each turn (``rollout/scheduler.py``)."""
 
     policy: Literal["kv", "least_requests", "static"] = "kv"
-    grant_tokens: int | None = None  # kv: new tokens per admitted request (None: 512 or capacity/64)
+    grant_tokens: int | None = None  # kv: new tokens per admitted request (None: GRANT_HELP)
     retries: int = Field(2, ge=0)  # a turn whose engine failed is retried on another
     # RL: a failed engine is out until it holds the current weights again (loaded by the trainer,
     # tried with back-off); after this long it is out for good, and with none left the step stops
@@ -140,7 +140,7 @@ class SchedulerSection(_Section):
 
 
 class AsyncSection(_Section):
-    """RL: generation overlapping the update (``rl/staleness.py``)."""
+    """RL: generation overlapping the update (``rl/algorithm/staleness.py``)."""
 
     # a token may be sampled by a policy at most this many updates older than the one it trains;
     # 0 = the synchronous loop. > 0 needs loss.tis_cap (the off-policy correction)
@@ -152,6 +152,11 @@ class AsyncSection(_Section):
     # in-process engine with max_staleness > 0: its torch threads while the update runs beside it
     # (the update takes the rest of model.threads; each alone uses them all); None: both use all
     engine_threads: int | None = Field(None, ge=1)
+
+    @property
+    def off_policy(self) -> bool:
+        """Tokens may be sampled by older weights than those they train."""
+        return self.max_staleness > 0
 
 
 def refuse_moved(tree: Any, section: str, moved: dict[str, str]) -> Any:
@@ -204,6 +209,22 @@ class RolloutSection(ChatSection):
 
 
 DEFAULT_ROLLOUT = RolloutSection()
+DEFAULT_SCHEDULER = DEFAULT_ROLLOUT.scheduler
+
+# The kv policy's grant when ``rollout.scheduler.grant_tokens`` leaves it open (``grant_budget``)
+GRANT_TOKENS, GRANT_SHARE = 512, 64
+GRANT_HELP = (
+    f"{GRANT_TOKENS} new tokens, or 1/{GRANT_SHARE} of the smallest engine's capacity so that many "
+    "requests fit; whole turns where no engine keeps a prefix cache (a continued turn prefills again)"
+)
+
+
+def grant_budget(capacities: list[int], prefix_cache: bool = True) -> int:
+    """New tokens the kv policy grants an admitted request when the settings leave it open."""
+    if not prefix_cache:
+        return max(capacities)
+    return max(1, min(GRANT_TOKENS, min(capacities) // GRANT_SHARE))
+
 
 # The in-process engine's KV budget when the settings leave it open (``engine_budget``)
 CONTEXT_CAP = 4096  # tokens a row is budgeted at most, whatever the model's context
@@ -224,6 +245,7 @@ def engine_budget(
 
 # The paper's evaluation (P §5.1): what `rstar2 eval` samples with unless told otherwise; `rstar2 chat`
 # takes it with a shorter budget
+EVAL_SAMPLES = 16  # samples a problem in `rstar2 eval` (P §5.1: avg pass@1 over 16)
 EVAL_ROLLOUT = {"temperature": 0.6, "max_response_tokens": 30000, "max_turns": 30}
 CHAT_ROLLOUT = {**EVAL_ROLLOUT, "max_response_tokens": 8192}
 
@@ -323,6 +345,17 @@ class RunSection(_Section):
     health: HealthSection = Field(default_factory=HealthSection)  # RL only
 
 
+# each section's defaults, for code that takes one of its settings as an argument: the default is
+# the section's, written once (tests/test_architecture.py checks no other module restates one)
+DEFAULT_CHAT, DEFAULT_ASYNC, DEFAULT_ROC = ChatSection(), AsyncSection(), RocSection()
+DEFAULT_LOSS, DEFAULT_OPTIM, DEFAULT_HEALTH, DEFAULT_RUN = (
+    LossSection(),
+    OptimSection(),
+    HealthSection(),
+    RunSection(),
+)
+
+
 class RLConfig(_Section):
     kind: Literal["rl"] = "rl"
     # A custom reward "module:function" (Trajectory -> float, sees every rollout); None: the verifier.
@@ -343,13 +376,12 @@ class RLConfig(_Section):
                 f"roc.keep ({self.roc.keep}) cannot exceed rollout.samples ({self.rollout.samples}): "
                 "RoC keeps G of the 2G sampled rollouts"
             )
-        k = self.asynchronous.max_staleness
-        if k and self.loss.tis_cap is None and "tis_cap" not in self.loss.model_fields_set:
+        if self.uncorrected and "tis_cap" not in self.loss.model_fields_set:
             raise ValueError(
-                f"asynchronous.max_staleness={k} trains on tokens sampled by older policies and needs "
-                "the off-policy correction: set loss.tis_cap (the cap on the importance weight "
-                "pi_prox/mu of the decoupled objective, e.g. 2.0), or max_staleness: 0 (loss.tis_cap: "
-                "null, written out, leaves the correction out on purpose, for an ablation)"
+                f"asynchronous.max_staleness={self.asynchronous.max_staleness} trains on tokens sampled "
+                "by older policies and needs the off-policy correction: set loss.tis_cap (the cap on the "
+                "importance weight pi_prox/mu of the decoupled objective, e.g. 2.0), or max_staleness: 0 "
+                "(loss.tis_cap: null, written out, leaves the correction out on purpose, for an ablation)"
             )
         r = self.rollout
         if self.loss.tis_cap is not None and (r.top_k > 0 or r.top_p < 1):
@@ -361,6 +393,12 @@ class RLConfig(_Section):
                 "(asynchronous.max_staleness: 0, no tis_cap)"
             )
         return self
+
+    @property
+    def uncorrected(self) -> bool:
+        """Stale tokens trained as if on-policy: asynchronous without ``loss.tis_cap``. Refused unless
+        ``tis_cap: null`` is written out (an ablation), and then said at the start of the run."""
+        return self.asynchronous.off_policy and self.loss.tis_cap is None
 
 
 class SFTSection(_Section):

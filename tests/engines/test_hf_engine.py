@@ -69,11 +69,11 @@ async def test_stop_tokens_length_and_banned_tokens(engine, tiny):
 
 async def test_bad_requests_get_clear_errors_and_the_engine_goes_on(engine, tiny):
     with pytest.raises(ValueError, match="no room"):
-        await engine.generate([1] * 5000, SamplingParams())
+        await engine.generate([1] * 5000, SamplingParams(max_new_tokens=8))
     with pytest.raises(ValueError, match="empty"):
-        await engine.generate([], SamplingParams())
+        await engine.generate([], SamplingParams(max_new_tokens=8))
     with pytest.raises(ValueError, match="top_p"):
-        SamplingParams(top_p=0)
+        SamplingParams(max_new_tokens=8, top_p=0)
     g = await engine.generate([5, 6, 7], SamplingParams(max_new_tokens=3))
     assert len(g.token_ids) == 3
 

@@ -38,8 +38,9 @@ def sft_recipe() -> dict:
     tree["defaults"]["sft"]["optim"].update(schedule="constant")
     sft = tree["stages"][0]
     sft["data"]["generator"].update(digits=[1, 2], count=2000)
-    sft["probe"]["generator"].update(digits=[1, 2], count=64)
-    sft.update(steps=800, stop_skill=0.2)
+    sft["sft"]["probe"]["generator"].update(digits=[1, 2], count=64)
+    sft.update(run={"steps": 800})
+    sft["sft"]["stop_skill"] = 0.2
     tree["stages"] = [sft]
     return tree
 

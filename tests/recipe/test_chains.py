@@ -1,4 +1,4 @@
-"""The chains (recipe/chains.py): stories of one to six relations, forwards and backwards, whose
+"""The chains (tasks/chains.py): stories of one to six relations, forwards and backwards, whose
 programs name one quantity per fact and print the answer; the ladder's cells over their levels; and
 the training data kept apart from the `gsm_symbolic` yardstick (never a sentence or a computation of it)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 
 from rstar2.problems import load_problems
-from rstar2.recipe.chains import LEVELS
-from rstar2.recipe.tasks import cells, generate
+from rstar2.tasks.chains import LEVELS
+from rstar2.tasks.generator import cells, generate
 
 from .test_relations import NUMBER, WORDS, _printed, shared_with_training
 

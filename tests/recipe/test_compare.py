@@ -16,7 +16,7 @@ from rstar2.recipe.compare import DEFAULT_VARIANTS, arm_tree, arms, source_run
 from rstar2.recipe.report_card import eval_dir, sampled_trajectories
 from rstar2.recipe.run import run_recipe
 from rstar2.recipe.spec import parse_recipe
-from rstar2.rl.metrics_log import read_metrics
+from rstar2.rl.plumbing.metrics_log import read_metrics
 from rstar2.rollout.trajectory import read_trajectories
 
 from ..conftest import RSTAR2
@@ -42,13 +42,15 @@ def source(tmp_path_factory):
 def test_an_arm_is_the_rl_stages_from_the_sft_checkpoint_with_the_variants_roc(source):
     tree, checkpoint = source_run(source)
     assert checkpoint.name == "step-000002" and "01-sft" in str(checkpoint)
-    t = arm_tree(tree, checkpoint, "grpo-kept", 4, ["stages.rl-64.steps=3"])  # 2G = 4, G = 2
+    t = arm_tree(tree, checkpoint, "grpo-kept", 4, ["stages.rl-64.run.steps=3"])  # 2G = 4, G = 2
     assert t["model"]["path"] == str(checkpoint) and "build" not in t["model"]
-    assert [s["name"] for s in t["stages"]] == ["rl-64"] and t["stages"][0]["steps"] == 3
+    assert [s["name"] for s in t["stages"]] == ["rl-64"] and t["stages"][0]["run"]["steps"] == 3
     assert t["defaults"]["rl"]["run"]["seed"] == 4
-    assert (t["stages"][0]["samples"], t["stages"][0]["roc"]["enabled"]) == (2, False)  # G sampled, all kept
+    assert (t["stages"][0]["rollout"]["samples"], t["stages"][0]["roc"]["enabled"]) == (2, False)  # G sampled
     uniform = arm_tree(tree, checkpoint, "roc-uniform", 0)["stages"][0]
-    assert uniform["roc"] == {"enabled": True, "mode": "uniform"} and uniform.get("samples") is None
+    assert uniform["roc"] == {"enabled": True, "mode": "uniform"} and "samples" not in uniform.get(
+        "rollout", {}
+    )
     assert t["eval"]["before"] is False and t["eval"]["entropy_trajectories"] == 0
     assert tree["stages"][0]["kind"] == "sft"  # the source tree is left as it was
     assert arm_tree(tree, checkpoint, "roc", 0, stages=["rl-64"])["stages"][0]["name"] == "rl-64"

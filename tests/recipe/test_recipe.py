@@ -25,18 +25,19 @@ def miniature() -> dict:
     tree["model"].update(vocab=320, hidden=32, layers=1, heads=2, mlp=64)
     tree["eval"].update(count=3, samples=1, before=True)
     tree["defaults"]["sft"]["run"].update(batch_size=8)
-    tree["defaults"]["rl"]["rollout"].update(samples=4, max_turns=2)
+    tree["rollout"].update(samples=4, max_turns=2)
     tree["defaults"]["rl"]["roc"].update(keep=2)
     tree["defaults"]["rl"]["run"].update(batch_size=2, save_every=1)
     sft, rl1, rl2, rl3 = tree["stages"]
-    sft.update(steps=2, sft={"probe_every": 1})  # its stop_skill is measured, not reached
+    sft.update(run={"steps": 2})
+    sft["sft"]["probe_every"] = 1  # its stop_skill is measured, not reached
     sft["data"]["generator"].update(count=16)
-    sft["probe"]["generator"].update(count=4)
+    sft["sft"]["probe"]["generator"].update(count=4)
     for st in (rl1, rl2, rl3):
-        st.update(steps=1, max_response_tokens=40)
+        st.update(run={"steps": 1}, rollout={"max_response_tokens": 40})
         st["data"]["generator"].update(count=3)
         st["filter"] = {"samples": 2, "min_solved": 0, "max_solved": 2}  # an untrained model solves nothing
-    rl2["steps"] = 2
+    rl2["run"]["steps"] = 2
     return tree
 
 
@@ -184,7 +185,7 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
 
 
 def tree_banned(recipe) -> list[str]:
-    return recipe.defaults["rl"]["rollout"]["banned_tokens"]
+    return recipe.rollout["banned_tokens"]
 
 
 def test_filters_and_evaluations_take_the_stage_rollout_settings():
@@ -226,7 +227,7 @@ def test_a_miniature_recipe_on_a_remote_engine(tmp_path):
     server = start_cli([*args, "--weights-from", str(tmp_path)])
     try:
         wait_http(url, server)
-        tree["servers"] = [url]
+        tree["rollout"]["engine"]["servers"] = [url]
         path = tmp_path / "remote.yaml"
         path.write_text(yaml.safe_dump(tree))
         result = CliRunner().invoke(
@@ -259,12 +260,17 @@ def test_a_miniature_recipe_on_a_remote_engine(tmp_path):
             ),
             "roc.kep",
         ),
-        (lambda t: t["stages"][1].update(keep=32), "roc.keep (32) cannot exceed rollout.samples"),
+        (lambda t: t["stages"][1].update(roc={"keep": 32}), "roc.keep (32) cannot exceed rollout.samples"),
         (
             lambda t: t["stages"][0].update(data={"files": ["no/such/file.jsonl"]}),
             "no/such/file.jsonl does not exist",
         ),
-        (lambda t: t["stages"][0].update(keep=4), "keep: not a setting of sft stages"),
+        (lambda t: t["stages"][0].update(roc={"keep": 4}), "roc: not a setting of sft stages"),
+        # a key that moved: its one name now
+        (lambda t: t["stages"][1].update(steps=3), "stages.rl-64.steps is now stages.rl-64.run.steps"),
+        (lambda t: t.update(servers=["http://x:1"]), "recipe.servers is now recipe.rollout.engine.servers"),
+        (lambda t: t.update(chat={"user_prefix": ""}), "recipe.chat is now recipe.rollout"),
+        (lambda t: t["defaults"]["rl"].update(rollout={}), "defaults.rl.rollout is now recipe.rollout"),
         (
             lambda t: t["stages"][1]["data"]["generator"].update(families=["integrals"]),
             "unknown task families",
@@ -293,10 +299,10 @@ def test_a_broken_recipe_is_rejected_naming_the_key(tmp_path, change, message):
 
 
 def test_set_overrides_address_stages_by_name(tmp_path):
-    recipe = load_recipe(find_recipe("tiny"), ["stages.rl-64.steps=3", "eval.samples=1"])
-    assert next(s for s in recipe.stages if s.name == "rl-64").steps == 3 and recipe.eval.samples == 1
+    recipe = load_recipe(find_recipe("tiny"), ["stages.rl-64.run.steps=3", "eval.samples=1"])
+    assert next(s for s in recipe.stages if s.name == "rl-64").run["steps"] == 3 and recipe.eval.samples == 1
     with pytest.raises(ConfigError, match="no stage named 'rl-9'"):
-        load_recipe(find_recipe("tiny"), ["stages.rl-9.steps=3"])
+        load_recipe(find_recipe("tiny"), ["stages.rl-9.run.steps=3"])
 
 
 def test_the_paper_recipe_is_valid_apart_from_its_placeholder_paths():
@@ -304,8 +310,8 @@ def test_the_paper_recipe_is_valid_apart_from_its_placeholder_paths():
     recipe = parse_recipe(tree, check_paths=False)
     assert [s.name for s in recipe.stages] == ["sft", "rl-8k", "rl-12k", "rl-hard"]
     rl = recipe.defaults["rl"]
-    assert rl["rollout"]["samples"] == 32 and rl["roc"]["keep"] == 16 and rl["optim"]["lr"] == 1e-6
-    assert recipe.stages[-1].filter.samples == 8 and recipe.stages[-1].reset_optimizer
+    assert recipe.rollout["samples"] == 32 and rl["roc"]["keep"] == 16 and rl["optim"]["lr"] == 1e-6
+    assert recipe.stages[-1].filter.samples == 8 and recipe.stages[-1].optim["reset_optimizer"]
     with pytest.raises(ConfigError, match="does not exist"):
         parse_recipe(tree)  # on this machine the model and data are not there
 

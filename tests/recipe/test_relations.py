@@ -1,4 +1,4 @@
-"""The relation families (recipe/relations.py): answers their programs compute, levels that are
+"""The relation families (tasks/relations.py): answers their programs compute, levels that are
 steps, varied wordings and numbers in words, the ladder's cells and its choice, and the training
 data kept apart from the never-trained `transfer` set."""
 
@@ -13,10 +13,10 @@ from collections import Counter
 import pytest
 
 from rstar2.problems import load_problems
-from rstar2.recipe.relations import FAMILIES as RELATIONS
-from rstar2.recipe.relations import Say
 from rstar2.recipe.run import choose_cells
-from rstar2.recipe.tasks import ALL_FAMILIES, FAMILIES, cells, expand_families, generate
+from rstar2.tasks.generator import ALL_FAMILIES, FAMILIES, cells, expand_families, generate
+from rstar2.tasks.relations import FAMILIES as RELATIONS
+from rstar2.tasks.relations import Say
 
 NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 WORDS = re.compile(

@@ -10,8 +10,8 @@ import pytest
 from rstar2.chat.format import ChatFormat
 from rstar2.config import ChatSection
 from rstar2.recipe.sft_data import build_conversations
-from rstar2.recipe.tasks import FAMILIES, generate, is_heldout
 from rstar2.recipe.tiny_model import build_tokenizer
+from rstar2.tasks.generator import FAMILIES, generate, is_heldout
 
 
 def run_code(code: str) -> str:
@@ -86,7 +86,7 @@ def test_the_tiny_tokenizer_reloads_from_the_model_folder_as_it_was_trained(tmp_
 
     from rstar2.chat.prompt import problem_messages
     from rstar2.recipe.sft_data import conversation
-    from rstar2.recipe.tiny_model import TOOL_CALL_OPEN, build_model, save_pretrained
+    from rstar2.recipe.tiny_model import CALL_JSON_OPEN, build_model, save_pretrained
 
     texts = []
     render = build_tokenizer(["x"], 260)
@@ -103,7 +103,7 @@ def test_the_tiny_tokenizer_reloads_from_the_model_folder_as_it_was_trained(tmp_
         )
     ids = loaded(texts[0], add_special_tokens=False)["input_ids"]
     pieces = [loaded.decode([i]) for i in ids]
-    assert TOOL_CALL_OPEN in pieces and '"}}' in pieces
+    assert CALL_JSON_OPEN in pieces and '"}}' in pieces
     assert all(len(p.strip()) == 1 for p in pieces if any(c.isdigit() for c in p))
     assert loaded.decode(ids) == texts[0]
 
@@ -113,7 +113,7 @@ def test_the_paraphrased_set_answers_what_its_programs_compute_and_is_unlike_the
     import sys
 
     from rstar2.problems import load_problems
-    from rstar2.recipe.tasks import generate as tiny_tasks
+    from rstar2.tasks.generator import generate as tiny_tasks
 
     shipped = load_problems("paraphrased")
     assert len(shipped) == 120 and len({r["kind"] for r in shipped}) == 16

@@ -15,10 +15,10 @@ import torch
 from rstar2.config import ConfigError, parse_config
 from rstar2.engines.base import SamplingParams
 from rstar2.engines.hf import HFEngine
-from rstar2.rl.checkpoint import latest_checkpoint
-from rstar2.rl.metrics_log import read_metrics
-from rstar2.rl.staleness import admissible, staleness_metrics
-from rstar2.rl.step_metrics import engine_metrics
+from rstar2.rl.algorithm.staleness import admissible, staleness_metrics
+from rstar2.rl.plumbing.checkpoint import latest_checkpoint
+from rstar2.rl.plumbing.metrics_log import read_metrics
+from rstar2.rl.plumbing.step_metrics import engine_metrics
 from rstar2.rl.trainer import RLTrainer
 from tests.rl.test_trainer import place, rl_config
 
@@ -137,7 +137,7 @@ def test_admission_keeps_every_group_within_k_updates():
 async def test_the_feed_starts_no_group_past_the_runs_last_step():
     """At k = 2 the feed runs up to two steps ahead, but never past ``run.steps``: no rollouts are
     generated only to be thrown away at the end of a run or a stage."""
-    from rstar2.rl.staleness import GroupFeed
+    from rstar2.rl.plumbing.feed import GroupFeed
 
     started = []
 
@@ -155,7 +155,7 @@ async def test_the_feed_starts_no_group_past_the_runs_last_step():
 def test_a_token_outside_the_bound_stops_the_step_naming_its_engine():
     """Checked per token from the recorded versions, before the update; tool tokens (-1) carry no
     version and are not model tokens."""
-    from rstar2.rl.staleness import StalenessError, check_versions
+    from rstar2.rl.algorithm.staleness import StalenessError, check_versions
     from rstar2.rollout.trajectory import Trajectory, Turn
 
     def traj(versions_per_turn, engine="http://a:8000"):
@@ -475,7 +475,7 @@ def test_an_engine_copy_that_holds_other_weights_stops_the_run_at_once(tiny_dir,
     was sent (here: loaded as something else) stops the run at once, before any rollout samples
     from it: at the start, where the run's own weights are sent first."""
     from rstar2.engines.hf import HFEngine
-    from rstar2.rl.checkpoint import latest_checkpoint
+    from rstar2.rl.plumbing.checkpoint import latest_checkpoint
     from rstar2.rl.trainer import RunError
 
     real = HFEngine.update_weights
@@ -503,7 +503,7 @@ def test_the_held_weights_are_compared_exactly_and_a_skipped_name_counts(tiny):
     import copy
 
     from rstar2.engines.hf import HFEngine
-    from rstar2.rl.sync import held_difference
+    from rstar2.rl.plumbing.sync import held_difference
 
     engine = HFEngine(copy.deepcopy(tiny[0]))
     sent = {k: v.clone() for k, v in tiny[0].state_dict().items()}
@@ -559,8 +559,8 @@ async def test_new_weights_are_written_off_the_event_loop(tiny, tmp_path, monkey
     import copy
 
     from rstar2.config import EngineSection
-    from rstar2.rl import distributed as D
-    from rstar2.rl.sync import publish
+    from rstar2.rl.plumbing import distributed as D
+    from rstar2.rl.plumbing.sync import publish
 
     model = tiny[0]
     engine = HFEngine(copy.deepcopy(model))

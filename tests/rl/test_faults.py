@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from rstar2.config import parse_config
-from rstar2.rl.launch import RunError
-from rstar2.rl.metrics_log import read_metrics
-from rstar2.rl.step_metrics import step_metrics
+from rstar2.rl.plumbing.launch import RunError
+from rstar2.rl.plumbing.metrics_log import read_metrics
+from rstar2.rl.plumbing.step_metrics import step_metrics
 from rstar2.rl.trainer import RLTrainer
 from rstar2.sandbox.result import ExecResult
 

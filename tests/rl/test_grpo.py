@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from rstar2.config import LossSection
-from rstar2.rl.batch import collate, plan_micro_batches, take_rows, with_weights
-from rstar2.rl.grpo import (
+from rstar2.rl.algorithm.batch import collate, plan_micro_batches, take_rows, with_weights
+from rstar2.rl.algorithm.grpo import (
     group_advantages,
     policy_loss,
     token_logprobs,
@@ -195,7 +195,7 @@ def _rows(seqs, advantages, groups):
 def _update(model, rows, loss, **kw):
     """One update of ``model`` at lr 0 on ``rows`` (the loss and metrics, no change to the weights)."""
     from rstar2.config import OptimSection
-    from rstar2.rl.optim import Learner, build_optimizer
+    from rstar2.rl.plumbing.optim import Learner, build_optimizer
     from rstar2.rl.update import update_on_rollouts
 
     opt, sched = build_optimizer(model, OptimSection(lr=0.0, warmup_steps=0), total_steps=1)
@@ -298,7 +298,7 @@ async def test_the_update_takes_logprobs_at_the_sampling_temperature(tiny, tempe
     from rstar2.config import LossSection, OptimSection
     from rstar2.engines.base import SamplingParams
     from rstar2.engines.hf import HFEngine
-    from rstar2.rl.optim import build_optimizer
+    from rstar2.rl.plumbing.optim import build_optimizer
     from rstar2.rl.update import Learner, Row, update_on_rollouts
     from rstar2.rollout.trajectory import Trajectory
 
@@ -347,7 +347,7 @@ async def test_the_decoupled_weights_come_from_the_steps_own_pass_and_match_a_se
     from rstar2.engines.base import SamplingParams
     from rstar2.engines.hf import HFEngine
     from rstar2.rl import update as U
-    from rstar2.rl.optim import build_optimizer
+    from rstar2.rl.plumbing.optim import build_optimizer
     from rstar2.rollout.trajectory import Trajectory
 
     model, tok = tiny

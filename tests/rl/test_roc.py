@@ -7,7 +7,7 @@ import random
 import pytest
 
 from rstar2.config import RocSection
-from rstar2.rl.roc import (
+from rstar2.rl.algorithm.roc import (
     Scored,
     class_counts,
     count_answers,

@@ -21,8 +21,8 @@ import yaml
 from safetensors.torch import load_file
 
 from rstar2.engines.base import weights_fingerprint
-from rstar2.rl.checkpoint import latest_checkpoint
-from rstar2.rl.metrics_log import read_metrics
+from rstar2.rl.plumbing.checkpoint import latest_checkpoint
+from rstar2.rl.plumbing.metrics_log import read_metrics
 
 from ..conftest import ROOT, free_port, start_cli, stop, wait_http
 from .test_async import assert_versions_in_bound
@@ -202,7 +202,7 @@ def test_a_versioned_weight_update_reaches_two_served_engines_mid_generation(
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_asynchronous_rl_on_two_served_engines(served, second_server, tiny_dir, problems, tmp_path):
-    """rollout.max_staleness 1 through the CLI with two `rstar2 serve` engines: every step once,
+    """asynchronous.max_staleness 1 through the CLI with two `rstar2 serve` engines: every step once,
     the servers end on the trainer's weights, and every trained token is at most one update old
     (the servers say which version sampled it)."""
     out = tmp_path / "run"
@@ -420,7 +420,7 @@ def test_rl_under_torchrun_ends_with_the_parameters_of_one_process(tiny_dir, pro
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_asynchronous_rl_under_torchrun(tiny_dir, problems, tmp_path):
-    """rollout.max_staleness 1 with two training processes, each generating its own groups on its
+    """asynchronous.max_staleness 1 with two training processes, each generating its own groups on its
     own engine copy while the update runs: every step once, every trained token at most one update
     old, each engine on the trainer's weights after every sync."""
     out = tmp_path / "run"

@@ -18,8 +18,8 @@ import torch
 import yaml
 
 from rstar2.config import MOVED_FROM_ROLLOUT, parse_config, put
-from rstar2.rl.checkpoint import latest_checkpoint
-from rstar2.rl.metrics_log import read_metrics
+from rstar2.rl.plumbing.checkpoint import latest_checkpoint
+from rstar2.rl.plumbing.metrics_log import read_metrics
 from rstar2.rl.trainer import RLTrainer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,8 +19,8 @@ from torch.optim.lr_scheduler import LambdaLR
 from transformers import AutoModelForCausalLM
 
 from rstar2.config import LossSection, OptimSection
-from rstar2.rl import distributed as D
-from rstar2.rl.grpo import group_advantages
+from rstar2.rl.algorithm.grpo import group_advantages
+from rstar2.rl.plumbing import distributed as D
 from rstar2.rl.update import Learner, Row, update_on_rollouts
 from rstar2.rollout.trajectory import Trajectory
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..chat.token_classes import CLASSES, TokenClasses, classify
+from ..config import DEFAULT_RUN
 from ..jsonl import iter_jsonl
 from ..plots import pyplot, save_figure
 from .entropy import Summary, TrajectoryEntropy, mark_high, summarize, teacher_forced_entropy
@@ -33,7 +34,7 @@ def analyze(
     out: Path,
     *,
     top: float = 0.2,
-    window: int = 20,
+    window: int = DEFAULT_RUN.reflection_window,
     limit: int | None = None,
     temperature: float = 1.0,
     device: str = "auto",

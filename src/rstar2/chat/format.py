@@ -11,11 +11,12 @@ from dataclasses import dataclass, fields
 from functools import cached_property
 from typing import Any
 
+from ..config import DEFAULT_CHAT
 from ..sandbox.capture import cut_middle
 from ..sandbox.result import ExecResult
 from .prompt import CHATML_TEMPLATE, SYSTEM_PROMPT, USER_PREFIX, problem_messages, tools_section
 from .tags import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
-from .tool_response import DEFAULT_LIMIT_CHARS, TRACEBACK_LINES, output_cut, result_text
+from .tool_response import output_cut, result_text
 from .tools import PYTHON_TOOL, SESSION_TOOL, ToolCallError, tool_schemas
 
 _MARK = "RSTAR2ASSISTANTTURN"
@@ -88,15 +89,14 @@ class ChatFormat:
     """Renders prompts and tool turns for one tokenizer; ids are lists of ints."""
 
     tokenizer: Any
-    stateful: bool = False  # offer python_session as well as the stateless tool
-    system_prompt: str | None = None  # None: rstar2's SYSTEM_PROMPT; "": no system message
-    user_prefix: str | None = None  # before each problem in the user turn; None: USER_PREFIX
-    tool_limit_chars: int = DEFAULT_LIMIT_CHARS
-    tool_limit_tokens: int | None = None
-    tool_traceback_lines: int = TRACEBACK_LINES
-    # False leaves the tool schemas out of the prompt (a small model taught the format by SFT
-    # does not need ~1K tokens of JSON schema in every prompt); calls are parsed all the same.
-    tools_in_prompt: bool = True
+    # ``ChatSection``'s settings, its defaults
+    stateful: bool = DEFAULT_CHAT.stateful
+    system_prompt: str | None = DEFAULT_CHAT.system_prompt
+    user_prefix: str | None = DEFAULT_CHAT.user_prefix
+    tool_limit_chars: int = DEFAULT_CHAT.tool_limit_chars
+    tool_limit_tokens: int | None = DEFAULT_CHAT.tool_limit_tokens
+    tool_traceback_lines: int = DEFAULT_CHAT.tool_traceback_lines
+    tools_in_prompt: bool = DEFAULT_CHAT.tools_in_prompt
 
     @classmethod
     def from_settings(cls, tokenizer: Any, chat: Any) -> ChatFormat:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..config import DEFAULT_RUN
 from .tags import ANSWER_CLOSE, ANSWER_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 CLASSES = ("reasoning", "reflection", "code", "answer")
@@ -31,7 +32,9 @@ def block_regions(text: str) -> list[tuple[int, int, str]]:
         pos = end
 
 
-def classify(pieces: Sequence[str], mask: Sequence[int], window: int = 20) -> list[str | None]:
+def classify(
+    pieces: Sequence[str], mask: Sequence[int], window: int = DEFAULT_RUN.reflection_window
+) -> list[str | None]:
     """A class for each response token: ``None`` for tool tokens (mask 0); ``code`` for tokens that
     touch a ``<tool_call>`` block, ``answer`` for an ``<answer>`` block; ``reflection`` for the first
     ``window`` model tokens of a turn that follows a tool response; else ``reasoning``."""
@@ -66,7 +69,7 @@ class TokenClasses:
     """Class indices (into ``CLASSES``; ``NO_CLASS`` for tool tokens) of a response's tokens; pieces
     decoded once per token id and cached, so a step costs a lookup per token, not a ``decode``."""
 
-    def __init__(self, tokenizer: Any, window: int = 20) -> None:
+    def __init__(self, tokenizer: Any, window: int = DEFAULT_RUN.reflection_window) -> None:
         self.tokenizer, self.window = tokenizer, window
         self._pieces: dict[int, str] = {}
 

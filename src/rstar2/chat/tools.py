@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import DEFAULT_CHAT
 from .tags import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 PYTHON_TOOL = "execute_python_code_with_standard_io"
@@ -28,7 +29,7 @@ def _function(name: str, description: str, **arguments: str) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
-def tool_schemas(stateful: bool = False) -> list[dict[str, Any]]:
+def tool_schemas(stateful: bool = DEFAULT_CHAT.stateful) -> list[dict[str, Any]]:
     """OpenAI-style function schemas, as chat templates take them through ``tools=``."""
     python = _function(
         PYTHON_TOOL,

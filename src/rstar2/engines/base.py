@@ -13,7 +13,7 @@ FinishReason = Literal["stop", "length"]
 class SamplingParams:
     """Per-request sampling. ``temperature`` 0 is greedy; ``top_k`` 0 and ``top_p`` 1 switch those off."""
 
-    max_new_tokens: int = 512
+    max_new_tokens: int  # the rollout's budget left (rollout.max_response_tokens), always given
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0

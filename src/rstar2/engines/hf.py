@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..config import DEFAULT_ROLLOUT, engine_budget
+from ..config import DEFAULT_ASYNC, DEFAULT_ROLLOUT, engine_budget
 from ..device import decode_compute, engine_dtype, max_positions, pick_device, resolve_precision
 from .base import Generation, SamplingParams
 from .batch import Request, Row, RunningBatch
@@ -53,7 +53,7 @@ class HFEngine:
         keep_tokens: int | None = None,
         pad_token_id: int | None = None,
         compute: str = "auto",
-        keep_stale_kv: bool = False,
+        keep_stale_kv: bool = DEFAULT_ASYNC.keep_stale_kv,
         cuda_graphs: bool | None = None,
     ) -> None:
         self.model = model.eval()

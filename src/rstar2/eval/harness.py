@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import Columns, RolloutSection
+from ..config import EVAL_SAMPLES, Columns, RolloutSection
 from ..jsonl import write_jsonl
 from ..problems import check_source, load_problems, source_name
 from ..rollout.multi_turn import Rollout
@@ -42,7 +42,7 @@ async def evaluate(
     benches: Sequence[str],
     out_dir: str | Path,
     *,
-    samples: int = 16,
+    samples: int = EVAL_SAMPLES,
     limit: int | None = None,
     seed: int = 0,
     progress: bool = True,
@@ -134,7 +134,7 @@ def run_eval(
     model: str | None = None,
     tokenizer: str | None = None,
     device: str = "auto",
-    samples: int = 16,
+    samples: int = EVAL_SAMPLES,
     limit: int | None = None,
     seed: int = 0,
     columns: Columns | None = None,

@@ -138,7 +138,10 @@ def apply_variant(stage: dict, variant: str, *, samples: int, keep: int) -> None
         roc.update(enabled=True, mode="uniform")
     else:
         roc["enabled"] = False
-        stage["samples"] = keep if variant == "grpo-kept" else samples
+        stage["rollout"] = {
+            **stage.get("rollout", {}),
+            "samples": keep if variant == "grpo-kept" else samples,
+        }
     stage["roc"] = roc
     if variant in ASYNC:
         k, tis_cap = ASYNC[variant]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import random
 
+from ..tasks.generator import generate
 from .spec import Recipe
-from .tasks import generate
 
 
 def tiny_corpus(recipe: Recipe, count: int = 1500) -> list[str]:

@@ -19,6 +19,7 @@ from ..device import pick_device, record, resolve_precision
 from ..jsonl import read_jsonl, write_jsonl
 from ..memory import release_memory
 from ..problems import source_name
+from ..tasks.generator import FAMILIES, Task, cells, generate
 from .spec import (
     PROBE_FILE,
     DataSpec,
@@ -30,7 +31,6 @@ from .spec import (
     stage_rollout,
     stage_tree,
 )
-from .tasks import FAMILIES, Task, cells, generate
 
 STATE_FILE = "recipe_state.json"
 
@@ -139,7 +139,7 @@ async def _sample(
     """``samples`` rollouts per problem through ``rstar2 eval``'s harness, on the in-process engine
     over ``model_dir`` or on the recipe's servers once they have loaded it."""
     from ..eval.harness import evaluate
-    from ..rl.sync import load_into_servers
+    from ..rl.plumbing.sync import load_into_servers
     from ..rollout.build import open_engines, open_rollout
 
     recipe, services = run.recipe, run.services
@@ -382,7 +382,7 @@ def run_recipe(
     for ``--resume``."""
     from transformers.utils import logging as hf_logging
 
-    from ..rl.launch import RunError, write_error
+    from ..rl.plumbing.launch import RunError, write_error
 
     hf_logging.disable_progress_bar()  # one bar per weight load would drown the stage bars
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -444,7 +444,7 @@ def on_local_vllm(recipe: Recipe, out: Path, log: Callable[[str], None]) -> Iter
     log(f"[rstar2] starting vLLM on {model} (cores {spec.cores or 'all'}; its log: {out / 'vllm.log'})")
     options = spec.model_dump(exclude={"if_installed"})
     with vllm_launch.local_server(model, out / "vllm.log", weights_from=[out, model], **options) as url:
-        yield recipe.model_copy(update={"servers": [url], "vllm": None})
+        yield recipe.with_servers([url])
 
 
 async def _stages(run: RecipeRun, resume: bool) -> Path:
@@ -487,7 +487,7 @@ async def _stages(run: RecipeRun, resume: bool) -> Path:
 async def _train(run: RecipeRun, n: int, current: Path, resume: bool) -> Path:
     """Stage ``n``: its data, then its trainer from the model ``current``; returns its last
     checkpoint, the stage recorded as finished in the run's state."""
-    from ..rl.checkpoint import latest_checkpoint
+    from ..rl.plumbing.checkpoint import latest_checkpoint
 
     recipe, stage = run.recipe, run.recipe.stages[n - 1]
     stage_dir = run.out / f"{n:02d}-{stage.name}"

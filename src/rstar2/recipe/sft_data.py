@@ -12,10 +12,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..chat.prompt import problem_messages
+from ..chat.tags import ANSWER_CLOSE, ANSWER_OPEN
 from ..chat.tool_response import render_result
 from ..chat.tools import PYTHON_TOOL
 from ..config import ChatSection
-from .tasks import Task
+from ..tasks.generator import Task
 
 
 def break_code(code: str, rng: random.Random) -> str:
@@ -44,7 +45,7 @@ def conversation(opening: list[dict], calls: Sequence[tuple[str, str]], answer: 
     msgs = list(opening)
     for code, output in calls:
         msgs += [call_message(code), {"role": "tool", "name": PYTHON_TOOL, "content": output}]
-    msgs.append({"role": "assistant", "content": f"<answer> \\boxed{{{answer}}} </answer>"})
+    msgs.append({"role": "assistant", "content": f"{ANSWER_OPEN} \\boxed{{{answer}}} {ANSWER_CLOSE}"})
     return msgs
 
 

@@ -1,7 +1,9 @@
-"""The recipe file: one YAML that describes a whole run, model to last stage. A stage's settings are
-those of a ``kind: sft``/``kind: rl`` config file, merged over the recipe's ``defaults``, a few with
-short names (``SHORT_KEYS``). Everything is validated before anything runs: an unknown key, a missing
-data file or a stage keeping more rollouts than it samples is an error naming the key."""
+"""The recipe file: one YAML that describes a whole run, model to last stage. A thin layer over the
+config sections: the model's settings are ``model:``'s, the rollout settings of every stage, filter
+and evaluation are ``rollout:``'s (its chat keys also SFT's), and a stage's settings are those of a
+``kind: sft``/``kind: rl`` config file's sections, merged over the recipe's ``defaults``. Everything is
+validated before anything runs: an unknown key, a key that moved, a missing data file or a stage
+keeping more rollouts than it samples is an error naming the key."""
 
 from __future__ import annotations
 
@@ -9,28 +11,33 @@ import copy
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from ..config import (
     ChatSection,
     Columns,
-    Compute,
     ConfigError,
     GymSection,
+    ModelSection,
+    RLConfig,
     RolloutSection,
+    SFTConfig,
     parse_config,
     read_yaml,
+    refuse_moved,
     validate,
 )
 from ..engines.vllm_launch import GPU_SHARE
-from .tasks import MAX_LEVEL, expand_families
+from ..tasks.generator import MAX_LEVEL, expand_families
 
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ModelSpec(_Spec):
+class ModelSpec(ModelSection):
+    """``ModelSection``'s settings, every stage's, and where the first stage's weights come from."""
+
     path: str | None = None  # a Hugging Face model directory
     build: Literal["tiny"] | None = None  # or: build a tokenizer and a small model from nothing
     # or: import a pretrained model into the run folder (`rstar2 model import`): a .gguf file, a
@@ -42,10 +49,6 @@ class ModelSpec(_Spec):
     heads: int = 4
     mlp: int = 512
     max_positions: int = 512
-    device: str = "auto"
-    dtype: str = "auto"
-    compute: Compute = "auto"  # the stages' model.compute
-    threads: int | None = None
 
     @model_validator(mode="after")
     def _one(self) -> ModelSpec:
@@ -53,13 +56,15 @@ class ModelSpec(_Spec):
             raise ValueError(
                 "give one of model.path (a model directory), model.source (a GGUF to import) or model.build: tiny"
             )
+        if self.tokenizer is not None:
+            raise ValueError("model.tokenizer: each stage reads the tokenizer saved with its starting model")
         return self
 
 
 class GeneratorSpec(_Spec):
-    """Synthetic problems (``rstar2.recipe.tasks``); for an SFT stage, conversations built on them."""
+    """Synthetic problems (``rstar2.tasks.generator``); for an SFT stage, conversations built on them."""
 
-    # arithmetic families (tasks.py), relation families (relations.py), chains (chains.py), or the
+    # arithmetic families (tasks/generator.py), relation families (tasks/relations.py), chains (tasks/chains.py), or the
     # groups `arithmetic`, `relations` and `chains`; default: the arithmetic ones
     families: list[str] | None = None
     digits: tuple[int, int] = (1, 3)  # the arithmetic families' numbers
@@ -154,8 +159,10 @@ class EvalSpec(_Spec):
     entropy_trajectories: int = Field(128, ge=0)
 
 
-# Short stage keys and the config key each stands for.
-SHORT_KEYS = {
+SECTIONS = ("rollout", "asynchronous", "roc", "loss", "optim", "run", "sft")
+PROBE_FILE = "probe.jsonl"  # an SFT stage's probe conversations, in its folder
+# stage keys that had a second name, and their one name now (under stages.NAME.)
+MOVED_FROM_STAGE = {
     "steps": "run.steps",
     "batch_size": "run.batch_size",
     "lr": "optim.lr",
@@ -168,9 +175,8 @@ SHORT_KEYS = {
     "temperature": "rollout.temperature",
     "stop_loss": "sft.stop_loss",
     "stop_skill": "sft.stop_skill",
+    "probe": "sft.probe",
 }
-SECTIONS = ("rollout", "asynchronous", "roc", "loss", "optim", "run", "sft")
-PROBE_FILE = "probe.jsonl"  # an SFT stage's probe conversations, in its folder
 
 
 class StageSpec(_Spec):
@@ -179,21 +185,6 @@ class StageSpec(_Spec):
     data: DataSpec
     filter: FilterSpec | None = None
     ladder: LadderSpec | None = None  # rl: draw the generator's problems from the cells in reach
-    stop_loss: float | None = None  # sft: stop once the mean loss of recent steps is below
-    # sft: conversations (built like its data: a generator's get real tool outputs) whose
-    # probability of being written word for word is measured as the stage trains (sft.probe)
-    probe: DataSpec | None = None
-    stop_skill: float | None = None  # sft: stop once that probability reaches this
-    steps: int | None = None
-    batch_size: int | None = None
-    lr: float | None = None
-    warmup_steps: int | None = None
-    reset_optimizer: bool | None = None
-    max_response_tokens: int | None = None
-    max_turns: int | None = None
-    samples: int | None = None
-    keep: int | None = None
-    temperature: float | None = None
     rollout: dict[str, Any] = Field(default_factory=dict)
     asynchronous: dict[str, Any] = Field(default_factory=dict)
     roc: dict[str, Any] = Field(default_factory=dict)
@@ -202,17 +193,36 @@ class StageSpec(_Spec):
     run: dict[str, Any] = Field(default_factory=dict)
     sft: dict[str, Any] = Field(default_factory=dict)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, tree: Any) -> Any:
+        if not isinstance(tree, dict):
+            return tree
+        at = f"stages.{tree.get('name', '?')}"
+        return refuse_moved(tree, at, {k: f"{at}.{v}" for k, v in MOVED_FROM_STAGE.items()})
+
+    @property
+    def probe(self) -> DataSpec | None:
+        """An SFT stage's ``sft.probe``: conversations (built like its data: a generator's get real
+        tool outputs) whose probability of being written word for word is measured as the stage
+        trains. In a recipe it is data to build; the stage's config gets the file they are written to."""
+        return self._probe
+
+    _probe: DataSpec | None = PrivateAttr(None)
+
     @model_validator(mode="after")
     def _ladder(self) -> StageSpec:
+        config = SFTConfig if self.kind == "sft" else RLConfig
+        foreign = [s for s in SECTIONS if getattr(self, s) and s not in config.model_fields]
+        if foreign:
+            raise ValueError(f"stage {self.name}: {foreign[0]}: not a setting of {self.kind} stages")
+        if self.sft.get("probe") is not None:
+            self._probe = validate(DataSpec, self.sft["probe"], f"stages.{self.name}.sft.probe")
         if self.ladder is not None and self.kind != "rl":
             raise ValueError(
                 f"stage {self.name}: a ladder needs a policy that already writes the format (an rl stage); "
                 "a model before SFT solves nothing in it, so every cell would read 0"
             )
-        if self.probe is not None and self.kind != "sft":
-            raise ValueError(f"stage {self.name}: probe measures an SFT stage's skill (kind: sft)")
-        if self.stop_skill is not None and self.probe is None:
-            raise ValueError(f"stage {self.name}: stop_skill is measured on the stage's probe: give probe")
         if self.ladder is not None and self.data.generator is None:
             raise ValueError(f"stage {self.name}: a ladder draws from data.generator; give one")
         if self.kind == "sft" and self.data.gym is not None:
@@ -237,22 +247,40 @@ class LocalVLLM(_Spec):
     if_installed: bool = False  # without vLLM (scripts/setup-vllm.sh), run in-process instead of failing
 
 
+# recipe keys that moved, and where to
+MOVED_FROM_RECIPE = {
+    "chat": "rollout (its chat keys are every stage's, SFT's included)",
+    "servers": "rollout.engine.servers",
+    "sandbox": "rollout.sandbox",
+    "sandbox_workers": "rollout.sandbox_workers",
+    "verifier_workers": "rollout.verifier_workers",
+}
+
+
 class Recipe(_Spec):
     name: str = "recipe"
     seed: int = 0
     model: ModelSpec
-    chat: ChatSection = Field(default_factory=ChatSection)  # every stage, filter and evaluation
-    # Where rollouts run, for every stage, filter and evaluation (None: rollout's default)
-    sandbox: str | None = None  # URL of `rstar2 sandbox serve`; None: a local pool
-    sandbox_workers: int | None = None
-    verifier_workers: int | None = None
-    # OpenAI-compatible engines; empty: in-process. The recipe loads each stage's starting model
-    # into them before it samples (filters, evaluations) and the RL trainer after every update.
-    servers: list[str] = Field(default_factory=list)
+    # the rollout settings (config's `rollout:`) of every RL stage, filter and evaluation, a stage's
+    # own `rollout:` over them; its chat keys are also what SFT renders conversations with. Its
+    # engine.servers: OpenAI-compatible engines (empty: in-process) the recipe loads each stage's
+    # starting model into before it samples, and the RL trainer after every update
+    rollout: dict[str, Any] = Field(default_factory=dict)
     vllm: LocalVLLM | None = None  # a local vLLM server started for the run instead of servers
     defaults: dict[Literal["sft", "rl"], dict[str, Any]] = Field(default_factory=dict)
     eval: EvalSpec = Field(default_factory=EvalSpec)
     stages: list[StageSpec]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, tree: Any) -> Any:
+        refuse_moved(tree, "recipe", {k: f"recipe.{v}" for k, v in MOVED_FROM_RECIPE.items()})
+        defaults = tree.get("defaults") if isinstance(tree, dict) else None
+        if isinstance(defaults, dict):
+            for kind, own in (("rl", "rollout"), ("sft", "chat")):
+                moved = {own: "recipe.rollout", "model": "recipe.model"}
+                refuse_moved(defaults.get(kind), f"defaults.{kind}", moved)
+        return tree
 
     @model_validator(mode="after")
     def _stages(self) -> Recipe:
@@ -262,8 +290,25 @@ class Recipe(_Spec):
         if len(set(names)) != len(names):
             raise ValueError(f"stage names must be distinct, got {names}")
         if self.vllm is not None and self.servers:
-            raise ValueError("give servers (running engines) or vllm (one the recipe starts), not both")
+            raise ValueError(
+                "give rollout.engine.servers (running engines) or vllm (one the recipe starts), not both"
+            )
+        validate(RolloutSection, self.rollout, "rollout")
         return self
+
+    @property
+    def servers(self) -> list[str]:
+        return list((self.rollout.get("engine") or {}).get("servers") or [])
+
+    @property
+    def chat(self) -> ChatSection:
+        """The chat keys of ``rollout``: the format SFT data, rollouts and evaluations share."""
+        return ChatSection(**{k: v for k, v in self.rollout.items() if k in ChatSection.model_fields})
+
+    def with_servers(self, servers: list[str]) -> Recipe:
+        """This recipe sampling on ``servers`` (a local vLLM it started)."""
+        engine = {**(self.rollout.get("engine") or {}), "servers": servers}
+        return self.model_copy(update={"rollout": {**self.rollout, "engine": engine}, "vllm": None})
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -276,44 +321,31 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def stage_tree(recipe: Recipe, stage: StageSpec, *, model_path: str, train: str, out: str) -> dict[str, Any]:
     """The ``kind: sft``/``kind: rl`` config of one stage, as a tree for ``parse_config``."""
-    m, c = recipe.model, recipe.chat
+    model = recipe.model.model_dump(include=set(ModelSection.model_fields) - {"path", "tokenizer"})
     tree: dict[str, Any] = {
         "kind": stage.kind,
-        "model": {"path": model_path, **m.model_dump(include={"device", "dtype", "compute", "threads"})},
+        "model": {"path": model_path, **model},
         "data": {"train": train, "limit": stage.data.limit},
         "run": {"out": out, "seed": recipe.seed},
     }
     if stage.kind == "rl":
-        tree["rollout"] = {**c.model_dump(), **recipe_services(recipe)}
+        tree["rollout"] = copy.deepcopy(recipe.rollout)
     else:
-        tree["chat"] = c.model_dump()
+        tree["chat"] = recipe.chat.model_dump()
     tree = _merge(tree, recipe.defaults.get(stage.kind, {}))
     tree = _merge(tree, {s: getattr(stage, s) for s in SECTIONS if getattr(stage, s)})
-    for short, dotted in SHORT_KEYS.items():
-        value = getattr(stage, short)
-        if value is not None:
-            section, key = dotted.split(".")
-            if (stage.kind == "sft") != (section == "sft") and section in ("rollout", "roc", "sft"):
-                raise ConfigError(f"stages.{stage.name}.{short}: not a setting of {stage.kind} stages")
-            tree.setdefault(section, {})[key] = value
     if stage.probe is not None:  # the recipe writes the probe's conversations there (recipe/run.py)
-        tree.setdefault("sft", {})["probe"] = str(Path(out) / PROBE_FILE)
+        tree["sft"]["probe"] = str(Path(out) / PROBE_FILE)
     return tree
-
-
-def recipe_services(recipe: Recipe) -> dict[str, Any]:
-    """The recipe's engines, code environment and verifier, as rollout settings."""
-    workers = recipe.model_dump(include={"sandbox_workers", "verifier_workers"}, exclude_none=True)
-    return {"engine": {"servers": recipe.servers}, "sandbox": recipe.sandbox, **workers}
 
 
 def stage_rollout(recipe: Recipe, stage: StageSpec | None = None, **overrides: Any) -> RolloutSection:
     """The rollout settings of an RL stage (default: the last one; with no RL stage, the recipe's
-    chat format and services), with ``overrides``: what its difficulty filter and the held-out
+    own), with ``overrides``: what its difficulty filter and the held-out
     evaluations sample with, so they score the policy as training samples it."""
     stage = stage or next((s for s in reversed(recipe.stages) if s.kind == "rl"), None)
     if stage is None:
-        tree = {**recipe.chat.model_dump(), **recipe_services(recipe)}
+        tree = recipe.rollout
     else:
         tree = parse_config(
             stage_tree(recipe, stage, model_path="-", train="-", out="-")
@@ -345,7 +377,7 @@ def check_stage(recipe: Recipe, stage: StageSpec, check_paths: bool = True) -> N
         parse_config(stage_tree(recipe, stage, model_path="model", train="data.jsonl", out="out"))
     except ConfigError as exc:
         raise ConfigError(f"stages.{stage.name}: {exc}") from None
-    for key, data in (("data", stage.data), ("probe", stage.probe)):
+    for key, data in (("data", stage.data), ("sft.probe", stage.probe)):
         if check_paths and data is not None:
             _must_exist(f"stages.{stage.name}.{key}", [*data.files, *([data.gym] if data.gym else [])])
 
@@ -358,6 +390,9 @@ def parse_recipe(tree: dict[str, Any], base: Path | None = None, check_paths: bo
         datas = [s.data for s in recipe.stages] + [s.probe for s in recipe.stages] + [recipe.eval.data]
         for data in [d for d in datas if d is not None]:
             data.files = [f if Path(f).is_absolute() or _named(f) else str(base / f) for f in data.files]
+        for stage in recipe.stages:  # the probe as written, with its paths resolved too
+            if stage.probe is not None:
+                stage.sft["probe"]["files"] = stage.probe.files
     for stage in recipe.stages:
         check_stage(recipe, stage, check_paths)
     if not check_paths:

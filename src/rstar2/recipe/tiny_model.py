@@ -19,11 +19,11 @@ TINY = ModelSpec(build="tiny")
 SHAPE = {"hidden", "layers", "heads", "mlp", "max_positions"}
 
 # The JSON around a tool call's code, as the chat template writes it: two tokens instead of ~20.
-TOOL_CALL_OPEN = '{"name": "' + PYTHON_TOOL + '", "arguments": {"code": "'
-TOOL_CALL_CLOSE = '"}}'
+CALL_JSON_OPEN = '{"name": "' + PYTHON_TOOL + '", "arguments": {"code": "'
+CALL_JSON_CLOSE = '"}}'
 
 # Tags of the paper's format: single tokens keep the tiny model's sequences short.
-FORMAT_TOKENS = (*tags.ALL, "\\boxed", TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
+FORMAT_TOKENS = (*tags.ALL, "\\boxed", CALL_JSON_OPEN, CALL_JSON_CLOSE)
 
 
 def build_tokenizer(

@@ -17,12 +17,12 @@ from typing import Any
 from ..config import SFTConfig
 from ..jsonl import iter_jsonl
 from ..memory import trim_heap
-from . import distributed as D
-from .batch import Batch, collate, take_rows, with_weights
-from .data import DataStream
-from .launch import begin, load_training, run_steps
-from .optim import Learner, accumulate, finish_step, start_step
-from .passes import forward_logprobs, logprobs_of, plan
+from .algorithm.batch import Batch, collate, take_rows, with_weights
+from .plumbing import distributed as D
+from .plumbing.data import DataStream
+from .plumbing.launch import begin, load_training, run_steps
+from .plumbing.optim import Learner, accumulate, finish_step, start_step
+from .plumbing.passes import forward_logprobs, logprobs_of, plan
 
 
 def read_conversations(path: str | Path) -> list[list[dict[str, Any]]]:

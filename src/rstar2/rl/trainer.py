@@ -1,10 +1,10 @@
 """The RL trainer: one step = problems → 2G rollouts → rewards → RoC → advantages → update → sync.
 
-One step path: the step's groups come from a ``GroupFeed`` (rl/staleness.py). With
+One step path: the step's groups come from a ``GroupFeed`` (rl/plumbing/feed.py). With
 ``asynchronous.max_staleness: k > 0`` the groups of up to k steps ahead keep generating while the
 trainer updates, and the loss is the decoupled objective (``loss.tis_cap``); at k = 0 a step's
 groups start only after the previous update: the synchronous loop. How the engines hold the
-weights (shared, a copy, servers) is ``rl/engine_mode.py``'s; what a step logs, ``rl/step_metrics.py``'s.
+weights (shared, a copy, servers) is ``rl/plumbing/engine_mode.py``'s; what a step logs, ``rl/plumbing/step_metrics.py``'s.
 
 Rollouts go through the same ``Rollout`` as evaluation. Before the first group starts, every engine
 is given the run's own weights and version (a server may hold another run's, or this one's from
@@ -36,14 +36,15 @@ from ..problems import training_problems
 from ..rollout import health
 from ..rollout.multi_turn import CodeEnvironment, Verifier
 from ..rollout.trajectory import Trajectory
-from . import distributed as D
-from .data import DataStream
-from .engine_mode import PROBE_PROBLEM, TrainerEngines
-from .grpo import group_advantages
-from .launch import RunError, Steps, begin, load_training, param_dtype, run_steps
-from .roc import GroupChoice, Scored, roc_counts, roc_select, score
-from .staleness import GroupFeed, StalenessError, check_versions, require_reported_versions, staleness_metrics
-from .step_metrics import engine_metrics, rollout_record, step_metrics
+from .algorithm.grpo import group_advantages
+from .algorithm.roc import GroupChoice, Scored, roc_counts, roc_select, score
+from .algorithm.staleness import StalenessError, check_versions, require_reported_versions, staleness_metrics
+from .plumbing import distributed as D
+from .plumbing.data import DataStream
+from .plumbing.engine_mode import PROBE_PROBLEM, TrainerEngines
+from .plumbing.feed import GroupFeed
+from .plumbing.launch import RunError, Steps, begin, load_training, param_dtype, run_steps
+from .plumbing.step_metrics import engine_metrics, rollout_record, step_metrics
 from .update import Row, update_on_rollouts
 
 RewardFn = Callable[[Trajectory], float]
@@ -132,7 +133,6 @@ class RLTrainer:
         """``code_env``/``verifier``: a running code environment and verifier pool to use (and leave
         open) instead of starting them from ``cfg.rollout``."""
         self.cfg = cfg
-        self.max_staleness = cfg.asynchronous.max_staleness
         self._bars: dict[int, Callable[[Trajectory], None]] = {}  # rollout progress, per step
         self.services = {"code_env": code_env, "verifier": verifier}
         self.reward_fn = reward_fn or (load_reward(cfg.reward) if cfg.reward else None)
@@ -166,9 +166,9 @@ class RLTrainer:
         if self.world.main and any("gym" in r for r in rows):  # drawn here: kept with the run
             write_jsonl(rows, self.run_dir / "problems.jsonl")
         self.problems = DataStream(rows, cfg.run.seed, cfg.data.shuffle, run.data_position)
-        if self.max_staleness and cfg.loss.tis_cap is None and self.world.main:
+        if cfg.uncorrected and self.world.main:
             _say(
-                f"[rstar2] warning: asynchronous.max_staleness={self.max_staleness} without "
+                f"[rstar2] warning: asynchronous.max_staleness={cfg.asynchronous.max_staleness} without "
                 "loss.tis_cap: stale tokens are trained as if on-policy (no correction)"
             )
 
@@ -206,14 +206,16 @@ class RLTrainer:
                     # every engine holds this run's weights and version before the first group starts
                     # (a server may hold another run's, or this run's from after the checkpoint resumed)
                     await self._publish(self.step_no)
-                    require_reported_versions(engines, self.max_staleness)  # (a dead one failed above)
+                    require_reported_versions(
+                        engines, self.cfg.asynchronous.max_staleness
+                    )  # (a dead one failed above)
                     self._counters = (time.perf_counter(), await self.engines.counters())
                     self.feed = GroupFeed(
                         self._launch_group,
                         first_step=self.step_no,
                         last_step=self.cfg.run.steps,
                         batch_size=self.cfg.run.batch_size,
-                        max_staleness=self.max_staleness,
+                        max_staleness=self.cfg.asynchronous.max_staleness,
                     )
                     try:
                         await self._loop(steps, history)
@@ -346,7 +348,7 @@ class RLTrainer:
             compute=cfg.model.compute,
             temperature=cfg.rollout.temperature,
             banned=self.rollout.banned_ids,
-            off_policy=self.max_staleness > 0,
+            off_policy=cfg.asynchronous.off_policy,
         )
         t2 = time.perf_counter()
         sync = await self._publish(step)
@@ -432,9 +434,10 @@ class RLTrainer:
         counts = dict(zip(counts, D.all_sum(list(counts.values()), world), strict=True))
         gen_tokens = sum(r["model_tokens"] for r in all_records)
         # synchronous: the rollouts' own rate; asynchronous, they overlap the update: per step's time
-        per = times["step"] if self.max_staleness else times["rollout"]
+        off_policy = self.cfg.asynchronous.off_policy
+        per = times["step"] if off_policy else times["rollout"]
         trained = [r.trajectory.model_versions for r in rows]
-        lag = staleness_metrics(trained, trained_by=step - 1) if self.max_staleness else {}
+        lag = staleness_metrics(trained, trained_by=step - 1) if off_policy else {}
         t_then, then = self._counters
         self._counters = (time.perf_counter(), await self.engines.counters())
         return {
@@ -459,9 +462,9 @@ class RLTrainer:
 
     def _check_versions(self, trajs: list[Trajectory], trained_by: int) -> None:
         """Every token to train was sampled within ``max_staleness`` updates of the policy
-        ``trained_by`` (rl/staleness.py); else the run stops before the update, on every process."""
+        ``trained_by`` (rl/algorithm/staleness.py); else the run stops before the update, on every process."""
         try:
-            check_versions(trajs, trained_by=trained_by, max_staleness=self.max_staleness)
+            check_versions(trajs, trained_by=trained_by, max_staleness=self.cfg.asynchronous.max_staleness)
             refusal = None
         except StalenessError as exc:
             refusal = str(exc)

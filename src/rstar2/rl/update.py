@@ -17,11 +17,11 @@ import torch
 
 from ..chat.token_classes import CLASSES, NO_CLASS
 from ..config import LossSection, OptimSection
-from .batch import Batch, collate, take_rows, with_weights
-from .distributed import LOCAL, World, all_max, all_sum
-from .grpo import policy_loss, weight_units
-from .optim import Learner, accumulate, finish_step, start_step
-from .passes import forward_logprobs, logprobs_of, plan
+from .algorithm.batch import Batch, collate, take_rows, with_weights
+from .algorithm.grpo import policy_loss, weight_units
+from .plumbing.distributed import LOCAL, World, all_max, all_sum
+from .plumbing.optim import Learner, accumulate, finish_step, start_step
+from .plumbing.passes import forward_logprobs, logprobs_of, plan
 
 if TYPE_CHECKING:
     from ..rollout.trajectory import Trajectory

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from ..chat.format import ChatFormat
-from ..config import EngineSection, RolloutSection
+from ..config import DEFAULT_ASYNC, EngineSection, RolloutSection
 from ..engines.base import Engine
 from .multi_turn import CodeEnvironment, Rollout, Verifier
 
@@ -39,7 +39,7 @@ async def open_engines(
     trainer_model: Any = None,
     name: str = "hf",
     compute: str = "auto",
-    keep_stale_kv: bool = False,
+    keep_stale_kv: bool = DEFAULT_ASYNC.keep_stale_kv,
 ) -> list[Engine]:
     """``settings.servers``, each asked what it is (``connect``), or one in-process ``HFEngine``:
     over a loaded model the caller keeps training (``trainer_model``, so new weights cost nothing

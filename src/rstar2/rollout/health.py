@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..chat.tool_response import output_cut
+from ..config import DEFAULT_HEALTH
 from ..jsonl import read_jsonl, write_jsonl
 from .trajectory import ToolCallRecord, Trajectory
 
@@ -72,8 +73,8 @@ class Watch:
     over a limit before ``stop_reason`` asks to stop (only when ``stop``)."""
 
     limits: Mapping[str, float | None]
-    patience: int = 3
-    stop: bool = False
+    patience: int = DEFAULT_HEALTH.patience
+    stop: bool = DEFAULT_HEALTH.stop
     over: dict[str, int] = field(default_factory=dict)
 
     def observe(self, step: int, metrics: Mapping[str, Any]) -> list[HealthWarning]:

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..config import DEFAULT_SCHEDULER, grant_budget
 from ..engines.base import Engine
 
 
@@ -191,8 +192,8 @@ class KVCapacity(Policy):
         super().__init__(capacities)
         if not 0 <= spill_free_share <= 1:
             raise ValueError(f"spill_free_share must be in [0, 1], got {spill_free_share}")
-        if grant_tokens is None:  # 512, or 1/64 of the smallest engine so that many requests fit
-            grant_tokens = max(1, min(512, min(self.capacity) // 64))
+        if grant_tokens is None:
+            grant_tokens = grant_budget(self.capacity)
         if grant_tokens < 1:
             raise ValueError(f"grant_tokens must be at least 1, got {grant_tokens}")
         self.grant_tokens = grant_tokens
@@ -273,15 +274,14 @@ class Scheduler:
     def __init__(
         self,
         engines: Sequence[Engine],
-        policy: str = "kv",
+        policy: str = DEFAULT_SCHEDULER.policy,
         *,
         grant_tokens: int | None = None,
         revive_after_s: float | None = 60.0,
-        revive_for_s: float = 600.0,
+        revive_for_s: float = DEFAULT_SCHEDULER.revive_for_s,
     ) -> None:
-        """``grant_tokens`` is for ``kv`` (ignored by the others); when None and no engine has a
-        prefix cache (``HFEngine``), turns are granted whole, since a continued turn would prefill
-        its whole context again. ``revive``, when set (the RL trainer sets it), brings a failed
+        """``grant_tokens`` is for ``kv`` (ignored by the others; None: ``config.GRANT_HELP``).
+        ``revive``, when set (the RL trainer sets it), brings a failed
         engine back: it must load the current weights into it, or raise."""
         self.engines = list(engines)
         self.revive_after_s = revive_after_s
@@ -294,8 +294,9 @@ class Scheduler:
             raise ValueError("at least one engine is needed")
         options = {}
         if policy == "kv":
-            if grant_tokens is None and not any(getattr(e, "prefix_cache", True) for e in self.engines):
-                grant_tokens = max(e.capacity_tokens for e in self.engines)
+            if grant_tokens is None:
+                caches = any(getattr(e, "prefix_cache", True) for e in self.engines)
+                grant_tokens = grant_budget([e.capacity_tokens for e in self.engines], caches)
             options["grant_tokens"] = grant_tokens
         self.policy = make_policy(policy, [e.capacity_tokens for e in self.engines], **options)
         self._index = {id(e): i for i, e in enumerate(self.engines)}

@@ -1,6 +1,6 @@
 """Word problems that teach relations, not phrasings: the relation families of the training data.
 
-The arithmetic families of ``tasks.py`` state one operation in a fixed sentence, and a model trained
+The arithmetic families of ``generator.py`` state one operation in a fixed sentence, and a model trained
 on them learns to copy the numbers under the operation the wording names. Here a problem is a small
 situation told one fact a sentence, each fact in several ways, and the question may ask for any of
 its quantities; level 1 is one relation, level 2 two, level 3 three with a number to ignore. The

@@ -14,11 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ..config import RocSection
+from ...chat.tags import ANSWER_CLOSE, ANSWER_OPEN
+from ...config import DEFAULT_ROC, RocSection
 
 Mode = Literal["lowest", "weighted", "uniform"]
 
-_ANSWER_PAIR = re.compile(r"<answer>.*?</answer>", re.DOTALL)
+_ANSWER_PAIR = re.compile(re.escape(ANSWER_OPEN) + ".*?" + re.escape(ANSWER_CLOSE), re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,9 @@ def count_answers(text: str) -> int:
 FormatTurns = Literal["assistant", "tool_rounds"]
 
 
-def score(traj, error: bool = True, fmt: bool = True, format_turns: FormatTurns = "assistant") -> Scored:
+def score(
+    traj, error: bool = True, fmt: bool = True, format_turns: FormatTurns = DEFAULT_ROC.format_turns
+) -> Scored:
     """Penalties of a ``Trajectory`` from its structured tool statuses, never from grepping output
     text. A failed call is the model's: malformed, or its code failed; a call the code environment
     could not serve (a fault: ``internal``, ``rejected``) counts neither way. ``format_turns``: the

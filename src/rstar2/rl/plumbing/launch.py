@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from ..config import TrainConfig, dump_config
-from ..device import Precision, record, resolve_precision
+from ...config import TrainConfig, dump_config
+from ...device import Precision, record, resolve_precision
 from . import distributed as D
 from .checkpoint import carry_optimizer_state, latest_checkpoint, load_trainer_state, save_checkpoint
 from .metrics_log import MetricsLog
@@ -78,7 +78,7 @@ def fit_to_memory(cfg: TrainConfig, vocab: int, world: D.World) -> None:
     """Lower ``optim.micro_batch_tokens`` (a GPU's default) where its logits would not fit half the
     memory free, saying so once. One process only: under torchrun every rank must run the same
     micro-batches, so the config decides."""
-    from ..memory import available_bytes, fit_micro_batch
+    from ...memory import available_bytes, fit_micro_batch
 
     if world.size > 1:
         return

@@ -114,7 +114,7 @@ FAMILIES: dict[str, Callable[[random.Random, tuple[int, int]], Drawn]] = {
 }
 WORDINGS = ("plain", "varied")
 # The families with levels of steps, each in the module that writes it: the relation families
-# (recipe/relations.py: situations of one to three steps) and the chains (recipe/chains.py: stories of
+# (tasks/relations.py: situations of one to three steps) and the chains (tasks/chains.py: stories of
 # one to six relations, forwards and backwards); a generator draws them only when they are named
 # (`families: [relations, chains]` names them all).
 LEVELED = {**dict.fromkeys(relations.FAMILIES, relations), **dict.fromkeys(chains.FAMILIES, chains)}

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ..rollout import stats
-from ..rollout.trajectory import Trajectory
-from .roc import Scored
+from ...rollout import stats
+from ...rollout.trajectory import Trajectory
+from ..algorithm.roc import Scored
 
 FINISH_REASONS = ("answer", "no_tool_call", "max_turns", "max_length", "error")
 FAULT_KINDS = ("engine", "sandbox", "verifier")

@@ -1,5 +1,5 @@
 """The trainer's weights to the engines, at the run's start and after each update, by engine mode
-(``rl/engine_mode.py``), and the proof that they serve them. Every send carries the policy version
+(``rl/plumbing/engine_mode.py``), and the proof that they serve them. Every send carries the policy version
 (the trainer's update count) and runs off the event loop, so later steps' rollouts go on meanwhile.
 
 - ``shared``: nothing to send; the engine is told its model's weights changed.
@@ -23,14 +23,14 @@ from typing import Any, Literal
 
 import torch
 
-from ..config import EngineSection
-from ..engines.base import Engine, LocalEngine, SamplingParams, ServedEngine, weights_fingerprint
+from ...config import EngineSection
+from ...engines.base import Engine, LocalEngine, SamplingParams, ServedEngine, weights_fingerprint
+from ..algorithm.batch import collate
 from . import distributed as D
-from .batch import collate
 from .passes import logprobs_of
 
 PROBE_TOKENS = 16
-Mode = Literal["shared", "copy", "servers"]  # how the engines hold the weights (rl/engine_mode.py)
+Mode = Literal["shared", "copy", "servers"]  # how the engines hold the weights (rl/plumbing/engine_mode.py)
 
 
 class WeightSyncError(RuntimeError):

@@ -14,15 +14,15 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from ..config import LossSection
-
-DEFAULT_LOSS = LossSection()
+from ...config import DEFAULT_LOSS, LossSection
 
 Aggregation = Literal["token-mean", "group-token-mean"]
 
 
 def group_advantages(
-    groups: Sequence[Sequence[float]], eps: float = 1e-6, scale_by_std: bool = True
+    groups: Sequence[Sequence[float]],
+    eps: float = DEFAULT_LOSS.adv_eps,
+    scale_by_std: bool = DEFAULT_LOSS.scale_by_std,
 ) -> list[list[float]]:
     """(r - mean) / (std + eps) within each group (std with Bessel's correction, as torch.std and
     the released recipe); ``scale_by_std=False`` gives r - mean (Dr. GRPO). A group of one has 0."""
@@ -37,7 +37,7 @@ def group_advantages(
 def token_weights(
     mask: torch.Tensor,
     group_index: torch.Tensor | None = None,
-    aggregation: Aggregation = "token-mean",
+    aggregation: Aggregation = DEFAULT_LOSS.aggregation,
     units: float | None = None,
 ) -> torch.Tensor:
     """Per-token weights that sum to 1 over the batch (0 where masked out).

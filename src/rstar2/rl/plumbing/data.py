@@ -14,7 +14,7 @@ from typing import Any
 class DataStream:
     """Rows (problems, or SFT examples) in a shuffled order per epoch."""
 
-    def __init__(self, rows: Sequence[Any], seed: int, shuffle: bool = True, position: int = 0):
+    def __init__(self, rows: Sequence[Any], seed: int, shuffle: bool, position: int = 0):
         if not rows:
             raise ValueError("the training set is empty")
         self.rows, self.seed, self.shuffle, self.position = list(rows), seed, shuffle, position

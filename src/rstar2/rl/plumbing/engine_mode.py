@@ -8,7 +8,7 @@
 - ``servers``: ``rollout.engine.servers``, told to load each new version from disk, then probed.
 
 Everything that differs between the modes is here: the model the engine is built over, publishing
-(``rl/sync.py``), and the CPU threads an engine decoding beside the update leaves it.
+(``rl/plumbing/sync.py``), and the CPU threads an engine decoding beside the update leaves it.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from ..config import RLConfig
-from ..device import engine_dtype
-from ..engines.base import Engine
+from ...config import RLConfig
+from ...device import engine_dtype
+from ...engines.base import Engine
 from . import distributed as D
 from .launch import quietly
 from .sync import Mode, WeightSyncError, load_into_servers, publish
@@ -40,7 +40,7 @@ class TrainerEngines:
         starts with torch's default, not with them."""
         self.cfg, self.world = cfg, world
         self.threads = torch.get_num_threads()
-        copies = world.distributed or cfg.asynchronous.max_staleness > 0
+        copies = world.distributed or cfg.asynchronous.off_policy
         self.mode: Mode = "servers" if cfg.rollout.engine.servers else "copy" if copies else "shared"
         self.engine_model: torch.nn.Module | None = None  # what an in-process engine decodes
         self.engines: list[Any] = []
@@ -56,7 +56,7 @@ class TrainerEngines:
 
     async def open(self) -> list[Engine]:
         """Remote servers, or one in-process engine over the adopted model."""
-        from ..rollout.build import open_engines
+        from ...rollout.build import open_engines
 
         cfg = self.cfg
         self.engines = await open_engines(
@@ -71,7 +71,7 @@ class TrainerEngines:
     async def publish(
         self, model: torch.nn.Module, step: int, folder: Path, probe_prompt: list[int], pad_id: int
     ) -> dict[str, float]:
-        """The trainer's weights as policy version ``step`` to every engine, checked (``rl/sync.py``)."""
+        """The trainer's weights as policy version ``step`` to every engine, checked (``rl/plumbing/sync.py``)."""
         async with self._lock():
             metrics = await self._publish(model, step, folder, probe_prompt, pad_id)
             self.published = (folder, step)
@@ -114,7 +114,7 @@ class TrainerEngines:
         split the torch threads: ``asynchronous.engine_threads`` to the engine, the rest to the
         update (each alone uses them all)."""
         total, share = self.threads, self.cfg.asynchronous.engine_threads
-        split = self.mode == "copy" and self.cfg.asynchronous.max_staleness > 0 and share and share < total
+        split = self.mode == "copy" and self.cfg.asynchronous.off_policy and share and share < total
         if not split:
             yield
             return

@@ -9,6 +9,7 @@ from typing import NamedTuple
 import torch
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
+from ...config import DEFAULT_OPTIM
 from .distributed import LOCAL, World, all_sum
 
 
@@ -48,7 +49,13 @@ def finish_step(learner: Learner, sums: dict[str, float], grad_clip: float) -> d
     return {**totals, "grad_norm": grad_norm, "lr": lr_schedule.get_last_lr()[0]}
 
 
-def lr_factor(step: int, warmup: int, total: int, schedule: str = "constant", floor: float = 0.1) -> float:
+def lr_factor(
+    step: int,
+    warmup: int,
+    total: int,
+    schedule: str = DEFAULT_OPTIM.schedule,
+    floor: float = DEFAULT_OPTIM.min_lr_ratio,
+) -> float:
     """Multiplier of the base lr at optimizer step ``step`` (0-based)."""
     if warmup > 0 and step < warmup:
         return (step + 1) / warmup

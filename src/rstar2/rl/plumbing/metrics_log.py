@@ -11,8 +11,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..jsonl import read_jsonl, write_jsonl
-from ..plots import pyplot, save_figure
+from ...config import DEFAULT_RUN
+from ...jsonl import read_jsonl, write_jsonl
+from ...plots import pyplot, save_figure
 
 PLOT_KEYS = (
     ("reward/mean", "reward (all rollouts)"),
@@ -41,7 +42,12 @@ PLOT_KEYS = (
 
 class MetricsLog:
     def __init__(
-        self, run_dir: str | Path, *, tensorboard: bool = True, enabled: bool = True, resume_step: int = 0
+        self,
+        run_dir: str | Path,
+        *,
+        tensorboard: bool = DEFAULT_RUN.tensorboard,
+        enabled: bool = True,
+        resume_step: int = 0,
     ):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.enabled = enabled

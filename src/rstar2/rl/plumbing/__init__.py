@@ -1,0 +1,1 @@
+"""What runs the algorithm: processes, checkpoints, the optimizer, data order, the feed of groups, engines and weight sync, metrics."""

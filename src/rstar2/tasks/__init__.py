@@ -1,0 +1,1 @@
+"""Task generators: synthetic problems with integer answers and the programs that solve them (arithmetic families, situations of a few relations, chains of up to six), split for training and held-out evaluation by a hash of their text."""
