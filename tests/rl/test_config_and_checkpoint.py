@@ -74,10 +74,10 @@ def test_lr_schedule_by_hand():
 
 def test_problem_stream_continues_from_a_position():
     rows = list(range(10))
-    a = DataStream(rows, seed=3)
+    a = DataStream(rows, seed=3, shuffle=True)
     first = a.take(7) + a.take(8)  # crosses into the second epoch
     assert sorted(first[:10]) == rows  # every row once per epoch
-    b = DataStream(rows, seed=3, position=7)
+    b = DataStream(rows, seed=3, shuffle=True, position=7)
     assert b.take(8) == first[7:]
 
 
