@@ -1,17 +1,8 @@
-"""Who may call rstar2's services, and which folders they may load weights from.
-
-``rstar2 serve``, ``rstar2 vllm`` and ``rstar2 sandbox serve`` can load weights or run code, so a
-caller must show the service's API key (``--api-key``, else ``$RSTAR2_API_KEY``) as an HTTP bearer
-token, the way vLLM's and OpenAI's clients send it. rstar2's own clients send ``$RSTAR2_API_KEY``
-when it is set. Only ``GET /health`` stays open (process managers and start-up waits poll it).
-
-A weight load names a folder: it is taken only when it lies under a folder the server was started
-with (``--weights-from``), so a key holder still cannot make the server read the rest of the disk,
-and the refusal says nothing of whether the path exists.
-
-This module imports only the standard library and Starlette: it also runs inside vLLM's API server
-(``--middleware rstar2.auth.vllm_guard``).
-"""
+"""Who may call rstar2's services, and which folders they may load weights from. The services load
+weights or run code, so a caller must show the API key (``--api-key``, else ``$RSTAR2_API_KEY``) as a
+bearer token; only ``GET /health`` stays open (start-up waits poll it). A weight load is taken only
+from under a ``--weights-from`` folder, so a key holder cannot make the server read the rest of the
+disk. Imports only the standard library and Starlette: it also runs inside vLLM's API server."""
 
 from __future__ import annotations
 
@@ -31,8 +22,7 @@ OPEN_PATHS = frozenset({"/health"})
 
 
 def service_key(given: str | None, host: str, what: str) -> tuple[str | None, str | None]:
-    """The key service ``what`` requires (``--api-key``, else ``$RSTAR2_API_KEY``, else none) and the
-    warning it says at start when bound to ``host`` (``exposed_warning``)."""
+    """The key service ``what`` requires (``--api-key``, else ``$RSTAR2_API_KEY``) and its warning."""
     key = given or os.environ.get(KEY_ENV) or None
     return key, exposed_warning(host, key, what)
 
@@ -83,11 +73,9 @@ RPC_ALLOWED = frozenset({"rstar2_load"})  # worker methods /collective_rpc may c
 
 
 async def vllm_guard(request: Any, call_next: Handler) -> Any:
-    """``key_guard`` on ``$RSTAR2_API_KEY`` inside vLLM's API server: unlike vLLM's own
-    ``--api-key``, which guards ``/v1`` and ``/inference`` only, it also guards the development
-    routes (``/collective_rpc``, ``/pause``, ``/update_weight_version``, ...) that replace or relabel
-    the weights. ``/collective_rpc`` may call only ``rstar2_load``, whose folders are checked:
-    vLLM's own ``reload_weights`` would read any path."""
+    """``key_guard`` on ``$RSTAR2_API_KEY`` inside vLLM's API server: unlike vLLM's ``--api-key`` (only
+    ``/v1`` and ``/inference``) it also guards the routes that replace or relabel the weights; and
+    ``/collective_rpc`` may call only ``rstar2_load`` (vLLM's ``reload_weights`` would read any path)."""
     from starlette.responses import JSONResponse
 
     if request.url.path == "/collective_rpc":

@@ -58,10 +58,9 @@ class GymTask(_Section):
 
 
 class GymSection(_Section):
-    """Problems drawn from reasoning-gym's procedural tasks (``rstar2.gym``; ``pip install
-    'rstar2[gym]'``): ``size`` of them from ``seed``, tasks mixed by weight. ``score``: ``auto``
-    checks an answer that is a plain number with rstar2's verifier and any other with the task's own
-    ``score_answer``; ``task`` / ``math`` use that one always."""
+    """Problems drawn from reasoning-gym's tasks (``rstar2.gym``): ``size`` of them from ``seed``,
+    mixed by weight. ``score``: ``auto`` checks a plain number with rstar2's verifier and anything
+    else with the task's ``score_answer``; ``task`` / ``math`` use that one always."""
 
     tasks: list[GymTask] = Field(min_length=1)
     size: int = Field(500, ge=1)
@@ -177,8 +176,7 @@ MOVED_FROM_ROLLOUT = {
 
 
 class RolloutSection(ChatSection):
-    """Every setting of a rollout: the one source for training, recipes (filters, evaluations) and
-    the ``eval``/``chat`` commands (``rstar2.rollout.build.open_rollout`` reads it)."""
+    """Every setting of a rollout: the one source for training, recipes and ``eval``/``chat``."""
 
     # sampling
     samples: int = Field(16, ge=1)  # 2G: rollouts sampled per problem (training)
@@ -235,9 +233,8 @@ KEEP_HELP = "a quarter of the capacity"
 def engine_budget(
     max_batch_size: int, context: int, capacity_tokens: int | None = None, keep_tokens: int | None = None
 ) -> tuple[int, int]:
-    """(tokens the scheduler may grant, tokens kept for trajectories' next turns) of an in-process
-    engine: ``capacity_tokens`` in all (default CAPACITY_HELP), ``keep_tokens`` of it kept (default
-    KEEP_HELP)."""
+    """(tokens the scheduler may grant, tokens kept for next turns) of an in-process engine:
+    ``capacity_tokens`` in all (default CAPACITY_HELP), ``keep_tokens`` kept (default KEEP_HELP)."""
     total = capacity_tokens or max_batch_size * min(context, CONTEXT_CAP)
     keep = total // 4 if keep_tokens is None else keep_tokens
     return max(1, total - keep), keep
@@ -252,13 +249,7 @@ CHAT_ROLLOUT = {**EVAL_ROLLOUT, "max_response_tokens": 8192}
 
 # A model never taught the tool format, evaluated fairly: the bare problem, no tool schemas, one turn
 # (nothing is run), any final answer accepted (`rstar2 eval --no-tools`, a recipe's eval.plain_before).
-NO_TOOLS = {
-    "tools_in_prompt": False,
-    "system_prompt": "",
-    "user_prefix": "",
-    "max_turns": 1,
-    "verify_mode": "lenient",
-}
+NO_TOOLS = dict(tools_in_prompt=False, system_prompt="", user_prefix="", max_turns=1, verify_mode="lenient")
 
 
 class RocSection(_Section):
@@ -282,10 +273,9 @@ class LossSection(_Section):
     scale_by_std: bool = True
     kl_coef: float = 0.0  # >0: k3 KL to a frozen reference, the policy this run (stage) started from
     entropy_coef: float = 0.0
-    # With asynchronous.max_staleness > 0 the loss clips against the proximal policy (the weights at
-    # the update's start) and weighs each token by pi_prox/mu truncated here (the decoupled
-    # objective). Written as null on purpose, stale tokens are trained as if on-policy: only to
-    # measure what the correction does (AReaL saw it collapse).
+    # With asynchronous.max_staleness > 0 the loss clips against the proximal policy (the weights at the
+    # update's start) and weighs each token by pi_prox/mu truncated here (the decoupled objective).
+    # Written as null, stale tokens train as if on-policy: only to measure the correction (AReaL collapsed).
     tis_cap: float | None = None
 
     @model_validator(mode="before")
@@ -312,9 +302,8 @@ class OptimSection(_Section):
 
 class HealthSection(_Section):
     """RL: tool-use health (``rollout/health.py``). Each limit is the largest share of a step's
-    rollouts that may show the sign before the step warns, in the log, ``health.jsonl`` and the
-    recipe's report (null: not watched). The defaults sit well above a healthy run's and well
-    below a collapse."""
+    rollouts that may show the sign before the step warns (null: not watched); the defaults sit
+    well above a healthy run's and well below a collapse."""
 
     no_call: float | None = Field(0.5, ge=0, le=1)  # no tool call at all
     unparseable: float | None = Field(0.3, ge=0, le=1)  # a call that could not be parsed
@@ -348,12 +337,8 @@ class RunSection(_Section):
 # each section's defaults, for code that takes one of its settings as an argument: the default is
 # the section's, written once (tests/test_architecture.py checks no other module restates one)
 DEFAULT_CHAT, DEFAULT_ASYNC, DEFAULT_ROC = ChatSection(), AsyncSection(), RocSection()
-DEFAULT_LOSS, DEFAULT_OPTIM, DEFAULT_HEALTH, DEFAULT_RUN = (
-    LossSection(),
-    OptimSection(),
-    HealthSection(),
-    RunSection(),
-)
+DEFAULT_LOSS, DEFAULT_OPTIM = LossSection(), OptimSection()
+DEFAULT_HEALTH, DEFAULT_RUN = HealthSection(), RunSection()
 
 
 class RLConfig(_Section):
@@ -404,13 +389,12 @@ class RLConfig(_Section):
 class SFTSection(_Section):
     max_length: int = 4096  # longer examples are dropped (and counted)
     epochs: float | None = None  # overrides run.steps when set
-    # Stop early once the mean loss of the last ``stop_window`` steps is below this (a tiny model
-    # learns to copy numbers suddenly, at a step that depends on the seed).
+    # Stop once the mean loss of the last ``stop_window`` steps is below this (a tiny model learns to
+    # copy numbers suddenly, at a step that depends on the seed).
     stop_loss: float | None = None
     stop_window: int = 20
-    # Stop once a skill is there, measured rather than inferred from the loss: every ``probe_every``
-    # steps, ``probe/exact`` of the ``probe`` conversations (JSONL like the training data; see
-    # rl/sft.py's exact_probability) is logged; the run stops once it reaches ``stop_skill``.
+    # Stop once a skill is measured, not inferred from the loss: every ``probe_every`` steps the
+    # ``probe/exact`` of the ``probe`` conversations (rl/sft.py's exact_probability) is logged.
     probe: str | None = None
     probe_every: int = Field(10, ge=1)
     stop_skill: float | None = Field(None, gt=0, le=1)
@@ -528,9 +512,8 @@ def rollout_settings(
     no_tools: bool = False,
     **options: Any,
 ) -> RolloutSection:
-    """One ``RolloutSection`` from, in rising priority: its defaults, ``preset`` (when no file is
-    given), a file's settings (``file_tree``), ``NO_TOOLS``, ``--set`` values and the options given
-    on the command line (dotted keys, e.g. ``engine.servers``; None: not given)."""
+    """One ``RolloutSection`` from, in rising priority: its defaults, ``preset`` (no file given), a
+    file's settings, ``NO_TOOLS``, ``--set`` values, the command's options (dotted keys; None: unset)."""
     tree = copy.deepcopy(file_tree) if file_tree is not None else dict(preset)
     if no_tools:  # a model without tool use: the bare problem, one turn, nothing run, lenient
         tree.update(NO_TOOLS)

@@ -1,17 +1,10 @@
-"""Where a model runs and in what precision: the device, the positions a model takes, and whether
-the hardware computes bf16 itself (``model.compute``). The engine, the trainers and the analysis
-all ask here, so the decision is made once.
+"""Where a model runs and in what precision, decided once for the engine, trainers and analysis.
 
-bf16 autocast pays only where the hardware multiplies in bf16: a CUDA GPU with bf16, a CPU with
-AVX512-BF16 or AMX. Elsewhere oneDNN emulates it, many times slower than fp32 (on AVX-512 without
-bf16 too; benchmarks/RESULTS.md). So ``auto`` resolves to bf16 only where it is native, and an
-explicit ``bf16`` elsewhere is warned about once.
-
-The instruction-set knobs are honoured, so a machine with AVX512-BF16 can be made to behave like one
-without it: ``ONEDNN_MAX_CPU_ISA`` (or ``DNNL_MAX_CPU_ISA``) below ``AVX512_CORE_BF16`` makes oneDNN
-emulate bf16, and ``ATEN_CPU_CAPABILITY`` below ``avx512`` limits torch's own kernels; either one
-makes bf16 count as not native.
-"""
+bf16 autocast pays only where the hardware multiplies in bf16 (a CUDA GPU with bf16, a CPU with
+AVX512-BF16 or AMX); elsewhere oneDNN emulates it, many times slower than fp32. So ``auto`` is bf16
+only where native, and an explicit ``bf16`` elsewhere is warned about once. ``ONEDNN_MAX_CPU_ISA``
+(or ``DNNL_MAX_CPU_ISA``) below ``AVX512_CORE_BF16`` and ``ATEN_CPU_CAPABILITY`` below ``avx512`` are
+honoured: either makes bf16 count as not native."""
 
 from __future__ import annotations
 
@@ -137,8 +130,8 @@ def resolve_precision(device: torch.device | str, compute: str = "auto") -> Prec
 
 
 def record(precision: Precision) -> str:
-    """The resolved precision as a YAML comment, the first line of a run's ``config.yaml`` and a
-    recipe's ``recipe.yaml`` (a comment, so the file still loads as the config it records)."""
+    """The resolved precision as the first line of a run's ``config.yaml`` or ``recipe.yaml``: a YAML
+    comment, so the file still loads as the config it records."""
     return f"# model.compute resolved on this machine: {precision.describe()}\n"
 
 
@@ -150,9 +143,8 @@ def compute_precision(device: torch.device | str, compute: str = "auto") -> cont
 
 
 def engine_dtype(device: torch.device | str, dtype: str = "auto") -> torch.dtype:
-    """The dtype an inference engine holds its weights in (``--dtype``): ``auto`` is bf16 on a GPU
-    that computes bf16 (as an inference server would), fp32 on a CPU (a decode step is slower in
-    bf16 there) and on a GPU without bf16; else the dtype named (float32, bfloat16, float16)."""
+    """An inference engine's weights' dtype (``--dtype``): ``auto`` is bf16 on a GPU that computes it,
+    else fp32 (a CPU's decode step is slower in bf16); else the dtype named."""
     device = torch.device(device)
     if dtype != "auto":
         return getattr(torch, dtype)
@@ -160,7 +152,6 @@ def engine_dtype(device: torch.device | str, dtype: str = "auto") -> torch.dtype
 
 
 def decode_compute(device: torch.device | str, compute: str = "auto") -> str:
-    """The in-process engine's ``model.compute``: fp32 on a CPU whatever the trainer uses (a
-    decode step's small products are slower in bf16 autocast even on AVX512-BF16), the trainer's
-    precision on a GPU."""
+    """The in-process engine's ``model.compute``: the trainer's on a GPU, fp32 on a CPU (a decode
+    step's small products are slower in bf16 autocast even on AVX512-BF16)."""
     return "fp32" if torch.device(device).type == "cpu" else compute

@@ -1,12 +1,7 @@
-"""Problems from reasoning-gym (PyPI ``reasoning-gym``, the optional extra ``rstar2[gym]``): over a
-hundred procedural tasks, each with its own generator and its own scorer, seeded and offline.
-
-A drawn problem is a row like any other (``problem``, ``answer``) that also carries what the task's
-scorer needs (``gym``: the task, its config and the generator's whole entry), so a run folder's
-``train.jsonl`` or ``problems.jsonl`` reproduces the run and is checked the same way when read back.
-Which check decides a row's reward is ``scored_by_task``'s rule; the check itself runs in the
-verifier's time-boxed processes (``rstar2.reward.checker``), as a CAS check does.
-"""
+"""Problems from reasoning-gym (``rstar2[gym]``): procedural tasks with their own generators and
+scorers, seeded and offline. A drawn row also carries what its scorer needs (``gym``: the task, its
+config, the whole entry), so a run folder's ``train.jsonl`` or ``problems.jsonl`` reproduces the run
+and is checked the same way when read back."""
 
 from __future__ import annotations
 
@@ -64,8 +59,7 @@ def check_tasks(spec: GymSection) -> None:
 
 
 def draw(spec: GymSection) -> list[dict[str, Any]]:
-    """``spec.size`` problems of the tasks, mixed by weight (reasoning-gym's own composite dataset),
-    each a row that carries its scorer's inputs."""
+    """``spec.size`` problems of the tasks mixed by weight, each a row carrying its scorer's inputs."""
     rg = _reasoning_gym()
     check_tasks(spec)
     configs = {t.name: t.config for t in spec.tasks}
@@ -87,18 +81,16 @@ def draw(spec: GymSection) -> list[dict[str, Any]]:
             "source": f"{PREFIX}{name}",
             "gym": {"task": name, "config": configs[name], "score": spec.score, "entry": entry},
         }
-        # as a run folder keeps it, so that it is scored alike in this run and after a resume: tuples
-        # become lists, and what JSON cannot hold is written as text (gsm_symbolic's Fractions, in
-        # metadata its scorer does not read)
+        # as a run folder keeps it, scored alike now and after a resume: tuples become lists, what
+        # JSON cannot hold is text (gsm_symbolic's Fractions, in metadata its scorer does not read)
         rows.append(json.loads(json.dumps(row, default=str)))
     return rows
 
 
 def scored_by_task(gym: dict[str, Any] | None, reference: str) -> bool:
     """Whether the task's own scorer decides (else rstar2's verifier): ``score: auto`` leaves plain
-    numbers to the verifier (which reads ``1,000`` and ``2.50`` as the numbers they are, where a task's
-    scorer may take the first digits it sees) and gives the task everything else: weekdays, lists,
-    times, fractions and equations in the form the task asks for."""
+    numbers to the verifier (a task's scorer may read ``1,000`` as 1) and gives the task the rest
+    (weekdays, lists, times, fractions and equations in the form it asks for)."""
     if not gym:
         return False
     score = gym.get("score", "auto")
@@ -111,8 +103,6 @@ def _scorer(task: str, config: str) -> Any:
 
 
 def task_score(gym: dict[str, Any], answer: str) -> float:
-    """The task's ``score_answer`` of ``answer`` (an extracted final answer), in [0, 1]; reasoning-gym
-    gives partial credit (0.01 for a wrong number, 0.05 for a weekday in lower case), and the reward
-    counts only 1.0 as correct."""
+    """The task's ``score_answer`` of an extracted ``answer`` (partial credit; only 1.0 is correct)."""
     score = _scorer(gym["task"], json.dumps(gym.get("config", {}), sort_keys=True))
     return float(score(answer=answer, entry=gym["entry"]))

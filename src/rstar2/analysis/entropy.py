@@ -1,7 +1,5 @@
-"""Token entropy of trajectories, as the rStar2-Agent report reads it (its Fig. 10–11): which model
-tokens are high-entropy, and whether they sit in reasoning, in *reflection* right after a tool
-response, inside code, or in the answer. The top-share mask and the summary take plain lists, so they
-can be tested by hand."""
+"""Token entropy of trajectories, as the rStar2-Agent report reads it (Fig. 10–11): which model tokens
+are high-entropy, and in which class. The mask and the summary take plain lists: testable by hand."""
 
 from __future__ import annotations
 

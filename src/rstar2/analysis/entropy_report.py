@@ -17,8 +17,7 @@ from .entropy import Summary, TrajectoryEntropy, mark_high, summarize, teacher_f
 
 
 def trajectory_rows(path: Path, limit: int | None = None) -> Iterator[dict[str, Any]]:
-    """Trajectories as the dicts of a JSONL file (``rstar2 eval`` output, RL samples), with their
-    token ids; other and cut lines are skipped."""
+    """A JSONL file's trajectories with their token ids (other and cut lines skipped)."""
     n = 0
     for _, d in iter_jsonl(path, strict=False):
         if limit is not None and n >= limit:

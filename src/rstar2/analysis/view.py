@@ -1,8 +1,6 @@
-"""``rstar2 view``: one static HTML page of trajectories — the conversation with its tool calls, their
-outputs and statuses, the answer, reward, finish reason and token counts, and for RL steps the RoC
-penalties and whether the trajectory was kept, and the tool-use health signs it shows. Filters by
-reward, status, RoC and health sign run in the page (no server, works offline). Every piece of
-model or tool text is escaped: it is untrusted."""
+"""``rstar2 view``: one static HTML page of trajectories (tool calls, outputs, statuses, rewards,
+RoC's choice, health signs), filtered in the page (offline). All model or tool text is escaped: it
+is untrusted."""
 
 from __future__ import annotations
 
@@ -39,8 +37,7 @@ def find_files(target: Path) -> list[Path]:
 
 
 def health_signs(d: dict[str, Any]) -> list[str]:
-    """The tool-use health signs a trajectory shows (``rollout/health.py``); none when the line is
-    not a whole trajectory."""
+    """The tool-use health signs a trajectory shows; none for a line that is not a whole one."""
     try:
         shown = signs(Trajectory.from_dict(d))
     except (ValueError, TypeError, KeyError, AttributeError):

@@ -1,8 +1,7 @@
-"""Token-in, token-out conversation building through the tokenizer's own chat template: only a new
-tool turn is tokenized, its text found as the difference of two renderings of a stand-in
-conversation (so any template works), plus what the template writes after an assistant message
-that the model itself did not generate (ChatML's newline after ``<|im_end|>``).
-"""
+"""Token-in, token-out conversations through the tokenizer's own chat template: only a new tool
+turn is tokenized, its text the difference of two renderings of a stand-in conversation (so any
+template works), plus what the template writes after an assistant message that the model did not
+(ChatML's newline after ``<|im_end|>``)."""
 
 from __future__ import annotations
 
@@ -155,9 +154,8 @@ class ChatFormat:
         return text, cut or output_cut(result)
 
     def tool_turn_text(self, responses: list[str], model_end: str = "") -> str:
-        """The text that follows a generated assistant turn: the rest of the assistant's ending that
-        the model did not write (``model_end`` is the decoded text of the stop token it ended with),
-        the tool messages, and the next generation prompt."""
+        """What follows a generated assistant turn: the rest of its ending the model did not write
+        (``model_end``: its stop token's text), the tool messages, and the next generation prompt."""
         tools = [{"role": "tool", "content": r, "name": PYTHON_TOOL} for r in responses]
         full = self.render([*self._stub, *tools], add_generation_prompt=True)
         if not full.startswith(self._stub_text):
@@ -175,8 +173,7 @@ class ChatFormat:
 
     def conversation_ids(self, messages: list[dict]) -> tuple[list[int], list[int]]:
         """Ids and loss mask (1 on what each assistant turn writes, its stop token included) of a
-        whole conversation, tokenized turn by turn exactly as a rollout builds it (with this
-        format's system prompt when it has none)."""
+        conversation, tokenized turn by turn as a rollout builds it (this system prompt if none)."""
         if self.system_prompt and (not messages or messages[0].get("role") != "system"):
             messages = [{"role": "system", "content": self.system_prompt}, *messages]
         end = self.assistant_end

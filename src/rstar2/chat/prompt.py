@@ -1,8 +1,5 @@
-"""The words the policy reads: the system prompt, the user prefix, and a ChatML template with tools.
-
-The format follows the rStar2-Agent report; the wording is rstar2's own. ``CHATML_TEMPLATE`` is
-installed on tokenizers that have no chat template (the tiny model's); real models keep their own.
-"""
+"""The words the policy reads (the rStar2-Agent report's format, rstar2's wording): the system
+prompt, the user prefix, and ``CHATML_TEMPLATE``, for tokenizers without a chat template."""
 
 from __future__ import annotations
 

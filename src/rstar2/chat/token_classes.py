@@ -1,7 +1,5 @@
-"""Which class each response token belongs to, read from the format's tags (``code``, ``answer``,
-``reflection`` right after a tool response, else ``reasoning``): for the trainer's entropy per class
-and ``rstar2 analyze entropy``.
-"""
+"""Which class each response token belongs to (``code``, ``answer``, ``reflection`` right after a tool
+response, else ``reasoning``): for the trainer's entropy per class and ``rstar2 analyze entropy``."""
 
 from __future__ import annotations
 
@@ -35,9 +33,8 @@ def block_regions(text: str) -> list[tuple[int, int, str]]:
 def classify(
     pieces: Sequence[str], mask: Sequence[int], window: int = DEFAULT_RUN.reflection_window
 ) -> list[str | None]:
-    """A class for each response token: ``None`` for tool tokens (mask 0); ``code`` for tokens that
-    touch a ``<tool_call>`` block, ``answer`` for an ``<answer>`` block; ``reflection`` for the first
-    ``window`` model tokens of a turn that follows a tool response; else ``reasoning``."""
+    """A class for each response token: ``None`` for tool tokens; ``code`` or ``answer`` for tokens
+    touching such a block; ``reflection`` for the first ``window`` model tokens after a tool response."""
     n = len(pieces)
     if len(mask) != n:
         raise ValueError(f"{n} token pieces but {len(mask)} mask values")

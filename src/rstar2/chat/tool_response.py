@@ -1,7 +1,6 @@
-"""What the model reads back after a tool call (the text inside ``<tool_response>``): the output,
-or a header naming the failure and the traceback's end; long text is cut in the middle, so the
-beginning and the end, where the answer and the error usually are, survive.
-"""
+"""What the model reads back after a tool call: the output, or a header naming the failure and the
+traceback's end; long text is cut in the middle, so the beginning and the end (where the answer and
+the error usually are) survive."""
 
 from __future__ import annotations
 

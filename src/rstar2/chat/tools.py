@@ -1,7 +1,6 @@
-"""The Python tools the policy may call, and parsing its Hermes-style calls (JSON inside
-``<tool_call>``) out of generated text. Parsing never raises: a call that cannot run becomes a
-``ToolCallError`` whose message the model reads back (a tool error for Resample-on-Correct).
-"""
+"""The Python tools the policy may call, and its Hermes-style calls parsed out of generated text.
+Parsing never raises: a call that cannot run becomes a ``ToolCallError`` the model reads back (a
+tool error for Resample-on-Correct)."""
 
 from __future__ import annotations
 

@@ -20,8 +20,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     banned_token_ids: tuple[int, ...] = ()  # never sampled (pad, role tags the model must not write)
-    # admission order when rows are short: lower first, then arrival (vLLM's convention); the
-    # rollout puts a trajectory's next turn ahead of new ones and earlier steps ahead of later
+    # admission order when rows are short: lower first, then arrival (vLLM's convention)
     priority: int = 0
 
     def __post_init__(self) -> None:
@@ -39,7 +38,7 @@ class SamplingParams:
 
 @dataclass
 class Generation:
-    """The sampled ids (a stop token included), the log-probability of each under the engine's
+    """The sampled ids (a stop token included), each one's log-probability under the engine's
     temperature-scaled distribution, and why generation stopped."""
 
     token_ids: list[int]

@@ -1,6 +1,5 @@
 """The running batch of ``HFEngine``: its rows, their slots in the cache, and the kept prefixes.
-Rows live in the cache's ``owners`` (``kv.py``), so a row and its slot move together.
-"""
+Rows live in the cache's ``owners`` (``kv.py``), so a row and its slot move together."""
 
 from __future__ import annotations
 

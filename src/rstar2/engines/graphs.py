@@ -1,13 +1,10 @@
 """The decode step replayed as CUDA graphs: on a GPU a small model's decode step is kernel launches
-and Python, not arithmetic, and a graph replays all its kernels with one launch. A graph fixes its
-shapes and addresses, so the step runs in a static form (ARCHITECTURE.md, ``graphs.py``): rows
-padded to a bucket (a padding row writes to the scratch column and its logits are dropped),
-attention over every column of the cache's buffers, inputs copied into static buffers.
-
-The weights are read where they live, so in-place writes reach the next replay; capture runs with
-autocast's weight-cast cache off, so a cast is part of the graph, not a tensor cast once under old
-weights. ``capture=False`` runs the same static step eagerly (what the CPU tests compare).
-"""
+and Python, not arithmetic, and a graph replays all its kernels with one launch. A graph fixes
+shapes and addresses, so the step is static: rows padded to a bucket (a padding row writes to the
+scratch column, its logits dropped), attention over every cache column, inputs in static buffers.
+Weights are read where they live (in-place writes reach the next replay); capture runs with
+autocast's cast cache off, so a cast is part of the graph, not a tensor cast once under old weights.
+``capture=False`` runs the same static step eagerly (what the CPU tests compare)."""
 
 from __future__ import annotations
 
@@ -29,8 +26,7 @@ class StaticDecode:
     """The static decode step of one engine; ``capture``: recorded as CUDA graphs, else run eagerly."""
 
     def __init__(self, model: Any, device: torch.device, max_rows: int, capture: bool) -> None:
-        self.model, self.device, self.max_rows = model, device, max_rows
-        self.capture = capture
+        self.model, self.device, self.max_rows, self.capture = model, device, max_rows, capture
         self.sizes = buckets(max_rows)
         # (3, max_rows): ids, positions, write columns of the step (padding rows: pad, 0, scratch)
         self.inputs = torch.zeros((3, max_rows), dtype=torch.long, device=device)
@@ -58,7 +54,7 @@ class StaticDecode:
         host = [ids + [pad_token_id] * pad, kv.lens[:n] + [0] * pad, kv.lens[:n] + [kv.cols_cap - 1] * pad]
         self.inputs[:, :b].copy_(torch.tensor(host, dtype=torch.long), non_blocking=True)
         if not self.capture:
-            logits = self._step(kv, b)
+            logits = self._step(kv, b)[:n]
         else:
             if b not in self.captured:
                 try:
@@ -71,15 +67,13 @@ class StaticDecode:
                     return None
             graph, out = self.captured[b]
             graph.replay()
-            logits = out
+            logits = out[:n].clone()
         kv.commit((0, n), [1] * n)
-        return logits[:n].clone() if self.capture else logits[:n]
+        return logits
 
     def weights_changed(self) -> None:
-        """New weights: written in place, the graphs read them as they are; replaced by new tensors,
-        every graph is dropped."""
-        pointers = self._pointers()
-        if pointers != self._weights:
+        """New weights: written in place, the graphs read them as they are; new tensors: graphs dropped."""
+        if (pointers := self._pointers()) != self._weights:
             self._weights = pointers
             self.captured.clear()
 

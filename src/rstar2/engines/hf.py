@@ -1,11 +1,8 @@
-"""``HFEngine``: a transformers model served to concurrent async callers with continuous batching
-(README, "Engines"). This file is its thread, its queue and the weights rule, checked here before
-every step and nowhere else; the batch and its KV are ``batch.py`` and ``kv.py``.
-
-transformers' own continuous batching is not used: it was slower here (benchmarks/RESULTS.md),
-kept prefixes computed under old weights, failed every request in flight on one bad request, and
-has no per-request seed, banned ids or finish reason.
-"""
+"""``HFEngine``: a transformers model served to concurrent async callers with continuous batching:
+its thread, its queue and the weights rule (checked before every step, nowhere else); the batch
+and its KV are ``batch.py`` and ``kv.py``. Not transformers' own continuous batching: slower here,
+it kept prefixes computed under old weights, failed every request in flight on one bad request,
+and has no per-request seed, banned ids or finish reason."""
 
 from __future__ import annotations
 
@@ -68,8 +65,7 @@ class HFEngine:
                 f"'{attention}' attention does not take; load the model with attn_implementation='sdpa'"
             )
         self.compute = compute  # the trainer's model.compute; decode_compute() picks the engine's
-        self.name = name
-        self.max_batch_size = max_batch_size
+        self.name, self.max_batch_size = name, max_batch_size
         # the kept prefixes' budget comes out of the capacity the scheduler may grant
         self.capacity_tokens, self.keep_tokens = engine_budget(
             max_batch_size, max_positions(model), capacity_tokens, keep_tokens
@@ -127,8 +123,7 @@ class HFEngine:
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         vocab = self.model.get_input_embeddings().num_embeddings
-        bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
-        if bad is not None:
+        if (bad := next((t for t in prompt_ids if not 0 <= t < vocab), None)) is not None:
             raise ValueError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
         if len(prompt_ids) >= (positions := max_positions(self.model)):
             raise ValueError(
@@ -172,8 +167,7 @@ class HFEngine:
 
     @contextmanager
     def paused(self) -> Iterator[None]:
-        """The caller waits for the step in progress only, not for every step the engine would
-        start next (``_gate``)."""
+        """The caller waits for the step in progress only, not for the steps the engine would start next."""
         with self._gate, self.lock:
             yield
 
@@ -206,8 +200,7 @@ class HFEngine:
                 return None
             self._pending.append(first)
         # a burst (a rollout batch starting, tool calls returning together) arrives a little apart:
-        # with nothing running, wait until the queue has been quiet for ``gather_s`` (at most 10
-        # windows); with rows running, take only what is there
+        # gather until the queue has been quiet for ``gather_s``, at most 10 windows
         deadline = time.perf_counter() + 10 * self.gather_s
         while True:
             gather = wait and len(self._pending) < free
@@ -255,8 +248,7 @@ class HFEngine:
                         req.settle(error)
                     batch.reset()
                     continue
-                stamp = (self._weight_writes, weights_stamp(self.model))
-                if stamp != self._stamp:  # new weights
+                if (stamp := (self._weight_writes, weights_stamp(self.model))) != self._stamp:  # new weights
                     self._stamp = stamp
                     batch.version = self.version
                     if batch.static_decode is not None:

@@ -1,11 +1,8 @@
-"""The KV cache of a continuously batched engine: rows join, leave, and outlive their request.
-
-``SlotCache``: per layer one key and one value buffer of ``(rows, heads, columns, head_dim)``; row r's
-tokens are its columns ``[0, len_r)``, so no row is padded to line up with the others, and a row joins
-or leaves (the last row moving into its slot) without copying the rest of the batch, where
-transformers' ``DynamicCache`` concatenates the whole cache at every step. ``PrefixStore``: the caches
-of ended requests kept for their trajectory's next turn (LRU within a token budget).
-"""
+"""The KV cache of a continuously batched engine. ``SlotCache``: per layer one key and one value
+buffer of ``(rows, heads, columns, head_dim)``; row r's tokens are its columns ``[0, len_r)``, so no
+row is padded to line up with the others, and a row joins or leaves (the last row moving into its
+slot) without copying the rest of the batch (``DynamicCache`` concatenates it all every step).
+``PrefixStore``: ended requests' caches kept for their trajectory's next turn (LRU, token budget)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """``OpenAIEngine``: an OpenAI-compatible completions server (SGLang, ``rstar2 serve``, a vLLM
 without its RL routes). Token ids go in as the prompt and come back through ``return_token_ids``
-(or logprob tokens written as ``token_id:N``): a rollout never re-tokenizes the server's text.
-"""
+(or logprob tokens written as ``token_id:N``): a rollout never re-tokenizes the server's text."""
 
 from __future__ import annotations
 
@@ -114,9 +113,7 @@ class OpenAIEngine:
             base_url=self.base_url, timeout=timeout_s, headers=client_headers(api_key)
         )
         self.in_flight = 0
-        # how the server tells which policy sampled a token (set by probe_capacity): "tokens" (each
-        # token's, rstar2 serve and vLLM), "stated" (the version it holds, asked before and after
-        # each request: SGLang's /get_weight_version), or None (it cannot tell)
+        # set by probe_capacity: "tokens" (rstar2 serve, vLLM), "stated" (SGLang's /get_weight_version)
         self.version_source: str | None = None
         self.send_priority = False  # SamplingParams.priority sent (set by probe_capacity)
         self.send_seed = True  # SamplingParams.seed sent (VLLMEngine: not to a CPU server)
@@ -125,7 +122,6 @@ class OpenAIEngine:
         """The server's KV capacity in tokens, unless the config set one: SGLang's (and ``rstar2
         serve``'s) ``/get_server_info``, else vLLM's ``/metrics``, else the default
         (``capacity_source`` says which); and whether it takes ``SamplingParams.priority``."""
-        # SGLang's (and rstar2 serve's)
         info = await get_object(self._client, "/get_server_info") or {}
         # rstar2 serve orders its queue by priority; vLLM refuses one unless started with
         # --scheduling-policy priority, so it is sent only where the server says it is ours

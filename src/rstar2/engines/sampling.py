@@ -25,9 +25,7 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 
 
 def next_tokens(
-    logits: torch.Tensor,
-    params: list[SamplingParams],
-    generators: list[random.Random | None],
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[random.Random | None]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; returns (ids, log-probabilities under the temperature-scaled
     distribution before top-k/top-p, as engines commonly report them).

@@ -1,7 +1,6 @@
 """``rstar2 serve``: an OpenAI-compatible HTTP server over an ``HFEngine``: completions token-in,
 token-out as ``OpenAIEngine`` needs them (vLLM's ``return_token_ids`` and
-``return_tokens_as_token_ids``), and chat with tool calls in the OpenAI shape for any client.
-"""
+``return_tokens_as_token_ids``), and chat with tool calls in the OpenAI shape for any client."""
 
 from __future__ import annotations
 
@@ -82,8 +81,7 @@ def banned_ids(logit_bias: dict[str, float] | None, vocab: int) -> tuple[int, ..
 
 
 class Served:
-    """What every route shares: the engine, its tokenizer and name, the weights it holds, and the
-    folders it may load weights from."""
+    """What every route shares: the engine, its tokenizer and name, the weights held, where from."""
 
     def __init__(
         self, engine: HFEngine, tokenizer: Any, model_name: str, weights_from: list[Path] | None = None
@@ -151,8 +149,7 @@ class Served:
         return len(state)
 
     def misfits(self, files: list[Path]) -> list[str]:
-        """The tensors of ``files`` the model has not, or has in another shape (read from the files'
-        headers only)."""
+        """The tensors of ``files`` the model has not, or has in another shape (from their headers)."""
         from safetensors import safe_open
 
         held = {k: tuple(v.shape) for k, v in self.engine.model.state_dict().items()}
@@ -162,9 +159,8 @@ class Served:
                 for key in fh.keys():
                     shape = tuple(fh.get_slice(key).get_shape())
                     if held.get(key) != shape:
-                        out.append(
-                            f"{key} {list(shape)} (served: {list(held[key]) if key in held else 'none'})"
-                        )
+                        served = list(held[key]) if key in held else "none"
+                        out.append(f"{key} {list(shape)} (served: {served})")
         return out
 
     def params(self, req: _Sampling, i: int) -> SamplingParams:
@@ -240,8 +236,7 @@ def server_routes(s: Served) -> APIRouter:
 
     @router.post("/update_weights_from_disk")
     async def update_weights_from_disk(body: _WeightsPath) -> dict[str, Any]:
-        """The RL trainer's weight load; the answer states the version and fingerprint of what the
-        model now holds, for the trainer to check."""
+        """The RL trainer's weight load; the answer states the version and fingerprint held, to check."""
         loaded = await s.load(body.model_path, body.weight_version)
         held = await asyncio.to_thread(s.held_weights)
         return {"success": True, "message": f"loaded {loaded} tensors from {body.model_path}", **held}

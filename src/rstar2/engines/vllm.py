@@ -1,11 +1,9 @@
-"""``VLLMEngine``: a vLLM server started by ``rstar2 vllm``, through the routes vLLM offers for RL
-(ARCHITECTURE.md, ``vllm.py``): ``/inference/v1/generate`` says which weights sampled each token,
-and new weights are loaded in place with requests in flight kept. What the server is comes from
-its ``/server_info``; a vLLM started without its development routes is an ``OpenAIEngine``.
-
-vLLM on a CPU can die under many concurrent seeded prefills (``CPU Generator does not use
-offset``, then every request fails until a restart): there requests go unseeded.
-"""
+"""``VLLMEngine``: a vLLM server started by ``rstar2 vllm``, through vLLM's RL routes:
+``/inference/v1/generate`` says which weights sampled each token, and new weights load in place
+with requests in flight kept. ``/server_info`` says what the server is; a vLLM without its
+development routes is an ``OpenAIEngine``. vLLM on a CPU can die under many concurrent seeded
+prefills (``CPU Generator does not use offset``, then every request fails until a restart): there
+requests go unseeded."""
 
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
-"""``rstar2 vllm``: start a vLLM server the way rstar2's RL needs it.
-
-vLLM lives in a virtual environment of its own (``scripts/setup-vllm.sh``: it pins another
-transformers than rstar2's), so the server runs under that environment's Python. It needs the
+"""``rstar2 vllm``: start a vLLM server the way rstar2's RL needs it, under the Python of vLLM's own
+environment (``scripts/setup-vllm.sh``: it pins another transformers than rstar2's). It needs the
 development routes and ``--enable-scale-out`` (weight loads, ``/server_info``, token-in token-out
 generation with each token's weight version), rstar2's worker extension, the log-probs of the
 distribution sampled from (what the trainer corrects by), and priority scheduling. Every route but
-``/health`` then asks for the API key (``rstar2.auth.vllm_guard``; vLLM's own ``--api-key`` leaves
-the development routes open), and weights load only from the ``--weights-from`` folders.
-"""
+``/health`` asks for the API key (vLLM's own ``--api-key`` leaves the development routes open), and
+weights load only from the ``--weights-from`` folders."""
 
 from __future__ import annotations
 
@@ -51,11 +48,8 @@ def command(
     args = [python, "-m", ENTRY, "--model", model, "--host", host, "--port", str(port), "--dtype", dtype]
     args += ["--enable-scale-out", "--worker-extension-cls", EXTENSION, "--middleware", GUARD]
     args += ["--logprobs-mode", "processed_logprobs", "--scheduling-policy", "priority"]
-    if max_model_len:
-        args += ["--max-model-len", str(max_model_len)]
-    if eager:
-        args.append("--enforce-eager")
-    return args + list(extra)
+    args += ["--max-model-len", str(max_model_len)] if max_model_len else []
+    return args + (["--enforce-eager"] if eager else []) + list(extra)
 
 
 def environment(
@@ -131,11 +125,10 @@ def local_server(
     cores: str | None = None,
     **options,
 ) -> Iterator[str]:
-    """``rstar2 vllm`` on ``model`` on this machine for the block (``local_command``), loading
-    weights from under the folders ``weights_from``, its output appended to ``log``; yields its URL
-    once it answers. Its API key is ``$RSTAR2_API_KEY``, set to a fresh one when unset (this
-    process's clients send it). With ``cores``, this process (and what it starts later: the code
-    environment, the verifier) keeps to the other cores meanwhile."""
+    """``rstar2 vllm`` on ``model`` on this machine for the block (``local_command``), its output
+    appended to ``log``; yields its URL once it answers. Its API key is ``$RSTAR2_API_KEY``, set to
+    a fresh one when unset (this process's clients send it). With ``cores``, this process (and what
+    it starts later: the code environment, the verifier) keeps to the other cores meanwhile."""
     import torch
 
     from ..local_service import free_port, wait_healthy

@@ -1,12 +1,9 @@
-"""What rstar2 adds to vLLM's workers (``--worker-extension-cls``): a load of the trainer's model
-folder in place that says whether every parameter was written, from a folder under those the server
-was started with (``rstar2 vllm --weights-from``). It runs inside vLLM's process, so it imports
-nothing of rstar2 but this file and ``rstar2.auth``.
-
-Not vLLM's ``reload_weights`` alone: on a CPU, vLLM computes with a packed copy of each linear
-layer's weight, and a tied LM head, which receives no weights of its own on a reload, would keep
-computing logits with the start's weights; such copies are made again from the weights now held.
-"""
+"""What rstar2 adds to vLLM's workers (``--worker-extension-cls``): an in-place load of the trainer's
+model folder (under ``rstar2 vllm --weights-from``) that says whether every parameter was written.
+It runs inside vLLM's process, so it imports nothing of rstar2 but this file and ``rstar2.auth``.
+Not ``reload_weights`` alone: on a CPU vLLM computes with a packed copy of each linear layer's
+weight, and a tied LM head (no weights of its own on a reload) would keep the start's weights; such
+copies are made again from the weights now held."""
 
 from __future__ import annotations
 
@@ -87,14 +84,13 @@ class WorkerExtension:
         _remake_cpu_copies(model)
         expected = {name for name, _ in model.named_parameters()}
         unwritten = [name for name, p in held if not bool(p.any())]
-        print(
-            f"[rstar2] loaded {folder}: {len(expected & loaded)} parameters", flush=True
-        )  # the server's log
+        written = len(expected & loaded)
+        print(f"[rstar2] loaded {folder}: {written} parameters", flush=True)  # the server's log
         return {
             "missing": sorted(expected - loaded),
             "unwritten": unwritten,
             "zero_in_folder": zero_tensors(folder) if unwritten else 0,  # the folder read again only then
-            "parameters": len(expected & loaded),
+            "parameters": written,
         }
 
 

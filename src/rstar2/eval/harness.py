@@ -49,9 +49,8 @@ async def evaluate(
     settings: dict[str, Any] | None = None,
     columns: Columns | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """``samples`` rollouts of each problem of ``benches`` (problem sources: ``rstar2.problems``,
-    their columns found by ``columns``), sampled into ``out_dir``; returns each benchmark's summary.
-    Problems drawn from reasoning-gym are written beside their trajectories (``problems.jsonl``)."""
+    """``samples`` rollouts of each problem of ``benches`` into ``out_dir`` (reasoning-gym's drawn
+    problems beside them, ``problems.jsonl``); returns each benchmark's summary."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
@@ -140,8 +139,7 @@ def run_eval(
     columns: Columns | None = None,
     progress: bool = True,
 ) -> dict[str, dict[str, Any]]:
-    """``rstar2 eval``: the benchmarks (problem sources, checked first) on a local model or
-    servers, summaries, tables and plots in ``out_dir``; rerunning resumes."""
+    """``rstar2 eval``: the benchmarks (checked first) on a model or servers, reported in ``out_dir``."""
     from ..rollout.build import check_engine_choice, open_rollout
 
     for b in benches:

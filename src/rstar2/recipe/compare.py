@@ -1,20 +1,10 @@
 """``rstar2 compare``: GRPO-RoC against plain GRPO over seeds, from a finished recipe run's SFT
-checkpoint (the paper's Fig. 4 question, on a model of one's own). Each variant runs the recipe's
-RL stages from that checkpoint on the same problems and held-out sets, once per seed (``run.seed``):
-
-- ``roc``: GRPO-RoC as the recipe has it: G of the 2G rollouts kept, the correct ones with the
-  fewest tool errors and format faults, the incorrect ones at random;
-- ``grpo-kept``: plain GRPO sampling G and training on all of them (the paper's baseline, Fig. 9:
-  as many trajectories trained on, none chosen);
-- ``grpo-all``: plain GRPO on all 2G (as many sampled);
-- ``roc-uniform`` (not run by default): 2G sampled and as many correct and incorrect rollouts kept
-  as RoC keeps, drawn at random (``roc.mode: uniform``): RoC's downsampling without its choice;
-- ``async-k1``, ``async-k2``, ``async-k4`` (not run by default): ``roc`` with rollouts up to k
-  updates stale (``asynchronous.max_staleness``) and the decoupled correction; ``async-k4-none`` without
-  the correction (what it prevents).
-
-Every (variant, seed) is a recipe run in its own folder, so an interrupted comparison resumes
-where it stopped.
+checkpoint (the paper's Fig. 4 question). Each variant runs the recipe's RL stages from it on the
+same problems, once per seed, each (variant, seed) a recipe run in its own folder (so it resumes):
+``roc`` as the recipe has it; ``grpo-kept``: plain GRPO sampling G and training on all (the paper's
+baseline, Fig. 9); ``grpo-all``: plain GRPO on all 2G; ``roc-uniform``: as many correct and
+incorrect kept as RoC keeps, at random (its downsampling without its choice); ``async-kK``: ``roc``
+with rollouts up to K updates stale and the decoupled correction (``async-k4-none`` without it).
 """
 
 from __future__ import annotations
@@ -99,9 +89,8 @@ def arm_tree(
     overrides: Sequence[str] = (),
     stages: Sequence[str] | None = None,
 ) -> dict:
-    """The recipe of one arm: the RL stages (or those named in ``stages``), from ``checkpoint``,
-    with the variant's RoC settings and ``run.seed``; held-out and ``eval.also`` evaluated after
-    the stages as in the recipe (no zero-shot evaluations, no entropy analysis)."""
+    """The recipe of one arm: its RL stages (all, or ``stages``) from ``checkpoint`` with the variant's
+    settings and ``run.seed``, evaluated after the stages only (no zero-shot, no entropy analysis)."""
     t = copy.deepcopy(tree)
     model = {k: v for k, v in t["model"].items() if k not in ("source", "build")}
     t["model"] = {**model, "path": str(checkpoint)}
@@ -126,9 +115,8 @@ def arm_tree(
 
 
 def apply_variant(stage: dict, variant: str, *, samples: int, keep: int) -> None:
-    """Set a stage's rollouts sampled and RoC settings for ``variant`` (``VARIANTS``), on the stage
-    itself so that no setting of its own undoes them; ``samples`` (2G) and ``keep`` (G): the
-    stage's resolved settings."""
+    """Set ``variant``'s settings on the stage itself, so that none of its own undoes them;
+    ``samples`` (2G) and ``keep`` (G): the stage's resolved settings."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}: choose from {', '.join(VARIANTS)}")
     roc = dict(stage.get("roc") or {})
@@ -138,10 +126,8 @@ def apply_variant(stage: dict, variant: str, *, samples: int, keep: int) -> None
         roc.update(enabled=True, mode="uniform")
     else:
         roc["enabled"] = False
-        stage["rollout"] = {
-            **stage.get("rollout", {}),
-            "samples": keep if variant == "grpo-kept" else samples,
-        }
+        sampled = keep if variant == "grpo-kept" else samples
+        stage["rollout"] = {**stage.get("rollout", {}), "samples": sampled}
     stage["roc"] = roc
     if variant in ASYNC:
         k, tis_cap = ASYNC[variant]
@@ -219,8 +205,8 @@ def measured(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, flo
 
 
 async def evaluate_start(recipe: Recipe, checkpoint: Path, folder: Path, progress: bool) -> None:
-    """The SFT checkpoint on the held-out problems and every ``eval.also`` set, sampled as the arms'
-    final evaluations sample (``folder/heldout``, ``folder/<set>``)."""
+    """The SFT checkpoint on the held-out problems and every ``eval.also`` set, as the arms' final
+    evaluations sample (``folder/heldout``, ``folder/<set>``)."""
     from ..rollout.build import open_services
     from .run import RecipeRun, eval_rows, evaluate_model, problem_rows
 
@@ -258,9 +244,8 @@ def _mean_over(per_seed: Sequence[dict[Any, float]]) -> dict[Any, float]:
 
 
 def summarize(out: Path, recipe: Recipe, plan: Sequence[Arm]) -> dict[str, Any]:
-    """Per variant: the per-step curves of every finished seed; final accuracy per seed (mean and
-    spread), its paired change from the SFT checkpoint, and the first variant's (``roc`` by
-    default) paired difference from each other one (problems paired, accuracy averaged over seeds)."""
+    """Per variant: every finished seed's step curves, final accuracy (mean and spread over seeds),
+    its paired change from the SFT checkpoint, and the first variant's paired difference from each."""
     sets = ["heldout", *(Path(s).stem for s in recipe.eval.also)]
     start = {s: accuracy_in(out / "sft" / s) for s in sets} if (out / "sft").exists() else {}
     done = [a for a in plan if _finished(a.folder)]

@@ -73,8 +73,7 @@ def eval_dir(out: Path, index: int, name: str) -> Path:
 
 
 def sampled_trajectories(out_dir: Path) -> Path:
-    """Where sampling problems into ``out_dir`` leaves its trajectories (the eval harness names the
-    folder after the problem file, ``problems.jsonl``)."""
+    """Where sampling ``problems.jsonl`` into ``out_dir`` leaves its trajectories (eval's folder a file)."""
     return out_dir / "problems" / "trajectories.jsonl"
 
 
@@ -89,9 +88,8 @@ def stage_metrics(out: Path, recipe: Any) -> list[tuple[str, list[dict[str, Any]
 
 
 def paired_change(before: dict[Any, float], after: dict[Any, float]) -> tuple[float, float, int]:
-    """Mean change of per-problem accuracy from ``before`` to ``after`` over the problems both hold,
-    with the half-width of its 95% interval: pairing each problem with itself removes the spread in
-    problem difficulty from the interval."""
+    """Mean change of per-problem accuracy over the problems both hold, and its 95% half-width:
+    pairing each problem with itself removes the spread in difficulty from the interval."""
     common = before.keys() & after.keys()
     if not common:
         raise ValueError("no problem was evaluated both times")
@@ -149,9 +147,8 @@ def also_changes(out: Path, recipe: Any, name: str, by_model: dict[str, Any]) ->
 def health_section(
     out: Path, recipe: Any, stages: list[tuple[str, list[dict[str, Any]]]]
 ) -> tuple[list[str], list[dict[str, Any]]]:
-    """The report's lines on tool-use health: each RL stage's table row (mean and worst step of
-    each sign's share) and the first ten warnings its steps raised (``run.health``), none when no
-    RL stage has steps; and every warning."""
+    """The report's lines on tool-use health (each RL stage's mean and worst share of each sign, the
+    first ten warnings; none without RL steps), and every warning."""
     table = [
         "| stage | " + " | ".join(f"{words} (mean / worst)" for words in SIGNS.values()) + " | warnings |",
         "|---|" + "---|" * (len(SIGNS) + 1),

@@ -37,10 +37,8 @@ STATE_FILE = "recipe_state.json"
 
 @dataclass
 class RecipeRun:
-    """What the parts of one run share: the recipe, its folder, progress bars, where its lines go,
-    its code environment and verifier pool (``services``: ``rollout.build.open_services``), its ``state``
-    (``recipe_state.json``: the finished stages and evaluations, what ``--resume`` skips) and
-    ``where`` in the recipe it is (what a failure is reported at)."""
+    """What the parts of one run share: its ``services`` (code environment and verifier pool), its
+    ``state`` (``recipe_state.json``: what ``--resume`` skips) and ``where`` a failure is reported at."""
 
     recipe: Recipe
     out: Path
@@ -84,8 +82,7 @@ def prepare_model(recipe: Recipe, out: Path) -> Path:
 
 # -- data ---------------------------------------------------------------------------------------
 def problem_rows(data: DataSpec, seed: int, split: str = "train") -> list[dict[str, Any]]:
-    """The problems of ``data``: its sources' (files, benchmarks, gym:TASK), its reasoning-gym
-    draw's, and its generator's ``split``."""
+    """The problems of ``data``: its sources', its reasoning-gym draw's, its generator's ``split``."""
     from ..problems import load_problems
 
     rows = [row for f in data.files for row in load_problems(f, data.columns)]
@@ -136,8 +133,8 @@ async def _sample(
     samples: int,
     seed: int,
 ) -> dict:
-    """``samples`` rollouts per problem through ``rstar2 eval``'s harness, on the in-process engine
-    over ``model_dir`` or on the recipe's servers once they have loaded it."""
+    """``samples`` rollouts per problem through ``rstar2 eval``'s harness, in-process or on the
+    recipe's servers once they have loaded ``model_dir``."""
     from ..eval.harness import evaluate
     from ..rl.plumbing.sync import load_into_servers
     from ..rollout.build import open_engines, open_rollout
@@ -169,9 +166,8 @@ async def solved_counts(
     out_dir: Path,
     seed: int,
 ) -> list[int]:
-    """How many of ``sampling.samples`` rollouts of the current policy solve each row, sampled as
-    the stage samples (its settings, at ``sampling.temperature``): what the difficulty filter and
-    the ladder read."""
+    """How many of ``sampling.samples`` rollouts of the current policy solve each row, sampled as the
+    stage samples (at ``sampling.temperature``): what the difficulty filter and the ladder read."""
     from ..rollout.trajectory import read_trajectories
     from .report_card import sampled_trajectories
 
@@ -212,10 +208,9 @@ def _cell_rows(g: GeneratorSpec, family: str, level: int, count: int, seed: int)
 
 
 def choose_cells(grid: list[tuple[str, int]], rates: list[float]) -> tuple[list[int], list[str]]:
-    """The ladder's cells to train on, family by family: the levels the policy solves sometimes
-    (0 < rate < 1); a family with none of those climbs from its lowest level not yet always solved
-    (the next rung: a family it cannot do yet is not dropped); a family solved at every level is left
-    out (all cells if every family is). Returns the cells and the families taken at their next rung."""
+    """The ladder's cells, family by family: the levels solved sometimes (0 < rate < 1), else the
+    lowest not yet always solved (the next rung: a family it cannot do yet is not dropped); a family
+    solved at every level is left out (all cells if every one is). Also the families at a next rung."""
     chosen: list[int] = []
     rungs: list[str] = []
     for family in dict.fromkeys(f for f, _ in grid):
@@ -232,8 +227,8 @@ def choose_cells(grid: list[tuple[str, int]], rates: list[float]) -> tuple[list[
 
 
 def _drawn_equally(g: GeneratorSpec, chosen: list[tuple[str, int]], seed: int) -> list[dict[str, Any]]:
-    """``g.count`` problems drawn equally from the ``chosen`` cells (the first cells one more each
-    while the count does not divide), a problem drawn twice kept once."""
+    """``g.count`` problems drawn equally from the ``chosen`` cells (the first ones one more where it
+    does not divide), a problem drawn twice kept once."""
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
     for k, (family, level) in enumerate(chosen):
@@ -248,8 +243,7 @@ def _drawn_equally(g: GeneratorSpec, chosen: list[tuple[str, int]], seed: int) -
 async def ladder_rows(
     run: RecipeRun, stage: StageSpec, model_dir: Path, out_dir: Path
 ) -> list[dict[str, Any]]:
-    """The stage's problems by the difficulty ladder (``LadderSpec``, ``choose_cells``); ``ladder.json``
-    records the pass rates and the choice."""
+    """The stage's problems by the difficulty ladder (``choose_cells``), recorded in ``ladder.json``."""
     spec, g = stage.ladder, stage.data.generator
     assert spec is not None and g is not None  # the stage's validator
     seed = run.recipe.seed if g.seed is None else g.seed
@@ -377,9 +371,8 @@ def run_recipe(
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> Path:
-    """Run every stage; returns the report's path. A failure becomes a ``RunError`` naming the part of
-    the recipe it happened in (the traceback in ``error.txt``); the folder keeps every finished stage
-    for ``--resume``."""
+    """Run every stage; returns the report's path. A failure becomes a ``RunError`` naming the part
+    of the recipe (the traceback in ``error.txt``); the folder keeps every finished stage."""
     from transformers.utils import logging as hf_logging
 
     from ..rl.plumbing.launch import RunError, write_error
@@ -410,9 +403,8 @@ def run_named(
     progress: bool,
     log: Callable[[str], None] = print,
 ) -> str:
-    """``rstar2 train --recipe`` and ``rstar2 demo``: a shipped recipe's name or a YAML path, run
-    into ``out`` (default ``runs/NAME``); returns what the command ends with: the evaluation
-    table, the RL gain and the report's path."""
+    """``rstar2 train --recipe`` and ``rstar2 demo``: a recipe run into ``out`` (default ``runs/NAME``);
+    returns the evaluation table, the RL gain and the report's path."""
     from .report_card import table
     from .spec import find_recipe, load_recipe
 
@@ -476,8 +468,7 @@ async def _stages(run: RecipeRun, resume: bool) -> Path:
         for n, stage in enumerate(recipe.stages, 1):
             done = run.state["stages"].get(stage.name)
             current = Path(done["checkpoint"]) if done else await _train(run, n, current, resume)
-            # a finished stage too (a run stopped during its evaluation); the eval.also sets after SFT
-            # too: the report pairs them with the final model's
+            # a finished stage too (stopped during its evaluation); eval.also after SFT (paired in the report)
             await _evaluate(run, stage.name, n, current, held_out, also if stage.kind == "sft" else {})
         await _evaluate(run, recipe.stages[-1].name, len(recipe.stages), current, held_out, also)
     _final_entropy(run, current)
@@ -485,8 +476,7 @@ async def _stages(run: RecipeRun, resume: bool) -> Path:
 
 
 async def _train(run: RecipeRun, n: int, current: Path, resume: bool) -> Path:
-    """Stage ``n``: its data, then its trainer from the model ``current``; returns its last
-    checkpoint, the stage recorded as finished in the run's state."""
+    """Stage ``n``: its data, then its trainer from ``current``; its last checkpoint, recorded."""
     from ..rl.plumbing.checkpoint import latest_checkpoint
 
     recipe, stage = run.recipe, run.recipe.stages[n - 1]

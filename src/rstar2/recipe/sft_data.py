@@ -40,8 +40,7 @@ def call_message(code: str) -> dict[str, Any]:
 
 
 def conversation(opening: list[dict], calls: Sequence[tuple[str, str]], answer: int | str) -> list[dict]:
-    """``opening`` (system and user messages), each (program, tool output) as a call and its
-    response, then the answer turn."""
+    """``opening``, each (program, tool output) as a call and its response, then the answer turn."""
     msgs = list(opening)
     for code, output in calls:
         msgs += [call_message(code), {"role": "tool", "name": PYTHON_TOOL, "content": output}]
@@ -58,9 +57,8 @@ async def build_conversations(
     seed: int = 0,
     on_done: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """One ``{"messages": [...]}`` row per task in ``chat``'s format, every tool output produced by
-    ``code_env`` (the code environment). A task whose clean program does not print its answer is
-    dropped. ``on_done`` is called after each task (a progress bar)."""
+    """One ``{"messages": [...]}`` row per task, every tool output really run by ``code_env``; a task
+    whose clean program does not print its answer is dropped. ``on_done``: after each task."""
     rng = random.Random(seed)
     plans = [(t, break_code(t.code, rng) if rng.random() < error_rate else None) for t in tasks]
     limit = asyncio.Semaphore(32)  # programs run at once

@@ -1,9 +1,7 @@
-"""The recipe file: one YAML that describes a whole run, model to last stage. A thin layer over the
-config sections: the model's settings are ``model:``'s, the rollout settings of every stage, filter
-and evaluation are ``rollout:``'s (its chat keys also SFT's), and a stage's settings are those of a
-``kind: sft``/``kind: rl`` config file's sections, merged over the recipe's ``defaults``. Everything is
-validated before anything runs: an unknown key, a key that moved, a missing data file or a stage
-keeping more rollouts than it samples is an error naming the key."""
+"""The recipe file: one YAML for a whole run, a thin layer over the config's sections (a stage's are
+a ``kind: sft``/``kind: rl`` config's, merged over the recipe's ``defaults``). Everything is
+validated before anything runs: a bad or moved key, a missing data file, a stage keeping more
+rollouts than it samples is an error naming the key."""
 
 from __future__ import annotations
 
@@ -128,11 +126,9 @@ class FilterSpec(_Spec):
 
 
 class LadderSpec(_Spec):
-    """The difficulty ladder: before an RL stage trains, the current policy samples ``samples``
-    rollouts of ``probes`` problems of each (family, level) cell of the stage's generator; the
-    stage's problems are drawn equally from the cells it solves sometimes but not always (pass
-    rate strictly between 0 and 1), so no step is spent on groups of equal rewards; a family with no
-    such level trains on its lowest level not yet always solved (its next rung)."""
+    """The difficulty ladder: before an RL stage, the policy samples ``samples`` rollouts of ``probes``
+    problems of each (family, level) cell; problems are drawn equally from the cells it solves
+    sometimes (no step spent on groups of equal rewards), or a family's next rung (``choose_cells``)."""
 
     probes: int = Field(2, ge=1)
     samples: int = Field(2, ge=1)
@@ -203,9 +199,8 @@ class StageSpec(_Spec):
 
     @property
     def probe(self) -> DataSpec | None:
-        """An SFT stage's ``sft.probe``: conversations (built like its data: a generator's get real
-        tool outputs) whose probability of being written word for word is measured as the stage
-        trains. In a recipe it is data to build; the stage's config gets the file they are written to."""
+        """An SFT stage's ``sft.probe``: data to build (like its own), whose conversations' word-for-word
+        probability is measured as it trains; the stage's config gets the file they are written to."""
         return self._probe
 
     _probe: DataSpec | None = PrivateAttr(None)
@@ -240,9 +235,7 @@ class LocalVLLM(_Spec):
     cores: str | None = None  # CPU: the cores its engine is bound to; the recipe's process takes the rest
     kv_cache_gib: int | None = Field(None, ge=1)  # CPU: its KV cache (default: vLLM's)
     dtype: str | None = None  # None: float32 on a CPU (as the trainer), the model's own on a GPU
-    gpu_share: float = Field(
-        GPU_SHARE, gt=0, lt=1
-    )  # GPU: its share of the memory; the trainer's is beside it
+    gpu_share: float = Field(GPU_SHARE, gt=0, lt=1)  # GPU: its share of the memory; the trainer's beside it
     eager: bool = False  # skip torch.compile: a faster start, a slower decode
     if_installed: bool = False  # without vLLM (scripts/setup-vllm.sh), run in-process instead of failing
 
@@ -340,16 +333,14 @@ def stage_tree(recipe: Recipe, stage: StageSpec, *, model_path: str, train: str,
 
 
 def stage_rollout(recipe: Recipe, stage: StageSpec | None = None, **overrides: Any) -> RolloutSection:
-    """The rollout settings of an RL stage (default: the last one; with no RL stage, the recipe's
-    own), with ``overrides``: what its difficulty filter and the held-out
-    evaluations sample with, so they score the policy as training samples it."""
+    """The rollout settings of an RL stage (default: the last; none: the recipe's own) with
+    ``overrides``: what filters and evaluations sample with, so they score the policy as it trains."""
     stage = stage or next((s for s in reversed(recipe.stages) if s.kind == "rl"), None)
     if stage is None:
         tree = recipe.rollout
     else:
-        tree = parse_config(
-            stage_tree(recipe, stage, model_path="-", train="-", out="-")
-        ).rollout.model_dump()
+        stand_in = stage_tree(recipe, stage, model_path="-", train="-", out="-")
+        tree = parse_config(stand_in).rollout.model_dump()
     return validate(RolloutSection, {**tree, **overrides}, "rollout settings")
 
 
@@ -360,10 +351,12 @@ def _named(f: str) -> bool:
     return Path(f).exists() or f in BENCHMARKS or f in ALIASES or gym.is_gym(f)
 
 
-def _must_exist(key: str, sources: list[str | GymSection]) -> None:
-    """Each source can be read (``problems.check_source``), or an error naming ``key``."""
+def _must_exist(key: str, sources: list[str | GymSection] | DataSpec) -> None:
+    """Each source (a ``DataSpec``'s files and gym draw) can be read, or an error naming ``key``."""
     from ..problems import check_source
 
+    if isinstance(sources, DataSpec):
+        sources = [*sources.files, *([sources.gym] if sources.gym else [])]
     for source in sources:
         try:
             check_source(source)
@@ -379,7 +372,7 @@ def check_stage(recipe: Recipe, stage: StageSpec, check_paths: bool = True) -> N
         raise ConfigError(f"stages.{stage.name}: {exc}") from None
     for key, data in (("data", stage.data), ("sft.probe", stage.probe)):
         if check_paths and data is not None:
-            _must_exist(f"stages.{stage.name}.{key}", [*data.files, *([data.gym] if data.gym else [])])
+            _must_exist(f"stages.{stage.name}.{key}", data)
 
 
 def parse_recipe(tree: dict[str, Any], base: Path | None = None, check_paths: bool = True) -> Recipe:
@@ -397,8 +390,8 @@ def parse_recipe(tree: dict[str, Any], base: Path | None = None, check_paths: bo
         check_stage(recipe, stage, check_paths)
     if not check_paths:
         return recipe
-    if (data := recipe.eval.data) is not None:
-        _must_exist("eval.data", [*data.files, *([data.gym] if data.gym else [])])
+    if recipe.eval.data is not None:
+        _must_exist("eval.data", recipe.eval.data)
     if recipe.model.path and not Path(recipe.model.path).exists():
         raise ConfigError(f"model.path: {recipe.model.path} does not exist")
     if recipe.model.source:
@@ -418,8 +411,7 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 
 
 def find_recipe(name: str) -> Path:
-    """A recipe file: a path, or the name of one shipped with the package (``rstar2/recipes/``,
-    also reachable as ``recipes/`` in a checkout)."""
+    """A recipe file: a path, or the name of one shipped in ``rstar2/recipes/``."""
     path = Path(name)
     if path.exists() or path.suffix in (".yaml", ".yml"):
         return path
@@ -430,8 +422,8 @@ def find_recipe(name: str) -> Path:
 
 
 def rollout_from_file(path: Path) -> dict[str, Any]:
-    """The rollout settings a file describes, as a tree: an RL config's ``rollout:`` section, or a
-    recipe's last RL stage (which its held-out evaluations use); an SFT config has none."""
+    """The rollout settings of an RL config, or of a recipe's last RL stage (its evaluations'), as a
+    tree; an SFT config has none."""
     tree = read_yaml(path, "config")
     if "stages" in tree:
         return stage_rollout(parse_recipe(tree, path.parent, check_paths=False)).model_dump()

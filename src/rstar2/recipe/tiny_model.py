@@ -13,8 +13,7 @@ from ..chat.prompt import CHATML_SPECIAL_TOKENS, CHATML_TEMPLATE
 from ..chat.tools import PYTHON_TOOL
 from .spec import ModelSpec
 
-# The shape a recipe's `model: {build: tiny}` gets by default (the recipe's spec states it), and
-# build_model's keywords for it, named as the spec names them.
+# The shape of `model: {build: tiny}` (the spec's defaults), and build_model's keywords for it
 TINY = ModelSpec(build="tiny")
 SHAPE = {"hidden", "layers", "heads", "mlp", "max_positions"}
 
@@ -35,13 +34,10 @@ def build_tokenizer(
     eos_token: str = "<|im_end|>",
     pad_token: str = "<|endoftext|>",
 ) -> Any:
-    """Byte-level BPE (every byte encodable), one token per digit, the role and format tags as
-    single tokens; wrapped as a ``PreTrainedTokenizerFast`` with a chat template.
-
-    The pre-tokenization (NFC, then Qwen2's split: words, single digits, punctuation runs) is the
-    one ``Qwen2Tokenizer`` imposes: transformers loads the tokenizer of any Qwen2 model folder as
-    that class, whatever ``tokenizer.json`` says, so merges learned under another split would be
-    applied to different pieces after ``from_pretrained`` (longer, unseen token sequences)."""
+    """Byte-level BPE, one token per digit, the role and format tags as single tokens, with a chat
+    template. Pre-tokenized as ``Qwen2Tokenizer`` does (NFC, then Qwen2's split): transformers loads
+    any Qwen2 folder's tokenizer as that class, so merges learned under another split would meet
+    other pieces after ``from_pretrained``."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX

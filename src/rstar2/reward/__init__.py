@@ -1,7 +1,6 @@
 """The reward: ``verify_answer(reference, response)`` is the 0/1 reward of GRPO-RoC. Plain numbers
 are decided in the caller's process; a CAS check runs in a time-boxed process (``VerifierPool``),
-or on the code environment's workers (``SandboxVerifier``).
-"""
+or on the code environment's workers (``SandboxVerifier``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The checking processes behind ``VerifierPool``: ``python -m rstar2.reward.checker FD`` starts a
 template that warms the CAS, then forks one checker per request and hands the parent a socket to it.
 A replacement costs a fork, not a 2-second import, and the caller's ``__main__`` is never
-re-imported (the trap of multiprocessing's spawn/forkserver modes).
-"""
+re-imported (the trap of multiprocessing's spawn/forkserver modes)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 work, safe anywhere, and decides most RL rewards (integers) in microseconds; ``cas_check`` hands
 the rest to ``math-verify`` with decimals made exact and closed-form numbers compared to 40 digits,
 so rounding never makes two different numbers equal. A CAS call can take unbounded time: callers
-run it under a time box (``verifier_pool.py``).
-"""
+run it under a time box (``verifier_pool.py``)."""
 
 from __future__ import annotations
 
@@ -158,8 +157,7 @@ def cas_check(reference: str, answer: str) -> Verdict:
         return Verdict(False, "reference not parseable", answer, "cas")
     if not pred:
         return Verdict(False, "answer not parseable", answer, "cas")
-    # decided here where they can be, without math-verify's simplify(): two equations, two
-    # closed-form numbers (to 40 digits), two expressions in positive unknowns ("\\sqrt{1/n}")
+    # decided here where they can be, without math-verify's slow simplify()
     for decide in (_same_equation, _numeric_verdict, _equal_for_positive_unknowns):
         same = decide(gold[0], pred[0])
         if same is not None:

@@ -1,7 +1,6 @@
 """Find the final answer in a model's response: ``strict`` reads only the paper's format (the
 ``\\boxed{}`` of an ``<answer>`` block), ``lenient`` is for other models and baselines. Every scan is
-linear in the response length, so 10 MB responses or 10,000 unclosed ``\\boxed{`` cost milliseconds.
-"""
+linear in the response length, so 10 MB responses or 10,000 unclosed ``\\boxed{`` cost milliseconds."""
 
 from __future__ import annotations
 
@@ -104,8 +103,7 @@ _TURN_MARKERS_RE = re.compile(
 
 
 def cut_next_turn(text: str) -> str:
-    """The response up to the first chat-template turn marker: a model that writes the next turn
-    itself has ended its own."""
+    """The response up to the first chat-template turn marker: a model writing the next turn ended its own."""
     m = _TURN_MARKERS_RE.search(text)
     return text[: m.start()] if m else text
 
@@ -173,8 +171,7 @@ def _bare_final_number(text: str) -> str | None:
 
 
 def _short_answer(text: str) -> str | None:
-    """The text itself when it reads as an answer ("x >= 3", "2 and 3", "12 cm", a matrix), not
-    as a sentence."""
+    """The text itself when it reads as an answer ("x >= 3", "2 and 3", "12 cm", a matrix), not a sentence."""
     if len(text) > 4 * _MAX_FALLBACK_CHARS:  # a long text is no short answer (and not worth a scan)
         return None
     short = strip_delimiters(_unbold(text).strip())
@@ -186,8 +183,7 @@ def _short_answer(text: str) -> str | None:
 
 
 def _last_sentence(text: str) -> str:
-    """The last sentence that states something: holds a digit, a math span or a LaTeX command
-    (else the last sentence)."""
+    """The last sentence that states something (a digit, a math span, a LaTeX command), else the last."""
     tail = _unbold(text[-2000:])
     parts = [p.strip() for p in _SENTENCE_END_RE.split(tail)]
     for part in reversed(parts):
@@ -244,16 +240,13 @@ def _lenient_scope(text: str) -> str | None:
 
 
 def extract_answer(response: str, mode: Mode = "strict") -> str | None:
-    """The final answer as written by the model, or None when there is none to grade.
-
-    ``strict``: only the last ``<answer>…</answer>`` block counts (a response cut before
-    ``</answer>`` has no answer); inside it the last ``\\boxed{}`` wins, else the block's short
-    text, else "answer is …", else its last number.
-    ``lenient``: the answer block if there is one, else the last boxed anywhere, else "final
-    answer is …", else the response itself when it is a short answer, else the result stated
-    in the last sentence (what follows its last "is" / "are" / "=" / "equals", or its last math
-    span: ``$…$``, ``\\(…\\)``, ``\\[…\\]``), else its last number.
-    """
+    """The final answer as written by the model, or None when there is none to grade. ``strict``:
+    only the last ``<answer>…</answer>`` block counts (a response cut before ``</answer>`` has no
+    answer); inside it the last ``\\boxed{}`` wins, else the block's short text, else "answer is …",
+    else its last number. ``lenient``: the answer block if there is one, else the last boxed
+    anywhere, else "final answer is …", else the response itself when it is a short answer, else the
+    result stated in the last sentence (what follows its last "is" / "are" / "=" / "equals", or its
+    last math span), else its last number."""
     if mode not in ("strict", "lenient"):
         raise ValueError(f"mode must be 'strict' or 'lenient', not {mode!r}")
     response = cut_next_turn(response)

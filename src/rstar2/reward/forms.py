@@ -1,8 +1,7 @@
 """Answers with structure, brought to forms that compare: an equation against an equation, an
 inequality against an interval, a chain ``a = b`` against its last side, lists of numbers as
 multisets, matrices cell by cell. ``normalize`` (cosmetics) and ``plain_number`` (exact values)
-are the pieces; ``normalize_pair`` decides how a reference and an answer meet.
-"""
+are the pieces; ``normalize_pair`` decides how a reference and an answer meet."""
 
 from __future__ import annotations
 

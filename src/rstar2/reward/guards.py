@@ -1,6 +1,5 @@
 """Refuse answers that would make a CAS work for minutes (``9^9^9^9``, ``100000!``, 1,000 nested
-brackets, a megabyte of digits), before any sympy call: none is a plausible competition answer.
-"""
+brackets, a megabyte of digits), before any sympy call: none is a plausible competition answer."""
 
 from __future__ import annotations
 

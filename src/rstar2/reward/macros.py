@@ -1,8 +1,7 @@
-"""Text macros and unknown macros in an answer: which are mathematics, which are decoration.
-
-A grader that deletes ``\\text{…}``, ``\\mathrm{…}`` and unknown macros pays the policy for
-``42 + \\text{anything}`` or ``42\\sqrt(17)`` against ``42``, and reads ``1 - \\frac{1}{\\mathrm{e}}``
-as ``1 + \\frac{1}{\\mathrm{e}}``. The rule, applied before any CAS sees the answer:
+"""Which text macros and unknown macros in an answer are mathematics, which decoration. A grader that
+deletes ``\\text{…}``, ``\\mathrm{…}`` and unknown macros pays the policy for ``42 + \\text{anything}`` or
+``42\\sqrt(17)`` against ``42``, and reads ``1 - \\frac{1}{\\mathrm{e}}`` as ``1 + \\frac{1}{\\mathrm{e}}``.
+The rule, applied before any CAS sees the answer:
 
 - a text or font macro holding mathematics (``\\mathrm{e}``, ``\\text{x}``) is that mathematics;
 - ``\\operatorname{sin}`` is ``\\sin`` when the CAS knows the function; any other name is kept;
@@ -11,8 +10,7 @@ as ``1 + \\frac{1}{\\mathrm{e}}``. The rule, applied before any CAS sees the ans
   (not ending on an operator) and when they hold no digits, brackets or hedges;
 - ``\\sqrt(17)`` is read as ``\\sqrt{17}``, what it plainly means;
 - whatever else the CAS would drop or misread (a text macro, ``\\operatorname{f}``, an unknown
-  ``\\foo``, ``\\frac(1)(2)``) is named by ``unreadable`` and the answer is refused.
-"""
+  ``\\foo``, ``\\frac(1)(2)``) is named by ``unreadable`` and the answer is refused."""
 
 from __future__ import annotations
 
@@ -177,8 +175,7 @@ def unreadable(s: str) -> str | None:
 
 
 def hedges(answer: str, reference: str) -> set[str]:
-    """Hedge words in the answer (``or``, ``maybe``, ``approximately``…), text macros included,
-    that the reference does not use itself."""
+    """Hedge words (``or``, ``maybe``…) of the answer, text macros included, that the reference lacks."""
 
     def words(s: str) -> set[str]:
         return {w.lower() for w in re.findall(r"(?<![\\A-Za-z])[A-Za-z]+", s)} & HEDGE_WORDS

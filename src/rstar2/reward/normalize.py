@@ -1,6 +1,5 @@
 """Answer strings to a canonical form, and the exact fast path for plain numbers: decided with
-``Fraction``, never by rounding, so ``0.333`` is not ``1/3`` and ``50`` is not ``0.5``.
-"""
+``Fraction``, never by rounding, so ``0.333`` is not ``1/3`` and ``50`` is not ``0.5``."""
 
 from __future__ import annotations
 

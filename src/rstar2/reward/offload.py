@@ -1,7 +1,6 @@
 """Run answer checks on the code environment's workers, as the paper does: each CAS check is a tiny
 program whose sandbox limits are its time box and memory cap, so a pathological answer never costs
-the trainer. Start the sandbox with ``--preload default,rstar2.reward.equivalence`` for speed.
-"""
+the trainer. Start the sandbox with ``--preload default,rstar2.reward.equivalence`` for speed."""
 
 from __future__ import annotations
 

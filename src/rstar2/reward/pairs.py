@@ -28,10 +28,7 @@ def grade_file(
     from rich.table import Table
 
     rows = read_pairs(path)
-    with (
-        VerifierPool(workers, **pool) as checker,
-        Progress(console=console, transient=True) as bar,
-    ):
+    with VerifierPool(workers, **pool) as checker, Progress(console=console, transient=True) as bar:
         task = bar.add_task("verifying", total=len(rows))
         pairs = [(r["reference"], r["response"]) for r in rows]
         verdicts = checker.map(pairs, extracted=extracted, on_done=lambda _v: bar.advance(task))

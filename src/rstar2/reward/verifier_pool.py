@@ -2,8 +2,7 @@
 works only in the main thread and can be swallowed by sympy. Each CAS check runs in a checker
 process under an address-space cap; one over its box in CPU time (or 3x in wall time, when a busy
 machine starves it) is killed and replaced by a fork of the pre-warmed template (``checker.py``),
-and its check counts as "not equivalent". Fast-path answers never leave the caller's process.
-"""
+and its check counts as "not equivalent". Fast-path answers never leave the caller's process."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Supervised fine-tuning on chat data with tool calls: the recipe's non-reasoning SFT stage.
-
-Examples are JSON Lines with ``messages`` (system / user / assistant / tool, OpenAI style).
-Each conversation is tokenized turn by turn exactly as a rollout builds it
-(``ChatFormat.conversation_ids``), so SFT and RL see the same token sequences; the loss is the
-token mean of the cross-entropy over assistant tokens only (tool output and prompts are context).
-"""
+"""Supervised fine-tuning on chat data with tool calls (JSON Lines of OpenAI-style ``messages``).
+Each conversation is tokenized turn by turn exactly as a rollout builds it, so SFT and RL see the
+same token sequences; the loss is the token mean of the cross-entropy over assistant tokens only."""
 
 from __future__ import annotations
 
@@ -36,8 +32,7 @@ def read_conversations(path: str | Path) -> list[list[dict[str, Any]]]:
 
 
 def sft_batch(examples: list[tuple[list[int], list[int]]], pad_id: int, units: float | None = None) -> Batch:
-    """Right-padded rows; weights = mask / (assistant tokens of the whole batch, ``units`` when
-    other processes hold part of it). The first token is the "prompt" of ``collate``."""
+    """Right-padded rows weighted by mask / the whole batch's assistant tokens (``units``: all ranks')."""
     rows = [(ids[:1], ids[1:], mask[1:], [0.0] * (len(ids) - 1)) for ids, mask in examples]
     return with_weights(collate(rows, [0.0] * len(rows), [0] * len(rows), pad_id), "token-mean", units)
 
@@ -55,9 +50,8 @@ def sft_step(
 
 
 def exact_probability(learner: Learner, probe: Batch, max_tokens: int, compute: str) -> float:
-    """The mean over the probe's conversations of the probability the model gives all their
-    assistant tokens: its chance of writing each word for word when sampling at T = 1. Unlike the
-    loss, it does not average a wrong digit away among the many tokens a model gets right."""
+    """The mean probability of each probe conversation's assistant tokens: the chance of writing it
+    word for word at T = 1. Unlike the loss, it does not average a wrong digit away."""
     learner.model.eval()
     logp = logprobs_of(learner.model, probe, max_tokens, learner.world, compute)
     return float((logp * probe.mask).sum(dim=1).exp().mean())

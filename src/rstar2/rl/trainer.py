@@ -1,18 +1,9 @@
 """The RL trainer: one step = problems → 2G rollouts → rewards → RoC → advantages → update → sync.
 
-One step path: the step's groups come from a ``GroupFeed`` (rl/plumbing/feed.py). With
-``asynchronous.max_staleness: k > 0`` the groups of up to k steps ahead keep generating while the
-trainer updates, and the loss is the decoupled objective (``loss.tis_cap``); at k = 0 a step's
-groups start only after the previous update: the synchronous loop. How the engines hold the
-weights (shared, a copy, servers) is ``rl/plumbing/engine_mode.py``'s; what a step logs, ``rl/plumbing/step_metrics.py``'s.
-
-Rollouts go through the same ``Rollout`` as evaluation. Before the first group starts, every engine
-is given the run's own weights and version (a server may hold another run's, or this one's from
-past the checkpoint it resumes from), and before each update every token to train is checked to
-have been sampled within ``max_staleness`` updates of the policy it trains. Everything a step needs
-to be redone identically (sampling seeds, RoC's choices, the data order) derives from (seed, step),
-so a resumed run continues exactly where the checkpoint left it.
-"""
+With ``asynchronous.max_staleness: k > 0`` the groups of up to k steps ahead keep generating while
+the trainer updates (the loss is then the decoupled objective, ``loss.tis_cap``); at k = 0 it is the
+synchronous loop. Everything a step needs to be redone identically (sampling seeds, RoC's choices,
+the data order) derives from (seed, step), so a resumed run continues exactly where it left off."""
 
 from __future__ import annotations
 
@@ -84,18 +75,15 @@ def fault_message(t: Trajectory) -> str:
 
 
 def first_cause(among: list[Trajectory], world: D.World) -> str:
-    """What spoiled the first of ``among`` on the first process that has one (every process calls
-    it: the counts that decide were summed over all)."""
+    """What spoiled the first of ``among`` on the first process that has one (every process calls it)."""
     causes = D.all_gather_objects(fault_message(among[0]) if among else None, world)
     return next(v for v in causes if v)
 
 
 def check_faults(trajs: list[Trajectory], cfg: RLConfig, world: D.World) -> None:
-    """Stop when a rollout lost its engine (its turns were retried on others and on the engine
-    once it was back with the current weights: what is left is a dead server, and training on
-    the survivors would favour short rollouts), or when more than ``run.max_fault_share`` of
-    the step's rollouts (all processes) were spoiled by the system (code environment,
-    verifier): a thin batch of survivors is no step to train on, and the cause needs a person."""
+    """Stop when a rollout lost its engine after every retry (a dead server; training on the
+    survivors would favour short rollouts), or when more than ``run.max_fault_share`` of the step's
+    rollouts were spoiled by the system: a thin batch is no step, and the cause needs a person."""
     failed = [t for t in trajs if t.fault is not None]
     lost = [t for t in failed if t.meta.get("engine_lost")]
     n_failed, n_all, n_lost = D.all_sum([len(failed), len(trajs), len(lost)], world)
@@ -130,8 +118,7 @@ class RLTrainer:
         code_env: CodeEnvironment | None = None,
         verifier: Verifier | None = None,
     ):
-        """``code_env``/``verifier``: a running code environment and verifier pool to use (and leave
-        open) instead of starting them from ``cfg.rollout``."""
+        """``code_env``/``verifier``: running ones to use (and leave open) instead of ``cfg.rollout``'s."""
         self.cfg = cfg
         self._bars: dict[int, Callable[[Trajectory], None]] = {}  # rollout progress, per step
         self.services = {"code_env": code_env, "verifier": verifier}
@@ -173,9 +160,8 @@ class RLTrainer:
             )
 
     def _reference(self) -> torch.nn.Module:
-        """The frozen reference of the KL term: the policy this run (stage) started from, also when
-        resuming; a new stage starting from the last checkpoint updates the reference to it (the
-        paper's stage 3). Each process holds a full, unsharded copy."""
+        """The KL term's frozen reference: the policy this run (stage) started from, also when
+        resuming (a new stage moves it to its start: the paper's stage 3); unsharded on each process."""
         from transformers import AutoModelForCausalLM
 
         path = self.cfg.run.init_from or self.cfg.model.path
@@ -184,8 +170,7 @@ class RLTrainer:
 
     # -- the loop ----------------------------------------------------------------------------
     async def train(self) -> list[dict[str, Any]]:
-        """Run the remaining steps; a failure stops the run with one ``RunError`` naming the step and
-        the first error (``launch.run_steps``)."""
+        """Run the remaining steps; a failure is one ``RunError`` naming the step (``launch.run_steps``)."""
         from ..rollout.build import open_rollout
 
         self._load()
@@ -203,12 +188,10 @@ class RLTrainer:
                     # (by rank 0, which writes the weights: another rank could read a folder half written)
                     revives = self.engines.mode == "servers" and self.world.main
                     rollout.scheduler.revive = self.engines.revive if revives else None
-                    # every engine holds this run's weights and version before the first group starts
-                    # (a server may hold another run's, or this run's from after the checkpoint resumed)
+                    # every engine holds this run's weights and version before the first group starts (a
+                    # server may hold another run's, or this one's past the checkpoint; a dead one fails here)
                     await self._publish(self.step_no)
-                    require_reported_versions(
-                        engines, self.cfg.asynchronous.max_staleness
-                    )  # (a dead one failed above)
+                    require_reported_versions(engines, self.cfg.asynchronous.max_staleness)
                     self._counters = (time.perf_counter(), await self.engines.counters())
                     self.feed = GroupFeed(
                         self._launch_group,
@@ -247,8 +230,7 @@ class RLTrainer:
 
     # -- rollouts ----------------------------------------------------------------------------
     def _items(self, step: int, g: int, problem: dict[str, Any]) -> list[dict[str, Any]]:
-        """The ``rollout.samples`` rollouts of group ``g`` of ``step``; their seeds derive from
-        (seed, step, group, sample), whatever the order they run in."""
+        """Group ``g`` of ``step``'s rollouts, seeded by (seed, step, group, sample), whatever their order."""
         cfg = self.cfg
         return [
             {
@@ -263,8 +245,7 @@ class RLTrainer:
         ]
 
     def _launch_group(self, i: int) -> Awaitable[list[Trajectory]]:
-        """Group ``i`` of the run, admitted now: its problem taken from the data stream (groups are
-        admitted in order), its rollouts started."""
+        """Group ``i`` of the run, admitted now (in order): its problem taken, its rollouts started."""
         B = self.cfg.run.batch_size
         step, g = i // B + 1, i % B
         problem = self.problems.take(1)[0]
@@ -303,9 +284,7 @@ class RLTrainer:
     # -- one step ----------------------------------------------------------------------------
     async def step(self) -> dict[str, Any]:
         """One RL step, in order: rollouts → faults → RoC and advantages → version check → update →
-        publish → metrics. The methods after it are plumbing a reader may skip: where the groups
-        come from (``rollouts``), the thread the update runs in (``off_loop``), what a step records
-        (``after_step``)."""
+        publish → metrics. The methods after it are plumbing a reader may skip."""
         cfg, step, t0 = self.cfg, self.step_no + 1, time.perf_counter()
         own, sampled = await self.rollouts()  # this process's groups, started up to k updates ago
         trajs = [t for g in sampled for t in g]
@@ -360,17 +339,15 @@ class RLTrainer:
         )
 
     async def rollouts(self) -> tuple[list[int], list[list[Trajectory]]]:
-        """This process's groups of the next step (their indices in the step, and their rollouts),
-        from the feed: started up to ``max_staleness`` updates ago; at 0, now."""
+        """This process's groups of the next step (indices, rollouts), started up to k updates ago."""
         groups = await self.feed.step(self.step_no)
         own = [g for g in range(len(groups)) if g % self.world.size == self.world.rank]
         return own, [groups[g] for g in own]
 
     async def off_loop(self, update: Callable[..., dict[str, Any]], *args: Any, **kw: Any) -> dict[str, Any]:
-        """``update(*args, **kw)`` in a worker thread, so that the rollouts of later steps go on in the
-        event loop; beside an engine copy decoding, the two split the torch threads
-        (``TrainerEngines.beside_update``). The heap is trimmed before (the rollouts' KV) and after
-        (the update's activations), so neither lies under the other's peak (rstar2.memory)."""
+        """``update(*args, **kw)`` in a worker thread (later steps' rollouts go on meanwhile), the torch
+        threads split with an engine copy (``beside_update``); the heap trimmed before and after, so
+        the rollouts' KV and the update's activations never lie under each other's peak."""
 
         def run() -> dict[str, Any]:
             trim_heap()
@@ -394,8 +371,7 @@ class RLTrainer:
         update: dict[str, float],
         times: dict[str, float],
     ) -> dict[str, Any]:
-        """What a step records: RoC's choice in each rollout's meta (for ``rstar2 view``), the saved
-        samples, the metrics of all processes, the health signs and their warnings, the log."""
+        """RoC's choice in each rollout's meta (for ``rstar2 view``), samples, metrics, health, the log."""
         records = []
         for full, g, k, sc in zip(sampled, groups, kept, scored, strict=True):
             scores: dict[int, Scored] = {id(t): s for t, s in zip(g, sc, strict=True)}
@@ -426,8 +402,7 @@ class RLTrainer:
         choices: list[GroupChoice],
         times: dict[str, float],
     ) -> dict[str, float]:
-        """The step's rollouts, RoC's counts, staleness, rates and times (all processes), and the
-        engines' work since the last step."""
+        """The step's metrics over all processes, and the engines' work since the last step."""
         world = self.world
         all_records = [r for part in D.all_gather_objects(records, world) for r in part]
         counts = roc_counts(choices)
@@ -461,8 +436,7 @@ class RLTrainer:
         (folder / f"step_{step:06d}.jsonl").write_text("\n".join(lines) + "\n")
 
     def _check_versions(self, trajs: list[Trajectory], trained_by: int) -> None:
-        """Every token to train was sampled within ``max_staleness`` updates of the policy
-        ``trained_by`` (rl/algorithm/staleness.py); else the run stops before the update, on every process."""
+        """Every token to train within ``max_staleness`` updates of ``trained_by``, else every rank stops."""
         try:
             check_versions(trajs, trained_by=trained_by, max_staleness=self.cfg.asynchronous.max_staleness)
             refusal = None

@@ -1,11 +1,7 @@
-"""The policy update of one RL step: old log-probs, then per optimizer step the micro-batches'
-clipped loss accumulated, clipped, one step.
-
-With one mini-batch and one epoch (on-policy, the paper's setting) the old policy *is* the current
-one, so old log-probs are taken from the same forward pass (detached) instead of a second pass: the
-ratio is exactly 1 and the gradient the same, at two thirds of the compute. With several
-mini-batches or epochs they are recomputed once, before the first optimizer step.
-"""
+"""The policy update of one RL step. With one mini-batch and one epoch (on-policy, the paper's
+setting) the old policy *is* the current one, so old log-probs come detached from the same forward
+pass: the ratio is exactly 1 and the gradient the same, at two thirds of the compute. With several
+mini-batches or epochs they are computed once, before the first optimizer step."""
 
 from __future__ import annotations
 
@@ -30,8 +26,7 @@ _MEANS = ("clip_low", "clip_high", "approx_kl", "entropy", "engine_gap", "ref_kl
 
 
 def class_entropy_means(stats: dict[str, float]) -> dict[str, float]:
-    """``stats`` with each class's sum and count replaced by ``entropy/<class>`` (classes with no
-    token in this step are left out)."""
+    """``stats`` with each class's sum and count replaced by ``entropy/<class>`` (classes with tokens)."""
     out = {k: v for k, v in stats.items() if not k.startswith(("entropy_sum/", "entropy_tokens/"))}
     for name in CLASSES:
         n = stats.get(f"entropy_tokens/{name}", 0)
@@ -98,17 +93,11 @@ def update_on_rollouts(
     banned: Sequence[int] = (),
     off_policy: bool = False,
 ) -> dict[str, float]:
-    """The RL update on the rollouts this process kept (``rows``). With ``token_classes`` (response
-    ids, loss mask → a class per token, ``chat.token_classes.TokenClasses``) the step also reports
-    the mean entropy of each class.
-
-    ``optim.mini_batches`` optimizer steps per call, each on a share of the rows and normalised
-    over all processes, ``optim.epochs`` passes. A process with no rows (all its groups dropped)
-    still joins the collectives with a zero-weight copy of ``stand_in``. ``off_policy``: the
-    rollouts were sampled by older weights (asynchronous RL): the old policy is then the proximal
-    one of the decoupled objective, and the importance weights pi_prox/mu are reported (also
-    whenever ``loss.tis_cap`` applies them).
-    """
+    """The RL update on the rollouts this process kept: ``optim.mini_batches`` optimizer steps, each
+    normalised over all processes, ``optim.epochs`` passes; with ``token_classes`` also the mean
+    entropy of each class. A process with no rows joins the collectives with a zero-weight copy of
+    ``stand_in``. ``off_policy`` (asynchronous RL): the old policy is the decoupled objective's
+    proximal one, and the importance weights pi_prox/mu are reported (as whenever ``tis_cap`` applies)."""
     model, world = learner.model, learner.world
     if all_sum([len(rows)], world)[0] == 0:
         return {"update/skipped": 1.0}
@@ -152,9 +141,8 @@ def update_on_rollouts(
 def importance_weights(
     log_ratios: Sequence[torch.Tensor], cap: float | None, world: World
 ) -> dict[str, float]:
-    """pi_old / mu over the trained tokens, from their log-ratios (old: the policy at the start of
-    the update; mu: the engine that sampled them): the mean, the largest and the share truncated
-    at ``cap`` (None: no truncation, and none reported)."""
+    """pi_old / mu over the trained tokens (old: the policy at the update's start; mu: the engine's):
+    the mean, the largest and the share truncated at ``cap`` (None: none reported)."""
     total = count = over = top = 0.0
     for r in log_ratios:
         w = r.detach().clamp(-20.0, 20.0).exp()

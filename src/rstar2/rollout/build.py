@@ -1,10 +1,6 @@
-"""The one place where rollout settings become a running ``Rollout``.
-
-``rstar2.config.RolloutSection`` holds every rollout setting; this module turns it into engines
-(an in-process ``HFEngine`` or OpenAI-compatible servers), the chat format, the code environment
-and the verifier. The RL trainer, the recipe's difficulty filters and held-out evaluations, and the
-``eval``/``chat`` commands all come through here, so they sample the same way.
-"""
+"""The one place where rollout settings (``RolloutSection``) become a running ``Rollout``: engines,
+chat format, code environment and verifier. The RL trainer, the recipe's filters and evaluations,
+and the ``eval``/``chat`` commands all come through here, so they sample the same way."""
 
 from __future__ import annotations
 

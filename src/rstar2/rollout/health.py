@@ -1,8 +1,7 @@
 """Tool-use health: the failures peer systems' users report of agentic RL (the policy stops calling
 the tool, writes calls that do not parse, repeats its last call, prints more than it can read back).
 A step's share of rollouts showing each sign is ``health/<sign>`` in the metrics; ``Watch`` warns
-on every step over ``run.health``'s limit, and asks to stop after ``patience`` steps in a row.
-"""
+on every step over ``run.health``'s limit, and asks to stop after ``patience`` steps in a row."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Multi-turn tool-integrated rollouts: generate → parse → execute → append → repeat, one code path
 for training and evaluation. Token-in, token-out: the engine's sampled ids are kept as they are and
-only each new tool turn is tokenized (``ChatFormat``), with loss mask 0.
-"""
+only each new tool turn is tokenized (``ChatFormat``), with loss mask 0."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ class Verifier(Protocol):
 
 
 def token_ids(tokenizer: Any, tokens: Sequence[str] | None, key: str) -> tuple[int, ...]:
-    """Token strings of a setting (``banned_tokens``, ``stop_tokens``) as ids; unknown ones are an
-    error naming the setting."""
+    """Token strings of a setting (``banned_tokens``, ``stop_tokens``) as ids; unknown ones are an error."""
     vocab = tokenizer.get_vocab()
     unknown = [t for t in tokens or () if t not in vocab]
     if unknown:
@@ -79,8 +77,7 @@ class Rollout:
         config: RolloutSection | None = None,
         scheduler: Scheduler | None = None,
     ) -> None:
-        """``config``'s chat fields are ``fmt``'s business, its engine and sandbox fields
-        ``open_rollout``'s."""
+        """``config``'s chat fields are ``fmt``'s business; its engine and sandbox ``open_rollout``'s."""
         engines = [engines] if not isinstance(engines, Sequence) else list(engines)
         self.fmt = fmt
         self.code_env = code_env
@@ -241,10 +238,8 @@ class Rollout:
             except ValueError:
                 raise
             except Exception as exc:
-                failures += 1
-                retry = self.scheduler.fail(
-                    used, f"{type(exc).__name__}: {exc}"
-                )  # out of rotation either way
+                failures += 1  # the engine is out of rotation either way
+                retry = self.scheduler.fail(used, f"{type(exc).__name__}: {exc}")
                 if failures > cfg.scheduler.retries or not retry:
                     raise
                 live.engine = None  # the turn goes on elsewhere
@@ -315,8 +310,8 @@ class Rollout:
         concurrency: int | None = None,
         on_done: Callable[[Trajectory], None] | None = None,
     ) -> list[Trajectory]:
-        """Items are dicts with ``problem`` and optional ``answer``, ``seed``, ``meta``,
-        ``priority``, ``gym``; results keep their order. ``on_done`` sees each trajectory as soon as it finishes."""
+        """Items are dicts with ``problem`` and optional ``answer``, ``seed``, ``meta``, ``priority``,
+        ``gym``; results keep their order. ``on_done`` sees each trajectory as soon as it finishes."""
         gate = asyncio.Semaphore(concurrency or max(1, len(items)))
 
         async def one(item: dict[str, Any]) -> Trajectory:

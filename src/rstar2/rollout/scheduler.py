@@ -1,16 +1,7 @@
-"""Which engine serves a trajectory's next turn, and when: the rollout scheduler (README, "The rollout
-scheduler"). A *policy* decides, from a global queue of requests (a turn, or the rest of one), which
-may start now and on which engine. Policies are plain synchronous objects (``submit`` / ``admit`` /
-``release``), so the same code runs the real rollouts (through the asyncio ``Scheduler``) and the
-discrete-event model (``benchmarks/scheduler_model.py``).
-
-``kv`` (the default) admits a request only if its context plus the tokens it is granted fit the
-engine's free KV; a next request goes back to the engine holding its prefix unless that engine is
-short of room while another is mostly free, or runs ``rebalance_gap`` more requests than another; the
-oldest waiting request is passed over at most ``max_bypass`` times. ``least_requests`` is verl's;
-``static`` (an equal split, a barrier a turn) is what rStar2-Agent started from, and found to leave
-GPUs idle and overflow their KV caches.
-"""
+"""Which engine serves a trajectory's next turn, and when. A *policy* decides, from a global queue of
+requests (a turn, or the rest of one), which may start now and on which engine. Policies are plain
+synchronous objects (``submit`` / ``admit`` / ``release``), so the same code runs the real rollouts
+(through the asyncio ``Scheduler``) and the discrete-event model (``benchmarks/scheduler_model.py``)."""
 
 from __future__ import annotations
 
@@ -119,7 +110,7 @@ class Policy:
 
 
 class LeastRequests(Policy):
-    """Fewest requests in flight; on a tie the engine of the previous turn (its prefix may be cached)."""
+    """verl's: fewest requests in flight; on a tie the previous turn's engine (its prefix may be cached)."""
 
     name = "least_requests"
 
@@ -136,7 +127,8 @@ class LeastRequests(Policy):
 
 class Static(Policy):
     """Equal split up front (trajectory i → engine i mod E) and a barrier per turn: turn t starts only
-    when every open trajectory has finished turn t-1 and its tool call, or has ended."""
+    when every open trajectory has finished turn t-1 and its tool call, or has ended. What
+    rStar2-Agent started from, and found to leave GPUs idle and overflow their KV caches."""
 
     name = "static"
 
@@ -178,7 +170,12 @@ class Static(Policy):
 
 
 class KVCapacity(Policy):
-    name = "kv"  # see the module docstring
+    """The default: a request is admitted only if its context plus the tokens it is granted fit the
+    engine's free KV; a next request goes back to the engine holding its prefix unless that engine
+    is short of room while another is mostly free, or runs ``rebalance_gap`` more requests than
+    another; the oldest waiting request is passed over at most ``max_bypass`` times."""
+
+    name = "kv"
 
     def __init__(
         self,
@@ -281,8 +278,8 @@ class Scheduler:
         revive_for_s: float = DEFAULT_SCHEDULER.revive_for_s,
     ) -> None:
         """``grant_tokens`` is for ``kv`` (ignored by the others; None: ``config.GRANT_HELP``).
-        ``revive``, when set (the RL trainer sets it), brings a failed
-        engine back: it must load the current weights into it, or raise."""
+        ``revive``, set by the RL trainer, brings a failed engine back: it must load the current
+        weights into it, or raise."""
         self.engines = list(engines)
         self.revive_after_s = revive_after_s
         self.revive_for_s = revive_for_s

@@ -1,8 +1,6 @@
 """Isolated, fast execution of model-written Python: local pool, HTTP service, Redis workers, client.
-
 Names are imported on first use, so the sandbox worker (``python -m rstar2.sandbox.worker``) does not
-load the pool's asyncio machinery: every module a worker holds makes each forked call dearer.
-"""
+load the pool's asyncio machinery: every module a worker holds makes each forked call dearer."""
 
 from __future__ import annotations
 

@@ -13,8 +13,7 @@ class Capture:
     def __init__(self, limit: int) -> None:
         self.limit = max(16, limit)
         self.half = self.limit // 2
-        self.head = bytearray()
-        self.tail = bytearray()
+        self.head, self.tail = bytearray(), bytearray()
         self.total = 0
 
     def feed(self, data: bytes) -> None:

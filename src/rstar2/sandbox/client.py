@@ -62,8 +62,7 @@ class Client:
         self._senders = []
         if self._http is not None:
             await self._http.aclose()
-        self._http = None
-        self._queue = None
+        self._http = self._queue = None
 
     async def run(self, code: str | ExecRequest, input: str = "", **kw) -> ExecResult:
         req = code if isinstance(code, ExecRequest) else ExecRequest(code=code, input=input, **kw)

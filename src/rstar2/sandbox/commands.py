@@ -145,7 +145,6 @@ def sandbox_run(
     url: str | None = typer.Option(None, help="Run on a sandbox service at this URL instead of locally."),
 ) -> None:
     """Run one piece of code in the sandbox and show what came back."""
-
     code = sys.stdin.read() if file == "-" else Path(file).read_text()
     stdin = input_file.read_text() if input_file else input
     result = run_once(ExecRequest(code=code, input=stdin, timeout_s=timeout_s, memory_mb=memory_mb), url)
@@ -170,10 +169,7 @@ def sandbox_info(as_json: bool = typer.Option(False, "--json", help="Print JSON.
     if as_json:
         print(json.dumps(hello, indent=2))
         return
-    table = Table(title="rstar2 sandbox isolation on this machine")
-    table.add_column("layer")
-    table.add_column("active")
-    table.add_column("detail")
+    table = Table("layer", "active", "detail", title="rstar2 sandbox isolation on this machine")
     for layer in hello["layers"]:
         table.add_row(
             layer["name"], "[green]yes[/green]" if layer["active"] else "[red]no[/red]", layer["detail"]

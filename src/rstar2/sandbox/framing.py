@@ -1,8 +1,7 @@
 """Messages between a ``WorkerHandle`` and its worker process: JSON objects, each preceded by its
-length (4 bytes, network order), over the worker's stdin and stdout pipes.
-
-The worker side reads and writes blocking file descriptors; the handle side reads an asyncio stream
-(``read_msg`` only awaits the stream it is given, so the worker never imports asyncio).
+length (4 bytes, network order), over the worker's stdin and stdout pipes. The worker reads and writes
+blocking descriptors; the handle reads an asyncio stream (``read_msg`` only awaits the stream it is
+given, so the worker never imports asyncio).
 """
 
 from __future__ import annotations

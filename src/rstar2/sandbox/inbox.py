@@ -1,9 +1,6 @@
-"""The worker's requests, read ahead while a call runs, and handed back when that call runs long.
-
-The ``WorkerHandle`` keeps up to two requests outstanding per worker, so the next one already waits
-in the pipe when a call ends. If the running call turns out slow (``HAND_BACK_S``), a queued call
-(not a session's: its state lives here) is handed back unstarted and the pool gives it to another
-worker.
+"""The worker's requests, read ahead while a call runs (``WorkerHandle.depth``), and handed back when
+that call runs long: past ``HAND_BACK_S``, a queued call (not a session's: its state lives here) goes
+back unstarted and the pool gives it to another worker.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Runs model-written code inside the already-isolated child: notebook-style value, clean tracebacks.
-
 The structured outcome (value, exception type) goes to a dedicated result pipe, never through the
-code's own stdout, so nothing the code prints can be mistaken for control data.
-"""
+code's own stdout, so nothing the code prints can be mistaken for control data."""
 
 from __future__ import annotations
 
@@ -51,12 +49,6 @@ def fresh_stdio() -> None:
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
 
 
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-
-
 def _exit_code(exc: SystemExit) -> int:
     """What `sys.exit(arg)` ends the process with, as Python does (a message is printed: 1)."""
     if exc.code is None:
@@ -68,11 +60,9 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 def run_code(code: str, result_fd: int, namespace: dict | None = None, new_stdio: bool = True) -> int:
-    """Execute `code` (in `namespace`, or a fresh `__main__`) and report on `result_fd`.
-
-    Returns the exit code the process should end with. Called in a forked child only; `new_stdio=False`
-    when the streams the child inherited are unused (see `fresh_stdio`).
-    """
+    """Execute `code` (in `namespace`, or a fresh `__main__`) and report on `result_fd`; returns the
+    exit code the process should end with. Called in a forked child only; `new_stdio=False` when the
+    streams the child inherited are unused (see `fresh_stdio`)."""
     if new_stdio:
         fresh_stdio()
     report: dict = {}
@@ -99,7 +89,9 @@ def run_code(code: str, result_fd: int, namespace: dict | None = None, new_stdio
         except Exception:
             sys.stderr.write(f"{type(exc).__name__}\n")
         exit_code = 1
-    _flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
     if "value" in report and len(report["value"]) > 1 << 20:
         report["value"] = report["value"][: 1 << 19] + "..." + report["value"][-(1 << 19) :]
     if report:  # nothing to say is the common case: an empty result pipe reads as {}

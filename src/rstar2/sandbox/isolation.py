@@ -1,21 +1,9 @@
 """The isolation layers: what a worker sets up once, and what each call's child applies.
 
-Layers, each tried and reported (see `rstar2 sandbox info`); one that the machine does not allow is
-skipped and the others still hold:
-
-- ``user_ns``   when not root: an unprivileged user namespace, which allows the namespaces below
-- ``net``       an empty network namespace (not even loopback is up)
-- ``pid``       a PID namespace per call: the call's first process is its init; when it ends the
-                kernel kills everything it started, setsid daemons and double forks included
-- ``fs``        a private mount namespace and a minimal read-only root holding only the Python
-                installation, /usr and /etc; a fresh size-capped tmpfs as /tmp (the working directory)
-                per call; a /proc that shows only the call's own processes; no /sys, no host /tmp
-- ``ipc_uts``   private System V IPC and hostname
-- ``cgroup``    a memory and pids cgroup per worker, capping all processes of a call together
-- ``uid``       the code runs as an unprivileged uid, one per worker, with no capabilities
-- ``seccomp``   a deny-list of system calls (mount, namespaces, ptrace, bpf, kexec, raw sockets, ...)
-- ``rlimits``   address space, CPU seconds, processes, file size, open files, no core dumps
-- ``env``       an allow-listed environment: nothing inherited from the service
+Each layer is tried and reported (`rstar2 sandbox info`; the README's table says what each does); one
+the machine does not allow is skipped and the others still hold. Beyond that table: when not root, an
+unprivileged user namespace (``user_ns``) allows the others; the network namespace has not even
+loopback up; the private root has no /sys and no host /tmp; IPC and hostname are private (``ipc_uts``).
 """
 
 from __future__ import annotations
@@ -359,9 +347,7 @@ def _python_paths() -> list[str]:
 
 def _build_root(new: str) -> None:
     """Replace / with a tmpfs holding read-only binds of what Python needs; then make it read-only.
-
-    `new` is an empty host directory the parent removes when the worker exits.
-    """
+    `new` is an empty host directory the parent removes when the worker exits."""
     linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE)
     linux.mount("tmpfs", new, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "size=4m,mode=0755")
     binds = ["/usr", "/etc", "/lib", "/lib64", "/lib32", "/bin", "/sbin"]
@@ -411,8 +397,6 @@ class CgroupPair:
 
     def __init__(self, name: str, mem_dir: str, pids_dir: str) -> None:
         self.name = name
-        self.mem_dir = mem_dir
-        self.pids_dir = pids_dir
         self._limit_fd = os.open(os.path.join(mem_dir, "memory.limit_in_bytes"), os.O_WRONLY)
         self._usage_fd = os.open(os.path.join(mem_dir, "memory.usage_in_bytes"), os.O_RDONLY)
         self._oom_fd = os.open(os.path.join(mem_dir, "memory.oom_control"), os.O_RDONLY)

@@ -1,7 +1,5 @@
-"""Thin ctypes wrappers over the Linux calls the sandbox needs (namespaces, mounts, seccomp).
-
-Python 3.10/3.11 expose none of these in `os`; each wrapper raises OSError with errno like `os` does.
-"""
+"""Thin ctypes wrappers over the Linux calls the sandbox needs (namespaces, mounts, seccomp): Python
+3.10/3.11 expose none of these in `os`; each wrapper raises OSError with errno like `os` does."""
 
 from __future__ import annotations
 
@@ -126,13 +124,10 @@ _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 
 def collapse_anonymous_memory(maps: str) -> int:
-    """Back the process's private writable memory with 2 MiB pages where the kernel allows.
-
-    Why: fork copies, and exit tears down, one page-table entry per 4 KiB page, and a pre-warmed
-    process holding numpy and sympy maps thousands of them. Huge pages make that one entry per 2 MiB
-    for memory the process no longer writes. `maps` is the text of /proc/PID/maps for this process.
-    Returns the bytes now backed by huge pages (0 where MADV_COLLAPSE is unsupported).
-    """
+    """Back this process's private writable memory (`maps`: its /proc/PID/maps) with 2 MiB pages
+    where the kernel allows; returns the bytes so backed (0 without MADV_COLLAPSE). Why: fork copies,
+    and exit tears down, one page-table entry per 4 KiB page, and a process holding numpy and sympy
+    maps thousands of them; for memory it no longer writes, huge pages make that one per 2 MiB."""
     done = 0
     for line in maps.splitlines():
         parts = line.split()

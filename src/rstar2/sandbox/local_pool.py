@@ -1,8 +1,6 @@
-"""The local pool: N pre-warmed workers behind one bounded queue, used in-process by rollouts.
-
-`await pool.run(code)` returns an `ExecResult`. The queue is bounded: when it is full, callers wait
-(backpressure) instead of piling up memory. Each call is answered exactly once, including on shutdown.
-"""
+"""The local pool: N pre-warmed workers behind one bounded queue, used in-process by rollouts. When
+the queue is full, callers wait (backpressure) instead of piling up memory. Each call is answered
+exactly once, including on shutdown."""
 
 from __future__ import annotations
 

@@ -3,14 +3,14 @@
 Delivery is at least once, results exactly once:
 
 - `RedisBackend` (in `serve --redis URL`) XADDs each call to the stream ``rstar2:sandbox:tasks`` and
-  waits for its reply on its own list ``rstar2:sandbox:replies:{backend id}``. It keeps each call's
-  request until the result arrives; duplicate replies (a task run twice) are dropped by call id.
+  keeps its request until the reply arrives on its own list ``rstar2:sandbox:replies:{backend id}``;
+  duplicate replies (a task run twice) are dropped by call id.
 - `RedisWorker` reads tasks through the consumer group ``workers``, runs them in a `LocalPool`, pushes
-  the reply, then acknowledges. Every worker also reclaims (XAUTOCLAIM) tasks that another consumer
-  has held longer than the lease: the task of a worker that died is delivered again.
-- Every call has a deadline; past it the caller gets status ``internal`` with the reason.
-- A task delivered more than `MAX_DELIVERIES` times (it kills every worker that takes it) is answered
-  with status ``internal`` instead of being retried forever.
+  the reply, then acknowledges. Every worker also reclaims (XAUTOCLAIM) tasks another consumer has
+  held past the lease: the task of a worker that died is delivered again.
+- Every call has a deadline; past it the caller gets status ``internal`` with the reason. A task
+  delivered more than `MAX_DELIVERIES` times (it kills every worker that takes it) gets ``internal``
+  too, instead of being retried forever.
 - Redis restarts: both sides reconnect with back-off. A restart without persistence loses the stream,
   so the backend re-submits every call it is still waiting for; callers see extra latency, not loss.
 """
@@ -57,15 +57,13 @@ class RedisBackend:
     STREAM_MAXLEN = 1_000_000  # the stream is trimmed (approximately) to this many calls
 
     def __init__(self, url: str, deadline_s: float = 600.0) -> None:
-        self.url = url
-        self.deadline_s = deadline_s
+        self.url, self.deadline_s = url, deadline_s
         self.id = uuid.uuid4().hex[:12]
         self.reply_key = f"{PREFIX}:replies:{self.id}"
         self._redis: aioredis.Redis | None = None
         self._listener: asyncio.Task | None = None
         self._pending: dict[str, tuple[dict, asyncio.Future]] = {}
-        self.resubmitted = 0
-        self.duplicates = 0
+        self.resubmitted = self.duplicates = 0
         self._closing = False
         self._run_id: str | None = None  # the Redis server instance the pending calls went to
 
@@ -73,9 +71,7 @@ class RedisBackend:
     def queue_depth(self) -> int:
         return len(self._pending)
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._pending)
+    in_flight = queue_depth  # one number here: the calls waiting for a result, queued or running
 
     async def start(self) -> RedisBackend:
         if self._redis is None:
@@ -144,11 +140,9 @@ class RedisBackend:
         await self._redis.xadd(self.tasks_key, task, maxlen=self.STREAM_MAXLEN, approximate=True)
 
     async def _listen(self) -> None:
-        """Collect replies; re-submit every call still waiting when Redis itself restarted.
-
-        A connection that merely timed out (a loaded machine) finds the same server, whose
-        stream still holds the calls: re-submitting them then would only run them twice.
-        """
+        """Collect replies; re-submit every call still waiting when Redis itself restarted (a connection
+        that merely timed out finds the same server, whose stream still holds the calls: re-submitting
+        them then would only run them twice)."""
         delay = 0.1
         lost = False
         while not self._closing:
@@ -189,9 +183,7 @@ class RedisWorker:
     REPLY_TTL_S = 3600  # a reply list nobody reads (its backend is gone) is dropped after this
 
     def __init__(self, url: str, pool: LocalPool, lease_s: float = 60.0, name: str | None = None) -> None:
-        self.url = url
-        self.pool = pool
-        self.lease_s = lease_s
+        self.url, self.pool, self.lease_s = url, pool, lease_s
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.slots = asyncio.Semaphore(pool.size * 2)
         self._redis = _client(url)  # connects on first use

@@ -12,10 +12,8 @@ _IMPORT = re.compile(r"(?:^|[;:])[ \t]*(?:from[ \t]+([\w.]+)[ \t]+import\b|impor
 
 def imported_modules(code: str) -> set[str] | None:
     """Top-level names of the modules `code` imports by statement; None if it imports dynamically.
-
     A textual scan (the code is never parsed here, outside the sandbox): an import it misses only
-    sends the call to the light zygote, where the import still works, just slower.
-    """
+    sends the call to the light zygote, where the import still works, just slower."""
     if "__import__" in code or "importlib" in code:
         return None
     names: set[str] = set()

@@ -1,8 +1,6 @@
-"""The seccomp deny-list: system calls model-written math code never needs.
-
-The filter is compiled once per worker with libseccomp (through pyseccomp) and exported as raw BPF;
-each call then installs those bytes with one prctl, which costs microseconds.
-"""
+"""The seccomp deny-list: system calls model-written math code never needs. It is compiled once per
+worker with libseccomp (through pyseccomp) and exported as raw BPF; each call then installs those
+bytes with one prctl, which costs microseconds."""
 
 from __future__ import annotations
 

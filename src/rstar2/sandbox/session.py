@@ -8,8 +8,7 @@ Process tree of one session, inside its own PID namespace:
 If the cell finishes (even by raising), C_{k+1} becomes the holder: it tells H_k to exit and kills
 whatever else the cell left running. If it crashes or times out, H_k kills it and stays: the session
 is exactly as it was before that cell. A cell costs one fork whatever k is: no earlier cell is
-replayed. The init is forked by the worker's full zygote; the worker talks to the current holder
-over a SEQPACKET socket (``run_cell``), and keeps its live sessions in a ``SessionTable``.
+replayed. The full zygote forks the init; the worker talks to the holder over a SEQPACKET socket.
 """
 
 from __future__ import annotations
@@ -197,8 +196,7 @@ class SessionTable:
     """Live sessions of one worker: idle expiry, LRU eviction, a cap, and memory of what expired."""
 
     def __init__(self, max_sessions: int = 64, idle_s: float = 600.0) -> None:
-        self.max_sessions = max_sessions
-        self.idle_s = idle_s
+        self.max_sessions, self.idle_s = max_sessions, idle_s
         self.live: OrderedDict[str, SessionHandle] = OrderedDict()
         self.gone: OrderedDict[str, str] = OrderedDict()  # id -> why it ended (bounded)
 
@@ -216,11 +214,9 @@ class SessionTable:
                 self.forget(sid, f"expired after {self.idle_s:g} s idle")
 
     def make_room(self) -> None:
+        why = f"evicted (least recently used; at most {self.max_sessions} live sessions per worker)"
         while len(self.live) >= self.max_sessions:
-            sid = next(iter(self.live))
-            self.forget(
-                sid, f"evicted (least recently used; at most {self.max_sessions} live sessions per worker)"
-            )
+            self.forget(next(iter(self.live)), why)
 
     def touch(self, session_id: str) -> SessionHandle | None:
         handle = self.live.get(session_id)

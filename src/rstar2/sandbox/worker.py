@@ -1,17 +1,12 @@
-"""The sandbox worker: one process per ``WorkerHandle``, running one call at a time.
+"""The sandbox worker (``python -m rstar2.sandbox.worker CONFIG_JSON``): one process per
+``WorkerHandle``, running one call at a time.
 
-It sets up the isolation layers once, then forks its zygotes (`zygote.py`): pre-warmed processes that
-only fork. A "light" zygote holds the standard library the calls commonly use; a "full" one also holds
-numpy, sympy and whatever else was preloaded. A call goes to the light zygote when everything its code
-imports is already imported there (most model-written arithmetic; `routing.py`), else to the full
-one; sessions always live in the full one (`session.py`). Forking the smaller process is cheaper, and
-keeping this process's bookkeeping (capture, timeouts, results) out of the process that forks spares
-the copies that every page written after a fork costs.
-
-A call's output is captured and held to its limits here (`capture.CallOutput`), and how it ended
-becomes an `ExecResult` in `outcome.py`. Requests come from the parent (`worker_handle.WorkerHandle`)
-as length-prefixed JSON (`framing.py`) over two inherited pipes, read ahead by an `Inbox`. Run as
-``python -m rstar2.sandbox.worker CONFIG_JSON``.
+It sets up the isolation layers once, then forks its zygotes (`zygote.py`), which only fork: a light
+one holding the standard library takes a call when everything its code imports is already there (most
+model-written arithmetic; `routing.py`); a full one also holds numpy, sympy and the rest of the
+preload, and every session. Forking the smaller process is cheaper, and keeping this process's
+bookkeeping (capture, timeouts, results) out of the process that forks spares the copies that every
+page written after a fork costs.
 """
 
 from __future__ import annotations
@@ -50,10 +45,7 @@ class Worker:
         proc_fd: int | None,
         inbox: Inbox,
     ) -> None:
-        self.inbox = inbox
-        self.iso = iso
-        self.defaults = defaults
-        self.sessions = sessions
+        self.inbox, self.iso, self.defaults, self.sessions = inbox, iso, defaults, sessions
         light, full = split_preload(modules)
         self.full = ZygoteHandle("full", full, iso, defaults, proc_fd)
         self.light = ZygoteHandle("light", light, iso, defaults, proc_fd) if light != full else None
@@ -66,11 +58,6 @@ class Worker:
     def start(self) -> None:
         for zygote in self.zygotes:
             zygote.start()
-
-    def _zygote_for(self, code: str) -> ZygoteHandle:
-        """The light zygote when `code` fits it, else the full one."""
-        fits = self.light is not None and fits_light(code, self.light.loaded)
-        return self.light if fits else self.full
 
     def run(self, req: dict) -> ExecResult:
         overrides = tuple(sorted((req.get("limits") or {}).items()))
@@ -92,7 +79,8 @@ class Worker:
     def _run_once(self, req: dict, limits: Limits, limits_json: bytes, tmp_dir: str | None) -> ExecResult:
         t0 = time.monotonic()
         code = req["code"]
-        zygote = self._zygote_for(code)
+        light = self.light
+        zygote = light if light is not None and fits_light(code, light.loaded) else self.full
         header = b"c" + limits_json + b"\0" + (tmp_dir or "").encode()
         code_fd = linux.memfd_with("code", code.encode("utf-8", "surrogateescape"))
         text = (req.get("input") or "").encode("utf-8", "surrogateescape")

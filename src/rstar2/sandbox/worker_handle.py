@@ -1,14 +1,11 @@
 """The parent side of one pre-warmed worker: starts it, sends it calls, restarts it when it dies.
 
-Calls are pipelined: the pool keeps up to `depth` calls outstanding per worker, so the next request
-already waits in the worker's pipe when a call ends and the worker never idles on this process's
-round trip. A request queued behind a call that runs long is handed back unstarted by the worker
-(`inbox.Inbox`) and the pool gives it to another worker. One reader task matches answers to calls.
-
-The wall-clock limit is enforced by the worker (outside the child); this side adds a backstop: a
-worker that does not answer within the running call's timeout plus a grace period is killed and
-replaced. When a worker dies, the call it was running gets status ``internal``; the calls queued
-behind it never started and go again (through the pool, to whichever worker is free).
+Calls are pipelined: up to `depth` are outstanding per worker, so the next request already waits in
+its pipe when a call ends and the worker never idles on this process's round trip (one queued behind
+a long call comes back unstarted: `inbox.Inbox`). One reader task matches answers to calls. The
+worker enforces the wall-clock limit; this side's backstop kills and replaces a worker silent past
+the running call's timeout plus a grace period. When a worker dies, its running call gets status
+``internal``; the calls queued behind it never started and go again, to whichever worker is free.
 """
 
 from __future__ import annotations

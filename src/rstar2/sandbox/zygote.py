@@ -1,14 +1,10 @@
 """A zygote: a pre-warmed process that does nothing but fork one fresh child per call; and
 ``ZygoteHandle``, the worker's side of it (start, ask for a child, read how it ended, restart).
 
-The worker (`worker.py`) forks its zygotes once, after setting up the isolation layers; each zygote
-imports its modules, then waits for calls. It does as little as possible between forks, because
-every page a process writes after a fork must be copied (and the worker's bookkeeping would write
-hundreds): it receives a call's file descriptors, forks, hands the child's pidfd back, waits for the
-child and reports how it ended. Everything else (limits, capture, timeouts, results) is the worker's.
-
-A call's child reads its code from a memfd, enters the per-call isolation layers (planned by the
-zygote once per distinct set of limits) and runs the code (`interpreter.run_code`).
+Between forks a zygote does as little as it can, since every page a process writes after a fork must
+be copied (the worker's bookkeeping would write hundreds): it receives a call's descriptors, forks,
+hands back the child's pidfd, waits for the child and reports how it ended. The child reads its code
+from a memfd, enters the per-call isolation layers (planned once per distinct set of limits), runs it.
 
 Protocol on the SEQPACKET socket to the worker (one call at a time):
 
@@ -42,8 +38,7 @@ from .outcome import INTERNAL_EXIT
 from .request import Limits
 from .session import session_init
 
-# What a worker imports once, unless told otherwise: the standard library model-written math uses,
-# numpy and sympy.
+# What a worker imports once, unless told otherwise
 PRELOAD = tuple(
     "math cmath fractions decimal itertools collections functools re random statistics heapq bisect "
     "string json numpy sympy".split()
@@ -233,8 +228,7 @@ class ZygoteHandle:
     def __init__(
         self, name: str, modules: list[str], iso: WorkerIsolation, defaults: Limits, proc_fd: int | None
     ) -> None:
-        self.name = name
-        self.modules = modules
+        self.name, self.modules = name, modules
         self.iso, self.defaults, self.proc_fd = iso, defaults, proc_fd
         self.pid = 0
         self.pidfd: int | None = None
@@ -277,10 +271,9 @@ class ZygoteHandle:
         self.pidfd, self.sock = None, None
 
     def fork(self, header: bytes, fds: list[int]) -> tuple[int, int | None]:
-        """Send a request; returns (pid, pidfd) of the new child, or (-1, None) if fork failed. A
-        zygote not running (never started, or found dead since its last call) is started afresh,
-        and one that dies on this request is started and asked once more; ``ZygoteLost`` if that
-        fails too."""
+        """Send a request; returns (pid, pidfd) of the new child, or (-1, None) if fork failed. A zygote
+        not running (never started, or found dead since) is started afresh, and one that dies on this
+        request is started and asked once more; ``ZygoteLost`` if that fails too."""
         if self.sock is None:
             self.start()
         try:

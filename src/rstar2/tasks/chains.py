@@ -1,13 +1,8 @@
-"""Word problems of several steps: a small story of people and their things told one fact a
-sentence, whose answer needs every fact in order. The program that solves one names one quantity per
-fact and prints the one asked for, the habit a model needs to turn a situation into code.
-
-Two families. ``chain`` runs a story forwards: amounts set, compared (more, fewer, times as many,
-half), changed (bought, lost, given to another), grouped (boxes of k) and priced, then any amount,
-a total or a difference asked. ``undo`` runs one backwards: the changes and the end are told, the
-start asked. A problem's level is its number of relations (1 to 6); from level 3 on, a sentence
-with a number the answer does not use may stand among the facts.
-"""
+"""Word problems of several steps: a story of people and their things told one fact a sentence,
+whose answer needs every fact; its program names one quantity per fact, the habit a model needs to
+turn a situation into code. ``chain`` runs forwards (amounts compared and changed, then any amount,
+a total or a difference asked), ``undo`` backwards (the changes and the end told, the start asked).
+The level is the number of relations (1 to 6); from 3 on, a number to ignore may stand among them."""
 
 from __future__ import annotations
 

@@ -113,10 +113,7 @@ FAMILIES: dict[str, Callable[[random.Random, tuple[int, int]], Drawn]] = {
     "choose": _choose,
 }
 WORDINGS = ("plain", "varied")
-# The families with levels of steps, each in the module that writes it: the relation families
-# (tasks/relations.py: situations of one to three steps) and the chains (tasks/chains.py: stories of
-# one to six relations, forwards and backwards); a generator draws them only when they are named
-# (`families: [relations, chains]` names them all).
+# The families with levels of steps (relations.py, chains.py), drawn only when named
 LEVELED = {**dict.fromkeys(relations.FAMILIES, relations), **dict.fromkeys(chains.FAMILIES, chains)}
 RELATION_FAMILIES = tuple(relations.FAMILIES)
 ALL_FAMILIES = (*FAMILIES, *LEVELED)
@@ -178,10 +175,9 @@ def generate(
     levels: tuple[int, int] = (1, 3),
     weights: dict[str, int] | None = None,
 ) -> list[Task]:
-    """``count`` distinct problems of one split, families in turn (equally present, except that a
-    family with few distinct problems, like small binomials, gives way to the others; ``weights``
-    gives a family, or each family of a group, that many turns in the round); the other settings are a
-    recipe's generator's (``GeneratorSpec``)."""
+    """``count`` distinct problems of one split, families in turn (one with few distinct problems,
+    like small binomials, gives way to the others; ``weights``: a family's or group's turns in the
+    round); the other settings are a recipe generator's (``GeneratorSpec``)."""
     names = expand_families(families)
     turns = [f for f in names for _ in range(_weight(f, weights or {}))]
     if not (1 <= levels[0] <= levels[1] <= MAX_LEVEL):

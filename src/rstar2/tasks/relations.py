@@ -1,11 +1,7 @@
-"""Word problems that teach relations, not phrasings: the relation families of the training data.
-
-The arithmetic families of ``generator.py`` state one operation in a fixed sentence, and a model trained
-on them learns to copy the numbers under the operation the wording names. Here a problem is a small
-situation told one fact a sentence, each fact in several ways, and the question may ask for any of
-its quantities; level 1 is one relation, level 2 two, level 3 three with a number to ignore. The
-sentences are built with the structure they state, so they live here, not in ``wordings.yaml``.
-"""
+"""Word problems that teach relations, not phrasings (the arithmetic families teach a model to copy
+numbers under the operation the wording names): a small situation told one fact a sentence, each in
+several ways, any quantity asked; level 1 is one relation, 2 two, 3 three with a number to ignore.
+The sentences are built with the structure they state, so they live here, not in ``wordings.yaml``."""
 
 from __future__ import annotations
 
@@ -57,7 +53,6 @@ def _distractor(say: Say) -> str:
 
 Made = tuple[str, int, str]  # problem, answer, program
 
-# -- rates --------------------------------------------------------------------------------------
 _RATE_ACTORS = [
     ("a printer", "pages", "minute"),
     ("a pump", "litres", "minute"),
@@ -124,7 +119,6 @@ def _rate(rng: random.Random, level: int, say: Say) -> Made:
     return text, r * t * d - bad, f"made = {r} * {t} * {d}\nspoiled = {bad}\nprint(made - spoiled)"
 
 
-# -- a percentage of a part ---------------------------------------------------------------------
 _GROUPS = [
     ("seats in a theatre", "are sold", "unsold"),
     ("apples in a crate", "are bruised", "fine"),
@@ -176,7 +170,6 @@ def _percent(rng: random.Random, level: int, say: Say) -> Made:
     return text, remaining - second, code
 
 
-# -- a quantity after changes -------------------------------------------------------------------
 _STOCKS = [
     ("a shelf", "books"),
     ("a jar", "marbles"),
@@ -234,7 +227,6 @@ def _change(rng: random.Random, level: int, say: Say) -> Made:
     return text, a - b + c - d, f"print({a} - {b} + {c} - {d})"
 
 
-# -- unit conversions ---------------------------------------------------------------------------
 _UNITS = [
     ("kilometres", "metres", 1000),
     ("hours", "minutes", 60),
@@ -288,7 +280,6 @@ def _units(rng: random.Random, level: int, say: Say) -> Made:
     return text, first - second, f"first = {x} * {f} + {y}\nsecond = {x2} * {f} + {y2}\nprint(first - second)"
 
 
-# -- sharing and grouping -----------------------------------------------------------------------
 _SHARES = [
     ("stickers", "children"),
     ("sweets", "friends"),
@@ -351,7 +342,6 @@ def _sharing(rng: random.Random, level: int, say: Say) -> Made:
     return text, (total - g) % k, f"rest = {packs} * {size} - {g}\nprint(rest % {k})"
 
 
-# -- ages -----------------------------------------------------------------------------------------
 def _ages(rng: random.Random, level: int, say: Say) -> Made:
     a, b, c = rng.sample(PEOPLE, 3)
     yb, d, n = rng.randint(3, 40), rng.randint(2, 30), rng.randint(2, 20)
@@ -380,7 +370,6 @@ def _ages(rng: random.Random, level: int, say: Say) -> Made:
     return text, m * yb + d - n, f"age_a = {m} * {yb}\nage_c = age_a + {d}\nprint(age_c - {n})"
 
 
-# -- money and change ---------------------------------------------------------------------------
 _GOODS = [
     ("notebooks", "notebook"),
     ("pies", "pie"),

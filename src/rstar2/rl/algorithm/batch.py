@@ -1,10 +1,7 @@
-"""Trajectories → right-padded training tensors, and micro-batches of them.
-
-Position t of ``labels``/``mask``/``advantages`` is the prediction of token t+1 (the shift is done
-here, once). The loss mask is 1 only on tokens the model sampled: prompt and tool-turn tokens
-are 0. Micro-batches group rows of similar length to save padding; their token weights were
-computed for the whole batch, so the split never changes the gradient.
-"""
+"""Trajectories → right-padded training tensors, and micro-batches of them. Position t of
+``labels``/``mask``/``advantages`` predicts token t+1 (shifted here, once); the mask is 1 only on
+tokens the model sampled. Micro-batches group rows of similar length; their token weights were
+computed for the whole batch, so the split never changes the gradient."""
 
 from __future__ import annotations
 
@@ -102,10 +99,9 @@ def with_weights(batch: Batch, aggregation: Aggregation, units: float | None = N
 
 
 def plan_micro_batches(batch: Batch, max_tokens: int, count: int | None = None) -> list[list[int]]:
-    """Rows of each micro-batch: at most ``max_tokens`` padded tokens (at least one row each), rows
-    of similar length together. ``count`` asks for exactly that many (under FSDP every process must
-    run as many forward passes): the largest are split further, empty lists stand for filler passes.
-    """
+    """Rows of each micro-batch: at most ``max_tokens`` padded tokens (at least one row), similar
+    lengths together. ``count``: exactly that many (under FSDP every process runs as many passes):
+    the largest split further, empty lists for filler passes."""
     lengths = batch.attention_mask.sum(dim=1).tolist()
     groups: list[list[int]] = []
     current: list[int] = []
@@ -131,7 +127,3 @@ def take_rows(batch: Batch, rows: list[int]) -> Batch:
         return filler
     width = max(2, int(batch.attention_mask[rows].sum(dim=1).max()))
     return batch.select(rows, width)
-
-
-def micro_batches(batch: Batch, max_tokens: int, count: int | None = None) -> list[Batch]:
-    return [take_rows(batch, rows) for rows in plan_micro_batches(batch, max_tokens, count)]

@@ -1,9 +1,6 @@
 """GRPO pieces as small functions: group advantages, token log-probs, the clipped token-level loss.
-
-The loss is written per token and weighted by ``token_weights`` computed once for the whole batch,
-so micro-batching, gradient accumulation and several processes all give the same gradient as one
-pass over the batch (the weights already hold the global normaliser).
-"""
+The loss is per token, weighted by ``token_weights`` computed once for the whole batch, so
+micro-batches, accumulation and several processes give the same gradient as one pass."""
 
 from __future__ import annotations
 
@@ -40,15 +37,10 @@ def token_weights(
     aggregation: Aggregation = DEFAULT_LOSS.aggregation,
     units: float | None = None,
 ) -> torch.Tensor:
-    """Per-token weights that sum to 1 over the batch (0 where masked out).
-
-    ``token-mean``: every model token of the batch counts the same (DAPO, the released recipe).
-    ``group-token-mean``: token mean within each problem's group, then mean over groups (Eq. 6).
-    ``mask`` is (rows, T) of 0/1; ``group_index`` is (rows,) of group ids. ``units`` is the
-    denominator (tokens, or groups with tokens) of the whole batch when these rows are only part of
-    it (another process holds the rest); by default ``weight_units`` of these rows. Nothing masked
-    in: all zeros.
-    """
+    """Per-token weights summing to 1 over the batch (0 where masked out; all 0 if nothing is in).
+    ``token-mean``: every model token counts the same (DAPO, the released recipe);
+    ``group-token-mean``: token mean within each group, then mean over groups (Eq. 6). ``units``: the
+    whole batch's denominator when another process holds part of it (default: these rows')."""
     mask = mask.to(torch.float32)
     if aggregation == "token-mean":
         raw = mask
@@ -66,8 +58,7 @@ def token_weights(
 
 
 def weight_units(mask: torch.Tensor, group_index: torch.Tensor | None, aggregation: Aggregation) -> float:
-    """The denominator of ``token_weights``: masked tokens, or groups that have any (summed over
-    processes for the whole batch)."""
+    """The denominator of ``token_weights``: masked tokens, or groups that have any."""
     if aggregation == "token-mean":
         return float(mask.sum())
     row_tokens = mask.to(torch.float32).sum(dim=1)
@@ -81,12 +72,10 @@ def token_logprobs(
     temperature: float = 1.0,
     banned: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(label) per position, in fp32 at least (and the entropy of each position's distribution),
-    under ``logits / temperature`` with the ``banned`` token ids left out: the distribution the
-    engine sampled from (0 = greedy: unscaled). The engine renormalises without banned tokens, so
-    the trainer must too, or pi/mu is biased by the mass m they would have had. Renormalising is
-    done from the banned columns alone (log p' = log p - log(1 - m), and the entropy likewise), not
-    by masking the whole vocabulary: a ban then costs a gather, not a copy of the logits."""
+    """log p(label) per position in fp32 at least (and each position's entropy), under ``logits /
+    temperature`` (0 = greedy: unscaled) without the ``banned`` ids: what the engine sampled from,
+    else pi/mu is biased by the banned mass m. Renormalised from the banned columns alone
+    (log p' = log p - log(1 - m)): a ban costs a gather, not a copy of the logits."""
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     if temperature > 0 and temperature != 1:
@@ -121,10 +110,9 @@ def policy_loss(
     ref_logp: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped surrogate per token, summed with ``weights`` (see ``token_weights``); all tensors
-    (rows, T). Returns the loss and weighted sums for metrics (divide by the summed weights of the
-    batch): clip fractions below/above, the approximate KL to the old policy, entropy, and the
-    engine-vs-trainer logprob gap."""
+    """PPO clipped surrogate per token, summed with ``weights``; all tensors (rows, T). Returns the
+    loss and weighted sums for metrics (clip fractions, approximate KL to the old policy, entropy,
+    the engine-vs-trainer logprob gap), to divide by the batch's summed weights."""
     log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
     ratio = log_ratio.exp()
     clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)

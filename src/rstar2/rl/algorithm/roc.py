@@ -1,10 +1,6 @@
-"""Resample-on-Correct (RoC): keep G of the 2G rollouts of a problem.
-
-Correct trajectories are ranked by a penalty (tool errors + format faults) and the cleanest are kept,
-so the policy is not taught that a right answer excuses crashing code; incorrect ones are kept
-uniformly at random, because their variety is the learning signal. Pure functions over plain
-numbers (``Scored``) so every rule can be checked by hand; ``score`` reads them off a trajectory.
-"""
+"""Resample-on-Correct (RoC): keep G of the 2G rollouts of a problem. Correct ones are ranked by a
+penalty (tool errors + format faults) and the cleanest kept, so a right answer does not excuse
+crashing code; incorrect ones are kept at random, because their variety is the learning signal."""
 
 from __future__ import annotations
 
@@ -24,7 +20,7 @@ _ANSWER_PAIR = re.compile(re.escape(ANSWER_OPEN) + ".*?" + re.escape(ANSWER_CLOS
 
 @dataclass(frozen=True)
 class Scored:
-    """What RoC needs to know of one rollout."""
+    """What RoC needs to know of one rollout: plain numbers, so every rule can be checked by hand."""
 
     reward: float
     p_err: float = 0.0
@@ -63,11 +59,10 @@ FormatTurns = Literal["assistant", "tool_rounds"]
 def score(
     traj, error: bool = True, fmt: bool = True, format_turns: FormatTurns = DEFAULT_ROC.format_turns
 ) -> Scored:
-    """Penalties of a ``Trajectory`` from its structured tool statuses, never from grepping output
-    text. A failed call is the model's: malformed, or its code failed; a call the code environment
-    could not serve (a fault: ``internal``, ``rejected``) counts neither way. ``format_turns``: the
-    turns ``p_format`` divides by: every assistant turn (the paper's text), or the turns with tool
-    calls (the authors' released code; an answer without any tool call then gets 1.0)."""
+    """Penalties of a ``Trajectory`` from its tool statuses, never from grepping output: a malformed
+    call or failing code is the model's; a call the environment could not serve counts neither way.
+    ``format_turns``: what ``p_format`` divides by (every assistant turn: the paper's text; the turns
+    with tool calls: the released code, where an answer without any call then gets 1.0)."""
     calls = traj.num_calls - traj.num_faulted_calls
     p_err = error_penalty(calls, traj.num_failed_calls) if error else 0.0
     turns = len(traj.turns) if format_turns == "assistant" else sum(bool(t.calls) for t in traj.turns)
@@ -77,10 +72,9 @@ def score(
 
 # -- counts -------------------------------------------------------------------------------------
 def class_counts(n_pos: int, n_neg: int, keep: int, min_per_class: int) -> tuple[int, int]:
-    """How many positives and negatives to keep: each class in proportion (round half to even,
-    so 2G → G is exactly half of each), then the minority raised to ``min_per_class`` where it has
-    that many. A group of at most ``keep`` is kept whole, as is one where both minimums cannot be
-    met inside ``keep`` (only possible for tiny groups; the released recipe does the same)."""
+    """Positives and negatives to keep: each class in proportion (round half to even: 2G → G is
+    exactly half of each), the minority raised to ``min_per_class`` where it has that many. A group
+    of at most ``keep``, or one whose minimums do not fit in ``keep``, is kept whole (as released)."""
     n = n_pos + n_neg
     if n <= keep:
         return n_pos, n_neg
@@ -98,15 +92,10 @@ def class_counts(n_pos: int, n_neg: int, keep: int, min_per_class: int) -> tuple
 
 # -- choosing -----------------------------------------------------------------------------------
 def pick_positives(penalties: Sequence[float], k: int, mode: Mode, rng: random.Random) -> list[int]:
-    """Indices (into ``penalties``) of the k positives to keep.
-
-    ``lowest``: ascending penalty, ties in rollout order (the released code).
-    ``weighted``: drawn without replacement with probability ∝ 1/penalty (the paper's text).
-    ``uniform``: drawn at random, penalties unread: plain GRPO on as many rollouts as RoC keeps
-    (the control that tells RoC's choice from its downsampling).
-    A zero penalty would have infinite weight: zero-penalty rollouts are taken first (uniformly
-    among themselves when there are more than k), and only the remaining places are drawn by weight.
-    """
+    """Indices of the k positives to keep. ``lowest``: ascending penalty, ties in rollout order (the
+    released code); ``weighted``: drawn ∝ 1/penalty without replacement (the paper's text), zero
+    penalties (infinite weight) first; ``uniform``: at random, the control that tells RoC's choice
+    from its downsampling."""
     if k >= len(penalties):
         return list(range(len(penalties)))
     if mode == "lowest":
@@ -147,9 +136,8 @@ def select_group(group: Sequence[Scored], cfg: RocSection, rng: random.Random) -
 def roc_select(
     groups: Sequence[Sequence[Scored]], cfg: RocSection, rng: random.Random | Sequence[random.Random]
 ) -> list[GroupChoice]:
-    """RoC's choice in each group. ``rng``: one generator for all groups, or one per group (the
-    trainer seeds each group's from its global index, so the choices do not depend on how groups
-    are spread over processes)."""
+    """RoC's choice in each group; ``rng``: one for all, or one per group (the trainer's are seeded by
+    global group index, so choices do not depend on how groups are spread over processes)."""
     rngs = [rng] * len(groups) if isinstance(rng, random.Random) else list(rng)
     return [select_group(g, cfg, r) for g, r in zip(groups, rngs, strict=True)]
 

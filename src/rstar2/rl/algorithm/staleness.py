@@ -1,14 +1,10 @@
-"""Asynchronous RL with bounded staleness: which groups of rollouts may start, which tokens may be
-trained, and how old the trained tokens were (the feed that starts groups: ``feed.py``).
+"""Bounded staleness: which groups may start, which tokens may be trained, how old they were.
 
-Group ``i`` of a run (counted from its first step, ``batch_size`` groups a step) is trained at step
-``i // batch_size`` by the policy of that version (the number of updates before it). It may start
-sampling while the policy is at version ``v`` only if ``i // batch_size - v <= k``
-(``asynchronous.max_staleness``): every token it samples, under any version ``>= v``, is then at most
-``k`` updates older than the policy it trains. The bound is kept at admission; no finished rollout
-is thrown away. At ``k = 0`` a step's groups start only after the previous update: the synchronous
-loop, the same tokens and weights.
-"""
+Group ``i`` is trained at step ``i // batch_size`` by the policy of that version (updates before
+it). It may start while the policy is at version ``v`` only if ``i // batch_size - v <= k``
+(``asynchronous.max_staleness``): every token it samples is then at most ``k`` updates older than
+the policy it trains. The bound is kept at admission, so no finished rollout is thrown away; at
+``k = 0`` this is the synchronous loop, the same tokens and weights."""
 
 from __future__ import annotations
 
@@ -27,9 +23,8 @@ class StalenessError(RuntimeError):
 
 
 def require_reported_versions(engines: Sequence[Any], max_staleness: int) -> None:
-    """At the run's start: every engine must say which policy version sampled its tokens. One that
-    only states the version it holds (asked before and after each request) will do at
-    ``max_staleness`` 0, where weights change only between steps; one that says nothing never does."""
+    """Every engine must say which policy version sampled its tokens; one that only states the
+    version it holds will do at ``max_staleness`` 0 (weights change only between steps)."""
     for e in engines:
         source = getattr(e, "version_source", None)
         if source is None:
@@ -46,9 +41,8 @@ def require_reported_versions(engines: Sequence[Any], max_staleness: int) -> Non
 
 
 def check_versions(trajectories: Sequence[Any], *, trained_by: int, max_staleness: int) -> None:
-    """Before an update from policy ``trained_by``: a ``StalenessError`` naming the engine of the
-    first model token not sampled by a version in [trained_by - max_staleness, trained_by], or
-    whose version its engine did not report (-1)."""
+    """A ``StalenessError`` naming the engine of the first model token not sampled by a version in
+    [trained_by - max_staleness, trained_by] (-1: its engine did not report it)."""
     low = trained_by - max_staleness
     for t in trajectories:
         at = 0
@@ -71,9 +65,8 @@ def check_versions(trajectories: Sequence[Any], *, trained_by: int, max_stalenes
 
 
 def staleness_metrics(versions: Sequence[Sequence[int]], trained_by: int) -> dict[str, float]:
-    """Per trained trajectory, the versions that sampled its model tokens (-1: a tool token);
-    ``trained_by``: the version the update starts from. The mean and largest lag over tokens, and
-    the share of trajectories whose tokens span two or more versions."""
+    """The mean and largest lag of trained tokens behind ``trained_by`` (``versions``: per trajectory,
+    -1 a tool token), and the share of trajectories spanning two or more versions."""
     lags = [trained_by - v for vs in versions for v in vs if v >= 0]
     spans = [len({v for v in vs if v >= 0}) > 1 for vs in versions]
     return {

@@ -1,11 +1,7 @@
-"""Checkpoints that resume exactly and that Hugging Face loads as they are.
-
-Layout of ``<run>/checkpoints/step-000012/``: the model in safetensors with its ``config.json``
-and the tokenizer (``from_pretrained`` loads the folder), ``trainer_state.pt`` (optimizer,
-learning-rate schedule, RNG states) and ``state.json`` (step, data position, metrics of the step). A checkpoint
-is written into a temporary folder and renamed when complete, so a run killed while saving leaves
-the previous checkpoint intact; ``latest_checkpoint`` only ever sees complete ones.
-"""
+"""Checkpoints that resume exactly and that Hugging Face loads as they are: ``step-000012/`` holds
+the model and tokenizer, ``trainer_state.pt`` (optimizer, schedule, RNG) and ``state.json``. Each is
+written to a temporary folder and renamed when complete, so a run killed while saving leaves the
+previous one intact; ``latest_checkpoint`` only ever sees complete ones."""
 
 from __future__ import annotations
 
@@ -90,8 +86,7 @@ def load_trainer_state(
     lr_schedule: Any,
     world: World = LOCAL,
 ) -> dict[str, Any]:
-    """Restore optimizer, learning-rate schedule and RNG from ``path`` (the model was loaded from it already);
-    returns ``state.json``."""
+    """Restore optimizer, schedule and RNG from ``path`` (the model came from it); its ``state.json``."""
     path = Path(path)
     blob = _trainer_blob(path)
     _set_optimizer_state(model, optimizer, blob["optimizer"], world)
@@ -107,9 +102,8 @@ def load_trainer_state(
 def carry_optimizer_state(
     path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, world: World = LOCAL
 ) -> bool:
-    """The previous stage's AdamW moments for a new stage starting from its checkpoint ``path``;
-    the new stage keeps its own learning rate, betas and weight decay. False if ``path`` is a
-    plain model folder (no optimizer state to carry)."""
+    """The previous stage's AdamW moments for a new stage starting from its checkpoint ``path`` (its
+    own lr, betas and weight decay kept); False for a plain model folder."""
     if not (Path(path) / "trainer_state.pt").exists():
         return False
     mine = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]

@@ -1,8 +1,5 @@
-"""Training data order: shuffled per epoch from the seed, the position is a single integer.
-
-Because the order of every epoch derives from (seed, epoch), checkpointing the position is enough
-to continue a run exactly where it stopped.
-"""
+"""Training data order: shuffled per epoch from (seed, epoch), so a checkpointed position (one
+integer) is enough to continue a run exactly where it stopped."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Several training processes: ``torchrun --nproc-per-node N -m rstar2 train …``.
-
-Parameters are sharded with PyTorch FSDP2 (``fully_shard``) on CUDA (NCCL) and on CPU (gloo).
-Every process rolls out its own share of the problems with a full copy of the weights, so the
-update is the only collective-heavy part. One process (no ``torchrun``) skips all of this.
-"""
+"""Several training processes (``torchrun --nproc-per-node N -m rstar2 train …``): parameters sharded
+with FSDP2 on CUDA (NCCL) or CPU (gloo); each process rolls out its share of the problems with a
+full copy of the weights, so the update is the only collective-heavy part."""
 
 from __future__ import annotations
 
@@ -80,9 +77,8 @@ def on_device(world: World, fn: Callable[..., T]) -> Callable[..., T]:
 
 
 def full_state_dict(model: torch.nn.Module, world: World) -> dict[str, torch.Tensor]:
-    """Unsharded parameters, on every process (for the engines and checkpoints); a tied parameter
-    (input and output embeddings) once, under its first name, whether or not the model is sharded
-    (the sharded state dict would otherwise hold two copies and save both)."""
+    """Unsharded parameters on every process; a tied parameter once, under its first name (the
+    sharded state dict would otherwise hold two copies and save both)."""
     if not world.distributed:
         state = {k: v.detach() for k, v in model.state_dict().items()}
     else:

@@ -1,15 +1,8 @@
-"""How the RL trainer's engines hold its weights, decided once per run.
-
-- ``shared``: one process, synchronous, in-process engine: it decodes the trainer's own model
-  object, so new weights cost nothing to publish (the engine is only told they changed).
-- ``copy``: an in-process engine that needs weights of its own: under torchrun (every process keeps
-  a full copy for its rollouts, the trained model is sharded) or generating while the update writes
-  the weights (``asynchronous.max_staleness > 0``). It loads each new version, checked exactly.
-- ``servers``: ``rollout.engine.servers``, told to load each new version from disk, then probed.
-
-Everything that differs between the modes is here: the model the engine is built over, publishing
-(``rl/plumbing/sync.py``), and the CPU threads an engine decoding beside the update leaves it.
-"""
+"""How the RL trainer's engines hold its weights, decided once per run: ``shared`` (one process,
+synchronous, in-process: the engine decodes the trainer's own model, nothing to publish), ``copy``
+(in-process with weights of its own: under torchrun, where the trained model is sharded, or while
+the update writes the weights at ``max_staleness > 0``), or ``servers`` (loading each version from
+disk)."""
 
 from __future__ import annotations
 
@@ -36,8 +29,7 @@ class TrainerEngines:
     """The engines of one RL run and how they get its weights (``mode``)."""
 
     def __init__(self, cfg: RLConfig, world: D.World):
-        """Made once the run's torch threads are set (``model.threads``): the update's thread
-        starts with torch's default, not with them."""
+        """Made once ``model.threads`` is set: the update's thread starts with torch's default."""
         self.cfg, self.world = cfg, world
         self.threads = torch.get_num_threads()
         copies = world.distributed or cfg.asynchronous.off_policy
@@ -71,15 +63,25 @@ class TrainerEngines:
     async def publish(
         self, model: torch.nn.Module, step: int, folder: Path, probe_prompt: list[int], pad_id: int
     ) -> dict[str, float]:
-        """The trainer's weights as policy version ``step`` to every engine, checked (``rl/plumbing/sync.py``)."""
+        """The trainer's weights as policy version ``step`` to every engine, checked (``sync.publish``)."""
         async with self._lock():
-            metrics = await self._publish(model, step, folder, probe_prompt, pad_id)
+            metrics = await publish(
+                model,
+                self.engines,
+                self.mode,
+                self.cfg.rollout.engine,
+                self.world,
+                folder,
+                probe_prompt=probe_prompt,
+                pad_id=pad_id,
+                step=step,
+                compute=self.cfg.model.compute,
+            )
             self.published = (folder, step)
             return metrics
 
     async def revive(self, engine: Any) -> None:
-        """A server that failed (or restarted) loads the weights every server now holds, checked as
-        after an update (version, fingerprint or parameters written), before it serves again."""
+        """A failed (or restarted) server loads the weights all hold, checked, before it serves again."""
         async with self._lock():
             if self.published is None:
                 raise WeightSyncError(f"engine {engine.name}: no weights published yet")
@@ -92,27 +94,10 @@ class TrainerEngines:
             self._sending = asyncio.Lock()
         return self._sending
 
-    async def _publish(
-        self, model: torch.nn.Module, step: int, folder: Path, probe_prompt: list[int], pad_id: int
-    ) -> dict[str, float]:
-        return await publish(
-            model,
-            self.engines,
-            self.mode,
-            self.cfg.rollout.engine,
-            self.world,
-            folder,
-            probe_prompt=probe_prompt,
-            pad_id=pad_id,
-            step=step,
-            compute=self.cfg.model.compute,
-        )
-
     @contextmanager
     def beside_update(self) -> Iterator[None]:
-        """While an update runs beside an engine copy that decodes (``max_staleness > 0``), the two
-        split the torch threads: ``asynchronous.engine_threads`` to the engine, the rest to the
-        update (each alone uses them all)."""
+        """While an update runs beside a decoding engine copy, ``asynchronous.engine_threads`` of the
+        torch threads go to the engine, the rest to the update (each alone uses them all)."""
         total, share = self.threads, self.cfg.asynchronous.engine_threads
         split = self.mode == "copy" and self.cfg.asynchronous.off_policy and share and share < total
         if not split:

@@ -1,6 +1,5 @@
-"""The feed of rollout groups: it starts each group as soon as the staleness bound admits it
-(``staleness.admissible``), so that at k > 0 later steps' groups sample while the trainer updates,
-and hands each step its own groups once they have all finished."""
+"""The feed of rollout groups: each started as soon as the staleness bound admits it, so that at
+k > 0 later steps' groups sample while the trainer updates."""
 
 from __future__ import annotations
 
@@ -12,9 +11,8 @@ from ..algorithm.staleness import admissible
 
 
 class GroupFeed:
-    """Starts groups as the bound allows (none past ``last_step``, the run's last) and hands each
-    step its own groups once they have all finished. ``launch(i)`` is called when group ``i`` is
-    admitted (in order: it may take its problem from the data stream there) and returns what to
+    """Starts groups as the bound allows (none past ``last_step``) and hands each step its own once
+    all have finished. ``launch(i)``, called as group ``i`` is admitted (in order), returns what to
     await for its rollouts."""
 
     def __init__(
@@ -40,8 +38,7 @@ class GroupFeed:
             self.next += 1
 
     async def step(self, step: int) -> list[Any]:
-        """The groups of ``step`` (0-based: the policy has had ``step`` updates, its version), each
-        the result of its ``launch``; first starts every group that version lets in."""
+        """The groups of ``step`` (0-based: the policy's version), after starting all it lets in."""
         self.advance(step)
         groups = range(step * self.batch_size, (step + 1) * self.batch_size)
         return list(await asyncio.gather(*(self.running.pop(i) for i in groups)))

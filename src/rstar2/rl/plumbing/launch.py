@@ -1,6 +1,6 @@
-"""The start and end of a training run, shared by SFT and RL: process group, tokenizer, model
-(from the last checkpoint when resuming), sharding, optimizer and learning-rate schedule (restored too), metrics
-log; and, when a run fails, one error that says what and where, with clean-up that never hides it."""
+"""The start and end of a training run, shared by SFT and RL: process group, tokenizer, model,
+sharding, optimizer and schedule (restored when resuming), metrics log; and, when a run fails, one
+error that says what and where, with clean-up that never hides it."""
 
 from __future__ import annotations
 
@@ -33,8 +33,7 @@ class Start:
 
 @dataclass
 class Training:
-    """What a run trains and keeps: the model (sharded under torchrun), its optimizer and schedule,
-    the metrics log, and where a resumed run stands."""
+    """What a run trains and keeps: the learner, the metrics log, where a resumed run stands."""
 
     learner: Learner
     step: int
@@ -69,15 +68,13 @@ def begin(cfg: TrainConfig, resume: bool) -> Start:
 
 
 def param_dtype(cfg: TrainConfig) -> torch.dtype:
-    """The trained parameters' dtype: fp32 unless the config names one (bf16 compute comes from
-    autocast, ``model.compute``)."""
+    """The trained parameters' dtype: fp32 unless named (bf16 compute is autocast, ``model.compute``)."""
     return torch.float32 if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
 
 
 def fit_to_memory(cfg: TrainConfig, vocab: int, world: D.World) -> None:
-    """Lower ``optim.micro_batch_tokens`` (a GPU's default) where its logits would not fit half the
-    memory free, saying so once. One process only: under torchrun every rank must run the same
-    micro-batches, so the config decides."""
+    """Lower ``optim.micro_batch_tokens`` where its logits would not fit half the free memory, saying
+    so. One process only: under torchrun every rank must run the same micro-batches."""
     from ...memory import available_bytes, fit_micro_batch
 
     if world.size > 1:
@@ -128,8 +125,7 @@ def load_training(
 
 
 class RunError(RuntimeError):
-    """A run stopped by an error: the first error, where it happened, and the run folder (which
-    keeps what was written so far, and the traceback in ``error.txt``)."""
+    """A run stopped by an error: the first error, where, and the run folder (``error.txt`` in it)."""
 
     @classmethod
     def at(cls, where: str, run_dir: str | Path, exc: BaseException) -> RunError:
@@ -149,8 +145,8 @@ def write_error(run_dir: str | Path, exc: BaseException) -> None:
 
 @contextmanager
 def quietly(what: str = "clean-up") -> Iterator[None]:
-    """Clean-up that never raises: a failure is reported on stderr. While an error propagates, a
-    second one from clean-up would replace it; after a good run the work is already saved."""
+    """Clean-up that never raises (said on stderr): a second error would replace the one propagating,
+    and after a good run the work is already saved."""
     try:
         yield
     except Exception as exc:
@@ -158,8 +154,7 @@ def quietly(what: str = "clean-up") -> Iterator[None]:
 
 
 class Steps:
-    """The steps of a run as SFT and RL both take them: a progress bar, a checkpoint when due, and
-    the step an error belongs to."""
+    """A run's steps as SFT and RL take them: a progress bar, checkpoints when due, where an error is."""
 
     def __init__(self, kind: str, cfg: TrainConfig, training: Training, total: int):
         self.kind, self.total = kind, total
@@ -185,8 +180,7 @@ class Steps:
 @contextmanager
 def run_steps(kind: str, cfg: TrainConfig, training: Training, total: int) -> Iterator[Steps]:
     """Around a run's steps: a failure becomes one ``RunError`` naming the step (its traceback in
-    ``error.txt``); the bar, the metrics log and the process group are closed whatever happens,
-    and a failure there never hides the first."""
+    ``error.txt``); the bar, the log and the process group are closed whatever happens."""
     steps, world = Steps(kind, cfg, training, total), training.start.world
     try:
         yield steps

@@ -1,8 +1,5 @@
 """Per-step metrics: one JSON object a line in ``metrics.jsonl``, TensorBoard events, a PNG of curves.
-
-On resume, lines of steps after the checkpoint (written by the killed run, about to be redone)
-are dropped, so the file holds each step once.
-"""
+On resume, lines past the checkpoint (about to be redone) are dropped: each step is in it once."""
 
 from __future__ import annotations
 
@@ -87,8 +84,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 def plot_metrics(path: str | Path) -> Path | None:
-    """A grid of the main curves over steps, next to the JSONL (``metrics.png``); a panel whose key
-    is a tuple draws one line per key."""
+    """A grid of the main curves over steps (``metrics.png``); a tuple of keys draws a line each."""
     if not Path(path).is_file():
         return None
     rows = read_metrics(path)

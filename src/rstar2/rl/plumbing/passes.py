@@ -21,11 +21,9 @@ def forward_logprobs(
     temperature: float = 1.0,
     banned: Sequence[int] = (),
 ):
-    """Log-probs of the labels, (rows, T-1), and optionally entropies. Logits are only computed
-    from the first position any row learns from: the prompt's vocabulary projections and
-    log-softmaxes are never needed (most of the compute of the head for a long prompt).
-    ``compute``: ``model.compute``; ``temperature`` and ``banned`` (``rollout.banned_tokens``): the
-    rollouts', so that the distribution trained on is the one the engine sampled from."""
+    """Log-probs of the labels, (rows, T-1), and optionally entropies, under the rollouts'
+    ``temperature`` and ``banned`` tokens (the distribution the engine sampled from). Logits start at
+    the first position any row learns from: a long prompt's head projections are never needed."""
     width = mb.labels.shape[1]
     learn = mb.mask.any(dim=0).nonzero()
     start = int(learn[0]) if len(learn) else width - 1

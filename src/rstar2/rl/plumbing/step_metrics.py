@@ -1,6 +1,5 @@
-"""What one RL step logs: accuracy, lengths, finish reasons, tool use and faults of its rollouts (all
-processes), RoC's group counts, and the engines' work over the step. Pure functions over small
-records, so processes can exchange them and a test can check them by hand."""
+"""What one RL step logs of its rollouts and engines: pure functions over small records, so
+processes can exchange them and a test can check them by hand."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ def rollout_record(t: Trajectory, kept: bool, scored: Scored | None) -> dict[str
 
 
 def step_metrics(all_records: list[dict[str, Any]]) -> dict[str, float]:
-    """Accuracy, lengths, finish reasons and tool statistics of a step's rollouts (all processes),
-    over those the system did not spoil; ``faults/*``: the shares it did, by kind."""
+    """Accuracy, lengths, finishes and tools of the rollouts not spoiled; ``faults/*``: shares by kind."""
     faults = Counter(r["fault"] for r in all_records if r["fault"])
     faulted = {f"faults/{kind}": faults[kind] / max(1, len(all_records)) for kind in FAULT_KINDS}
     records = [r for r in all_records if not r["fault"]]
@@ -65,10 +63,8 @@ def step_metrics(all_records: list[dict[str, Any]]) -> dict[str, float]:
 def engine_metrics(
     before: list[dict[str, Any] | None], after: list[dict[str, Any] | None], wall_s: float
 ) -> dict[str, float]:
-    """The engines' work over a step, from their counters (``Engine.counters``) read at its start
-    and end: the share of rows a decode step held, the share of busy time spent on joins (prefill),
-    the share of the step they were busy, prefixes evicted, rows prefilled again after new weights,
-    and the mean wait of a request for a row. Engines without counters are left out."""
+    """The engines' work over a step from their counters at its start and end (row occupancy, joins'
+    share of busy time, busy share, evictions, re-prefills, queue wait); engines without are left out."""
     pairs = [(b, a) for b, a in zip(before, after, strict=True) if b and a]
     if not pairs:
         return {}

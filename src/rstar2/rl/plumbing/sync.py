@@ -1,17 +1,10 @@
-"""The trainer's weights to the engines, at the run's start and after each update, by engine mode
-(``rl/plumbing/engine_mode.py``), and the proof that they serve them. Every send carries the policy version
-(the trainer's update count) and runs off the event loop, so later steps' rollouts go on meanwhile.
-
-- ``shared``: nothing to send; the engine is told its model's weights changed.
-- ``copy``: the engine loads the full state dict and must then hold it exactly, tensor by tensor.
-- ``servers``: rank 0 writes a model folder and asks every server at once to load it
-  (``reload_path``: SGLang's ``/update_weights_from_disk``, which ``rstar2 serve`` offers too; a vLLM
-  of ``rstar2 vllm`` loads it in place, ``engines/vllm.py``), retried ``reload_retries`` times; a
-  server that still has not taken it stops the run, naming each: no step trains on tokens from
-  servers on different versions. A server that states what it holds (version, a fingerprint of its
-  tensors, the parameters written) must state what was sent; and every server samples a few tokens
-  from a fixed prompt whose logprobs must match the trainer's within ``weight_check_tol`` (another
-  model is caught, one small update missed is not: a server without a fingerprint is warned about).
+"""The trainer's weights to the engines, with their policy version, and the proof that they serve
+them; off the event loop, so later steps' rollouts go on meanwhile. ``copy``: the engine must then
+hold the state dict exactly. ``servers``: rank 0 writes a model folder that every server loads at
+once (``reload_path``), retried; one that has not taken it stops the run, so no step trains on
+tokens from servers on different versions. What a server states it holds must be what was sent, and
+a sampled probe's logprobs must match the trainer's within ``weight_check_tol`` (another model is
+caught, one small update missed is not: a server without a fingerprint is warned about).
 """
 
 from __future__ import annotations
@@ -40,8 +33,7 @@ class WeightSyncError(RuntimeError):
 async def reload_server(
     engine: ServedEngine, path: Path, settings: EngineSection, version: int
 ) -> dict[str, Any]:
-    """One server loads ``path`` (policy ``version``); retried with back-off, then a
-    ``WeightSyncError`` naming it."""
+    """One server loads ``path`` as ``version``, retried with back-off, else a ``WeightSyncError``."""
     for attempt in range(settings.reload_retries + 1):
         try:
             return await engine.update_weights(str(path.resolve()), settings.reload_path, version)
@@ -54,8 +46,7 @@ async def reload_server(
 
 
 def saved_tensors(folder: Path, weights: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """The tensors a model folder holds (``save_pretrained`` leaves out tied copies): taken from
-    ``weights`` when given (only the file headers are read), else loaded from the files."""
+    """A model folder's tensors (no tied copies): from ``weights`` (only headers read), else loaded."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -90,10 +81,8 @@ async def load_into_servers(
     *,
     version: int,
 ) -> None:
-    """Every server loads the model folder as policy ``version``, all at once; each that states
-    what it now holds is checked against it. Any failure is one ``WeightSyncError`` naming every
-    server that did not take the weights: the caller stops before it trains on tokens from servers
-    on different versions."""
+    """Every server loads the folder as ``version`` at once, what each states it holds checked; any
+    failure is one ``WeightSyncError`` naming every server that did not take the weights."""
     answers = await asyncio.gather(
         *(reload_server(e, folder, settings, version) for e in engines), return_exceptions=True
     )
@@ -131,8 +120,7 @@ _UNVERIFIED: set[str] = set()  # servers already warned about (once a process)
 
 
 async def load_copy(engine: LocalEngine, weights: dict[str, torch.Tensor], version: int) -> None:
-    """An engine copy in this process loads ``weights`` as ``version`` (off the event loop) and
-    must then hold exactly what was sent."""
+    """An in-process engine copy loads ``weights`` as ``version`` and must then hold exactly them."""
 
     def load() -> float:
         sent = {k: v.to(engine.model.dtype) for k, v in weights.items()}
@@ -148,19 +136,18 @@ async def load_copy(engine: LocalEngine, weights: dict[str, torch.Tensor], versi
 
 
 def held_difference(engine: LocalEngine, sent: dict[str, torch.Tensor]) -> float:
-    """0.0 when an in-process ``engine`` holds exactly the tensors ``sent``; else the largest
-    |held - sent| of the first that differs (inf for one it does not hold:
-    ``load_state_dict(strict=False)`` skips names it does not know). Equal tensors cost one
-    comparison each, no temporaries."""
+    """0.0 when ``engine`` holds exactly ``sent`` (one comparison a tensor, no temporaries); else the
+    largest |held - sent| of the first tensor that differs (inf for one it lacks:
+    ``load_state_dict(strict=False)`` skips unknown names)."""
     with engine.paused():
         held = engine.model.state_dict()
         for name, tensor in sent.items():
-            engines = held.get(name)
-            if engines is None or engines.shape != tensor.shape:
+            own = held.get(name)
+            if own is None or own.shape != tensor.shape:
                 return float("inf")
-            tensor = tensor.to(engines.device)
-            if not torch.equal(engines, tensor):
-                return float((engines - tensor).abs().max())
+            tensor = tensor.to(own.device)
+            if not torch.equal(own, tensor):
+                return float((own - tensor).abs().max())
     return 0.0
 
 
@@ -174,8 +161,8 @@ async def probe_engines(
     seed: int,
     compute: str = "auto",
 ) -> list[float]:
-    """Mean |engine logprob - trainer logprob| over ``PROBE_TOKENS`` sampled tokens, per engine.
-    Every process calls this with its own engines (a forward under FSDP is a collective)."""
+    """Mean |engine - trainer logprob| over ``PROBE_TOKENS`` sampled tokens, per engine; every
+    process calls it with its own engines (a forward under FSDP is a collective)."""
     # ahead of every queued rollout: the trainer waits on it
     params = SamplingParams(max_new_tokens=PROBE_TOKENS, temperature=1.0, seed=seed, priority=-(2**31))
     gens = [await e.generate(list(prompt_ids), params) for e in engines]
@@ -204,8 +191,7 @@ async def publish(
     step: int,
     compute: str = "auto",
 ) -> dict[str, float]:
-    """Send the trainer's weights of policy version ``step`` to ``engines`` (of ``mode``: shared,
-    copy or servers) and check them; returns ``sync/*`` metrics."""
+    """The trainer's weights as policy version ``step`` to ``engines`` of ``mode``, checked; ``sync/*``."""
     if mode == "shared":  # the engine reads the trainer's parameters; say they changed (torch does
         for e in engines:  # not count every kind of write, e.g. through param.data)
             await asyncio.to_thread(e.invalidate, step)
