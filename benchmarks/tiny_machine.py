@@ -25,9 +25,8 @@ from rstar2.config import OptimSection
 from rstar2.recipe.corpus import tiny_corpus
 from rstar2.recipe.spec import find_recipe, load_recipe
 from rstar2.recipe.tiny_model import build_model, build_tokenizer
-from rstar2.rl.plumbing.optim import build_optimizer
+from rstar2.rl.plumbing.optim import Learner, build_optimizer
 from rstar2.rl.sft import sft_batch, sft_step
-from rstar2.rl.update import Learner
 
 PROTOTYPE_SFT_STEP_S = 0.68
 SYNTHETIC = "SFT step, batch {batch} x {length} tokens (s)"
@@ -165,9 +164,10 @@ def main() -> None:
     )
     print(f"sandbox: {calls_per_s:.1f} trivial calls/s with {args.workers} workers ({ok:.0%} correct)")
     print(f"SFT step vs the prototype's {PROTOTYPE_SFT_STEP_S} s: {step / PROTOTYPE_SFT_STEP_S:.1f}x")
-    est = tool_runs / calls_per_s + sft.steps * demo_step
+    steps = sft.run["steps"]
+    est = tool_runs / calls_per_s + steps * demo_step
     print(
-        f"demo SFT stage on this machine: ~{tool_runs:.0f} tool runs + {sft.steps} steps "
+        f"demo SFT stage on this machine: ~{tool_runs:.0f} tool runs + {steps} steps "
         f"= ~{est / 60:.1f} min (RL stages and evaluations come on top)"
     )
     if args.out:

@@ -207,6 +207,7 @@ NEUTRAL = {
     ("progress", True),
 }
 OTHER_CONCEPTS = {"enabled"}
+ALIASES = {"mode": "verify_mode", "window": "reflection_window", "floor": "min_lr_ratio", "eps": "adv_eps"}
 
 
 def _setting_defaults() -> dict[str, set]:
@@ -262,7 +263,8 @@ def test_every_default_has_one_home():
         for name, node in _written_defaults(ast.parse(path.read_text())):
             if not isinstance(node, ast.Constant) or name in OTHER_CONCEPTS or (name, node.value) in NEUTRAL:
                 continue
-            if (type(node.value), node.value) in homes.get(name, ()):
+            settings = homes.get(ALIASES.get(name, name), set()) | homes.get(name, set())
+            if (type(node.value), node.value) in settings:
                 restated.append(f"{rel}:{node.lineno} {name}={node.value!r}: use config's default")
     assert not restated, "\n".join(restated)
     # the recipe: sections by their own names, nothing beside them that a section already has

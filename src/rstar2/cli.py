@@ -52,7 +52,9 @@ def verify(
     jsonl: Path | None = typer.Option(
         None, help="JSON Lines with fields 'reference' and 'response' (optional 'label': true/false)."
     ),
-    mode: str = typer.Option("strict", help="strict: \\boxed{} inside <answer>; lenient: any final answer."),
+    mode: str = typer.Option(
+        DEFAULT_ROLLOUT.verify_mode, help="strict: \\boxed{} inside <answer>; lenient: any final answer."
+    ),
     extracted: bool = typer.Option(False, "--extracted", help="The responses are already the final answers."),
     timeout_s: float = typer.Option(2.0, "--timeout", help="Time box per check in seconds."),
     workers: int = typer.Option(0, help="Checking processes (default: up to 4)."),
@@ -373,7 +375,7 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="Continue from the run's last checkpoint."),
     out: str | None = typer.Option(None, "--out", help="Run folder (overrides run.out; recipes: runs/NAME)."),
     set_: list[str] = typer.Option(
-        [], "--set", help="Override one value: --set optim.lr=1e-5, or stages.rl-64.steps=5 (repeatable)."
+        [], "--set", help="Override one value: --set optim.lr=1e-5, or stages.rl-64.run.steps=5 (repeatable)."
     ),
     progress: bool = PROGRESS,
 ) -> None:
@@ -425,7 +427,9 @@ def demo(
     recipe: str = typer.Option("tiny", "--recipe", help="A shipped recipe's name, or a YAML path."),
     out: str | None = typer.Option(None, "--out", help="Run folder (default: runs/RECIPE)."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted demo."),
-    set_: list[str] = typer.Option([], "--set", help="Override one value: stages.sft.steps=50 (repeatable)."),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Override one value: stages.sft.run.steps=50 (repeatable)."
+    ),
     progress: bool = PROGRESS,
 ) -> None:
     """The main job on the embedded default: the tiny recipe (SFT -> RL stages) on a CPU."""
@@ -504,7 +508,7 @@ def compare_cmd(
         "async-k2, async-k4, async-k4-none).",
     ),
     set_: list[str] = typer.Option(
-        [], "--set", help="Override one value of every arm's recipe: stages.rl-192.steps=8 (repeatable)."
+        [], "--set", help="Override one value of every arm's recipe: stages.rl-192.run.steps=8 (repeatable)."
     ),
     stages: str | None = typer.Option(
         None, "--stages", help="Comma-separated RL stages of the recipe to run (default: all of them)."

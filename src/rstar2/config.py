@@ -431,7 +431,7 @@ class ConfigError(ValueError):
 
 def set_value(tree: dict[str, Any], dotted: str) -> None:
     """Apply one ``--set key.sub=value`` (the value is read as YAML). In a list of named items
-    (a recipe's ``stages``), the next key picks the item by name: ``stages.rl-1.steps=5``."""
+    (a recipe's ``stages``), the next key picks the item by name: ``stages.rl-1.run.steps=5``."""
     if "=" not in dotted:
         raise ConfigError(f"--set expects key=value (e.g. optim.lr=1e-5), got {dotted!r}")
     key, raw = dotted.split("=", 1)

@@ -3,6 +3,7 @@ broken recipe files rejected before anything runs."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -347,3 +348,32 @@ def test_paired_change_is_the_mean_per_problem_change_with_its_interval():
     assert half == pytest.approx(1.96 / 3)
     with pytest.raises(ValueError, match="both"):
         paired_change({"a": 1.0}, {"b": 1.0})
+
+
+def test_a_run_folders_recipe_from_before_the_keys_moved_is_read_with_each_key_at_home():
+    """`rstar2 compare` reads a run's own recipe.yaml; one written before the recipe became a layer
+    over the config sections (every key written, the old ones too) resolves to the same stages."""
+    from rstar2.config import ChatSection, parse_config
+    from rstar2.recipe.spec import moved_home, stage_tree
+
+    new = miniature()
+    old = copy.deepcopy(new)
+    rollout = old.pop("rollout")
+    old["chat"] = {k: v for k, v in rollout.items() if k in ChatSection.model_fields}
+    old["sandbox_workers"], old["servers"], old["sandbox"] = rollout.pop("sandbox_workers"), [], None
+    old["defaults"]["rl"]["rollout"] = {k: v for k, v in rollout.items() if k not in ChatSection.model_fields}
+    for stage in old["stages"]:
+        stage["steps"] = stage.pop("run")["steps"]
+        if "rollout" in stage:
+            stage["max_response_tokens"] = stage.pop("rollout")["max_response_tokens"]
+    sft = old["stages"][0]
+    sft["probe"], sft["stop_skill"] = sft["sft"].pop("probe"), sft["sft"].pop("stop_skill")
+    with pytest.raises(ConfigError, match="is now"):
+        parse_recipe(old)
+
+    def stages(recipe):
+        return [
+            parse_config(stage_tree(recipe, s, model_path="m", train="t", out="o")) for s in recipe.stages
+        ]
+
+    assert stages(parse_recipe(moved_home(old))) == stages(parse_recipe(new))

@@ -25,7 +25,7 @@ from ..config import parse_config, set_value
 from ..memory import peak_bytes, release_memory, reset_peak
 from ..plots import pyplot, save_figure
 from .report_card import accuracy_in, eval_dir, paired_change, percent, stage_metrics
-from .spec import DataSpec, Recipe, parse_recipe, stage_rollout, stage_tree
+from .spec import DataSpec, Recipe, moved_home, parse_recipe, stage_rollout, stage_tree
 
 DEFAULT_VARIANTS = ("roc", "grpo-kept", "grpo-all")
 # the asynchronous variants: (asynchronous.max_staleness, loss.tis_cap: None is no correction)
@@ -66,7 +66,7 @@ class Arm:
 def source_run(source: Path) -> tuple[dict[str, Any], Path]:
     """A finished recipe run's recipe (as a tree) and its last SFT stage's checkpoint."""
     try:
-        tree = yaml.safe_load((source / "recipe.yaml").read_text())
+        tree = moved_home(yaml.safe_load((source / "recipe.yaml").read_text()))
         state = json.loads((source / "recipe_state.json").read_text())
     except FileNotFoundError:
         raise ValueError(

@@ -211,8 +211,9 @@ class StageSpec(_Spec):
         foreign = [s for s in SECTIONS if getattr(self, s) and s not in config.model_fields]
         if foreign:
             raise ValueError(f"stage {self.name}: {foreign[0]}: not a setting of {self.kind} stages")
-        if self.sft.get("probe") is not None:
-            self._probe = validate(DataSpec, self.sft["probe"], f"stages.{self.name}.sft.probe")
+        if (probe := self.sft.get("probe")) is not None:  # a file of conversations, or data to build
+            probe = {"files": [probe]} if isinstance(probe, str) else probe
+            self._probe = validate(DataSpec, probe, f"stages.{self.name}.sft.probe")
         if self.ladder is not None and self.kind != "rl":
             raise ValueError(
                 f"stage {self.name}: a ladder needs a policy that already writes the format (an rl stage); "
@@ -375,6 +376,31 @@ def check_stage(recipe: Recipe, stage: StageSpec, check_paths: bool = True) -> N
             _must_exist(f"stages.{stage.name}.{key}", data)
 
 
+def moved_home(tree: dict[str, Any]) -> dict[str, Any]:
+    """A run folder's ``recipe.yaml`` written before the recipe became a layer over the config's
+    sections (it writes every key, so its old ones are there even unset), with each key where it
+    lives now; a user's file gets the refusal naming the new place instead."""
+    t = copy.deepcopy(tree)
+    defaults = t.get("defaults") or {}
+    rollout = {**(t.pop("chat", None) or {}), **(defaults.get("rl", {}).pop("rollout", None) or {})}
+    defaults.get("sft", {}).pop("chat", None)  # SFT renders with the rollout's chat keys
+    for kind in ("sft", "rl"):
+        t["model"] = {**t.get("model", {}), **(defaults.get(kind, {}).pop("model", None) or {})}
+    for key in MOVED_FROM_RECIPE:
+        value = t.pop(key, None)
+        if key == "servers" and value:
+            rollout["engine"] = {**rollout.get("engine", {}), "servers": value}
+        elif key != "servers" and value is not None:
+            rollout[key] = value
+    t["rollout"] = {**rollout, **(t.get("rollout") or {})}
+    for stage in t.get("stages", []):
+        for short, dotted in MOVED_FROM_STAGE.items():
+            if (value := stage.pop(short, None)) is not None:
+                section, key = dotted.split(".")
+                stage[section] = {**(stage.get(section) or {}), key: value}
+    return t
+
+
 def parse_recipe(tree: dict[str, Any], base: Path | None = None, check_paths: bool = True) -> Recipe:
     """A validated recipe; relative data paths are taken from ``base`` (the recipe's folder).
     ``check_paths=False`` checks only the settings (a recipe written for another machine)."""
@@ -384,8 +410,10 @@ def parse_recipe(tree: dict[str, Any], base: Path | None = None, check_paths: bo
         for data in [d for d in datas if d is not None]:
             data.files = [f if Path(f).is_absolute() or _named(f) else str(base / f) for f in data.files]
         for stage in recipe.stages:  # the probe as written, with its paths resolved too
-            if stage.probe is not None:
-                stage.sft["probe"]["files"] = stage.probe.files
+            if isinstance(written := stage.sft.get("probe"), str):
+                stage.sft["probe"] = stage.probe.files[0]
+            elif written is not None:
+                written["files"] = stage.probe.files
     for stage in recipe.stages:
         check_stage(recipe, stage, check_paths)
     if not check_paths:

@@ -4,18 +4,19 @@ or on the code environment's workers (``SandboxVerifier``)."""
 
 from __future__ import annotations
 
+from ..config import DEFAULT_ROLLOUT
 from .equivalence import Verdict, check_answer, quick_check, triage
 from .extract import Mode, extract_answer, last_boxed
 from .offload import SandboxVerifier
 from .verifier_pool import VerifierPool, default_pool, verify_batch
 
 
-def check(reference: str, response: str, *, mode: Mode = "strict") -> Verdict:
+def check(reference: str, response: str, *, mode: Mode = DEFAULT_ROLLOUT.verify_mode) -> Verdict:
     """The full verdict (answer found, path, reason, seconds) on the shared default pool."""
     return default_pool().check(reference, response, mode=mode)
 
 
-def verify_answer(reference: str, response: str, *, mode: Mode = "strict") -> bool:
+def verify_answer(reference: str, response: str, *, mode: Mode = DEFAULT_ROLLOUT.verify_mode) -> bool:
     """True iff the final answer in ``response`` equals ``reference`` (2 s time box per check)."""
     return check(reference, response, mode=mode).correct
 

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Any
 
+from ..config import DEFAULT_ROLLOUT
 from .extract import Mode, extract_answer
 from .forms import listed_numbers, matrix_cells, normalize_pair, top_level_items
 from .guards import MAX_CHARS, refuse, stray_words
@@ -134,7 +135,12 @@ def _has_letters(s: str) -> bool:
 
 
 def triage(
-    reference: str, response: str, *, mode: Mode = "strict", extracted: bool = False, fast: bool = True
+    reference: str,
+    response: str,
+    *,
+    mode: Mode = DEFAULT_ROLLOUT.verify_mode,
+    extracted: bool = False,
+    fast: bool = True,
 ) -> tuple[Verdict | None, str | None]:
     """The part of a check every caller runs locally: find the answer, try the fast path (unless
     ``fast`` is off: another scorer decides); ``(None, answer)`` when a checker must judge it under

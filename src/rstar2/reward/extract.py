@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Literal
 
 from ..chat.tags import ANSWER_CLOSE, ANSWER_OPEN
+from ..config import DEFAULT_ROLLOUT
 from .macros import matching_braces
 from .normalize import strip_delimiters
 
@@ -239,7 +240,7 @@ def _lenient_scope(text: str) -> str | None:
     return stated if stated is not None else _bare_final_number(sentence or text)
 
 
-def extract_answer(response: str, mode: Mode = "strict") -> str | None:
+def extract_answer(response: str, mode: Mode = DEFAULT_ROLLOUT.verify_mode) -> str | None:
     """The final answer as written by the model, or None when there is none to grade. ``strict``:
     only the last ``<answer>…</answer>`` block counts (a response cut before ``</answer>`` has no
     answer); inside it the last ``\\boxed{}`` wins, else the block's short text, else "answer is …",

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..config import DEFAULT_ROLLOUT
 from ..sandbox.request import ExecRequest
 from ..sandbox.result import ExecResult
 from .equivalence import Verdict, check_answer, triage
@@ -55,7 +56,7 @@ class SandboxVerifier:
     sandbox: Sandbox
     timeout_s: float = DEFAULT_TIMEOUT_S
     memory_mb: int = 1024
-    mode: Mode = "strict"
+    mode: Mode = DEFAULT_ROLLOUT.verify_mode
 
     async def check(self, reference: str, response: str, *, extracted: bool = False) -> Verdict:
         return (await self.check_many([(reference, response)], extracted=extracted))[0]

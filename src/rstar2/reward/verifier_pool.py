@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+from ..config import DEFAULT_ROLLOUT
 from ..gym import scored_by_task
 from .equivalence import Verdict, triage
 from .extract import Mode
@@ -172,7 +173,7 @@ class VerifierPool:
         workers: int | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         memory_mb: int = DEFAULT_MEMORY_MB,
-        mode: Mode = "strict",
+        mode: Mode = DEFAULT_ROLLOUT.verify_mode,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
@@ -386,7 +387,7 @@ def verify_batch(
     workers: int | None = None,
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
-    mode: Mode = "strict",
+    mode: Mode = DEFAULT_ROLLOUT.verify_mode,
     memory_mb: int = DEFAULT_MEMORY_MB,
 ) -> list[Verdict]:
     """Grade many (reference, response) pairs on ``workers`` processes; one verdict per pair."""

@@ -1,1 +1,1 @@
-"""The algorithm of GRPO-RoC: advantages, RoC's choice, the loss, batches and the staleness rules; pure functions over tensors and lists."""
+"""The algorithm of GRPO-RoC: advantages, RoC's choice, the loss, batches and the staleness rules; pure functions, no process, file or model."""
