@@ -206,7 +206,7 @@ class StageSpec(_Spec):
     _probe: DataSpec | None = PrivateAttr(None)
 
     @model_validator(mode="after")
-    def _ladder(self) -> StageSpec:
+    def _check(self) -> StageSpec:
         config = SFTConfig if self.kind == "sft" else RLConfig
         foreign = [s for s in SECTIONS if getattr(self, s) and s not in config.model_fields]
         if foreign:

@@ -334,9 +334,7 @@ class RLTrainer:
         t3 = time.perf_counter()
         self.step_no = step
         times = {"rollout": rollout_s, "update": t2 - t1, "sync": t3 - t2, "step": t3 - t0}
-        return await self.after_step(
-            step, sampled, groups, scored, kept, rows, choices, {**update, **sync}, times
-        )
+        return await self.after_step(step, sampled, groups, scored, rows, choices, {**update, **sync}, times)
 
     async def rollouts(self) -> tuple[list[int], list[list[Trajectory]]]:
         """This process's groups of the next step (indices, rollouts), started up to k updates ago."""
@@ -365,7 +363,6 @@ class RLTrainer:
         sampled: list[list[Trajectory]],
         groups: list[list[Trajectory]],
         scored: list[list[Scored]],
-        kept: list[list[Trajectory]],
         rows: list[Row],
         choices: list[GroupChoice],
         update: dict[str, float],
@@ -373,9 +370,9 @@ class RLTrainer:
     ) -> dict[str, Any]:
         """RoC's choice in each rollout's meta (for ``rstar2 view``), samples, metrics, health, the log."""
         records = []
-        for full, g, k, sc in zip(sampled, groups, kept, scored, strict=True):
+        for full, g, c, sc in zip(sampled, groups, choices, scored, strict=True):
             scores: dict[int, Scored] = {id(t): s for t, s in zip(g, sc, strict=True)}
-            kept_ids = {id(t) for t in k}
+            kept_ids = {id(g[i]) for i in c.kept}
             for t in full:
                 s, is_kept = scores.get(id(t)), id(t) in kept_ids
                 records.append(rollout_record(t, is_kept, s))
