@@ -17,7 +17,8 @@ problems (128 of its first RL stage's generator: every family, one to six relati
 never trained on: ``paraphrased``, ``transfer`` and 200 of reasoning-gym's ``gsm_symbolic``. The
 zero-shot evaluations are the same model in every run, so the runs skip them; a ``chains`` run is the
 shipped recipe with those left out, so a finished ``rstar2 demo --recipe smollm2-135m`` run of the same
-seed can stand for it (link it as OUT/chains-sSEED). The table gives each set's final
+seed can stand for it (link it as OUT/chains-sSEED; the shipped recipe evaluates the other sets after
+SFT no more, so such a run has no after-SFT figure there). The table gives each set's final
 accuracy (mean over seeds, 95% interval over seed x problem) and the change from the first variant,
 paired over (seed, problem); minutes and peak memory a run.
 """
@@ -69,6 +70,7 @@ def variant_tree(tree: dict[str, Any], variant: str, seed: int, model: str, over
         "entropy_trajectories": 0,
         "data": {"generator": held_out},
         "also": list(ALSO.values()),
+        "also_at": [sft["name"]],  # the shipped recipe evaluates them zero-shot and at the end only
     }
     if variant == "relations":  # the recipe's stages at commit 9ecfdfc, before the chains
         for stage in (sft, rl, hard):
@@ -92,12 +94,13 @@ def variant_tree(tree: dict[str, Any], variant: str, seed: int, model: str, over
 
 
 def final(folder: Path, tree: dict, label: str) -> dict[str, dict[Any, float]]:
-    """Per-problem accuracy of each set after stage ``label`` (its index in the recipe)."""
+    """Per-problem accuracy of each set evaluated after stage ``label`` (its index in the recipe)."""
     names = [s["name"] for s in tree["stages"]]
     n = names.index(label) + 1
     where = {"heldout": eval_dir(folder, n, label)}
     where |= {s: eval_dir(folder, n, f"{label}-{source_name(source)}") for s, source in ALSO.items()}
-    return {k: per_problem_accuracy(read_trajectories(sampled_trajectories(d))[0]) for k, d in where.items()}
+    where = {k: sampled_trajectories(d) for k, d in where.items()}
+    return {k: per_problem_accuracy(read_trajectories(f)[0]) for k, f in where.items() if f.exists()}
 
 
 def summarize(out: Path, plan: list[tuple[str, int, dict]], costs: dict[str, Any]) -> str:
@@ -111,7 +114,8 @@ def summarize(out: Path, plan: list[tuple[str, int, dict]], costs: dict[str, Any
         sft[v, s] = final(folder, tree, tree["stages"][0]["name"])
     ref = variants[0]
     lines = [
-        f"Seeds {', '.join(map(str, seeds))}; final accuracy (after SFT in brackets), mean over seeds, "
+        f"Seeds {', '.join(map(str, seeds))}; final accuracy (after SFT in brackets, over the runs that "
+        "evaluated it there), mean over seeds, "
         "± 95% interval over seed x problem; change from "
         f"`{ref}` paired over (seed, problem).",
         "",
@@ -127,10 +131,13 @@ def summarize(out: Path, plan: list[tuple[str, int, dict]], costs: dict[str, Any
         cells, diffs, row = [], [], {}
         for name in SETS:
             values = [x for s in seeds for x in acc[v, s][name].values()]
-            after_sft = [x for s in seeds for x in sft[v, s][name].values()]
+            after_sft = [x for s in seeds for x in sft[v, s].get(name, {}).values()]
             m, h = mean_ci95(values)
-            cells.append(f"{100 * m:.1f}% ± {100 * h:.1f} ({100 * statistics.fmean(after_sft):.1f}%)")
-            row[name] = {"final": m, "ci95": h, "after_sft": statistics.fmean(after_sft)}
+            sft_mean = statistics.fmean(after_sft) if after_sft else None
+            cells.append(
+                f"{100 * m:.1f}% ± {100 * h:.1f}" + (f" ({100 * sft_mean:.1f}%)" if after_sft else "")
+            )
+            row[name] = {"final": m, "ci95": h, "after_sft": sft_mean}
             if v == ref:
                 diffs.append("–")
                 continue

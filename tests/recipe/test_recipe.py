@@ -54,6 +54,9 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     )
     gym = "gym:calendar_arithmetic?size=2&seed=0"  # reasoning-gym, scored by its own task
     tree["eval"].update(plain_before=True, also=[str(other), gym])
+    # evaluated where asked (and always after the last stage): held-out not after rl-64, the other
+    # sets after rl-64 and not after SFT
+    tree["eval"].update(heldout_at=["start", "sft", "rl-128"], also_at=["start", "rl-64"])
     tree["stages"][2]["data"]["gym"] = {"tasks": ["leg_counting"], "size": 2}
     # rl-64 climbs the ladder: arithmetic and relation cells probed, then its problems drawn
     tree["stages"][1]["ladder"] = {"probes": 1, "samples": 2}
@@ -64,12 +67,13 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
 
     state = json.loads((out / "recipe_state.json").read_text())
     assert list(state["stages"]) == ["sft", "rl-64", "rl-128", "rl-hard"]
-    assert list(state["evals"]) == ["start", "start-plain", "sft", "rl-64", "rl-128", "rl-hard"]
+    assert list(state["evals"]) == ["start", "start-plain", "sft", "rl-128", "rl-hard"]
     assert (
         list(state["also"][str(other)])
         == list(state["also"][gym])
-        == ["start", "start-plain", "sft", "rl-hard"]
+        == ["start", "start-plain", "rl-64", "rl-hard"]
     )
+    assert not (out / "eval" / "02-rl-64").exists() and not (out / "eval" / f"01-sft-{other.stem}").exists()
     drawn = (
         out / "eval" / "04-rl-hard-gym-calendar_arithmetic" / "problems" / "trajectories.jsonl"
     ).read_text()
@@ -136,10 +140,10 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
         sum(r.get("gym", {}).get("task") == "leg_counting" for r in rl128) == 2
     )  # kept with the generator's
     text = report.read_text()
-    for name in ("start", "start-plain", "sft", "rl-64", "rl-128", "rl-hard"):
+    for name in ("start", "start-plain", "sft", "rl-128", "rl-hard"):
         assert f"| {name} |" in text
     assert f"On `{other}`:" in text
-    assert f"Change on `{other}`: from start to rl-hard:" in text and "from sft to rl-hard:" in text
+    assert f"Change on `{other}`: from start to rl-hard:" in text and "from rl-64 to rl-hard:" in text
     assert "RL (rl-64, rl-128, rl-hard) took held-out accuracy from" in text
     assert "(after sft) to" in text and "(paired over 3 problems)" in text
     assert (out / "report_steps.png").stat().st_size > 0 and (out / "report_stages.png").stat().st_size > 0
@@ -187,6 +191,28 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
 
 def tree_banned(recipe) -> list[str]:
     return recipe.rollout["banned_tokens"]
+
+
+def test_evaluation_points_default_to_every_stage_and_the_other_sets_to_start_and_sft():
+    recipe = parse_recipe(miniature())
+    points = ["start", "sft", "rl-64", "rl-128", "rl-hard"]
+    assert [recipe.evaluated_at(p) for p in points] == [
+        (True, True),
+        (True, True),
+        (True, False),
+        (True, False),
+        (True, True),
+    ]
+    tree = miniature()
+    tree["eval"].update(heldout_at=["sft"], also_at=[])
+    recipe = parse_recipe(tree)  # the last stage is always evaluated, on every set
+    assert [recipe.evaluated_at(p) for p in points] == [
+        (False, False),
+        (True, False),
+        (False, False),
+        (False, False),
+        (True, True),
+    ]
 
 
 def test_filters_and_evaluations_take_the_stage_rollout_settings():
@@ -285,6 +311,7 @@ def test_a_miniature_recipe_on_a_remote_engine(tmp_path):
         (lambda t: t["stages"][0]["data"].update(gym={"tasks": ["leg_counting"]}), "without a program"),
         (lambda t: t["eval"].update(also=["gym:leg_countin"]), "eval.also: unknown reasoning-gym tasks"),
         (lambda t: t["stages"].append(dict(t["stages"][1])), "distinct"),
+        (lambda t: t["eval"].update(heldout_at=["rl-65"]), "neither `start` nor a stage of this recipe"),
     ],
 )
 def test_a_broken_recipe_is_rejected_naming_the_key(tmp_path, change, message):

@@ -335,12 +335,17 @@ async def _evaluate(
     plain: bool = False,
 ) -> None:
     """``model`` on the held-out problems and on each ``also`` set (``eval.also``: a name and its
-    rows), once per label: each result saved in the run's state as it is done."""
+    rows) where the recipe evaluates them at that point (``eval.heldout_at``, ``eval.also_at``),
+    once per label: each result saved in the run's state as it is done."""
     from .report_card import eval_dir
 
     run.where = f"evaluation {label}"
-    todo = [(run.state["evals"], label, held_out)] if held_out else []
-    todo += [(run.state["also"][name], f"{label}-{source_name(name)}", rows) for name, rows in also.items()]
+    heldout_here, also_here = run.recipe.evaluated_at("start" if index == 0 else label)
+    todo = [(run.state["evals"], label, held_out)] if held_out and heldout_here else []
+    todo += [
+        (run.state["also"][name], f"{label}-{source_name(name)}", rows)
+        for name, rows in (also.items() if also_here else ())
+    ]
     for done, folder, rows in todo:
         if label not in done:
             done[label] = await evaluate_model(run, model, rows, eval_dir(run.out, index, folder), plain)
@@ -468,9 +473,8 @@ async def _stages(run: RecipeRun, resume: bool) -> Path:
         for n, stage in enumerate(recipe.stages, 1):
             done = run.state["stages"].get(stage.name)
             current = Path(done["checkpoint"]) if done else await _train(run, n, current, resume)
-            # a finished stage too (stopped during its evaluation); eval.also after SFT (paired in the report)
-            await _evaluate(run, stage.name, n, current, held_out, also if stage.kind == "sft" else {})
-        await _evaluate(run, recipe.stages[-1].name, len(recipe.stages), current, held_out, also)
+            # a finished stage too (stopped during its evaluation)
+            await _evaluate(run, stage.name, n, current, held_out, also)
     _final_entropy(run, current)
     return write_report(out, recipe, run.state)
 

@@ -151,6 +151,12 @@ class EvalSpec(_Spec):
     # evaluated before the first stage (also plain, with plain_before), after SFT stages and after
     # the last; their tables and paired changes are in the report
     also: list[str] = Field(default_factory=list)
+    # where the held-out problems are evaluated: `start` (with before/plain_before) and the stages
+    # after which they are (default: all), and where the `also` sets are (default: start and the SFT
+    # stages); always after the last stage. On a CPU each costs minutes, and the report's RL gain
+    # needs only the one before the first RL stage and the last
+    heldout_at: list[str] | None = None
+    also_at: list[str] | None = None
     # `rstar2 analyze entropy` of the final model on this many of its held-out trajectories (0 = off)
     entropy_trajectories: int = Field(128, ge=0)
 
@@ -287,8 +293,23 @@ class Recipe(_Spec):
             raise ValueError(
                 "give rollout.engine.servers (running engines) or vllm (one the recipe starts), not both"
             )
+        for key in ("heldout_at", "also_at"):
+            unknown = [n for n in getattr(self.eval, key) or [] if n not in ["start", *names]]
+            if unknown:
+                raise ValueError(
+                    f"eval.{key}: {unknown} is neither `start` nor a stage of this recipe {names}"
+                )
         validate(RolloutSection, self.rollout, "rollout")
         return self
+
+    def evaluated_at(self, point: str) -> tuple[bool, bool]:
+        """Whether the held-out problems, and the ``eval.also`` sets, are evaluated at ``point``
+        (``start`` or a stage's name: after it)."""
+        if point == self.stages[-1].name:
+            return True, True
+        heldout_at, also_at = self.eval.heldout_at, self.eval.also_at
+        sft = ["start", *(s.name for s in self.stages if s.kind == "sft")]
+        return heldout_at is None or point in heldout_at, point in (sft if also_at is None else also_at)
 
     @property
     def servers(self) -> list[str]:
