@@ -17,6 +17,14 @@ if ! command -v redis-server >/dev/null 2>&1; then
     (as_root systemctl disable --now redis-server >/dev/null 2>&1 || true)
 fi
 
+# chromium (Debian's): the viewer's tests open its page in a real headless browser (Playwright
+# drives this one; it downloads none of its own).
+if ! command -v chromium >/dev/null 2>&1; then
+    echo "[setup] installing chromium (apt-get)"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends chromium >/dev/null
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
     echo "[setup] creating virtual environment $VENV"
     "$PY" -m venv "$VENV"

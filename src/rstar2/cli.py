@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -534,6 +535,57 @@ def compare_cmd(
         )
     console.print(report.read_text(), markup=False)
     console.print(f"report: {report}")
+
+
+@app.command("replay")
+def replay_cmd(
+    run: Path = typer.Argument(
+        ...,
+        help="An RL run folder that kept its steps (run.keep_steps: true), e.g. a recipe's runs/NAME/02-rl-64.",
+    ),
+    step: int | None = typer.Option(None, "--step", help="Redo this step and compare it with the run."),
+    first: int | None = typer.Option(None, "--from", help="Redo steps from this one ..."),
+    last: int | None = typer.Option(None, "--to", help="... to this one; name the first that differs."),
+    set_: list[str] = typer.Option(
+        [],
+        "--set",
+        help="What-if on --step: a loss., roc. or optim. setting changed, e.g. loss.clip_high=0.2 (repeatable).",
+    ),
+    rtol: float = typer.Option(
+        0.0,
+        "--rtol",
+        min=0.0,
+        help="Count a tensor or metric within this relative tolerance of the run's as the same (0: bit for bit; for GPU runs).",
+    ),
+) -> None:
+    """Redo kept RL steps from the checkpoint before them and compare every weight, optimizer
+    tensor and metric with the run's (bit for bit, or how far apart); with --set, the step also
+    with a setting changed. The report goes to RUN/replay/ (and into `rstar2 view RUN`). Exits 1
+    when a redone step differs from the run."""
+    from .rl.replay import replay, summary, write_report
+
+    if (step is None) == (first is None and last is None) or (step is None and None in (first, last)):
+        console.print("[red]error:[/red] give --step N, or --from A --to B")
+        raise typer.Exit(2)
+    if set_ and step is None:
+        console.print("[red]error:[/red] a what-if (--set) changes one step: give --step N")
+        raise typer.Exit(2)
+    a, b = (step, step) if step is not None else (first, last)
+    name = f"step_{a}" if a == b else f"from_{a}_to_{b}"
+    if set_:
+        name += "_" + "_".join(re.sub(r"[^A-Za-z0-9._=-]", "-", o) for o in set_)
+
+    def said(result) -> None:
+        how = "the run's" if result.matches else f"DIFFERS ({len(result.differing)} tensors)"
+        console.print(f"step {result.step}: {how} ({result.seconds:.1f} s)", markup=False)
+
+    with _failures():
+        report = replay(run, a, b, list(set_), progress=said, rtol=rtol)
+    path = write_report(run, report, name)
+    typer.echo(summary(report))  # markdown tables: not wrapped to the terminal
+    typer.echo(f"report: {path} (and in `rstar2 view {run}`)")
+    if report.first_difference is not None:
+        raise typer.Exit(1)
 
 
 @app.command("view")

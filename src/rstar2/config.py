@@ -321,6 +321,9 @@ class RunSection(_Section):
     save_every: int = 10
     keep_checkpoints: int = 2
     tensorboard: bool = True
+    # a Weights & Biases project to log the metrics to as well (RUN/wandb/, offline unless WANDB_MODE
+    # says otherwise; needs rstar2[wandb])
+    wandb: str | None = None
     progress: bool = True
     init_from: str | None = None  # a checkpoint (model directory) to start from instead of model.path
     # RL: rollouts the system spoiled (engine, code environment or verifier faults) are left out of
@@ -328,6 +331,9 @@ class RunSection(_Section):
     max_fault_share: float = Field(0.5, ge=0, le=1)
     # RL: trajectories (whole groups) written to samples/ each step, for `rstar2 view`
     samples_per_step: int = 64
+    # RL: keep everything each step's update consumed and a fingerprint of what it made (kept/, a
+    # file a step), so `rstar2 replay RUN --step N` can redo any step from the checkpoint before it
+    keep_steps: bool = False
     # RL: log the mean entropy of reasoning / reflection / code / answer tokens each step; the
     # first `reflection_window` model tokens after a tool response count as reflection; 0 = off.
     reflection_window: int = Field(20, ge=0)

@@ -7,6 +7,7 @@ import copy
 import json
 
 import pytest
+import torch
 import yaml
 from typer.testing import CliRunner
 
@@ -28,7 +29,7 @@ def miniature() -> dict:
     tree["defaults"]["sft"]["run"].update(batch_size=8)
     tree["rollout"].update(samples=4, max_turns=2)
     tree["defaults"]["rl"]["roc"].update(keep=2)
-    tree["defaults"]["rl"]["run"].update(batch_size=2, save_every=1)
+    tree["defaults"]["rl"]["run"].update(batch_size=2, save_every=1, keep_steps=True)
     sft, rl1, rl2, rl3 = tree["stages"]
     sft.update(run={"steps": 2})
     sft["sft"]["probe_every"] = 1  # its stop_skill is measured, not reached
@@ -163,6 +164,17 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     assert len(warned) == len(said) and all(
         f"- warning, {w['stage']}: {w['message']}" in text for w in warned[:10]
     )
+    # every step of every RL stage redone from what it kept is the run's, bit for bit (rstar2 replay)
+    from rstar2.rl.replay import replay
+
+    for n, (name, steps) in enumerate([("rl-64", 1), ("rl-128", 2), ("rl-hard", 1)], 2):
+        threads = torch.get_num_threads()
+        try:
+            again = replay(out / f"{n:02d}-{name}", 1, steps)
+        finally:
+            torch.set_num_threads(threads)
+        assert again.first_difference is None and [s.step for s in again.steps] == list(range(1, steps + 1))
+        assert all(s.tensors for s in again.steps)
     # the final model's token entropy on its held-out trajectories, linked from the report
     assert "(entropy/entropy.md)" in text and "| reasoning |" in (out / "entropy" / "entropy.md").read_text()
     assert (out / "entropy" / "tokens.html").stat().st_size > 0

@@ -126,16 +126,13 @@ def served(other_weights, tmp_path_factory):
 def test_rl_on_a_served_engine_keeps_the_server_on_the_trainers_weights(served, tiny_dir, problems, tmp_path):
     start = httpx.get(served + "/get_server_info").json()
     out = tmp_path / "run"
-    ok(
-        cli(
-            [
-                "train",
-                str(write_config(small_rl(tiny_dir, problems, out, servers=[served]), tmp_path / "rl.yaml")),
-            ]
-        )
-    )
+    tree = small_rl(tiny_dir, problems, out, servers=[served])
+    tree["run"]["keep_steps"] = True
+    ok(cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))]))
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
+    # each step redone from what it kept (the server's tokens and log-probs) is the run's, bit for bit
+    ok(cli(["replay", str(out), "--from", "1", "--to", "2"]))
     # after each update the server sampled with the trainer's weights: its logprobs are the trainer's
     assert all(r["sync/logprob_diff"] < 1e-4 for r in rows), [r["sync/logprob_diff"] for r in rows]
     info = httpx.get(served + "/get_server_info").json()
@@ -209,9 +206,11 @@ def test_asynchronous_rl_on_two_served_engines(served, second_server, tiny_dir, 
     tree = small_rl(tiny_dir, problems, out, steps=3, servers=[served, second_server], max_staleness=1)
     tree["loss"] = {"tis_cap": 2.0}
     tree["rollout"]["top_k"] = 0  # the correction's mu is the untruncated distribution
+    tree["run"]["keep_steps"] = True
     ok(cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))]))
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
+    ok(cli(["replay", str(out), "--from", "1", "--to", "3"]))  # k = 1 on servers: bit for bit
     assert all(r["sync/logprob_diff"] < 1e-4 for r in rows)
     final = final_weights(out)
     for url in (served, second_server):

@@ -1,10 +1,12 @@
 """``rstar2 view``: one static HTML page of trajectories (tool calls, outputs, statuses, rewards,
-RoC's choice, health signs), filtered in the page (offline). All model or tool text is escaped: it
-is untrusted."""
+RoC's choice, health signs), filtered in the page (offline), and a run's replay reports. All model
+or tool text is escaped: it is untrusted."""
 
 from __future__ import annotations
 
+import contextlib
 import html
+import json
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +130,7 @@ body{font:14px/1.5 system-ui,sans-serif;margin:1.5em;max-width:80em}
 pre{white-space:pre-wrap;margin:.3em 0;padding:.4em;border-radius:4px}
 .model{background:#f5f7ff}.code{background:#f4f4f4}.out{background:#fffbe6}
 .status{color:#fff;padding:0 .4em;border-radius:3px;font-size:12px}
+table.replay{border-collapse:collapse}table.replay td,table.replay th{border:1px solid #ddd;padding:0 .5em}
 .call{margin-left:1.5em}.src{color:#888;font-size:12px}.err{color:#ad1457}
 """
 
@@ -146,7 +149,49 @@ function apply(){
 """
 
 
-def render(items: list[tuple[str, dict[str, Any]]], title: str = "rstar2 trajectories") -> str:
+def replay_html(name: str, r: dict[str, Any]) -> str:
+    """One ``rstar2 replay`` report (``RUN/replay/*.json``): each step redone, equal to the run or
+    where it differs first, and a what-if's two sides."""
+    steps = r.get("steps") or []
+    first = r.get("first_difference")
+    verdict = (
+        f"step {first} differs from the run" if first else f"{len(steps)} steps equal to the run, bit for bit"
+    )
+    rows = "".join(
+        f"<tr><td>{_e(s['step'])}</td><td>{sum(t['equal'] for t in s['tensors'].values())} of {len(s['tensors'])}</td>"
+        f"<td>{sum(m['equal'] for m in s['metrics'].values())} of {len(s['metrics'])}</td>"
+        f"<td>{'same' if s['choices_equal'] and s['advantages_equal'] else 'differ'}</td></tr>"
+        for s in steps
+    )
+    body = [
+        f"<p>from {_e(r.get('start'))} on {_e(r.get('device'))}</p>",
+        "<table class='replay'><tr><th>step</th><th>tensors equal</th><th>metrics equal</th><th>RoC</th></tr>"
+        f"{rows}</table>",
+    ]
+    differing = next((s for s in steps if s["step"] == first), None)
+    if differing:
+        names = [n for n, t in differing["tensors"].items() if not t["equal"]]
+        body.append(
+            "<ul class='differs'>" + "".join(f"<li><code>{_e(n)}</code></li>" for n in names[:20]) + "</ul>"
+        )
+    w = r.get("what_if")
+    if w:
+        cells = "".join(
+            f"<tr><td>{_e(k)}</td><td>{_e(w['as run'][k])}</td><td>{_e(w['what-if'].get(k))}</td></tr>"
+            for k in w["as run"]
+        )
+        body.append(
+            f"<p>what if {_e(', '.join(w['set']))} at step {_e(w['step'])}</p>"
+            f"<table class='replay'><tr><th></th><th>as run</th><th>what-if</th></tr>{cells}</table>"
+        )
+    return f"<section class='replay-report'><details open><summary>{_e(name)}: {_e(verdict)}</summary>{''.join(body)}</details></section>"
+
+
+def render(
+    items: list[tuple[str, dict[str, Any]]],
+    title: str = "rstar2 trajectories",
+    replays: list[tuple[str, dict[str, Any]]] = (),
+) -> str:
     options = "".join(f"<option value='{s}'>{s}</option>" for s in sorted(STATUS_COLOURS))
     correct = sum(float(d.get("reward", 0)) > 0 for _, d in items)
     shown = [health_signs(d) for _, d in items]
@@ -166,6 +211,11 @@ def render(items: list[tuple[str, dict[str, Any]]], title: str = "rstar2 traject
         "tool-use health <select id='health' onchange='apply()'><option value='all'>any</option>"
         f"<option value='healthy'>no sign</option>{health_options}</select> "
         "· showing <span id='count'></span></div>"
+        + (
+            "<h2>Replays (rstar2 replay)</h2>" + "".join(replay_html(n, r) for n, r in replays)
+            if replays
+            else ""
+        )
         + "".join(trajectory_html(i, src, d, shown[i]) for i, (src, d) in enumerate(items))
         + "</body></html>"
     )
@@ -200,5 +250,9 @@ def view(target: Path, out: Path | None = None, limit: int | None = 2000, sign: 
         rows = [d for _, d in iter_jsonl(target, strict=False) if isinstance(d, dict)]
         out.write_text(problems_page(rows[:limit], title))
     else:
-        out.write_text(render(load(files, limit, sign), title))
+        replays = []
+        for f in sorted(target.rglob("replay/*.json")) if target.is_dir() else []:
+            with contextlib.suppress(ValueError, OSError):
+                replays.append((str(f.relative_to(target)), json.loads(f.read_text())))
+        out.write_text(render(load(files, limit, sign), title, replays))
     return out

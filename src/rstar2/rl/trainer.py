@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
-import random
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -27,16 +26,16 @@ from ..problems import training_problems
 from ..rollout import health
 from ..rollout.multi_turn import CodeEnvironment, Verifier
 from ..rollout.trajectory import Trajectory
-from .algorithm.grpo import group_advantages
-from .algorithm.roc import GroupChoice, Scored, roc_counts, roc_select, score
+from .algorithm.roc import GroupChoice, Scored, roc_counts
 from .algorithm.staleness import StalenessError, check_versions, require_reported_versions, staleness_metrics
 from .plumbing import distributed as D
 from .plumbing.data import DataStream
 from .plumbing.engine_mode import PROBE_PROBLEM, TrainerEngines
 from .plumbing.feed import GroupFeed
+from .plumbing.keep import KeptStep, keeping
 from .plumbing.launch import RunError, Steps, begin, load_training, param_dtype, run_steps
 from .plumbing.step_metrics import engine_metrics, rollout_record, step_metrics
-from .update import Row, update_on_rollouts
+from .update import Row, Selection, optimizer_steps, select_rows, update_on_rollouts
 
 RewardFn = Callable[[Trajectory], float]
 
@@ -137,8 +136,7 @@ class RLTrainer:
         self.engines = TrainerEngines(cfg, self.world)
         window = cfg.run.reflection_window
         self.token_classes = TokenClasses(self.tokenizer, window) if window else None
-        updates = cfg.run.steps * cfg.optim.mini_batches * cfg.optim.epochs
-        self.run = run = load_training(cfg, start, updates, before_shard=self.engines.adopt)
+        self.run = run = load_training(cfg, start, optimizer_steps(cfg), before_shard=self.engines.adopt)
         self.model, self.log, self.step_no = run.learner.model, run.log, run.step
         self.first_step, self.first_position = run.step, run.data_position
         h = cfg.run.health
@@ -295,27 +293,15 @@ class RLTrainer:
                 t.reward = float(self.reward_fn(t))  # a custom reward sees every rollout, truncated ones too
 
         # RoC keeps G of each group's 2G, then group-normalised advantages; faults reach neither
-        groups = [[t for t in g if t.fault is None] for g in sampled]
-        r = cfg.roc
-        scored = [[score(t, r.error_penalty, r.format_penalty, r.format_turns) for t in g] for g in groups]
-        rngs = [random.Random(_seed(cfg.run.seed, step, g, 1)) for g in own]  # by group, not by process
-        choices = roc_select(scored, r, rngs)
-        kept = [[g[i] for i in c.kept] for g, c in zip(groups, choices, strict=True)]
-        advantages = group_advantages(
-            [[t.reward for t in g] for g in kept], cfg.loss.adv_eps, cfg.loss.scale_by_std
-        )
-        rows = [
-            Row(t, a, gi)
-            for gi, (g, adv) in enumerate(zip(kept, advantages, strict=True))
-            for t, a in zip(g, adv, strict=True)
-        ]
+        chosen = select_rows(sampled, own, step, cfg)
+        rows = chosen.rows
         # every token to train sampled within max_staleness updates of the policy it trains
         self._check_versions([row.trajectory for row in rows], trained_by=step - 1)
 
         t1 = time.perf_counter()
         pad = self.tokenizer.pad_token_id or 0
         update = await self.off_loop(
-            update_on_rollouts,
+            self._keeping(step, sampled, own, chosen) if cfg.run.keep_steps else update_on_rollouts,
             self.run.learner,
             rows,
             trajs[0] if trajs else stand_in(pad),  # no rows here: still in every collective
@@ -334,7 +320,23 @@ class RLTrainer:
         t3 = time.perf_counter()
         self.step_no = step
         times = {"rollout": rollout_s, "update": t2 - t1, "sync": t3 - t2, "step": t3 - t0}
-        return await self.after_step(step, sampled, groups, scored, rows, choices, {**update, **sync}, times)
+        return await self.after_step(step, sampled, chosen, {**update, **sync}, times)
+
+    def _keeping(
+        self, step: int, sampled: list[list[Trajectory]], own: list[int], chosen: Selection
+    ) -> Callable:
+        """``update_on_rollouts`` that keeps what it consumed and made (``run.keep_steps``; plumbing/keep.py)."""
+        kept = KeptStep(
+            step=step,
+            config=self.cfg.model_dump(mode="json"),
+            precision=self.run.start.precision.resolved,
+            group_ids=own,
+            groups=sampled,
+            choices=[c.kept for c in chosen.choices],
+            advantages=[r.advantage for r in chosen.rows],
+            world_size=self.world.size,
+        )
+        return keeping(update_on_rollouts, kept, self.run_dir, self.world.rank)
 
     async def rollouts(self) -> tuple[list[int], list[list[Trajectory]]]:
         """This process's groups of the next step (indices, rollouts), started up to k updates ago."""
@@ -361,16 +363,13 @@ class RLTrainer:
         self,
         step: int,
         sampled: list[list[Trajectory]],
-        groups: list[list[Trajectory]],
-        scored: list[list[Scored]],
-        rows: list[Row],
-        choices: list[GroupChoice],
+        chosen: Selection,
         update: dict[str, float],
         times: dict[str, float],
     ) -> dict[str, Any]:
         """RoC's choice in each rollout's meta (for ``rstar2 view``), samples, metrics, health, the log."""
         records = []
-        for full, g, c, sc in zip(sampled, groups, choices, scored, strict=True):
+        for full, g, c, sc in zip(sampled, chosen.groups, chosen.choices, chosen.scored, strict=True):
             scores: dict[int, Scored] = {id(t): s for t, s in zip(g, sc, strict=True)}
             kept_ids = {id(g[i]) for i in c.kept}
             for t in full:
@@ -381,7 +380,7 @@ class RLTrainer:
                 t.meta["step"] = step
         if self.world.main and self.cfg.run.samples_per_step > 0:
             self._save_samples(step, sampled)
-        metrics = {**update, **await self._metrics(step, rows, records, choices, times)}
+        metrics = {**update, **await self._metrics(step, chosen.rows, records, chosen.choices, times)}
         self.warnings = self.watch.observe(step, metrics)
         metrics["health/warnings"] = float(len(self.warnings))
         if self.world.main:

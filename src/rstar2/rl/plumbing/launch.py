@@ -99,6 +99,30 @@ def load_training(
 ) -> Training:
     """``updates``: optimizer steps of the whole run (the schedule's length). ``before_shard`` sees
     the full model before FSDP shards it (the RL trainer copies it for its engine there)."""
+    learner, step, position = load_learner(cfg, start, updates, before_shard)
+    run_dir = Path(cfg.run.out)
+    log = MetricsLog(
+        run_dir,
+        tensorboard=cfg.run.tensorboard,
+        enabled=start.world.main,
+        resume_step=step,
+        wandb=cfg.run.wandb,
+        config=cfg.model_dump(mode="json"),
+    )
+    if start.world.main:
+        (run_dir / "config.yaml").write_text(record(start.precision) + dump_config(cfg))
+    return Training(learner, step, position, log, start, run_dir, cfg.run.keep_checkpoints)
+
+
+def load_learner(
+    cfg: TrainConfig,
+    start: Start,
+    updates: int,
+    before_shard: Callable[[torch.nn.Module], None] | None = None,
+) -> tuple[Learner, int, int]:
+    """The model, optimizer and schedule as the run stands at ``start`` (restored from its checkpoint,
+    or new, with the last stage's moments where asked); its step and data position. Opens and writes
+    nothing in the run folder (``rstar2 replay`` loads a finished run's state with it)."""
     from transformers import AutoModelForCausalLM
 
     world = start.world
@@ -116,12 +140,7 @@ def load_training(
         step, position = int(state["step"]), int(state.get("data_position", 0))
     elif cfg.run.init_from and not cfg.optim.reset_optimizer:  # a new stage from the last one's checkpoint
         carry_optimizer_state(cfg.run.init_from, model, optimizer, world)
-    run_dir = Path(cfg.run.out)
-    log = MetricsLog(run_dir, tensorboard=cfg.run.tensorboard, enabled=world.main, resume_step=step)
-    if world.main:
-        (run_dir / "config.yaml").write_text(record(start.precision) + dump_config(cfg))
-    learner = Learner(model, optimizer, lr_schedule, world)
-    return Training(learner, step, position, log, start, run_dir, cfg.run.keep_checkpoints)
+    return Learner(model, optimizer, lr_schedule, world), step, position
 
 
 class RunError(RuntimeError):

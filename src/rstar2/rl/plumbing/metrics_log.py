@@ -1,10 +1,13 @@
-"""Per-step metrics: one JSON object a line in ``metrics.jsonl``, TensorBoard events, a PNG of curves.
-On resume, lines past the checkpoint (about to be redone) are dropped: each step is in it once."""
+"""Per-step metrics: one JSON object a line in ``metrics.jsonl``, TensorBoard events, Weights & Biases
+(``run.wandb``), a PNG of curves. On resume, lines past the checkpoint (about to be redone) are
+dropped: each step is in it once."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,29 @@ PLOT_KEYS = (
 )
 
 
+def open_wandb(run_dir: Path, project: str, config: dict[str, Any] | None) -> Any:
+    """A Weights & Biases run in ``RUN/wandb/``, offline unless ``WANDB_MODE`` says otherwise (a
+    training run should not wait on a network; ``wandb sync RUN/wandb/offline-run-*`` uploads it).
+    A resumed run continues the same W&B run (its id is kept in ``RUN/wandb_id``)."""
+    try:
+        import wandb
+    except ImportError:
+        raise ImportError("run.wandb needs Weights & Biases: pip install 'rstar2[wandb]'") from None
+    id_file = run_dir / "wandb_id"
+    run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
+    id_file.write_text(run_id)
+    return wandb.init(
+        project=project,
+        dir=str(run_dir),
+        id=run_id,
+        name=run_dir.name,
+        resume="allow",
+        mode=os.environ.get("WANDB_MODE", "offline"),
+        config=config,
+        settings=wandb.Settings(silent=True),
+    )
+
+
 class MetricsLog:
     def __init__(
         self,
@@ -45,10 +71,13 @@ class MetricsLog:
         tensorboard: bool = DEFAULT_RUN.tensorboard,
         enabled: bool = True,
         resume_step: int = 0,
+        wandb: str | None = DEFAULT_RUN.wandb,
+        config: dict[str, Any] | None = None,
     ):
+        """``wandb``: a W&B project to log to as well (``config``: the run's settings, shown there)."""
         self.path = Path(run_dir) / "metrics.jsonl"
         self.enabled = enabled
-        self.writer = None
+        self.writer = self.wandb = None
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -59,23 +88,33 @@ class MetricsLog:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=resume_step + 1)
+        if wandb:
+            self.wandb = open_wandb(Path(run_dir), wandb, config)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:
             return
         with self.path.open("a") as f:
             f.write(json.dumps({"step": step, **metrics}) + "\n")
+        scalars = {
+            k: v
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        }
         if self.writer is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                    self.writer.add_scalar(k, v, step)
+            for k, v in scalars.items():
+                self.writer.add_scalar(k, v, step)
             self.writer.flush()
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=step)
 
     def close(self) -> Path | None:
         if not self.enabled:
             return None
         if self.writer is not None:
             self.writer.close()
+        if self.wandb is not None:
+            self.wandb.finish()
         return plot_metrics(self.path)
 
 
