@@ -157,6 +157,16 @@ def test_what_cannot_be_replayed_says_what_is_missing(tiny_dir, data, runs, tmp_
     result = replay_cli(run, "--step", 2)  # from the run's start: steps 1 and 2 needed
     assert result.exit_code == 2 and "lacks 1" in " ".join(result.output.split()), result.output
     assert replay_cli(run, "--step", 3).exit_code == 0  # from the checkpoint after step 2
+    # the run's start gone (its model moved away): said, by path
+    path = kept_path(run, 2)
+    record = json.loads(gzip.decompress(path.read_bytes()))
+    record["config"]["model"]["path"] = str(tmp_path / "moved-away")
+    path.write_bytes(gzip.compress(json.dumps(record).encode()))
+    kept_path(run, 1).write_bytes(path.read_bytes())  # any record: only its config is read first
+    result = replay_cli(run, "--step", 2)
+    assert result.exit_code == 2 and "moved-away, which is not there any more" in " ".join(
+        result.output.split()
+    )
     with pytest.raises(ValueError, match="give steps from 1 on"):
         replay(run, 3, 2)
     result = replay_cli(run, "--from", 2)
