@@ -314,9 +314,11 @@ def test_rl_on_vllm_trains_only_its_own_policys_tokens(vllm, model_dir, problems
     tree["asynchronous"] = {"max_staleness": k}
     if k:
         tree["loss"] = {"tis_cap": 2.0}
+    tree["run"]["keep_steps"] = True
     ok(cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))]))
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
+    ok(cli(["replay", str(run_dir), "--from", "1", "--to", "3"]))  # vLLM's tokens kept: bit for bit
     assert all(r["sync/logprob_diff"] < TOL for r in rows), [r["sync/logprob_diff"] for r in rows]
     assert_versions_in_bound(run_dir, k)
     assert httpx.get(vllm + "/weight_info", headers=AUTH).json() == {"weight_version": "3"}

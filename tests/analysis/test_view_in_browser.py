@@ -49,11 +49,13 @@ def page_of_a_run(tmp_path):
         hostile(trajectory(None, 0.0)),  # a malformed call, no RoC (an evaluation's)
     ]
     (run / "samples" / "step_000001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    same = {"equal": True, "run_norm": 1.0, "replay_norm": 1.0}
-    moved = {"equal": False, "run_norm": 1.0, "replay_norm": 1.5, "max_abs": 0.25}
+    same = {"equal": True, "close": True, "run_norm": 1.0, "replay_norm": 1.0}
+    moved = {"equal": False, "close": False, "run_norm": 1.0, "replay_norm": 1.5, "max_abs": 0.25}
+    loss = {"run": 1.0, "replay": 1.0, "equal": True, "close": True}
+    differs = {**loss, "replay": 2.0, "equal": False, "close": False}
     steps = [
-        StepResult(1, {"model/w": same}, {"loss": {"run": 1.0, "replay": 1.0, "equal": True}}, True, True),
-        StepResult(2, {"model/w": moved}, {"loss": {"run": 1.0, "replay": 2.0, "equal": False}}, True, False),
+        StepResult(1, {"model/w": same}, {"loss": loss}, True, True),
+        StepResult(2, {"model/w": moved}, {"loss": differs}, True, False),
     ]
     write_report(run, Replay(str(run), "the run's start", steps, device="cpu"), "from_1_to_2")
     return view(run), rows

@@ -427,10 +427,16 @@ def test_asynchronous_rl_under_torchrun(tiny_dir, problems, tmp_path):
     tree["run"]["batch_size"] = 4
     tree["loss"] = {"tis_cap": 2.0}
     tree["rollout"]["top_k"] = 0  # the correction's mu is the untruncated distribution
+    tree["run"]["keep_steps"] = True
     ok(torchrun(2, ["train", str(write_config(tree, tmp_path / "rl.yaml"))]))
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["staleness/max"] <= 1 for r in rows)
+    # each process kept its part of every step (its shards' fingerprints); a replay says it cannot
+    kept = sorted(p.name for p in (out / "kept").iterdir())
+    assert kept == [f"step_{s:06d}{r}.json.gz" for s in (1, 2, 3) for r in ("", ".rank1")]
+    refused = cli(["replay", str(out), "--step", "1"])
+    assert refused.returncode == 2 and "replay redoes runs of one process" in " ".join(refused.stderr.split())
     # each process's engine copy is compared exactly with what was sent (no probe in its batch)
     assert all("sync/logprob_diff" not in r for r in rows)
     assert any(r["staleness/max"] == 1 for r in rows[1:])  # later steps' groups ran beside an update

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import html
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -154,9 +155,8 @@ def replay_html(name: str, r: dict[str, Any]) -> str:
     where it differs first, and a what-if's two sides."""
     steps = r.get("steps") or []
     first = r.get("first_difference")
-    verdict = (
-        f"step {first} differs from the run" if first else f"{len(steps)} steps equal to the run, bit for bit"
-    )
+    how = "bit for bit" if r.get("bit_for_bit") else f"within rtol {r.get('rtol')}"
+    verdict = f"step {first} differs from the run" if first else f"{len(steps)} steps equal to the run, {how}"
     rows = "".join(
         f"<tr><td>{_e(s['step'])}</td><td>{sum(t['equal'] for t in s['tensors'].values())} of {len(s['tensors'])}</td>"
         f"<td>{sum(m['equal'] for m in s['metrics'].values())} of {len(s['metrics'])}</td>"
@@ -190,7 +190,7 @@ def replay_html(name: str, r: dict[str, Any]) -> str:
 def render(
     items: list[tuple[str, dict[str, Any]]],
     title: str = "rstar2 trajectories",
-    replays: list[tuple[str, dict[str, Any]]] = (),
+    replays: Sequence[tuple[str, dict[str, Any]]] = (),
 ) -> str:
     options = "".join(f"<option value='{s}'>{s}</option>" for s in sorted(STATUS_COLOURS))
     correct = sum(float(d.get("reward", 0)) > 0 for _, d in items)

@@ -20,14 +20,18 @@ from typing import Any
 
 import torch
 
+from ..chat.token_classes import TokenClasses
 from ..config import ConfigError, RLConfig, parse_config
+from ..device import resolve_precision
+from ..rollout.trajectory import Trajectory
+from .algorithm.batch import Batch
 from .plumbing import distributed as D
 from .plumbing.checkpoint import list_checkpoints
 from .plumbing.keep import KeptStep, fingerprints, kept_path, kept_steps, read_kept, set_rng_state
 from .plumbing.launch import Start, load_learner, param_dtype
 from .plumbing.optim import Learner, build_optimizer
 from .plumbing.passes import logprobs_of
-from .update import optimizer_steps, rows_batch, select_rows, update_on_rollouts
+from .update import Selection, optimizer_steps, rows_batch, select_rows, stand_in, update_on_rollouts
 
 REPLAY_DIR = "replay"
 # the settings a what-if may change: the update's own (not what was sampled, or by whom)
@@ -142,23 +146,30 @@ def load_state(record: KeptStep, checkpoint: Path | None) -> State:
         raise NotReplayable(
             f"the run trained in {record.world_size} processes (torchrun): replay redoes runs of one process"
         )
-    cfg = parse_config(record.config)
+    cfg = config_of(record)
     world = D.init_world(cfg.model.device)
     path = str(checkpoint or cfg.run.init_from or cfg.model.path)
     if not Path(path).exists():
         raise NotReplayable(f"the run started from {path}, which is not there any more")
-    from ..device import resolve_precision
-
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or path)
     start = Start(world, tokenizer, path, checkpoint, resolve_precision(world.device, record.precision))
     updates = optimizer_steps(cfg)
-    learner, _, _ = load_learner(cfg, start, updates)
+    learner, _, _ = load_learner(cfg, start, updates, fit=False)  # micro-batches as the run fitted them
     ref = None
     if cfg.loss.kl_coef:
         ref_path = cfg.run.init_from or cfg.model.path
         ref = AutoModelForCausalLM.from_pretrained(ref_path, dtype=param_dtype(cfg)).to(world.device).eval()
         ref.requires_grad_(False)
     return State(cfg, learner, tokenizer, ref, updates)
+
+
+def config_of(record: KeptStep, overrides: list[str] | tuple[str, ...] = ()) -> RLConfig:
+    """The step's config, its relative paths taken from where the run ran."""
+    tree = copy.deepcopy(record.config)
+    for section, key in (("model", "path"), ("model", "tokenizer"), ("run", "init_from")):
+        if tree[section].get(key):
+            tree[section][key] = str(Path(record.cwd) / tree[section][key])  # an absolute one stays
+    return parse_config(tree, overrides)
 
 
 def snapshot(learner: Learner) -> dict[str, Any]:
@@ -169,63 +180,64 @@ def snapshot(learner: Learner) -> dict[str, Any]:
     }
 
 
-def restore(state: State, saved: dict[str, Any], optim_cfg: Any) -> None:
-    """``saved`` back into the model; the optimizer and schedule rebuilt with ``optim_cfg`` (the run's,
-    or a what-if's) around the saved moments and step count, as a new stage carries a checkpoint's."""
+def restore(state: State, saved: dict[str, Any], optim_cfg: Any, ran: Any) -> None:
+    """``saved`` back into the model, optimizer and schedule. A what-if's other ``optim_cfg``: its
+    settings (betas, weight decay, the schedule and its lr at the saved step count) over the saved
+    moments, as a new stage carries a checkpoint's (``ran``: the run's optimizer settings)."""
     model = state.learner.model
     model.load_state_dict(saved["model"])
     optimizer, schedule = build_optimizer(model, optim_cfg, state.updates)
-    settings = [
+    mine = [
         {k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")}
         for g in optimizer.param_groups
     ]
     optimizer.load_state_dict(copy.deepcopy(saved["optimizer"]))
-    epoch = saved["scheduler"]["last_epoch"]
-    schedule.last_epoch = epoch
-    lrs = [base * fn(epoch) for base, fn in zip(schedule.base_lrs, schedule.lr_lambdas, strict=True)]
-    for group, own, lr in zip(optimizer.param_groups, settings, lrs, strict=True):
-        group.update(own)
-        group["lr"] = lr
-    schedule._last_lr = lrs
+    schedule.load_state_dict(copy.deepcopy(saved["scheduler"]))  # the schedule's function is optim_cfg's
+    if optim_cfg != ran:
+        schedule.base_lrs = [optim_cfg.lr] * len(schedule.base_lrs)
+        for group, own, fn in zip(optimizer.param_groups, mine, schedule.lr_lambdas, strict=True):
+            group.update(own, initial_lr=optim_cfg.lr, lr=optim_cfg.lr * fn(schedule.last_epoch))
     state.learner = Learner(model, optimizer, schedule, state.learner.world)
 
 
 # -- one step -----------------------------------------------------------------------------------
-def redo(state: State, record: KeptStep, cfg: RLConfig | None = None) -> tuple[dict[str, float], list]:
-    """Step ``record.step``'s update as the run did it (``cfg``: with other settings); its metrics
-    and the rows it trained."""
-    from ..chat.token_classes import TokenClasses
-    from .trainer import stand_in
-
-    cfg = cfg or state.cfg
+def redo(state: State, record: KeptStep, cfg: RLConfig | None = None) -> tuple[dict[str, float], Selection]:
+    """Step ``record.step``'s update as the run did it (its own config; ``cfg``: other settings), in
+    the threads and from the random state the run's update had; its metrics and RoC's selection."""
+    cfg = cfg or config_of(record)
     torch.set_num_threads(record.threads)
     set_rng_state(record.rng, state.learner.world.device)
     chosen = select_rows(record.groups, record.group_ids, record.step, cfg)
-    trajs = [t for g in record.groups for t in g]
-    args = {**record.args, "compute": record.precision}
     window = cfg.run.reflection_window
     out = update_on_rollouts(
         state.learner,
         chosen.rows,
-        trajs[0] if trajs else stand_in(args["pad_id"]),
+        _stand_in(record),
         optim=cfg.optim,
         loss=cfg.loss,
         ref_model=state.ref_model,
         token_classes=TokenClasses(state.tokenizer, window) if window else None,
-        **args,
+        compute=record.precision,
+        **record.args,
     )
     state.learner.model.eval()
     return out, chosen
 
 
+def _stand_in(record: KeptStep) -> Trajectory:
+    trajs = [t for g in record.groups for t in g]
+    return trajs[0] if trajs else stand_in(record.args["pad_id"])
+
+
 def compare(
-    state: State, record: KeptStep, out: dict[str, float], chosen: Any, run_dir: Path, rtol: float = 0.0
+    state: State, record: KeptStep, out: dict[str, float], chosen: Selection, run_dir: Path, rtol: float = 0.0
 ) -> StepResult:
     """The state after a redone step against the run's fingerprints (and its checkpoint, where it
     saved one then). ``rtol`` > 0 (a GPU's replay): a tensor whose bits differ but whose norm and
     largest difference are within ``rtol`` of the run's counts as close."""
     now = fingerprints(state.learner.model, state.learner.optimizer)
-    saved = _saved_weights(run_dir, record.step)
+    differ = any(now.get(name, [None])[0] != digest for name, (digest, _) in record.after.items())
+    saved = _saved_weights(run_dir, record.step) if differ else {}
     tensors: dict[str, dict[str, Any]] = {}
     params = dict(state.learner.model.named_parameters())
     for name, (digest, norm) in record.after.items():
@@ -311,34 +323,27 @@ def replay(
     run_dir = Path(run_dir)
     last = first if last is None else last
     checkpoint, steps = plan(run_dir, first, last)
-    records = {}
-
-    def record(step: int) -> KeptStep:
-        if step not in records:
-            records.clear()
-            records[step] = read_kept(run_dir, step)
-        return records[step]
-
-    state = load_state(record(steps[0]), checkpoint)
+    record = read_kept(run_dir, steps[0])
+    state = load_state(record, checkpoint)
     report = Replay(
         str(run_dir),
         f"checkpoint {checkpoint.name}" if checkpoint else "the run's start",
         device=str(state.learner.world.device),
         rtol=rtol,
     )
-    for step in steps[:-1] if overrides else steps:
+    for step in steps:
+        record = record if record.step == step else read_kept(run_dir, step)
         t0 = time.perf_counter()
-        out, chosen = redo(state, record(step))
-        result = compare(state, record(step), out, chosen, run_dir, rtol)
+        if overrides and step == last:
+            report.what_if, result = what_if(state, record, overrides, run_dir, rtol)
+        else:
+            result = compare(state, record, *redo(state, record), run_dir, rtol)
         result.seconds = time.perf_counter() - t0
         report.steps.append(result)
         if progress:
             progress(result)
         if not result.matches:
-            return report
-    if overrides:
-        report.what_if, as_run = what_if(state, record(steps[-1]), overrides, run_dir, rtol)
-        report.steps.append(as_run)
+            break
     return report
 
 
@@ -348,19 +353,19 @@ def what_if(
     """Step ``record.step`` redone from the same state as it ran and with ``overrides``: the
     update's metrics side by side, and how far each trained token's probability moved; and the
     step as it ran compared with the run."""
-    changed = parse_config(record.config, overrides)
+    ran, changed = config_of(record), config_of(record, overrides)
     if changed.loss.kl_coef and state.ref_model is None:
         raise ConfigError("a what-if with loss.kl_coef needs the reference model the run did not load")
     saved = snapshot(state.learner)
-    tokens = _trained_tokens(state, record)
+    tokens = _trained_tokens(state, record, ran)
     passes = {
         "compute": record.precision,
         "temperature": record.args["temperature"],
         "banned": record.args["banned"],
     }
     sides, as_run = {}, None
-    for name, cfg in (("what-if", changed), ("as run", state.cfg)):
-        restore(state, saved, cfg.optim)
+    for name, cfg in (("what-if", changed), ("as run", ran)):
+        restore(state, saved, cfg.optim, ran.optim)
         before = logprobs_of(state.learner.model, tokens, cfg.optim.micro_batch_tokens, **passes)
         out, chosen = redo(state, record, cfg)
         if name == "as run":  # the state the run went on from, checked
@@ -369,7 +374,7 @@ def what_if(
         sides[name] = {
             **{k: out[k] for k in COMPARED if k in out},
             "rows": len(chosen.rows),
-            **_ratio_stats(after - before, tokens.mask.bool(), cfg),
+            **_ratio_stats(after - before, tokens.mask.bool(), ran),
         }
     return {
         "step": record.step,
@@ -379,21 +384,11 @@ def what_if(
     }, as_run
 
 
-def _trained_tokens(state: State, record: KeptStep):
+def _trained_tokens(state: State, record: KeptStep, cfg: RLConfig) -> Batch:
     """The tokens the step trained as it ran: the ratio of both sides is measured on the same ones."""
-    chosen = select_rows(record.groups, record.group_ids, record.step, state.cfg)
-    trajs = [t for g in record.groups for t in g]
+    chosen = select_rows(record.groups, record.group_ids, record.step, cfg)
     pad = record.args["pad_id"]
-    from .trainer import stand_in
-
-    return rows_batch(
-        chosen.rows,
-        trajs[0] if trajs else stand_in(pad),
-        pad,
-        state.cfg.loss.aggregation,
-        None,
-        state.learner.world,
-    )
+    return rows_batch(chosen.rows, _stand_in(record), pad, cfg.loss.aggregation, None, state.learner.world)
 
 
 def _ratio_stats(log_ratio: torch.Tensor, mask: torch.Tensor, cfg: RLConfig) -> dict[str, float]:
@@ -418,6 +413,7 @@ def write_report(run_dir: str | Path, report: Replay, name: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     data = asdict(report)
     data["first_difference"] = first.step if (first := report.first_difference) else None
+    data["bit_for_bit"] = all(s.bit_for_bit for s in report.steps)
     (folder / f"{name}.json").write_text(json.dumps(data, indent=2))
     path = folder / f"{name}.md"
     path.write_text(summary(report) + "\n")

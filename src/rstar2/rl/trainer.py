@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -35,7 +36,7 @@ from .plumbing.feed import GroupFeed
 from .plumbing.keep import KeptStep, keeping
 from .plumbing.launch import RunError, Steps, begin, load_training, param_dtype, run_steps
 from .plumbing.step_metrics import engine_metrics, rollout_record, step_metrics
-from .update import Row, Selection, optimizer_steps, select_rows, update_on_rollouts
+from .update import Row, Selection, optimizer_steps, seed_of, select_rows, stand_in, update_on_rollouts
 
 RewardFn = Callable[[Trajectory], float]
 
@@ -52,10 +53,6 @@ def load_reward(spec: str) -> RewardFn:
     if not callable(fn):
         raise ValueError(f"reward {spec!r} is not callable")
     return fn
-
-
-def _seed(*parts: int) -> int:
-    return hash(tuple(parts)) % (2**31 - 1)
 
 
 def _say(line: str) -> None:
@@ -98,11 +95,6 @@ def check_faults(trajs: list[Trajectory], cfg: RLConfig, world: D.World) -> None
             f"{int(n_failed)} of {int(n_all)} rollouts failed (more than run.max_fault_share="
             f"{cfg.run.max_fault_share}); the first: {first_cause(failed, world)}"
         )
-
-
-def stand_in(pad: int) -> Trajectory:
-    """A process without problems this step still joins every collective, with a zero-weight row."""
-    return Trajectory("", None, [pad], [pad], [0], [0.0])
 
 
 class RLTrainer:
@@ -235,7 +227,7 @@ class RLTrainer:
                 "problem": problem["problem"],
                 "answer": None if self.reward_fn else str(problem["answer"]),
                 "gym": problem.get("gym"),
-                "seed": _seed(cfg.run.seed, step, g, k),
+                "seed": seed_of(cfg.run.seed, step, g, k),
                 "priority": step,  # an engine short of rows serves earlier steps first
                 "meta": {"group": g, "sample": k},
             }
@@ -328,6 +320,7 @@ class RLTrainer:
         """``update_on_rollouts`` that keeps what it consumed and made (``run.keep_steps``; plumbing/keep.py)."""
         kept = KeptStep(
             step=step,
+            cwd=os.getcwd(),  # where the config's relative paths start
             config=self.cfg.model_dump(mode="json"),
             precision=self.run.start.precision.resolved,
             group_ids=own,

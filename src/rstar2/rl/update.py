@@ -72,9 +72,22 @@ def optimizer_steps(cfg: RLConfig) -> int:
     return cfg.run.steps * cfg.optim.mini_batches * cfg.optim.epochs
 
 
+def seed_of(*parts: int) -> int:
+    """A seed for (run seed, step, group, ...): sampling and RoC's choices are redone alike wherever
+    a group ran, on a resumed run, and in ``rstar2 replay``."""
+    return hash(tuple(parts)) % (2**31 - 1)
+
+
 def roc_rng(seed: int, step: int, group: int) -> random.Random:
     """RoC's random choices in group ``group`` (its index in the step, over all processes) of ``step``."""
-    return random.Random(hash((seed, step, group, 1)) % (2**31 - 1))
+    return random.Random(seed_of(seed, step, group, 1))
+
+
+def stand_in(pad: int) -> Trajectory:
+    """A process without problems this step still joins every collective, with a zero-weight row."""
+    from ..rollout.trajectory import Trajectory
+
+    return Trajectory("", None, [pad], [pad], [0], [0.0])
 
 
 def select_rows(

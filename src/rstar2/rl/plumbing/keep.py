@@ -28,7 +28,7 @@ from ...rollout.trajectory import Trajectory
 KEPT_DIR = "kept"
 # update_on_rollouts' arguments that the config does not hold (the tokenizer's pad id, the ids the
 # engine was told to ban) or that the trainer derives from it
-PLAIN_ARGS = ("pad_id", "compute", "temperature", "banned", "off_policy")
+PLAIN_ARGS = ("pad_id", "temperature", "banned", "off_policy")
 
 
 def kept_path(run_dir: str | Path, step: int) -> Path:
@@ -45,6 +45,7 @@ def kept_steps(run_dir: str | Path) -> list[int]:
 # -- fingerprints -------------------------------------------------------------------------------
 def fingerprint(t: torch.Tensor) -> list[Any]:
     """[digest of the tensor's bytes, its L2 norm]: the digest says equal or not, the norm how far."""
+    t = t.to_local() if hasattr(t, "to_local") else t  # FSDP: this process's shard
     x = t.detach().to("cpu").contiguous().reshape(-1)
     digest = hashlib.blake2b(x.view(torch.uint8).numpy(), digest_size=8).hexdigest() if x.numel() else ""
     return [digest, float(x.float().norm()) if x.is_floating_point() else float(x.sum())]
@@ -87,6 +88,7 @@ class KeptStep:
     """One step's record; ``keeping`` fills in what only the update's thread knows."""
 
     step: int
+    cwd: str  # where the config's relative paths start
     config: dict[str, Any]  # the RL config as this step trained
     precision: str  # what the passes computed in: bf16 | fp32
     group_ids: list[int]

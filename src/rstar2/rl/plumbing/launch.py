@@ -119,10 +119,12 @@ def load_learner(
     start: Start,
     updates: int,
     before_shard: Callable[[torch.nn.Module], None] | None = None,
+    fit: bool = True,
 ) -> tuple[Learner, int, int]:
     """The model, optimizer and schedule as the run stands at ``start`` (restored from its checkpoint,
     or new, with the last stage's moments where asked); its step and data position. Opens and writes
-    nothing in the run folder (``rstar2 replay`` loads a finished run's state with it)."""
+    nothing in the run folder (``rstar2 replay`` loads a finished run's state with it, ``fit=False``:
+    the micro-batches as the run fitted them, whatever memory is free now)."""
     from transformers import AutoModelForCausalLM
 
     world = start.world
@@ -132,7 +134,8 @@ def load_learner(
     if before_shard is not None:
         before_shard(model)
     model = D.shard(model, world)
-    fit_to_memory(cfg, model.config.vocab_size, world)
+    if fit:
+        fit_to_memory(cfg, model.config.vocab_size, world)
     optimizer, lr_schedule = build_optimizer(model, cfg.optim, updates)
     step = position = 0
     if start.checkpoint is not None:  # resuming this run: everything as it was
