@@ -33,7 +33,9 @@ from rstar2.rl.trainer import RLTrainer
 
 
 def arm(config: Path, out: Path, steps: int, keep: bool) -> dict:
-    cfg = load_config(config, [f"run.out={out}", f"run.steps={steps}", "run.save_every=1", "run.progress=false"])
+    cfg = load_config(
+        config, [f"run.out={out}", f"run.steps={steps}", "run.save_every=1", "run.progress=false"]
+    )
     cfg.run.keep_steps = keep
     threads = torch.get_num_threads()
     t0 = time.perf_counter()
@@ -64,7 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     arms = []
     for i, keep in enumerate([False, True, True, False]):
         print(f"[bench] arm {i + 1}/4: keep {'on' if keep else 'off'}", file=sys.stderr, flush=True)
-        arms.append(arm(args.config, args.out / f"arm{i + 1}-{'keep' if keep else 'plain'}", args.steps, keep))
+        arms.append(
+            arm(args.config, args.out / f"arm{i + 1}-{'keep' if keep else 'plain'}", args.steps, keep)
+        )
     kept_run = args.out / "arm3-keep"
     t0 = time.perf_counter()
     again = replay(kept_run, args.steps)
