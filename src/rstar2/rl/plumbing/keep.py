@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import gzip
-import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import xxhash
 
 from ...rollout.trajectory import Trajectory
 
@@ -47,7 +47,7 @@ def fingerprint(t: torch.Tensor) -> list[Any]:
     """[digest of the tensor's bytes, its L2 norm]: the digest says equal or not, the norm how far."""
     t = t.to_local() if hasattr(t, "to_local") else t  # FSDP: this process's shard
     x = t.detach().to("cpu").contiguous().reshape(-1)
-    digest = hashlib.blake2b(x.view(torch.uint8).numpy(), digest_size=8).hexdigest() if x.numel() else ""
+    digest = xxhash.xxh3_128_hexdigest(x.view(torch.uint8).numpy()) if x.numel() else ""
     return [digest, float(x.float().norm()) if x.is_floating_point() else float(x.sum())]
 
 
