@@ -6,7 +6,7 @@ The config is an RL stage as a recipe ran it (``RUN/NN-NAME/config.yaml``: the S
 rl-192 from its SFT checkpoint). Arms run that stage for ``--steps`` steps from the same start, keep
 off and on, in the order off, on, on, off (each order's drift cancels in the mean); the table gives
 seconds per step and per update, with the keep-on arms' own cost measured inside the update's
-thread (the fingerprints) and around it (the file), and the kept size per step. Then the last step
+thread (the fingerprints), and the kept size per step. Then the last step
 of a keep-on arm is replayed from the checkpoint before it: load, redo, compare, against the
 update time the run logged for that step.
 """

@@ -36,3 +36,12 @@ def tool_caller(tiny_dir, tmp_path_factory):
     finally:
         torch.set_num_threads(threads)
     return latest_checkpoint(root / "run")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A folder with ``train.jsonl``: twelve addition problems (the asynchronous and replay runs')."""
+    root = tmp_path_factory.mktemp("additions")
+    rows = [{"problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(12)]
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root

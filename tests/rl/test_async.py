@@ -23,14 +23,6 @@ from rstar2.rl.trainer import RLTrainer
 from tests.rl.test_trainer import place, rl_config
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("async")
-    rows = [{"problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(12)]
-    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return root
-
-
 def _config(tiny_dir, root, out, steps=3, **rollout):
     tree = place(rl_config(tiny_dir, root / "train.jsonl", root / out), **rollout)
     tree["run"].update(steps=steps, save_every=steps)

@@ -21,14 +21,6 @@ from rstar2.rl.replay import replay
 from .test_async import _config, _train
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("replay")
-    rows = [{"problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(12)]
-    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return root
-
-
 def kept_run(tiny_dir, data, name: str, k: int, keep: bool = True) -> Path:
     cfg = _config(tiny_dir, data, name, steps=3, max_staleness=k)
     cfg.run.keep_steps, cfg.run.save_every = keep, 2  # checkpoints after steps 2 and 3
