@@ -6,9 +6,11 @@ The config is an RL stage as a recipe ran it (``RUN/NN-NAME/config.yaml``: the S
 rl-192 from its SFT checkpoint). Arms run that stage for ``--steps`` steps from the same start, keep
 off and on, in the order off, on, on, off (each order's drift cancels in the mean); the table gives
 seconds per step and per update, with the keep-on arms' own cost measured inside the update's
-thread (the fingerprints), and the kept size per step. Then the last step
-of a keep-on arm is replayed from the checkpoint before it: load, redo, compare, against the
-update time the run logged for that step.
+thread (the fingerprints), and the kept size per step. Then the last step of a keep-on arm is
+replayed as a user does, ``rstar2 replay RUN --step N`` in a fresh process: the command's seconds
+(imports and loading included) and the redo's (RoC, the update, the fingerprints, the comparison),
+against the update time the run logged for that step. ``--reuse`` replays the arms already in
+``--out`` again.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,7 +31,7 @@ from rich.table import Table
 from rstar2.config import load_config
 from rstar2.rl.plumbing.keep import kept_steps, read_kept
 from rstar2.rl.plumbing.metrics_log import read_metrics
-from rstar2.rl.replay import kept_size, replay
+from rstar2.rl.replay import kept_size
 from rstar2.rl.trainer import RLTrainer
 
 
@@ -61,18 +64,27 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--config", type=Path, required=True, help="an RL stage's config.yaml")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("runs/bench-replay"))
+    ap.add_argument("--reuse", action="store_true", help="replay the arms of an earlier run in --out")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    arms = []
-    for i, keep in enumerate([False, True, True, False]):
-        print(f"[bench] arm {i + 1}/4: keep {'on' if keep else 'off'}", file=sys.stderr, flush=True)
-        arms.append(
-            arm(args.config, args.out / f"arm{i + 1}-{'keep' if keep else 'plain'}", args.steps, keep)
-        )
+    if args.reuse:
+        arms = json.loads((args.out / "replay-bench.json").read_text())["arms"]
+    else:
+        arms = []
+        for i, keep in enumerate([False, True, True, False]):
+            print(f"[bench] arm {i + 1}/4: keep {'on' if keep else 'off'}", file=sys.stderr, flush=True)
+            arms.append(
+                arm(args.config, args.out / f"arm{i + 1}-{'keep' if keep else 'plain'}", args.steps, keep)
+            )
     kept_run = args.out / "arm3-keep"
     t0 = time.perf_counter()
-    again = replay(kept_run, args.steps)
+    command = [sys.executable, "-m", "rstar2", "replay", str(kept_run), "--step", str(args.steps)]
+    done = subprocess.run(command, capture_output=True, text=True)
     replay_s = time.perf_counter() - t0
+    if done.returncode != 0:
+        sys.exit(f"rstar2 replay failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    again = json.loads((kept_run / "replay" / f"step_{args.steps}.json").read_text())
+    redo_s = again["steps"][-1]["seconds"]
     logged = read_metrics(kept_run / "metrics.jsonl")[-1]
 
     def mean(key: str, keep: bool) -> float:
@@ -91,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     table.add_row(
         f"replay of step {args.steps} (from checkpoint {args.steps - 1})",
         "",
-        f"{replay_s:.1f} s (redo {again.steps[-1].seconds:.1f} s)",
+        f"{replay_s:.1f} s (redo {redo_s:.1f} s)",
         f"run's update {logged['time/update_s']:.1f} s",
     )
     Console().print(table)
@@ -100,8 +112,8 @@ def main(argv: list[str] | None = None) -> None:
         "cpu": torch.backends.cpu.get_cpu_capability(),
         "arms": arms,
         "replay_s": replay_s,
-        "replay_redo_s": again.steps[-1].seconds,
-        "replay_equal": again.first_difference is None,
+        "replay_redo_s": redo_s,
+        "replay_equal": done.returncode == 0,
         "run_update_s": logged["time/update_s"],
     }
     (args.out / "replay-bench.json").write_text(json.dumps(result, indent=2))

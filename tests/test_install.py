@@ -71,3 +71,4 @@ def test_the_installed_package_runs_the_demo_from_another_directory(tmp_path):
         work / "run" / "04-rl-hard" / "metrics.jsonl"
     ).is_file()
     assert "held-out accuracy" in run.stdout + run.stderr
+    assert "it/s]" not in run.stderr  # --no-progress: no library's bar either

@@ -136,7 +136,18 @@ def rollout_settings(args: dict, preset: dict):
 
 
 API_KEY = sandbox_commands.API_KEY
-PROGRESS = typer.Option(True, "--progress/--no-progress", help="Progress bars.")
+
+
+def _bars(progress: bool) -> bool:
+    """--no-progress silences the libraries' bars too (transformers' GGUF conversion and shard
+    writing, in this process and its children): tqdm reads TQDM_DISABLE when it is first imported,
+    which the CLI has not done yet when it parses its options."""
+    if not progress:
+        os.environ["TQDM_DISABLE"] = "1"
+    return progress
+
+
+PROGRESS = typer.Option(True, "--progress/--no-progress", help="Progress bars.", callback=_bars)
 WEIGHTS_FROM = typer.Option(
     [],
     "--weights-from",
@@ -555,7 +566,8 @@ def replay_cmd(
         0.0,
         "--rtol",
         min=0.0,
-        help="Count a tensor or metric within this relative tolerance of the run's as the same (0: bit for bit; for GPU runs).",
+        help="Count a tensor or metric within this relative tolerance of the run's as the same (0: bit for bit, "
+        "as CPU and same-GPU replays are; for a replay on another GPU model or CUDA library).",
     ),
 ) -> None:
     """Redo kept RL steps from the checkpoint before them and compare every weight, optimizer

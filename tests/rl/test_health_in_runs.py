@@ -85,6 +85,7 @@ def test_a_run_asked_to_stop_on_health_stops_through_the_cli_saying_why(tiny_dir
     assert "RL step 2: stopped by run.health: no tool call in 100% of rollouts" in r.stderr, r.stderr
     assert "run.health.no_call = 0.5 for 2 steps in a row" in r.stderr
     assert "warning: tool-use health, step 1" in r.stderr
+    assert "it/s]" not in r.stderr  # --no-progress: no library's bar either (transformers' shard writing)
     run = tmp_path / "run"
     assert latest_checkpoint(run).name == "step-000002"  # saved before stopping
     assert len(read_metrics(run / "metrics.jsonl")) == 2
