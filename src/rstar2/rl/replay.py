@@ -233,8 +233,8 @@ def compare(
     state: State, record: KeptStep, out: dict[str, float], chosen: Selection, run_dir: Path, rtol: float = 0.0
 ) -> StepResult:
     """The state after a redone step against the run's fingerprints (and its checkpoint, where it
-    saved one then). ``rtol`` > 0 (a replay on another GPU model or library): a tensor whose bits differ but whose norm and
-    largest difference are within ``rtol`` of the run's counts as close."""
+    saved one then). ``rtol`` > 0 (a replay on another GPU model or library): a tensor whose bits
+    differ but whose norm and largest difference are within ``rtol`` of the run's counts as close."""
     now = fingerprints(state.learner.model, state.learner.optimizer)
     differ = any(now.get(name, [None])[0] != digest for name, (digest, _) in record.after.items())
     saved = _saved_weights(run_dir, record.step) if differ else {}
