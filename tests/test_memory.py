@@ -68,3 +68,29 @@ def test_training_lowers_the_micro_batch_where_memory_is_short_and_says_so(tmp_p
     assert "optim.micro_batch_tokens 16384 would hold ~24 GiB" in capsys.readouterr().out
     launch.fit_to_memory(cfg, 49152, LOCAL)  # fitted already: nothing said
     assert cfg.optim.micro_batch_tokens == 1024 and not capsys.readouterr().out
+
+
+def test_resident_gib_follows_an_allocation_and_keeps_its_peak():
+    """Each training step logs ``memory/rss_gib`` and ``memory/peak_gib``: 256 MB touched raise both,
+    and once freed (and trimmed) the current size falls while the peak stays."""
+    script = """
+import json, torch
+from rstar2.memory import reset_peak, resident_gib, trim_heap
+reset_peak()
+start = resident_gib()
+block = torch.ones(256 << 20, dtype=torch.uint8)
+held = resident_gib()
+del block
+trim_heap()
+print(json.dumps([start, held, resident_gib()]))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    start, held, freed = json.loads(out.stdout)
+    gib = 256 / 1024
+    assert held["memory/rss_gib"] - start["memory/rss_gib"] > 0.9 * gib
+    assert (
+        held["memory/peak_gib"] >= held["memory/rss_gib"]
+        and held["memory/peak_gib"] - start["memory/peak_gib"] > 0.9 * gib
+    )
+    assert held["memory/rss_gib"] - freed["memory/rss_gib"] > 0.9 * gib  # handed back
+    assert freed["memory/peak_gib"] >= held["memory/peak_gib"] - 1e-3  # the peak is kept

@@ -70,6 +70,15 @@ def peak_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
 
 
+def resident_gib() -> dict[str, float]:
+    """This process's resident memory now and its peak, in GiB: logged with every training step, so
+    a long run's metrics show where its peak was reached (a recipe's stages share one process)."""
+    out = {"memory/peak_gib": peak_bytes() / 2**30}
+    if (rss := _proc_bytes("/proc/self/status", "VmRSS:")) is not None:
+        out["memory/rss_gib"] = rss / 2**30
+    return out
+
+
 # fp32 copies of a micro-batch's logits alive at the update's peak (logits, log-softmax,
 # probabilities for the entropy, and their gradients)
 LOGIT_COPIES = 8

@@ -121,3 +121,40 @@ def test_compare_runs_every_arm_and_summarizes_their_own_numbers(source, tmp_pat
         [*RSTAR2, "compare", str(tmp_path)], capture_output=True, text=True, timeout=300, env=wide
     )
     assert bad.returncode == 2 and "not a recipe run folder" in bad.stderr
+
+
+def test_the_recipe_runs_benchmark_pairs_two_runs_problem_by_problem(source, tmp_path):
+    """``benchmarks/recipe_runs.py``: one phase per evaluation and stage, and each evaluation's change
+    against the first run paired over its problems (here: the copy has one held-out problem's
+    samples all turned the other way)."""
+    import shutil
+    import sys
+
+    from ..conftest import ROOT
+
+    copy = tmp_path / "copy"
+    shutil.copytree(source, copy)
+    held = sampled_trajectories(eval_dir(copy, 2, "rl-64"))
+    rows = [json.loads(line) for line in held.read_text().splitlines()]
+    first = [r for r in rows if r["problem"] == rows[0]["problem"]]
+    flipped = 0.0 if all(r["reward"] > 0 for r in first) else 1.0
+    for r in first:
+        r["reward"] = flipped
+    held.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    before, after = (
+        per_problem_accuracy(read_trajectories(sampled_trajectories(eval_dir(run, 2, "rl-64")))[0])
+        for run in (source, copy)
+    )
+    change = (sum(after.values()) - sum(before.values())) / len(before)
+    assert change != 0
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "recipe_runs.py"), str(source), str(copy)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    times, scores = proc.stdout.split("\n\n")
+    phases = [line.split(" | ")[0].strip("| ") for line in times.splitlines()[2:]]
+    assert {"01-sft training", "02-rl-64 training", "02-rl-64", "01-sft", "**whole**"} <= set(phases)
+    rows = {line.split(" | ")[0].strip("| "): line for line in scores.splitlines()[2:]}
+    assert f"({100 * change:+.1f} ±" in rows["02-rl-64"] and f", {len(before)}) |" in rows["02-rl-64"]
+    assert "(+0.0 ± 0.0," in rows["01-sft"]

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..config import SFTConfig
 from ..jsonl import iter_jsonl
-from ..memory import trim_heap
+from ..memory import resident_gib, trim_heap
 from .algorithm.batch import Batch, collate, take_rows, with_weights
 from .plumbing import distributed as D
 from .plumbing.data import DataStream
@@ -121,7 +121,7 @@ class SFTTrainer:
         trim_heap()  # the step's logits and activations, freed: else each step's shapes grow the heap
         self.step_no += 1
         seconds = time.perf_counter() - t0
-        m.update({"tokens_per_s": tokens / seconds, "time/step_s": seconds})
+        m.update({"tokens_per_s": tokens / seconds, "time/step_s": seconds, **resident_gib()})
         if self.step_no == 1:
             m["examples"], m["examples_dropped"] = float(len(self.data.rows)), float(self.dropped)
         if self.probe is not None and self.step_no % cfg.sft.probe_every == 0:

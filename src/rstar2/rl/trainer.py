@@ -22,7 +22,7 @@ import torch
 from ..chat.token_classes import TokenClasses
 from ..config import RLConfig
 from ..jsonl import write_jsonl
-from ..memory import trim_heap
+from ..memory import resident_gib, trim_heap
 from ..problems import training_problems
 from ..rollout import health
 from ..rollout.multi_turn import CodeEnvironment, Verifier
@@ -411,6 +411,7 @@ class RLTrainer:
             "tokens_per_s": gen_tokens / per if per > 0 else 0.0,
             **{f"time/{k}_s": v for k, v in times.items()},
             **engine_metrics(then, self._counters[1], self._counters[0] - t_then),
+            **resident_gib(),
         }
 
     def _save_samples(self, step: int, groups: list[list[Trajectory]]) -> None:
