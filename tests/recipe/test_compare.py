@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -19,7 +21,7 @@ from rstar2.recipe.spec import parse_recipe
 from rstar2.rl.plumbing.metrics_log import read_metrics
 from rstar2.rollout.trajectory import read_trajectories
 
-from ..conftest import RSTAR2
+from ..conftest import ROOT, RSTAR2
 from .test_recipe import miniature
 
 
@@ -127,11 +129,6 @@ def test_the_recipe_runs_benchmark_pairs_two_runs_problem_by_problem(source, tmp
     """``benchmarks/recipe_runs.py``: one phase per evaluation and stage, and each evaluation's change
     against the first run paired over its problems (here: the copy has one held-out problem's
     samples all turned the other way)."""
-    import shutil
-    import sys
-
-    from ..conftest import ROOT
-
     copy = tmp_path / "copy"
     shutil.copytree(source, copy)
     held = sampled_trajectories(eval_dir(copy, 2, "rl-64"))
