@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+
+from rstar2.memory import KERNEL_CACHES
 
 # In a fresh process: free one 16 MB block (glibc then serves blocks under 16 MB from the heap, as it
 # does in a trainer after its first update), fill 320 MB of 8 MB blocks, keep a small block above
@@ -94,3 +97,23 @@ print(json.dumps([start, held, resident_gib()]))
     )
     assert held["memory/rss_gib"] - freed["memory/rss_gib"] > 0.9 * gib  # handed back
     assert freed["memory/peak_gib"] >= held["memory/peak_gib"] - 1e-3  # the peak is kept
+
+
+def test_importing_rstar2_caps_the_kernel_caches_unless_the_caller_set_them():
+    """oneDNN and ideep read their cache sizes once, at their first kernel: importing rstar2 sets them
+    (a fresh interpreter, as every rstar2 process starts), and a size the user chose stays."""
+    show = "import os, rstar2; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], os.environ['LRU_CACHE_CAPACITY'])"
+    env = {k: v for k, v in os.environ.items() if k not in KERNEL_CACHES}
+    ours = subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True, check=True)
+    assert ours.stdout.split() == [
+        KERNEL_CACHES["ONEDNN_PRIMITIVE_CACHE_CAPACITY"],
+        KERNEL_CACHES["LRU_CACHE_CAPACITY"],
+    ]
+    theirs = subprocess.run(
+        [sys.executable, "-c", show],
+        env={**env, "LRU_CACHE_CAPACITY": "7"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert theirs.stdout.split() == [KERNEL_CACHES["ONEDNN_PRIMITIVE_CACHE_CAPACITY"], "7"]

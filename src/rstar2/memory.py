@@ -7,7 +7,22 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 from functools import cache
+
+# oneDNN, and ideep (PyTorch's layer over it), keep a compiled kernel with its own scratch buffers for
+# every shape they meet, 1024 of each by default. Micro-batches of varying length meet new shapes at
+# every step, so under bf16 a long run's resident memory grew by ~50 MB a step, up to ~2 GB in one
+# recipe's process; 64 of each keep the shapes of the pass at hand (a pass reuses its kernels across
+# layers) at the same speed (benchmarks/kernel_caches.py, RESULTS.md).
+KERNEL_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
+
+
+def bound_kernel_caches() -> None:
+    """Cap oneDNN's and ideep's kernel caches (``KERNEL_CACHES``) unless the caller set them; both
+    read the variable once, at their first kernel, so this runs when rstar2 is imported."""
+    for name, capacity in KERNEL_CACHES.items():
+        os.environ.setdefault(name, capacity)
 
 
 @cache
