@@ -31,7 +31,9 @@ def run_arm(config: Path, steps: int, env: dict[str, str], out: Path) -> list[di
     """``rstar2 train`` for ``steps`` steps under ``env``; its metrics, one dict a step."""
     cmd = [sys.executable, "-m", "rstar2", "train", str(config), "--out", str(out), "--no-progress"]
     cmd += ["--set", f"run.steps={steps}", "--set", "run.save_every=100000"]
-    subprocess.run(cmd, env={**os.environ, **env}, check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"rstar2 train failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
