@@ -1,7 +1,8 @@
-"""Freed memory back to the operating system between a run's phases: glibc raises its mmap
-threshold as large blocks are freed, so the update's buffers and the rollouts' KV come from the
-heap and stay there, the next phase's peak on top of the last one's. ``malloc_trim`` hands the free
-pages back in milliseconds."""
+"""A long run's memory kept from growing. Freed memory goes back to the operating system between a
+run's phases: glibc raises its mmap threshold as large blocks are freed, so the update's buffers and
+the rollouts' KV come from the heap and stay there, the next phase's peak on top of the last one's;
+``malloc_trim`` hands the free pages back in milliseconds. And the kernel caches under torch are
+bounded (``KERNEL_CACHES``). Also here: peak and free memory, and the micro-batch that fits."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from functools import cache
 
 # oneDNN, and ideep (PyTorch's layer over it), keep a compiled kernel with its own scratch buffers for
 # every shape they meet, 1024 of each by default. Micro-batches of varying length meet new shapes at
-# every step, so under bf16 a long run's resident memory grew by ~50 MB a step, up to ~2 GB in one
-# recipe's process; 64 of each keep the shapes of the pass at hand (a pass reuses its kernels across
-# layers) at the same speed (benchmarks/kernel_caches.py, RESULTS.md).
+# every step, so under bf16 the resident memory grew at every step of a run, trimmed heap or not;
+# 64 of each keep the shapes of the pass at hand (a pass reuses its kernels across the layers) at the
+# same speed (benchmarks/kernel_caches.py, RESULTS.md).
 KERNEL_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
 
 
