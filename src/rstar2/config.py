@@ -119,6 +119,9 @@ class EngineSection(_Section):
     keep_tokens: int | None = Field(None, ge=0)
     # in-process engine: replay its decode step as CUDA graphs (engines/graphs.py); None: on a GPU
     cuda_graphs: bool | None = None
+    # servers: how long one turn's request may wait for its answer (3 more tries, then the engine
+    # counts as failed); turns of many thousand tokens on a slow or shared server may need more
+    server_timeout_s: float = Field(600.0, gt=0)
     # new weights to remote servers after each update (training)
     reload_path: str = "/update_weights_from_disk"  # server endpoint that loads a checkpoint folder
     reload_retries: int = Field(2, ge=0)  # a refused weight update is retried, then the run stops

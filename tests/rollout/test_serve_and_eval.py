@@ -10,9 +10,11 @@ import httpx
 import pytest
 import torch
 
+from rstar2.config import EngineSection
 from rstar2.engines.base import SamplingParams
 from rstar2.engines.hf import HFEngine
 from rstar2.engines.openai import OpenAIEngine, capacity_from_vllm_metrics
+from rstar2.rollout.build import open_engines
 
 from ..conftest import ROOT, RSTAR2, free_port, start_cli, stop, wait_http
 
@@ -181,6 +183,20 @@ async def test_priority_goes_to_rstar2_serve_only_and_its_counters_come_back(ser
         assert after["steps"] > before["steps"] and after["row_steps"] >= after["steps"]
     finally:
         await remote.close()
+
+
+async def test_the_engine_section_sets_how_long_a_server_may_take_to_answer(server):
+    """``rollout.engine.server_timeout_s`` reaches every server's client (600 s by default: a turn
+    of many thousand tokens on a slow server may need more)."""
+    engines = await open_engines(EngineSection(servers=[server], server_timeout_s=1234.5))
+    default = await open_engines(EngineSection(servers=[server]))
+    try:
+        assert engines[0]._client.timeout.read == 1234.5
+        assert default[0]._client.timeout.read == 600.0
+        assert (await engines[0].generate([5, 6, 7], SamplingParams(max_new_tokens=2))).token_ids
+    finally:
+        for engine in engines + default:
+            await engine.close()
 
 
 def test_rstar2_serve_bans_what_logit_bias_bans_and_refuses_what_it_cannot_honour(server, tiny, tmp_path):

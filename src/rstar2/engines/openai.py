@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from ..auth import client_headers
+from ..config import DEFAULT_ROLLOUT
 from .base import Generation, SamplingParams
 
 
@@ -97,7 +98,7 @@ class OpenAIEngine:
         model: str | None = None,
         name: str | None = None,
         capacity_tokens: int | None = None,
-        timeout_s: float = 600.0,
+        timeout_s: float = DEFAULT_ROLLOUT.engine.server_timeout_s,
         retries: int = 3,
         api_key: str | None = None,
     ) -> None:

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from ..chat.format import ChatFormat
-from ..config import DEFAULT_ASYNC, EngineSection, RolloutSection
+from ..config import DEFAULT_ASYNC, DEFAULT_ROLLOUT, EngineSection, RolloutSection
 from ..engines.base import Engine
 from .multi_turn import CodeEnvironment, Rollout, Verifier
 
@@ -44,7 +44,7 @@ async def open_engines(
         engines: list[Engine] = []
         try:
             for url in settings.servers:
-                engines.append(await connect(url, settings.capacity_tokens))
+                engines.append(await connect(url, settings.capacity_tokens, settings.server_timeout_s))
         except BaseException:
             for e in engines:
                 await e.close()
@@ -67,14 +67,19 @@ async def open_engines(
     return [HFEngine.from_pretrained(model, device=device, dtype=dtype, **sizes)]
 
 
-async def connect(url: str, capacity_tokens: int | None = None) -> Engine:
+async def connect(
+    url: str,
+    capacity_tokens: int | None = None,
+    timeout_s: float = DEFAULT_ROLLOUT.engine.server_timeout_s,
+) -> Engine:
     """The engine for the server at ``url``: a ``VLLMEngine`` where it is vLLM with its RL routes
     (``rstar2 vllm``), else an ``OpenAIEngine`` (SGLang, ``rstar2 serve``, another vLLM); either
-    has asked the server for its KV capacity."""
+    has asked the server for its KV capacity. ``timeout_s``: how long a request may wait for its answer."""
     from ..engines.openai import OpenAIEngine
     from ..engines.vllm import VLLMEngine, is_vllm
 
-    engine = (VLLMEngine if await is_vllm(url) else OpenAIEngine)(url, capacity_tokens=capacity_tokens)
+    kind = VLLMEngine if await is_vllm(url) else OpenAIEngine
+    engine = kind(url, capacity_tokens=capacity_tokens, timeout_s=timeout_s)
     try:
         await engine.probe_capacity()
     except BaseException:
