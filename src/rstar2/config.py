@@ -119,8 +119,8 @@ class EngineSection(_Section):
     keep_tokens: int | None = Field(None, ge=0)
     # in-process engine: replay its decode step as CUDA graphs (engines/graphs.py); None: on a GPU
     cuda_graphs: bool | None = None
-    # servers: how long one turn's request may wait for its answer (3 more tries, then the engine
-    # counts as failed); turns of many thousand tokens on a slow or shared server may need more
+    # servers: how long one turn's request may wait for its answer, then the engine counts as failed
+    # and the turn goes on another; turns of many thousand tokens on a slow server may need more
     server_timeout_s: float = Field(600.0, gt=0)
     # new weights to remote servers after each update (training)
     reload_path: str = "/update_weights_from_disk"  # server endpoint that loads a checkpoint folder

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 
@@ -13,7 +14,7 @@ import torch
 from rstar2.config import EngineSection
 from rstar2.engines.base import SamplingParams
 from rstar2.engines.hf import HFEngine
-from rstar2.engines.openai import OpenAIEngine, capacity_from_vllm_metrics
+from rstar2.engines.openai import OpenAIEngine, ServerError, capacity_from_vllm_metrics
 from rstar2.rollout.build import open_engines
 
 from ..conftest import ROOT, RSTAR2, free_port, start_cli, stop, wait_http
@@ -197,6 +198,29 @@ async def test_the_engine_section_sets_how_long_a_server_may_take_to_answer(serv
     finally:
         for engine in engines + default:
             await engine.close()
+
+
+async def test_a_server_that_takes_a_request_and_never_answers_is_asked_once():
+    """Connection errors and 5xx answers are retried on the same server; a request the server took
+    and never answered (a read timeout) is not: it would only wait the timeout out again, and the
+    scheduler moves the turn to another engine."""
+    heard: list[bytes] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heard.append(await reader.readuntil(b"\r\n\r\n"))
+        await reader.read()  # until the client gives up and closes
+        writer.close()
+
+    listener = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    engine = OpenAIEngine(f"http://127.0.0.1:{port}", model="m", timeout_s=0.5, retries=3)
+    try:
+        with pytest.raises(ServerError, match="ReadTimeout"):
+            await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4))
+        assert len(heard) == 1 and heard[0].startswith(b"POST /v1/completions")
+    finally:
+        await engine.close()
+        listener.close()
 
 
 def test_rstar2_serve_bans_what_logit_bias_bans_and_refuses_what_it_cannot_honour(server, tiny, tmp_path):

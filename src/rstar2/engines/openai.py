@@ -230,7 +230,9 @@ class OpenAIEngine:
         """``method`` ``path``; its JSON object answer ({} if none), or a ``ServerError`` that starts
         with ``what``. ``retries`` more tries, backing off, while the server cannot be reached or
         answers 5xx; a kept-alive connection the server closed as the request went out is always
-        tried once more (the routes these calls reach can be repeated)."""
+        tried once more (the routes these calls reach can be repeated). A server that took the
+        request and gave no answer within the timeout is not asked again: the scheduler moves the
+        turn to another engine, rather than wait the timeout out several times on this one."""
         what = what or f"{self.base_url}{path}"
         delay = 0.5
         for attempt in range(retries + 1):
@@ -240,7 +242,7 @@ class OpenAIEngine:
                 except httpx.RemoteProtocolError:
                     resp = await self._client.request(method, path, **kw)
             except httpx.HTTPError as exc:
-                if attempt == retries:
+                if attempt == retries or isinstance(exc, httpx.ReadTimeout):
                     raise ServerError(f"{what}: {type(exc).__name__}: {exc}") from exc
             else:
                 if resp.status_code == 200:
