@@ -525,13 +525,25 @@ def compare_cmd(
     stages: str | None = typer.Option(
         None, "--stages", help="Comma-separated RL stages of the recipe to run (default: all of them)."
     ),
+    lever: list[str] = typer.Option(
+        [],
+        "--lever",
+        help="A variant of your own: NAME:KEY=VALUE[;KEY=VALUE...], the recipe's RL with these settings "
+        "(e.g. 'kl:defaults.rl.loss.kl_coef=0.05'); repeatable, run after --variants.",
+    ),
+    parallel: int = typer.Option(
+        1,
+        "--parallel",
+        min=1,
+        help="Runs at once, each in a process of its own (a GPU a small model leaves idle).",
+    ),
     progress: bool = PROGRESS,
 ) -> None:
     """GRPO-RoC against plain GRPO (on as many rollouts as RoC keeps, and on all 2G), or the
     synchronous loop against asynchronous ones, each over seeds, from a recipe run's SFT checkpoint:
     per-step curves, final accuracy with paired intervals, time and memory (compare.md). Resumes an
     interrupted comparison."""
-    from .recipe.compare import run_comparison
+    from .recipe.compare import parse_lever, run_comparison
 
     with _failures():
         report = run_comparison(
@@ -541,6 +553,8 @@ def compare_cmd(
             variants=[v.strip() for v in variants.split(",") if v.strip()],
             overrides=set_,
             stages=None if stages is None else [s.strip() for s in stages.split(",") if s.strip()],
+            levers=dict(parse_lever(x) for x in lever),
+            parallel=parallel,
             progress=progress,
             log=_log,
         )

@@ -340,6 +340,9 @@ class RunSection(_Section):
     # RL: log the mean entropy of reasoning / reflection / code / answer tokens each step; the
     # first `reflection_window` model tokens after a tool response count as reflection; 0 = off.
     reflection_window: int = Field(20, ge=0)
+    # RL: log the KL to the policy this run (stage) started from each step (update/ref_kl): a frozen
+    # copy of it and a pass without gradients over the kept rollouts; loss.kl_coef > 0 computes it anyway
+    kl_to_start: bool = False
     health: HealthSection = Field(default_factory=HealthSection)  # RL only
 
 
@@ -387,6 +390,11 @@ class RLConfig(_Section):
                 "(asynchronous.max_staleness: 0, no tis_cap)"
             )
         return self
+
+    @property
+    def needs_reference(self) -> bool:
+        """A frozen copy of the starting policy: for the KL term, or for the KL metric alone."""
+        return self.loss.kl_coef > 0 or self.run.kl_to_start
 
     @property
     def uncorrected(self) -> bool:

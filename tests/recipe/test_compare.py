@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from rstar2.eval.metrics import per_problem_accuracy
-from rstar2.recipe.compare import DEFAULT_VARIANTS, arm_tree, arms, source_run
+from rstar2.recipe.compare import DEFAULT_VARIANTS, arm_tree, arms, parse_lever, source_run
 from rstar2.recipe.report_card import eval_dir, sampled_trajectories
 from rstar2.recipe.run import run_recipe
 from rstar2.recipe.spec import parse_recipe
@@ -73,12 +73,30 @@ def test_an_arm_is_the_rl_stages_from_the_sft_checkpoint_with_the_variants_roc(s
         source_run(source / "01-sft")
 
 
+def test_a_lever_of_ones_own_is_roc_with_its_settings(source):
+    tree, checkpoint = source_run(source)
+    name, sets = parse_lever("kl: defaults.rl.loss.kl_coef=0.05; defaults.rl.optim.lr=3e-6")
+    assert (name, sets) == ("kl", ["defaults.rl.loss.kl_coef=0.05", "defaults.rl.optim.lr=3e-6"])
+    t = arm_tree(tree, checkpoint, "kl", 1, levers={name: sets})
+    assert (
+        t["defaults"]["rl"]["loss"]["kl_coef"] == 0.05 and float(t["defaults"]["rl"]["optim"]["lr"]) == 3e-6
+    )
+    assert t["stages"][0]["roc"] == {"enabled": True} and t["defaults"]["rl"]["run"]["seed"] == 1
+    parse_recipe(t, check_paths=False)
+    assert [a.name for a in arms(source, ["roc", "kl"], [0, 1], {"kl": sets})] == [
+        "roc-s0", "kl-s0", "roc-s1", "kl-s1"
+    ]  # fmt: skip
+    for bad in ("kl", "kl:", "roc:loss.kl_coef=1", "kl:loss.kl_coef"):
+        with pytest.raises(ValueError, match="NAME:KEY=VALUE"):
+            parse_lever(bad)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_compare_runs_every_arm_and_summarizes_their_own_numbers(source, tmp_path):
     out = tmp_path / "cmp"
     wide = {**os.environ, "COLUMNS": "400"}
-    cmd = [*RSTAR2, "compare", str(source), "--out", str(out), "--seeds", "2", "--no-progress"]
+    cmd = [*RSTAR2, "compare", str(source), "--out", str(out), "--seeds", "2", "--parallel", "3", "--no-progress"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1100, env=wide)
     assert r.returncode == 0, r.stderr[-3000:]
     _, checkpoint = source_run(source)

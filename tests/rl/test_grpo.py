@@ -229,6 +229,27 @@ def test_kl_to_a_reference_model_enters_the_update(tiny):
     assert moved["loss"] == pytest.approx(plain["loss"] + 0.3 * moved["update/ref_kl"], rel=1e-4)
 
 
+def test_kl_to_the_start_is_measured_without_entering_the_loss(tiny):
+    """With kl_coef 0 and a reference (``run.kl_to_start``) the update reports the same k3 estimate
+    the KL term would add, and its loss and gradient are those of the plain update."""
+    import copy
+
+    model, _ = tiny
+    seqs = [([5, 6, 7], [8 + i, 9 + i, 10 + i], [1, 1, 1], [0.0] * 3) for i in range(4)]
+    rows = _rows(seqs, [1.0, -1.0, 0.5, -0.5], [0, 0, 1, 1])
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    plain = _update(copy.deepcopy(model), rows, LossSection())
+    measured = _update(copy.deepcopy(model), rows, LossSection(), ref_model=other)
+    term = _update(copy.deepcopy(model), rows, LossSection(kl_coef=0.3), ref_model=other)
+    assert measured["loss"] == pytest.approx(plain["loss"], abs=1e-7)
+    assert measured["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-6)
+    assert measured["update/ref_kl"] > 1e-4
+    assert measured["update/ref_kl"] == pytest.approx(term["update/ref_kl"], rel=1e-5)
+
+
 def test_entropy_by_class_is_the_mean_entropy_of_each_class_tokens(tiny):
     """The step's ``entropy/<class>`` is the plain mean, over that class's tokens, of the policy's
     next-token entropy at those positions (tool tokens, class -1, belong to none)."""

@@ -94,6 +94,7 @@ def summarize(trajs: Sequence[Trajectory], ks: Sequence[int] = (1, 4, 8, 16)) ->
         tool_calls_per_trajectory=d["calls_per_traj"],
         tool_error_ratio=d["error_ratio"],
         tool_error_ratio_correct=d["error_ratio_correct"],
+        tool_multiline_share=d["multiline_share"],
         finish_reasons=dict(d["finishes"]),
         tool_statuses=dict(Counter(c.status for t in trajs for c in t.calls)),
         tool_health=d["health"],  # shares of trajectories showing each sign (rollout/health.py)

@@ -5,6 +5,8 @@ same problems, once per seed, each (variant, seed) a recipe run in its own folde
 baseline, Fig. 9); ``grpo-all``: plain GRPO on all 2G; ``roc-uniform``: as many correct and
 incorrect kept as RoC keeps, at random (its downsampling without its choice); ``async-kK``: ``roc``
 with rollouts up to K updates stale and the decoupled correction (``async-k4-none`` without it).
+A lever of one's own is ``roc`` with recipe settings of its own (``levers``: a name and its
+``KEY=VALUE`` overrides, ``rstar2 compare --lever``): a KL term, a learning rate, RoC's mode.
 """
 
 from __future__ import annotations
@@ -88,9 +90,12 @@ def arm_tree(
     seed: int,
     overrides: Sequence[str] = (),
     stages: Sequence[str] | None = None,
+    levers: dict[str, Sequence[str]] | None = None,
 ) -> dict:
     """The recipe of one arm: its RL stages (all, or ``stages``) from ``checkpoint`` with the variant's
-    settings and ``run.seed``, evaluated after the stages only (no zero-shot, no entropy analysis)."""
+    settings and ``run.seed``, evaluated after the stages only (no zero-shot, no entropy analysis).
+    A variant named in ``levers`` is ``roc`` with its overrides, set after ``overrides``."""
+    own = (levers or {}).get(variant)
     t = copy.deepcopy(tree)
     model = {k: v for k, v in t["model"].items() if k not in ("source", "build")}
     t["model"] = {**model, "path": str(checkpoint)}
@@ -105,12 +110,14 @@ def arm_tree(
     rl = t.setdefault("defaults", {}).setdefault("rl", {})
     rl["run"] = {**rl.get("run", {}), "seed": seed}
     t["name"] = f"{t.get('name', 'recipe')}-{variant}-s{seed}"
-    for o in overrides:
+    for o in [*overrides, *(own or ())]:
         set_value(t, o)
     resolved = parse_recipe(t, check_paths=False)  # each stage's samples and keep as its run sees them
     for stage, spec in zip(t["stages"], resolved.stages, strict=True):
         run = parse_config(stage_tree(resolved, spec, model_path=str(checkpoint), train="-", out="-"))
-        apply_variant(stage, variant, samples=run.rollout.samples, keep=run.roc.keep)
+        apply_variant(
+            stage, "roc" if own is not None else variant, samples=run.rollout.samples, keep=run.roc.keep
+        )
     return t
 
 
@@ -135,10 +142,27 @@ def apply_variant(stage: dict, variant: str, *, samples: int, keep: int) -> None
         stage["loss"] = {**stage.get("loss", {}), "tis_cap": tis_cap}
 
 
-def arms(out: Path, variants: Sequence[str], seeds: Sequence[int]) -> list[Arm]:
-    unknown = [v for v in variants if v not in VARIANTS]
+def parse_lever(text: str) -> tuple[str, list[str]]:
+    """``NAME:KEY=VALUE[;KEY=VALUE...]`` (``--lever``) → the name and its overrides."""
+    name, _, sets = text.partition(":")
+    overrides = [o.strip() for o in sets.split(";") if o.strip()]
+    name = name.strip()
+    if not name or name in VARIANTS or not overrides or any("=" not in o for o in overrides):
+        raise ValueError(
+            f"--lever {text!r}: write NAME:KEY=VALUE[;KEY=VALUE...] with a name of your own "
+            f"(not one of {', '.join(VARIANTS)}), e.g. 'kl:defaults.rl.loss.kl_coef=0.05'"
+        )
+    return name, overrides
+
+
+def arms(
+    out: Path, variants: Sequence[str], seeds: Sequence[int], levers: dict[str, Sequence[str]] | None = None
+) -> list[Arm]:
+    unknown = [v for v in variants if v not in VARIANTS and v not in (levers or {})]
     if unknown:
-        raise ValueError(f"unknown variants {unknown}: choose from {', '.join(VARIANTS)}")
+        raise ValueError(
+            f"unknown variants {unknown}: choose from {', '.join(VARIANTS)}, or name a lever of your own"
+        )
     # seeds outermost: a stop part-way leaves whole seeds of every variant
     return [Arm(v, s, out / f"{v}-s{s}") for s in seeds for v in variants]
 
@@ -156,41 +180,73 @@ def run_comparison(
     variants: Sequence[str] = DEFAULT_VARIANTS,
     overrides: Sequence[str] = (),
     stages: Sequence[str] | None = None,
+    levers: dict[str, Sequence[str]] | None = None,
+    parallel: int = 1,
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> Path:
-    """Run every arm not yet finished (the SFT checkpoint's evaluation first); returns ``compare.md``."""
+    """Run every arm not yet finished (the SFT checkpoint's evaluation first); returns ``compare.md``.
+    ``levers``: variants of one's own, each ``roc`` with its overrides (a lever not in ``variants``
+    runs after them). ``parallel`` > 1: that many arms at once, each in a process of its own (a GPU
+    that a small model leaves idle most of the time, or a machine of many cores)."""
     from transformers.utils import logging as hf_logging
-
-    from .run import run_recipe
 
     hf_logging.disable_progress_bar()  # one bar per weight load would drown the runs' own lines
     source, out = Path(source), Path(out)
     tree, checkpoint = source_run(source)
-    plan = arms(out, variants, seeds)
+    levers = {k: list(v) for k, v in (levers or {}).items()}
+    variants = list(dict.fromkeys([*variants, *levers]))
+    plan = arms(out, variants, seeds, levers)
     recipes = {
-        a.name: parse_recipe(arm_tree(tree, checkpoint, a.variant, a.seed, overrides, stages)) for a in plan
+        a.name: parse_recipe(arm_tree(tree, checkpoint, a.variant, a.seed, overrides, stages, levers))
+        for a in plan
     }
     out.mkdir(parents=True, exist_ok=True)
-    asked = dict(source=str(source), checkpoint=str(checkpoint), seeds=list(seeds), variants=list(variants))
-    asked.update(overrides=list(overrides), stages=None if stages is None else list(stages))
+    asked = dict(source=str(source), checkpoint=str(checkpoint), seeds=list(seeds), variants=variants)
+    asked.update(overrides=list(overrides), stages=None if stages is None else list(stages), levers=levers)
     (out / "comparison.yaml").write_text(yaml.safe_dump(asked, sort_keys=False))
     costs_file = out / "costs.json"
     costs = json.loads(costs_file.read_text()) if costs_file.exists() else {}
     first = recipes[plan[0].name]
+    shown = progress and parallel <= 1  # bars of several processes would overwrite each other
+    jobs: list[tuple[str, Callable[..., dict[str, float]], tuple]] = []
     if "sft" not in costs:
-        log(f"[rstar2] compare: evaluating the SFT checkpoint {checkpoint}")
-        costs["sft"] = measured(lambda: asyncio.run(evaluate_start(first, checkpoint, out / "sft", progress)))
+        jobs.append(("sft", _evaluation_job, (first, checkpoint, out / "sft", shown)))
+    for arm in plan:
+        if not _finished(arm.folder):
+            resume = arm.folder.exists() and any(arm.folder.iterdir())
+            jobs.append((arm.name, _arm_job, (recipes[arm.name], arm.folder, resume, shown)))
+
+    def done(name: str, cost: dict[str, float]) -> None:
+        costs[name] = cost
         costs_file.write_text(json.dumps(costs, indent=2))
-    for n, arm in enumerate(plan, 1):
-        if _finished(arm.folder):
-            continue
-        log(f"[rstar2] compare: run {n}/{len(plan)}: {arm.name}")
-        resume = arm.folder.exists() and any(arm.folder.iterdir())
-        recipe = recipes[arm.name]
-        costs[arm.name] = measured(run_recipe, recipe, arm.folder, resume=resume, progress=progress, log=log)
-        costs_file.write_text(json.dumps(costs, indent=2))
+
+    if parallel <= 1:
+        for n, (name, job, args) in enumerate(jobs, 1):
+            log(f"[rstar2] compare: {n}/{len(jobs)}: {name}")
+            done(name, job(*args))
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        log(f"[rstar2] compare: {len(jobs)} runs, {parallel} at a time: {', '.join(j[0] for j in jobs)}")
+        context = multiprocessing.get_context("spawn")  # no copy of this process's threads or device
+        with ProcessPoolExecutor(parallel, mp_context=context) as pool:
+            running = {pool.submit(job, *args): name for name, job, args in jobs}
+            for future in as_completed(running):
+                done(running[future], future.result())
+                log(f"[rstar2] compare: {running[future]} finished")
     return write_summary(out, first, plan, costs)
+
+
+def _evaluation_job(recipe: Recipe, checkpoint: Path, folder: Path, progress: bool) -> dict[str, float]:
+    return measured(lambda: asyncio.run(evaluate_start(recipe, checkpoint, folder, progress)))
+
+
+def _arm_job(recipe: Recipe, folder: Path, resume: bool, progress: bool) -> dict[str, float]:
+    from .run import run_recipe
+
+    return measured(run_recipe, recipe, folder, resume=resume, progress=progress, log=print)
 
 
 def measured(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, float]:

@@ -42,6 +42,7 @@ def eval_row(summary: dict[str, Any]) -> dict[str, Any]:
         "pass@1": summary.get("pass@1"),
         "ci95": summary.get("pass@1_ci95"),
         "tool_error_ratio_correct": summary.get("tool_error_ratio_correct"),
+        "tool_multiline_share": summary.get("tool_multiline_share"),
         "mean_response_tokens": summary.get("mean_response_tokens"),
         "truncated_share": finishes.get("max_length", 0) / n,
         "finish_reasons": finishes,
@@ -50,8 +51,9 @@ def eval_row(summary: dict[str, Any]) -> dict[str, Any]:
 
 def table(evals: dict[str, dict[str, Any]]) -> str:
     lines = [
-        "| after | held-out accuracy | tool-error ratio in correct | mean response tokens | truncated | finish reasons |",
-        "|---|---|---|---|---|---|",
+        "| after | held-out accuracy | tool-error ratio in correct | tool calls of 2+ lines | mean response tokens "
+        "| truncated | finish reasons |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, summary in evals.items():
         r = eval_row(summary)
@@ -60,9 +62,9 @@ def table(evals: dict[str, dict[str, Any]]) -> str:
         tokens = r["mean_response_tokens"]
         lines.append(
             f"| {name} | {percent(r['pass@1'])}{ci} | {percent(r['tool_error_ratio_correct'])} | "
-            f"{tokens:.1f} | {percent(r['truncated_share'])} | {finishes} |"
+            f"{percent(r['tool_multiline_share'])} | {tokens:.1f} | {percent(r['truncated_share'])} | {finishes} |"
             if isinstance(tokens, (int, float))
-            else f"| {name} | – | – | – | – | – |"
+            else f"| {name} | – | – | – | – | – | – |"
         )
     return "\n".join(lines)
 

@@ -156,7 +156,7 @@ def load_state(record: KeptStep, checkpoint: Path | None) -> State:
     updates = optimizer_steps(cfg)
     learner, _, _ = load_learner(cfg, start, updates, fit=False)  # micro-batches as the run fitted them
     ref = None
-    if cfg.loss.kl_coef:
+    if cfg.needs_reference:
         ref_path = cfg.run.init_from or cfg.model.path
         ref = AutoModelForCausalLM.from_pretrained(ref_path, dtype=param_dtype(cfg)).to(world.device).eval()
         ref.requires_grad_(False)
@@ -354,7 +354,7 @@ def what_if(
     update's metrics side by side, and how far each trained token's probability moved; and the
     step as it ran compared with the run."""
     ran, changed = config_of(record), config_of(record, overrides)
-    if changed.loss.kl_coef and state.ref_model is None:
+    if changed.needs_reference and state.ref_model is None:
         raise ConfigError("a what-if with loss.kl_coef needs the reference model the run did not load")
     saved = snapshot(state.learner)
     tokens = _trained_tokens(state, record, ran)

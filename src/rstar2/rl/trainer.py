@@ -55,6 +55,14 @@ def load_reward(spec: str) -> RewardFn:
     return fn
 
 
+def task_of(problem: dict[str, Any]) -> dict[str, Any]:
+    """The task a problem row names, for the step's pass rates by family and level: a generated
+    problem's ``family`` and ``level``, a reasoning-gym problem's task as its family."""
+    family = problem.get("family") or (problem.get("gym") or {}).get("task")
+    task = {"family": family} if family else {}
+    return task if problem.get("level") is None else {**task, "level": problem["level"]}
+
+
 def _say(line: str) -> None:
     """A line on stderr that does not break a progress bar."""
     from tqdm.auto import tqdm
@@ -138,7 +146,7 @@ class RLTrainer:
         else:
             kept = [w for w in health.read_warnings(self.run_dir) if w.get("step", 0) <= self.step_no]
         self.watch.resume(kept, self.step_no)
-        self.ref_model = self._reference() if cfg.loss.kl_coef else None
+        self.ref_model = self._reference() if cfg.needs_reference else None
         rows = training_problems(cfg.data)
         if self.world.main and any("gym" in r for r in rows):  # drawn here: kept with the run
             write_jsonl(rows, self.run_dir / "problems.jsonl")
@@ -150,7 +158,7 @@ class RLTrainer:
             )
 
     def _reference(self) -> torch.nn.Module:
-        """The KL term's frozen reference: the policy this run (stage) started from, also when
+        """The KL's frozen reference: the policy this run (stage) started from, also when
         resuming (a new stage moves it to its start: the paper's stage 3); unsharded on each process."""
         from transformers import AutoModelForCausalLM
 
@@ -229,7 +237,7 @@ class RLTrainer:
                 "gym": problem.get("gym"),
                 "seed": seed_of(cfg.run.seed, step, g, k),
                 "priority": step,  # an engine short of rows serves earlier steps first
-                "meta": {"group": g, "sample": k},
+                "meta": {"group": g, "sample": k, **task_of(problem)},
             }
             for k in range(cfg.rollout.samples)
         ]

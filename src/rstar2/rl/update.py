@@ -165,7 +165,7 @@ def update_on_rollouts(
     # the first optimizer step: with one step per update, the step's own pass computes it
     if optim.mini_batches > 1 or optim.epochs > 1:
         batches = [replace(b, old_logp=logprobs_of(model, b, tokens, world, **passes)) for b in batches]
-    if loss.kl_coef and ref_model is not None:
+    if ref_model is not None:  # the KL to the start: a term of the loss (loss.kl_coef), or a metric
         batches = [replace(b, ref_logp=logprobs_of(ref_model, b, tokens, LOCAL, **passes)) for b in batches]
     report = off_policy or loss.tis_cap is not None  # the importance weights, in the metrics
     ratios = [(b.old_logp - b.engine_logp)[b.mask.bool()] for b in batches if b.old_logp is not None]

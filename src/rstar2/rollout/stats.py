@@ -10,7 +10,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import health
-from .trajectory import Trajectory
+from .trajectory import ToolCallRecord, Trajectory
+
+
+def code_lines(call: ToolCallRecord) -> int:
+    """Lines of a call's program that do something: blank lines and comments left out."""
+    code = str((call.arguments or {}).get("code", ""))
+    return sum(1 for line in code.splitlines() if line.strip() and not line.lstrip().startswith("#"))
 
 
 def record(t: Trajectory) -> dict[str, Any]:
@@ -23,6 +29,8 @@ def record(t: Trajectory) -> dict[str, Any]:
         "finish": t.finish_reason,
         "calls": t.num_calls,
         "failed": t.num_failed_calls,
+        # programs of several steps (SFT teaches them; RL paid by one-line arithmetic can unlearn them)
+        "multiline": sum(code_lines(c) >= 2 for c in t.calls),
         **health.signs(t),  # no_call, unparseable, repeated, output_cut
     }
 
@@ -37,6 +45,12 @@ def tool_error_ratio(records: Sequence[dict[str, Any]]) -> float:
     return sum(r["failed"] for r in records) / calls if calls else 0.0
 
 
+def multiline_share(records: Sequence[dict[str, Any]]) -> float:
+    """Tool calls of two or more lines over all tool calls of ``records`` (0 when they made none)."""
+    calls = sum(r["calls"] for r in records)
+    return sum(r.get("multiline", 0) for r in records) / calls if calls else 0.0
+
+
 def describe(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The statistics both reports share (``finishes``: a ``Counter`` of finish reasons)."""
     n = max(1, len(records))
@@ -49,6 +63,7 @@ def describe(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "calls_per_traj": mean([r["calls"] for r in records]),
         "error_ratio": tool_error_ratio(records),
         "error_ratio_correct": tool_error_ratio(correct),
+        "multiline_share": multiline_share(records),
         "correct_with_error_share": mean([float(r["failed"] > 0) for r in correct]),
         "finishes": Counter(r["finish"] for r in records),
         "health": health.shares(records),

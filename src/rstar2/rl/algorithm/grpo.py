@@ -120,10 +120,11 @@ def policy_loss(
     if cfg.tis_cap is not None and engine_logp is not None:
         per_token = per_token * (old_logp - engine_logp).exp().clamp(max=cfg.tis_cap).detach()
     kl_ref = None
-    if cfg.kl_coef and ref_logp is not None:
+    if ref_logp is not None:  # k3 estimate of KL(new || reference): in the loss where kl_coef > 0
         d = (ref_logp - logp).clamp(-20.0, 20.0)
-        kl_ref = d.exp() - d - 1.0  # k3 estimate of KL(new || reference)
-        per_token = per_token + cfg.kl_coef * kl_ref
+        kl_ref = d.exp() - d - 1.0
+        if cfg.kl_coef:
+            per_token = per_token + cfg.kl_coef * kl_ref
     if cfg.entropy_coef and entropy is not None:
         per_token = per_token - cfg.entropy_coef * entropy
     loss = (per_token * weights).sum()

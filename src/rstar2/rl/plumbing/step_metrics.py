@@ -18,6 +18,10 @@ def rollout_record(t: Trajectory, kept: bool, scored: Scored | None) -> dict[str
     """What the metrics need of one rollout: RoC's choice and penalties (None: a fault left it out)."""
     return {
         **stats.record(t),
+        # the problem's group in the step and, for generated or reasoning-gym problems, its task
+        "group": t.meta.get("group"),
+        "family": t.meta.get("family"),
+        "level": t.meta.get("level"),
         "kept": kept,
         "p_err": scored.p_err if scored else 0.0,
         "p_format": scored.p_format if scored else 0.0,
@@ -57,7 +61,51 @@ def step_metrics(all_records: list[dict[str, Any]]) -> dict[str, float]:
     }
     finish = {f"finish/{reason}": finishes[reason] / n for reason in FINISH_REASONS}
     signs = {f"health/{sign}": share for sign, share in d["health"].items()}
-    return {**m, **finish, **signs, **faulted, "rollouts": float(len(all_records))}
+    return {
+        **m,
+        **program_metrics(records),
+        **pass_rates(records),
+        **finish,
+        **signs,
+        **faulted,
+        "rollouts": float(len(all_records)),
+    }
+
+
+def program_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
+    """What RL does to the programs and what RoC prefers: the share of tool calls of two or more lines
+    (all rollouts, the correct ones RoC kept), the mean length of the correct rollouts kept against
+    the correct ones dropped, and the share of groups whose rewards are all equal (no signal)."""
+    correct = [r for r in records if r["correct"]]
+    kept = [r for r in correct if r["kept"]]
+    dropped = [r for r in correct if not r["kept"]]
+    groups: dict[Any, set[float]] = {}
+    for r in records:
+        groups.setdefault(r["group"], set()).add(r["reward"])
+    out = {
+        "tools/multiline_share": stats.multiline_share(records),
+        "tools/multiline_share_correct_kept": stats.multiline_share(kept),
+        "groups/zero_spread_share": stats.mean([float(len(v) == 1) for v in groups.values()]),
+    }
+    if kept:
+        out["roc/correct_kept_length"] = stats.mean([r["tokens"] for r in kept])
+    if dropped:
+        out["roc/correct_dropped_length"] = stats.mean([r["tokens"] for r in dropped])
+    return out
+
+
+def pass_rates(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Accuracy by task family (``pass/FAMILY``) and, where the family has levels, by level
+    (``pass/FAMILY/LEVEL``), over the rollouts whose problem names its family."""
+    cells: dict[str, list[float]] = {}
+    for r in records:
+        family = r.get("family")
+        if family is None:
+            continue
+        cells.setdefault(f"pass/{family}", []).append(float(r["correct"]))
+        if r.get("level") is not None:
+            cells.setdefault(f"pass/{family}/{r['level']}", []).append(float(r["correct"]))
+    return {k: stats.mean(v) for k, v in sorted(cells.items())}
 
 
 def engine_metrics(
