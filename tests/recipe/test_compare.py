@@ -19,6 +19,7 @@ from rstar2.recipe.report_card import eval_dir, sampled_trajectories
 from rstar2.recipe.run import run_recipe
 from rstar2.recipe.spec import parse_recipe
 from rstar2.rl.plumbing.metrics_log import read_metrics
+from rstar2.rollout.stats import code_lines
 from rstar2.rollout.trajectory import read_trajectories
 
 from ..conftest import ROOT, RSTAR2
@@ -96,7 +97,18 @@ def test_a_lever_of_ones_own_is_roc_with_its_settings(source):
 def test_compare_runs_every_arm_and_summarizes_their_own_numbers(source, tmp_path):
     out = tmp_path / "cmp"
     wide = {**os.environ, "COLUMNS": "400"}
-    cmd = [*RSTAR2, "compare", str(source), "--out", str(out), "--seeds", "2", "--parallel", "3", "--no-progress"]
+    cmd = [
+        *RSTAR2,
+        "compare",
+        str(source),
+        "--out",
+        str(out),
+        "--seeds",
+        "2",
+        "--parallel",
+        "3",
+        "--no-progress",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1100, env=wide)
     assert r.returncode == 0, r.stderr[-3000:]
     _, checkpoint = source_run(source)
@@ -126,9 +138,21 @@ def test_compare_runs_every_arm_and_summarizes_their_own_numbers(source, tmp_pat
             assert [r["step"] for r in entry["steps"][str(seed)]] == [1]
         start = per_problem_accuracy(read_trajectories(sampled_trajectories(out / "sft" / "heldout"))[0])
         assert entry["final"]["heldout"]["start"] == pytest.approx(sum(start.values()) / len(start))
+        # the programs: the share of the final evaluations' tool calls with two or more lines, each
+        # seed's from its own trajectories, and the SFT checkpoint's
+        shares = []
+        for seed in (0, 1):
+            trajs = read_trajectories(sampled_trajectories(eval_dir(out / f"{variant}-s{seed}", 1, "rl-64")))[
+                0
+            ]
+            calls = [c for t in trajs for c in t.calls]
+            shares.append(sum(code_lines(c) >= 2 for c in calls) / len(calls) if calls else 0.0)
+        assert entry["final"]["heldout"]["multiline"] == pytest.approx(sum(shares) / 2)
+        assert 0 <= entry["final"]["heldout"]["multiline_start"] <= 1
     assert summary["reference"] == "roc" and set(summary["versus"]) == {"grpo-kept", "grpo-all"}
     text = (out / "compare.md").read_text()
     assert "roc minus grpo-all: heldout" in text and "| roc | 2 |" in text
+    assert "Tool calls of two or more lines after the stages" in text
     assert (out / "compare_tools_error_ratio_correct_kept.png").stat().st_size > 0
     costs = json.loads((out / "costs.json").read_text())
     assert set(costs) == {"sft"} | {f"{v}-s{s}" for v in DEFAULT_VARIANTS for s in (0, 1)}

@@ -164,6 +164,15 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     assert len(warned) == len(said) and all(
         f"- warning, {w['stage']}: {w['message']}" in text for w in warned[:10]
     )
+    # the programs: each RL stage's share of tool calls of two or more lines, first and last step
+    from rstar2.recipe.report_card import percent
+    from rstar2.rl.plumbing.metrics_log import read_metrics
+
+    for n, name in enumerate(("rl-64", "rl-128", "rl-hard"), 2):
+        rows = read_metrics(out / f"{n:02d}-{name}" / "metrics.jsonl")
+        shares = [percent(r["tools/multiline_share"]) for r in (rows[0], rows[-1])]
+        assert f"| {name} | rl | {len(rows)} | False | {shares[0]} → {shares[1]} |" in text
+        assert {"groups/zero_spread_share", "tools/multiline_share_correct_kept"} <= rows[0].keys()
     # every step of every RL stage redone from what it kept is the run's, bit for bit (rstar2 replay)
     from rstar2.rl.replay import replay
 

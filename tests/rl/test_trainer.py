@@ -60,7 +60,14 @@ def rl_config(model_dir: Path, data: Path, out: Path) -> dict:
         },
         "roc": {"keep": 4},
         "optim": {"lr": 1e-2, "warmup_steps": 0, "mini_batches": 2},
-        "run": {"out": str(out), "steps": STEPS, "batch_size": 4, "save_every": 2, "progress": False},
+        "run": {
+            "out": str(out),
+            "steps": STEPS,
+            "batch_size": 4,
+            "save_every": 2,
+            "progress": False,
+            "kl_to_start": True,  # a frozen copy of the start measures the policy's drift (not in the loss)
+        },
     }
 
 
@@ -105,6 +112,10 @@ def test_reward_rises_and_the_run_folder_is_complete(uninterrupted):
         "engine/evictions",
     ):
         assert key in rows[0], key
+    # the KL to the run's start, in every step that updated: grown from the first (whose first
+    # optimizer step starts there) to the last (lr 1e-2 on a tiny model)
+    kl = [r["update/ref_kl"] for r in rows if "update/skipped" not in r]
+    assert len(kl) >= 2 and 0 <= kl[0] < kl[-1], kl
     for r in rows:  # the in-process engine's rows held and time in joins, per step
         assert 0 < r["engine/occupancy"] <= 1 and 0 < r["engine/join_share"] < 1, r
     assert (run / "metrics.png").stat().st_size > 0

@@ -26,7 +26,9 @@ import yaml
 from ..config import parse_config, set_value
 from ..memory import peak_bytes, release_memory, reset_peak
 from ..plots import pyplot, save_figure
-from .report_card import accuracy_in, eval_dir, paired_change, percent, stage_metrics
+from ..rollout.stats import multiline_share, record
+from ..rollout.trajectory import read_trajectories
+from .report_card import accuracy_in, eval_dir, paired_change, percent, sampled_trajectories, stage_metrics
 from .spec import DataSpec, Recipe, moved_home, parse_recipe, stage_rollout, stage_tree
 
 DEFAULT_VARIANTS = ("roc", "grpo-kept", "grpo-all")
@@ -42,6 +44,10 @@ STEP_KEYS = (
     ("response/length_mean", "response tokens (mean)"),
     ("format/fault_share", "share of rollouts with a format fault"),
     ("tools/calls_per_traj", "tool calls per rollout"),
+    ("tools/multiline_share", "tool calls of 2+ lines (all rollouts)"),
+    ("tools/multiline_share_correct_kept", "tool calls of 2+ lines (correct, kept)"),
+    ("groups/zero_spread_share", "groups without reward spread"),
+    ("update/ref_kl", "KL to the stage's start"),
 )
 # the step metrics the summary table averages over each run's last steps
 TAIL_KEYS = (
@@ -285,12 +291,18 @@ def arm_steps(arm: Arm, recipe: Recipe) -> list[dict[str, Any]]:
     return rows
 
 
-def final_accuracy(arm: Arm, recipe: Recipe) -> dict[str, dict[Any, float]]:
-    """Per-problem accuracy after the last stage: ``heldout`` and each ``eval.also`` set."""
+def final_evals(arm: Arm, recipe: Recipe) -> dict[str, Path]:
+    """Where the evaluations after the last stage are: ``heldout`` and each ``eval.also`` set."""
     n, last = len(recipe.stages), recipe.stages[-1].name
     where = {"heldout": eval_dir(arm.folder, n, last)}
     where.update({Path(s).stem: eval_dir(arm.folder, n, f"{last}-{Path(s).stem}") for s in recipe.eval.also})
-    return {k: accuracy_in(d) for k, d in where.items()}
+    return where
+
+
+def multiline_in(out_dir: Path) -> float:
+    """The share of an evaluation's tool calls that have two or more lines."""
+    trajs, _ = read_trajectories(sampled_trajectories(out_dir))
+    return multiline_share([record(t) for t in trajs])
 
 
 def _mean_over(per_seed: Sequence[dict[Any, float]]) -> dict[Any, float]:
@@ -304,6 +316,7 @@ def summarize(out: Path, recipe: Recipe, plan: Sequence[Arm]) -> dict[str, Any]:
     its paired change from the SFT checkpoint, and the first variant's paired difference from each."""
     sets = ["heldout", *(Path(s).stem for s in recipe.eval.also)]
     start = {s: accuracy_in(out / "sft" / s) for s in sets} if (out / "sft").exists() else {}
+    start_programs = {s: multiline_in(out / "sft" / s) for s in start}
     done = [a for a in plan if _finished(a.folder)]
     variants: dict[str, Any] = {}
     finals: dict[str, dict[str, dict[Any, float]]] = {}
@@ -311,7 +324,8 @@ def summarize(out: Path, recipe: Recipe, plan: Sequence[Arm]) -> dict[str, Any]:
         finished = [a for a in done if a.variant == v]
         if not finished:
             continue
-        accs = [final_accuracy(a, recipe) for a in finished]
+        evals = [final_evals(a, recipe) for a in finished]
+        accs = [{k: accuracy_in(d) for k, d in e.items()} for e in evals]
         steps = {a.seed: arm_steps(a, recipe) for a in finished}
         entry: dict[str, Any] = {"seeds": [a.seed for a in finished], "steps": steps, "final": {}}
         for s in sets:
@@ -322,7 +336,10 @@ def summarize(out: Path, recipe: Recipe, plan: Sequence[Arm]) -> dict[str, Any]:
                 "per_seed": per_seed,
                 "mean": statistics.fmean(per_seed),
                 "sd": statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0,
+                "multiline": statistics.fmean(multiline_in(e[s]) for e in evals),
             }
+            if s in start_programs:
+                row["multiline_start"] = start_programs[s]
             if start.get(s):
                 change, half, n = paired_change(start[s], mean_acc)
                 row.update(
@@ -366,6 +383,20 @@ def write_summary(out: Path, recipe: Recipe, plan: Sequence[Arm], costs: dict[st
         lines.append(
             _variant_row(v, entry, sets, [costs[a.name] for a in plan if a.variant == v and a.name in costs])
         )
+    lines += [
+        "",
+        "Tool calls of two or more lines after the stages (after SFT in brackets), mean over seeds:",
+        "",
+        "| variant | " + " | ".join(sets) + " |",
+        "|---|" + "---|" * len(sets),
+    ]
+    for v, entry in summary["variants"].items():
+        cells = []
+        for x in sets:
+            f = entry["final"][x]
+            start = f" ({percent(f['multiline_start'])})" if "multiline_start" in f else ""
+            cells.append(f"{percent(f['multiline'])}{start}")
+        lines.append(f"| {v} | " + " | ".join(cells) + " |")
     for v, by_set in summary["versus"].items():
         differences = ", ".join(
             f"{x} {100 * d['minus']:+.1f} ± {100 * d['ci95']:.1f} points (paired over {d['paired']})"

@@ -224,7 +224,7 @@ def write_report(out: Path, recipe: Any, state: dict[str, Any]) -> Path:
     health, warned = health_section(out, recipe, stages)
     lines = [
         *_results(out, recipe, state, gain),
-        *_stage_table(recipe, state),
+        *_stage_table(recipe, state, stages),
         *health,
         *_links(out, [_plot_evals(out, evals), _plot_steps(out, stages)]),
     ]
@@ -266,13 +266,22 @@ def _results(out: Path, recipe: Any, state: dict[str, Any], gain: str | None) ->
     return lines
 
 
-def _stage_table(recipe: Any, state: dict[str, Any]) -> list[str]:
-    lines = ["| stage | kind | steps | stopped early | checkpoint |", "|---|---|---|---|---|"]
-    for stage in recipe.stages:
+def _stage_table(
+    recipe: Any, state: dict[str, Any], stages: list[tuple[str, list[dict[str, Any]]]]
+) -> list[str]:
+    """Each stage's steps and checkpoint; an RL stage's share of tool calls of two or more lines in
+    its first and last step's rollouts (the programs SFT taught, kept or unlearned)."""
+    lines = [
+        "| stage | kind | steps | stopped early | tool calls of 2+ lines (first → last step) | checkpoint |",
+        "|---|---|---|---|---|---|",
+    ]
+    for stage, (_, rows) in zip(recipe.stages, stages, strict=True):
         s = state.get("stages", {}).get(stage.name, {})
+        shares = [r["tools/multiline_share"] for r in rows if "tools/multiline_share" in r]
+        programs = f"{percent(shares[0])} → {percent(shares[-1])}" if shares else "–"
         lines.append(
             f"| {stage.name} | {stage.kind} | {s.get('steps', '–')} | {s.get('stopped_early', '–')} | "
-            f"{s.get('checkpoint', 'not run')} |"
+            f"{programs} | {s.get('checkpoint', 'not run')} |"
         )
     return lines
 
