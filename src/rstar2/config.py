@@ -262,6 +262,11 @@ class RocSection(_Section):
     mode: Literal["lowest", "weighted", "uniform"] = "lowest"
     min_per_class: int = Field(2, ge=0)  # keep at least this many of each class where present
     drop_equal_reward_groups: bool = True
+    # RL at the policy's frontier (DAPO's dynamic sampling): a group whose rewards are all equal
+    # teaches nothing, so fresh problems are sampled, up to this many extra groups a step, until
+    # run.batch_size groups have a spread (pass rate strictly between 0 and 1 under the current
+    # policy); 0: off
+    refill_groups: int = Field(0, ge=0)
     error_penalty: bool = True
     format_penalty: bool = True
     # p_format's turns: every assistant turn (the paper's text) or the tool rounds (released code)

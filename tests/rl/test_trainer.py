@@ -192,3 +192,52 @@ def test_a_killed_run_resumes_exactly(setup, tiny_dir, uninterrupted):
     final_b = load_file(str(latest_checkpoint(run_b) / "model.safetensors"))
     for k in final_a:
         assert torch.allclose(final_a[k], final_b[k], atol=1e-6), k
+
+
+@pytest.mark.slow
+def test_groups_without_a_reward_spread_are_refilled_from_an_order_of_their_own(setup, tiny_dir, tmp_path):
+    """``roc.refill_groups``: a step whose groups have no reward spread (here: every problem whose
+    number is a multiple of 3) samples fresh problems, in an order of their own, until
+    ``run.batch_size`` groups have one or the budget is spent; a resumed run continues that order."""
+    from rstar2.rl.trainer import refill_order
+
+    def run(out: Path, steps: int, resume: bool = False) -> list[dict]:
+        tree = rl_config(tiny_dir, setup / "train.jsonl", out)
+        tree["reward"] = "tests.rl.rewards:flat_when_a_multiple_of_three"
+        tree["roc"]["refill_groups"] = 3
+        tree["run"].update(steps=steps, save_every=1, kl_to_start=False)
+        threads = torch.get_num_threads()
+        try:
+            asyncio.run(RLTrainer(parse_config(tree), resume=resume).train())
+        finally:
+            torch.set_num_threads(threads)
+        return read_metrics(out / "metrics.jsonl")
+
+    rows = run(tmp_path / "a", 3)
+    cfg = parse_config(yaml.safe_load((tmp_path / "a" / "config.yaml").read_text()))
+    refills = refill_order([json.loads(x) for x in (setup / "train.jsonl").read_text().splitlines()], cfg)
+    for r in rows:
+        step = r["step"]
+        samples = [
+            json.loads(x)
+            for x in (tmp_path / "a" / "samples" / f"step_{step:06d}.jsonl").read_text().splitlines()
+        ]
+        groups: dict[int, list[dict]] = {}
+        for t in samples:
+            groups.setdefault(t["meta"]["group"], []).append(t)
+        n = int(r["groups/refilled"])
+        assert sorted(groups) == list(range(4 + n)) and r["roc/groups"] == 4 + n
+        spread = [g for g, ts in groups.items() if len({t["reward"] for t in ts}) > 1]
+        first = [g for g in spread if g < 4]
+        # refilled only while fewer than 4 groups had a spread, and at most 3 a step
+        assert n == 0 if len(first) == 4 else (len(spread) >= 4 or n == 3), (step, spread, n)
+        # the extra groups' problems are the refill order's next ones
+        taken = [row["problem"] for row in refills.take(n)]
+        assert [groups[4 + j][0]["problem"] for j in range(n)] == taken
+        assert all(int(t["problem"].split()[2]) % 3 for g in spread for t in groups[g][:1])
+    assert sum(r["groups/refilled"] for r in rows) > 0
+    # two steps, then resumed for the third: the same third step as the run of three
+    run(tmp_path / "b", 2)
+    again = run(tmp_path / "b", 3, resume=True)
+    for key in ("groups/refilled", "reward/mean", "roc/groups_kept", "loss"):
+        assert again[-1][key] == pytest.approx(rows[-1][key], rel=1e-5), key

@@ -55,6 +55,18 @@ def load_reward(spec: str) -> RewardFn:
     return fn
 
 
+def has_spread(group: list[Trajectory]) -> bool:
+    """Whether a group's rollouts (those the system did not spoil) earned different rewards: only
+    then does it have an advantage to learn from."""
+    return len({t.reward for t in group if t.fault is None}) > 1
+
+
+def refill_order(rows: list[dict[str, Any]], cfg: RLConfig, position: int = 0) -> DataStream:
+    """The problems that replace groups without a reward spread (``roc.refill_groups``): an order of
+    their own, so the main order (and a resumed run's) does not depend on how many were needed."""
+    return DataStream(rows, cfg.run.seed + 104_729, cfg.data.shuffle, position)
+
+
 def task_of(problem: dict[str, Any]) -> dict[str, Any]:
     """The task a problem row names, for the step's pass rates by family and level: a generated
     problem's ``family`` and ``level``, a reasoning-gym problem's task as its family."""
@@ -126,6 +138,7 @@ class RLTrainer:
         self.run_dir = Path(cfg.run.out)
         self.world = D.World()
         self.step_no = 0
+        self.refilled = 0  # extra groups drawn for the last step (roc.refill_groups)
         self.warnings: list[health.HealthWarning] = []  # the last step's (rollout/health.py)
 
     # -- set-up ------------------------------------------------------------------------------
@@ -151,6 +164,8 @@ class RLTrainer:
         if self.world.main and any("gym" in r for r in rows):  # drawn here: kept with the run
             write_jsonl(rows, self.run_dir / "problems.jsonl")
         self.problems = DataStream(rows, cfg.run.seed, cfg.data.shuffle, run.data_position)
+        drawn = json.loads((start.checkpoint / "state.json").read_text()) if start.checkpoint else {}
+        self.refills = refill_order(rows, cfg, drawn.get("refill_position", 0))
         if cfg.uncorrected and self.world.main:
             _say(
                 f"[rstar2] warning: asynchronous.max_staleness={cfg.asynchronous.max_staleness} without "
@@ -224,7 +239,8 @@ class RLTrainer:
     def save(self, metrics: dict[str, Any]) -> Path:
         # the problems of the steps trained so far (the feed may have taken later steps' already)
         position = self.first_position + (self.step_no - self.first_step) * self.cfg.run.batch_size
-        return self.run.save(self.step_no, {"data_position": position, "metrics": metrics})
+        state = {"data_position": position, "refill_position": self.refills.position, "metrics": metrics}
+        return self.run.save(self.step_no, state)
 
     # -- rollouts ----------------------------------------------------------------------------
     def _items(self, step: int, g: int, problem: dict[str, Any]) -> list[dict[str, Any]]:
@@ -253,13 +269,19 @@ class RLTrainer:
         own_groups = len(range(self.world.rank, B, self.world.size))
         on_done = self._progress(step, own_groups * self.cfg.rollout.samples)
 
-        async def run() -> list[Trajectory]:
-            trajs = await self.rollout.run_many(items, on_done=on_done)
-            for t in trajs:
-                t.meta["admitted_version"] = admitted
-            return trajs
+        return self._group(items, admitted, on_done)
 
-        return run()
+    async def _group(
+        self, items: list[dict[str, Any]], admitted: int, on_done: Callable[[Trajectory], None] | None = None
+    ) -> list[Trajectory]:
+        """One group's rollouts, rewarded (by ``reward:`` where the config names one, which sees every
+        rollout, truncated ones too) and marked with the policy version that admitted them."""
+        trajs = await self.rollout.run_many(items, on_done=on_done)
+        for t in trajs:
+            t.meta["admitted_version"] = admitted
+            if self.reward_fn is not None:
+                t.reward = float(self.reward_fn(t))
+        return trajs
 
     def _progress(self, step: int, total: int) -> Callable[[Trajectory], None] | None:
         """A bar of ``step``'s ``total`` rollouts (the groups of a step share one)."""
@@ -288,9 +310,6 @@ class RLTrainer:
         trajs = [t for g in sampled for t in g]
         rollout_s = time.perf_counter() - t0
         check_faults(trajs, cfg, self.world)  # a lost engine, or too many spoiled: no step
-        if self.reward_fn is not None:
-            for t in trajs:
-                t.reward = float(self.reward_fn(t))  # a custom reward sees every rollout, truncated ones too
 
         # RoC keeps G of each group's 2G, then group-normalised advantages; faults reach neither
         chosen = select_rows(sampled, own, step, cfg)
@@ -320,7 +339,8 @@ class RLTrainer:
         t3 = time.perf_counter()
         self.step_no = step
         times = {"rollout": rollout_s, "update": t2 - t1, "sync": t3 - t2, "step": t3 - t0}
-        return await self.after_step(step, sampled, chosen, {**update, **sync}, times)
+        update = {**update, **sync, "groups/refilled": float(self.refilled)}
+        return await self.after_step(step, sampled, chosen, update, times)
 
     def _keeping(
         self, step: int, sampled: list[list[Trajectory]], own: list[int], chosen: Selection
@@ -340,10 +360,34 @@ class RLTrainer:
         return keeping(update_on_rollouts, kept, self.run_dir, self.world.rank)
 
     async def rollouts(self) -> tuple[list[int], list[list[Trajectory]]]:
-        """This process's groups of the next step (indices, rollouts), started up to k updates ago."""
+        """This process's groups of the next step (indices, rollouts), started up to k updates ago,
+        and the groups that replace those without a reward spread (``roc.refill_groups``)."""
         groups = await self.feed.step(self.step_no)
         own = [g for g in range(len(groups)) if g % self.world.size == self.world.rank]
-        return own, [groups[g] for g in own]
+        sampled = [groups[g] for g in own]
+        self.refilled = await self._refill(own, sampled) if self.cfg.roc.refill_groups else 0
+        return own, sampled
+
+    async def _refill(self, own: list[int], sampled: list[list[Trajectory]]) -> int:
+        """Fresh groups, sampled now, until ``run.batch_size`` groups of the step (over all processes)
+        have a reward spread or ``roc.refill_groups`` extra ones were drawn; appended to ``own`` and
+        ``sampled`` (group ``B + j`` is the step's j-th extra one, on process ``(B + j) % size``).
+        Every process draws every extra problem, so the order of the draws is the same on each."""
+        B, step, world = self.cfg.run.batch_size, self.step_no + 1, self.world
+        drawn = 0
+        while True:
+            spread = D.all_sum([sum(has_spread(g) for g in sampled)], world)[0]
+            n = min(B - int(spread), self.cfg.roc.refill_groups - drawn)
+            if n <= 0:
+                return drawn
+            problems = self.refills.take(n)
+            ids = range(B + drawn, B + drawn + n)
+            mine = [(g, p) for g, p in zip(ids, problems, strict=True) if g % world.size == world.rank]
+            own += [g for g, _ in mine]
+            sampled += await asyncio.gather(
+                *(self._group(self._items(step, g, p), self.step_no) for g, p in mine)
+            )
+            drawn += n
 
     async def off_loop(self, update: Callable[..., dict[str, Any]], *args: Any, **kw: Any) -> dict[str, Any]:
         """``update(*args, **kw)`` in a worker thread (later steps' rollouts go on meanwhile), the torch

@@ -81,7 +81,7 @@ def program_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
     dropped = [r for r in correct if not r["kept"]]
     groups: dict[Any, set[float]] = {}
     for r in records:
-        groups.setdefault(r["group"], set()).add(r["reward"])
+        groups.setdefault(r.get("group"), set()).add(r["reward"])
     out = {
         "tools/multiline_share": stats.multiline_share(records),
         "tools/multiline_share_correct_kept": stats.multiline_share(kept),
