@@ -195,17 +195,25 @@ def test_a_killed_run_resumes_exactly(setup, tiny_dir, uninterrupted):
 
 
 @pytest.mark.slow
-def test_groups_without_a_reward_spread_are_refilled_from_an_order_of_their_own(setup, tiny_dir, tmp_path):
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_groups_without_a_reward_spread_are_refilled_from_an_order_of_their_own(
+    setup, tiny_dir, tmp_path, staleness
+):
     """``roc.refill_groups``: a step whose groups have no reward spread (here: every problem whose
     number is a multiple of 3) samples fresh problems, in an order of their own, until
-    ``run.batch_size`` groups have one or the budget is spent; a resumed run continues that order."""
+    ``run.batch_size`` groups have one or the budget is spent; a resumed run continues that order.
+    At k = 1 the next step's groups sample meanwhile; the refills follow the same rule."""
     from rstar2.rl.trainer import refill_order
 
     def run(out: Path, steps: int, resume: bool = False) -> list[dict]:
         tree = rl_config(tiny_dir, setup / "train.jsonl", out)
         tree["reward"] = "tests.rl.rewards:flat_when_a_multiple_of_three"
         tree["roc"]["refill_groups"] = 3
-        tree["run"].update(steps=steps, save_every=1, kl_to_start=False)
+        tree["run"].update(steps=steps, save_every=1)
+        if staleness:  # the decoupled correction needs the engine's untruncated distribution
+            tree["asynchronous"] = {"max_staleness": staleness}
+            tree["loss"] = {"tis_cap": 2.0}
+            tree["rollout"]["top_k"] = 0
         threads = torch.get_num_threads()
         try:
             asyncio.run(RLTrainer(parse_config(tree), resume=resume).train())
@@ -236,6 +244,8 @@ def test_groups_without_a_reward_spread_are_refilled_from_an_order_of_their_own(
         assert [groups[4 + j][0]["problem"] for j in range(n)] == taken
         assert all(int(t["problem"].split()[2]) % 3 for g in spread for t in groups[g][:1])
     assert sum(r["groups/refilled"] for r in rows) > 0
+    if staleness:  # a resumed run at k > 0 samples its first step's groups anew, with newer weights
+        return
     # two steps, then resumed for the third: the same third step as the run of three
     run(tmp_path / "b", 2)
     again = run(tmp_path / "b", 3, resume=True)
