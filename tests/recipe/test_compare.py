@@ -37,7 +37,8 @@ def source(tmp_path_factory):
     tree = miniature()
     tree["stages"] = tree["stages"][:2]
     tree["stages"][1].pop("filter")
-    tree["eval"].update(before=False, plain_before=False, also=[str(other)], entropy_trajectories=0)
+    gym = "gym:leg_counting?size=2&seed=0"  # a set whose folder is named for its source, not its text
+    tree["eval"].update(before=False, plain_before=False, also=[str(other), gym], entropy_trajectories=0)
     run_recipe(parse_recipe(tree), root / "run", progress=False, log=lambda s: None)
     return root / "run"
 
@@ -113,7 +114,7 @@ def test_compare_runs_every_arm_and_summarizes_their_own_numbers(source, tmp_pat
     assert r.returncode == 0, r.stderr[-3000:]
     _, checkpoint = source_run(source)
     summary = json.loads((out / "compare.json").read_text())
-    assert list(summary["variants"]) == list(DEFAULT_VARIANTS) and summary["sets"] == ["heldout", "other"]
+    assert list(summary["variants"]) == list(DEFAULT_VARIANTS) and summary["sets"] == ["heldout", "other", "gym-leg_counting"]
     for variant in DEFAULT_VARIANTS:
         entry = summary["variants"][variant]
         assert entry["seeds"] == [0, 1]

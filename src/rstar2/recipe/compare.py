@@ -26,6 +26,7 @@ import yaml
 from ..config import parse_config, set_value
 from ..memory import peak_bytes, release_memory, reset_peak
 from ..plots import pyplot, save_figure
+from ..problems import source_name
 from ..rollout.stats import multiline_share, record
 from ..rollout.trajectory import read_trajectories
 from .report_card import accuracy_in, eval_dir, paired_change, percent, sampled_trajectories, stage_metrics
@@ -273,7 +274,7 @@ async def evaluate_start(recipe: Recipe, checkpoint: Path, folder: Path, progres
     from .run import RecipeRun, eval_rows, evaluate_model, problem_rows
 
     sets = {"heldout": eval_rows(recipe)}
-    sets.update({Path(n).stem: problem_rows(DataSpec(files=[n]), recipe.seed) for n in recipe.eval.also})
+    sets.update({source_name(n): problem_rows(DataSpec(files=[n]), recipe.seed) for n in recipe.eval.also})
     async with open_services(stage_rollout(recipe)) as services:
         run = RecipeRun(recipe, folder, progress, services=services)
         for name, rows in sets.items():
@@ -295,7 +296,7 @@ def final_evals(arm: Arm, recipe: Recipe) -> dict[str, Path]:
     """Where the evaluations after the last stage are: ``heldout`` and each ``eval.also`` set."""
     n, last = len(recipe.stages), recipe.stages[-1].name
     where = {"heldout": eval_dir(arm.folder, n, last)}
-    where.update({Path(s).stem: eval_dir(arm.folder, n, f"{last}-{Path(s).stem}") for s in recipe.eval.also})
+    where.update({source_name(s): eval_dir(arm.folder, n, f"{last}-{source_name(s)}") for s in recipe.eval.also})
     return where
 
 
@@ -314,7 +315,7 @@ def _mean_over(per_seed: Sequence[dict[Any, float]]) -> dict[Any, float]:
 def summarize(out: Path, recipe: Recipe, plan: Sequence[Arm]) -> dict[str, Any]:
     """Per variant: every finished seed's step curves, final accuracy (mean and spread over seeds),
     its paired change from the SFT checkpoint, and the first variant's paired difference from each."""
-    sets = ["heldout", *(Path(s).stem for s in recipe.eval.also)]
+    sets = ["heldout", *(source_name(s) for s in recipe.eval.also)]
     start = {s: accuracy_in(out / "sft" / s) for s in sets} if (out / "sft").exists() else {}
     start_programs = {s: multiline_in(out / "sft" / s) for s in start}
     done = [a for a in plan if _finished(a.folder)]
