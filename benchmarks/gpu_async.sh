@@ -46,27 +46,8 @@ phase cuda-tests 150 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/engines
 phase decode-graphs 150 "$py" benchmarks/decode_graphs.py --model "$model" --rows 1,8,64 --new 96 \
   --repeat 2 --out "$out/decode_graphs.json"
 # the recipe's SFT stage on the GPU, the demo stopped once its checkpoint is recorded
-phase sft 200 "$py" - "$work/run" "$model" <<'EOF'
-import json, subprocess, sys, time
-from pathlib import Path
-
-run, model = Path(sys.argv[1]), sys.argv[2]
-cmd = [sys.executable, "-m", "rstar2", "demo", "--recipe", "smollm2-135m", "--out", str(run), "--no-progress"]
-for s in (f"model.source={model}", "model.device=cuda", "rollout.sandbox_workers=8", "eval.before=false",
-          "eval.plain_before=false", "eval.also=[]"):
-    cmd += ["--set", s]
-proc = subprocess.Popen(cmd)
-while proc.poll() is None:
-    try:
-        if "sft" in json.loads((run / "recipe_state.json").read_text()).get("stages", {}):
-            print("SFT checkpoint recorded: demo stopped", flush=True)
-            proc.terminate()
-            break
-    except (OSError, ValueError):
-        pass
-    time.sleep(1)
-sys.exit(proc.wait() if proc.returncode is None else proc.returncode)
-EOF
+phase sft 200 "$py" benchmarks/sft_checkpoint.py "$work/run" --set "model.source=$model" \
+  --set model.device=cuda --set rollout.sandbox_workers=8 --set eval.before=false --set 'eval.also=[]'
 phase compare 400 "$py" -m rstar2 compare "$work/run" --out "$work/compare" --variants roc,async-k1 \
   --seeds 1 --stages rl-192 --set stages.rl-192.run.steps=8 --set model.device=cuda --set 'eval.also=[]' \
   --set eval.count=48 --no-progress

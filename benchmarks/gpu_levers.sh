@@ -40,27 +40,8 @@ cat "$out/env.log"
 
 # the recipe's SFT stage, the demo stopped once its checkpoint is recorded
 echo "== sft ($(date +%T))"
-timeout -k 10 "$(left)" "$py" - "$work/run" >"$logs/sft.log" 2>&1 <<'PY'
-import json, subprocess, sys, time
-from pathlib import Path
-
-run = Path(sys.argv[1])
-cmd = [sys.executable, "-m", "rstar2", "demo", "--recipe", "smollm2-135m", "--out", str(run), "--no-progress"]
-for s in ("model.device=cuda", "rollout.sandbox_workers=8", "eval.plain_before=false",
-          "eval.heldout_at=[]"):
-    cmd += ["--set", s]
-proc = subprocess.Popen(cmd)
-while proc.poll() is None:
-    try:
-        if "sft" in json.loads((run / "recipe_state.json").read_text()).get("stages", {}):
-            print("SFT checkpoint recorded: demo stopped", flush=True)
-            proc.terminate()
-            break
-    except (OSError, ValueError):
-        pass
-    time.sleep(1)
-proc.wait()
-PY
+timeout -k 10 "$(left)" "$py" benchmarks/sft_checkpoint.py "$work/run" --set model.device=cuda \
+  --set rollout.sandbox_workers=8 >"$logs/sft.log" 2>&1
 echo "== sft done ($(date +%T))"; tail -n 5 "$logs/sft.log"; pack
 
 ( while sleep 60; do pack; done ) &

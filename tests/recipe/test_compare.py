@@ -114,7 +114,11 @@ def test_compare_runs_every_arm_and_summarizes_their_own_numbers(source, tmp_pat
     assert r.returncode == 0, r.stderr[-3000:]
     _, checkpoint = source_run(source)
     summary = json.loads((out / "compare.json").read_text())
-    assert list(summary["variants"]) == list(DEFAULT_VARIANTS) and summary["sets"] == ["heldout", "other", "gym-leg_counting"]
+    assert list(summary["variants"]) == list(DEFAULT_VARIANTS) and summary["sets"] == [
+        "heldout",
+        "other",
+        "gym-leg_counting",
+    ]
     for variant in DEFAULT_VARIANTS:
         entry = summary["variants"][variant]
         assert entry["seeds"] == [0, 1]

@@ -205,18 +205,25 @@ def _update(model, rows, loss, **kw):
     )
 
 
+def _rows_and_a_moved_copy(model):
+    """Four rows in two groups, and a copy of ``model`` with every weight moved a little."""
+    import copy
+
+    seqs = [([5, 6, 7], [8 + i, 9 + i, 10 + i], [1, 1, 1], [0.0] * 3) for i in range(4)]
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return _rows(seqs, [1.0, -1.0, 0.5, -0.5], [0, 0, 1, 1]), other
+
+
 def test_kl_to_a_reference_model_enters_the_update(tiny):
     """With kl_coef > 0 the update reads the reference's logprobs: a reference equal to the policy
     adds nothing; a different one adds kl_coef times its (positive) k3 estimate to the loss."""
     import copy
 
     model, _ = tiny
-    seqs = [([5, 6, 7], [8 + i, 9 + i, 10 + i], [1, 1, 1], [0.0] * 3) for i in range(4)]
-    rows = _rows(seqs, [1.0, -1.0, 0.5, -0.5], [0, 0, 1, 1])
-    other = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in other.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    rows, other = _rows_and_a_moved_copy(model)
 
     def loss_with(ref):
         return _update(copy.deepcopy(model), rows, LossSection(kl_coef=0.3), ref_model=ref)
@@ -235,12 +242,7 @@ def test_kl_to_the_start_is_measured_without_entering_the_loss(tiny):
     import copy
 
     model, _ = tiny
-    seqs = [([5, 6, 7], [8 + i, 9 + i, 10 + i], [1, 1, 1], [0.0] * 3) for i in range(4)]
-    rows = _rows(seqs, [1.0, -1.0, 0.5, -0.5], [0, 0, 1, 1])
-    other = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in other.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    rows, other = _rows_and_a_moved_copy(model)
     plain = _update(copy.deepcopy(model), rows, LossSection())
     measured = _update(copy.deepcopy(model), rows, LossSection(), ref_model=other)
     term = _update(copy.deepcopy(model), rows, LossSection(kl_coef=0.3), ref_model=other)

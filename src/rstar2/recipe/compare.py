@@ -296,7 +296,9 @@ def final_evals(arm: Arm, recipe: Recipe) -> dict[str, Path]:
     """Where the evaluations after the last stage are: ``heldout`` and each ``eval.also`` set."""
     n, last = len(recipe.stages), recipe.stages[-1].name
     where = {"heldout": eval_dir(arm.folder, n, last)}
-    where.update({source_name(s): eval_dir(arm.folder, n, f"{last}-{source_name(s)}") for s in recipe.eval.also})
+    where.update(
+        {source_name(s): eval_dir(arm.folder, n, f"{last}-{source_name(s)}") for s in recipe.eval.also}
+    )
     return where
 
 
