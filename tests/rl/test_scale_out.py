@@ -403,12 +403,13 @@ def test_rl_under_torchrun_ends_with_the_parameters_of_one_process(tiny_dir, pro
         tree = small_rl(tiny_dir, problems, out)
         tree["run"]["batch_size"] = batch_size
         tree["optim"]["lr"] = 1e-3
+        tree["roc"]["refill_groups"] = 2  # groups without a spread refilled: the same draws on each process
         path = write_config(tree, tmp_path / f"n{n}.yaml")
         ok(cli(["train", str(path)]) if n == 1 else torchrun(2, ["train", str(path)]))
         runs[n] = out
     one, two = read_metrics(runs[1] / "metrics.jsonl"), read_metrics(runs[2] / "metrics.jsonl")
     for a, b in zip(one, two, strict=True):  # the same rollouts, rewards and RoC choices
-        for key in ("reward/mean", "rollouts_kept", "response/length_mean"):
+        for key in ("reward/mean", "rollouts_kept", "response/length_mean", "groups/refilled", "roc/groups"):
             assert a[key] == pytest.approx(b[key], abs=1e-9), (a["step"], key)
     start = load_file(str(tiny_dir / "model.safetensors"))
     moved = max(float((final_weights(runs[1])[k] - start[k]).abs().max()) for k in start)
