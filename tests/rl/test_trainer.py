@@ -112,10 +112,10 @@ def test_reward_rises_and_the_run_folder_is_complete(uninterrupted):
         "engine/evictions",
     ):
         assert key in rows[0], key
-    # the KL to the run's start, in every step that updated: grown from the first (whose first
-    # optimizer step starts there) to the last (lr 1e-2 on a tiny model)
+    # the KL to the run's start in every step that updated: never negative (k3), and above 0 once an
+    # optimizer step has moved the weights from the start (every step after the first: lr 1e-2)
     kl = [r["update/ref_kl"] for r in rows if "update/skipped" not in r]
-    assert len(kl) >= 2 and 0 <= kl[0] < kl[-1], kl
+    assert kl and kl[0] >= 0 and all(v > 0 for v in kl[1:]), kl
     for r in rows:  # the in-process engine's rows held and time in joins, per step
         assert 0 < r["engine/occupancy"] <= 1 and 0 < r["engine/join_share"] < 1, r
     assert (run / "metrics.png").stat().st_size > 0

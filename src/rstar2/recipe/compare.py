@@ -24,12 +24,13 @@ from typing import Any
 import yaml
 
 from ..config import parse_config, set_value
+from ..eval.metrics import per_problem_accuracy
 from ..memory import peak_bytes, release_memory, reset_peak
 from ..plots import pyplot, save_figure
 from ..problems import source_name
 from ..rollout.stats import multiline_share, record
 from ..rollout.trajectory import read_trajectories
-from .report_card import accuracy_in, eval_dir, paired_change, percent, sampled_trajectories, stage_metrics
+from .report_card import eval_dir, paired_change, percent, sampled_trajectories, stage_metrics
 from .spec import DataSpec, Recipe, moved_home, parse_recipe, stage_rollout, stage_tree
 
 DEFAULT_VARIANTS = ("roc", "grpo-kept", "grpo-all")
@@ -240,9 +241,13 @@ def run_comparison(
         context = multiprocessing.get_context("spawn")  # no copy of this process's threads or device
         with ProcessPoolExecutor(parallel, mp_context=context) as pool:
             running = {pool.submit(job, *args): name for name, job, args in jobs}
-            for future in as_completed(running):
-                done(running[future], future.result())
-                log(f"[rstar2] compare: {running[future]} finished")
+            try:
+                for future in as_completed(running):
+                    done(running[future], future.result())
+                    log(f"[rstar2] compare: {running[future]} finished")
+            except BaseException:  # as one at a time: no run starts after one failed
+                pool.shutdown(cancel_futures=True)
+                raise
     return write_summary(out, first, plan, costs)
 
 
@@ -302,10 +307,11 @@ def final_evals(arm: Arm, recipe: Recipe) -> dict[str, Path]:
     return where
 
 
-def multiline_in(out_dir: Path) -> float:
-    """The share of an evaluation's tool calls that have two or more lines."""
+def figures_in(out_dir: Path) -> tuple[dict[Any, float], float]:
+    """An evaluation's per-problem accuracy and the share of its tool calls with two or more lines,
+    from one read of its trajectories."""
     trajs, _ = read_trajectories(sampled_trajectories(out_dir))
-    return multiline_share([record(t) for t in trajs])
+    return per_problem_accuracy(trajs), multiline_share([record(t) for t in trajs])
 
 
 def _mean_over(per_seed: Sequence[dict[Any, float]]) -> dict[Any, float]:
@@ -318,8 +324,8 @@ def summarize(out: Path, recipe: Recipe, plan: Sequence[Arm]) -> dict[str, Any]:
     """Per variant: every finished seed's step curves, final accuracy (mean and spread over seeds),
     its paired change from the SFT checkpoint, and the first variant's paired difference from each."""
     sets = ["heldout", *(source_name(s) for s in recipe.eval.also)]
-    start = {s: accuracy_in(out / "sft" / s) for s in sets} if (out / "sft").exists() else {}
-    start_programs = {s: multiline_in(out / "sft" / s) for s in start}
+    start_figures = {s: figures_in(out / "sft" / s) for s in sets} if (out / "sft").exists() else {}
+    start = {s: acc for s, (acc, _) in start_figures.items()}
     done = [a for a in plan if _finished(a.folder)]
     variants: dict[str, Any] = {}
     finals: dict[str, dict[str, dict[Any, float]]] = {}
@@ -327,8 +333,8 @@ def summarize(out: Path, recipe: Recipe, plan: Sequence[Arm]) -> dict[str, Any]:
         finished = [a for a in done if a.variant == v]
         if not finished:
             continue
-        evals = [final_evals(a, recipe) for a in finished]
-        accs = [{k: accuracy_in(d) for k, d in e.items()} for e in evals]
+        figures = [{k: figures_in(d) for k, d in final_evals(a, recipe).items()} for a in finished]
+        accs = [{k: acc for k, (acc, _) in f.items()} for f in figures]
         steps = {a.seed: arm_steps(a, recipe) for a in finished}
         entry: dict[str, Any] = {"seeds": [a.seed for a in finished], "steps": steps, "final": {}}
         for s in sets:
@@ -339,10 +345,10 @@ def summarize(out: Path, recipe: Recipe, plan: Sequence[Arm]) -> dict[str, Any]:
                 "per_seed": per_seed,
                 "mean": statistics.fmean(per_seed),
                 "sd": statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0,
-                "multiline": statistics.fmean(multiline_in(e[s]) for e in evals),
+                "multiline": statistics.fmean(f[s][1] for f in figures),
             }
-            if s in start_programs:
-                row["multiline_start"] = start_programs[s]
+            if s in start_figures:
+                row["multiline_start"] = start_figures[s][1]
             if start.get(s):
                 change, half, n = paired_change(start[s], mean_acc)
                 row.update(

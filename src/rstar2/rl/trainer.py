@@ -138,7 +138,6 @@ class RLTrainer:
         self.run_dir = Path(cfg.run.out)
         self.world = D.World()
         self.step_no = 0
-        self.refilled = 0  # extra groups drawn for the last step (roc.refill_groups)
         self.warnings: list[health.HealthWarning] = []  # the last step's (rollout/health.py)
 
     # -- set-up ------------------------------------------------------------------------------
@@ -164,8 +163,7 @@ class RLTrainer:
         if self.world.main and any("gym" in r for r in rows):  # drawn here: kept with the run
             write_jsonl(rows, self.run_dir / "problems.jsonl")
         self.problems = DataStream(rows, cfg.run.seed, cfg.data.shuffle, run.data_position)
-        drawn = json.loads((start.checkpoint / "state.json").read_text()) if start.checkpoint else {}
-        self.refills = refill_order(rows, cfg, drawn.get("refill_position", 0))
+        self.refills = refill_order(rows, cfg, run.resumed.get("refill_position", 0))
         if cfg.uncorrected and self.world.main:
             _say(
                 f"[rstar2] warning: asynchronous.max_staleness={cfg.asynchronous.max_staleness} without "
@@ -339,8 +337,7 @@ class RLTrainer:
         t3 = time.perf_counter()
         self.step_no = step
         times = {"rollout": rollout_s, "update": t2 - t1, "sync": t3 - t2, "step": t3 - t0}
-        update = {**update, **sync, "groups/refilled": float(self.refilled)}
-        return await self.after_step(step, sampled, chosen, update, times)
+        return await self.after_step(step, sampled, chosen, {**update, **sync}, times)
 
     def _keeping(
         self, step: int, sampled: list[list[Trajectory]], own: list[int], chosen: Selection
@@ -365,10 +362,11 @@ class RLTrainer:
         groups = await self.feed.step(self.step_no)
         own = [g for g in range(len(groups)) if g % self.world.size == self.world.rank]
         sampled = [groups[g] for g in own]
-        self.refilled = await self._refill(own, sampled) if self.cfg.roc.refill_groups else 0
+        if self.cfg.roc.refill_groups:
+            await self._refill(own, sampled)
         return own, sampled
 
-    async def _refill(self, own: list[int], sampled: list[list[Trajectory]]) -> int:
+    async def _refill(self, own: list[int], sampled: list[list[Trajectory]]) -> None:
         """Fresh groups, sampled now, until ``run.batch_size`` groups of the step (over all processes)
         have a reward spread or ``roc.refill_groups`` extra ones were drawn; appended to ``own`` and
         ``sampled`` (group ``B + j`` is the step's j-th extra one, on process ``(B + j) % size``).
@@ -379,7 +377,7 @@ class RLTrainer:
             spread = D.all_sum([sum(has_spread(g) for g in sampled)], world)[0]
             n = min(B - int(spread), self.cfg.roc.refill_groups - drawn)
             if n <= 0:
-                return drawn
+                return
             problems = self.refills.take(n)
             ids = range(B + drawn, B + drawn + n)
             mine = [(g, p) for g, p in zip(ids, problems, strict=True) if g % world.size == world.rank]
@@ -448,6 +446,8 @@ class RLTrainer:
         all_records = [r for part in D.all_gather_objects(records, world) for r in part]
         counts = roc_counts(choices)
         counts = dict(zip(counts, D.all_sum(list(counts.values()), world), strict=True))
+        # the groups past the step's batch are those drawn for groups without a spread
+        counts["groups/refilled"] = counts["roc/groups"] - self.cfg.run.batch_size
         gen_tokens = sum(r["model_tokens"] for r in all_records)
         # synchronous: the rollouts' own rate; asynchronous, they overlap the update: per step's time
         off_policy = self.cfg.asynchronous.off_policy

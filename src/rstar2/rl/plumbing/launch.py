@@ -36,12 +36,19 @@ class Training:
     """What a run trains and keeps: the learner, the metrics log, where a resumed run stands."""
 
     learner: Learner
-    step: int
-    data_position: int
+    resumed: dict[str, Any]  # the state.json of the checkpoint this run resumes from ({}: a new run)
     log: MetricsLog
     start: Start
     run_dir: Path
     keep: int  # run.keep_checkpoints
+
+    @property
+    def step(self) -> int:
+        return int(self.resumed.get("step", 0))
+
+    @property
+    def data_position(self) -> int:
+        return int(self.resumed.get("data_position", 0))
 
     def save(self, step: int, state: dict[str, Any]) -> Path:
         """Checkpoint ``step``; every process calls it (the weights are gathered), rank 0 writes."""
@@ -99,19 +106,19 @@ def load_training(
 ) -> Training:
     """``updates``: optimizer steps of the whole run (the schedule's length). ``before_shard`` sees
     the full model before FSDP shards it (the RL trainer copies it for its engine there)."""
-    learner, step, position = load_learner(cfg, start, updates, before_shard)
+    learner, resumed = load_learner(cfg, start, updates, before_shard)
     run_dir = Path(cfg.run.out)
     log = MetricsLog(
         run_dir,
         tensorboard=cfg.run.tensorboard,
         enabled=start.world.main,
-        resume_step=step,
+        resume_step=int(resumed.get("step", 0)),
         wandb=cfg.run.wandb,
         config=cfg.model_dump(mode="json"),
     )
     if start.world.main:
         (run_dir / "config.yaml").write_text(record(start.precision) + dump_config(cfg))
-    return Training(learner, step, position, log, start, run_dir, cfg.run.keep_checkpoints)
+    return Training(learner, resumed, log, start, run_dir, cfg.run.keep_checkpoints)
 
 
 def load_learner(
@@ -120,9 +127,9 @@ def load_learner(
     updates: int,
     before_shard: Callable[[torch.nn.Module], None] | None = None,
     fit: bool = True,
-) -> tuple[Learner, int, int]:
+) -> tuple[Learner, dict[str, Any]]:
     """The model, optimizer and schedule as the run stands at ``start`` (restored from its checkpoint,
-    or new, with the last stage's moments where asked); its step and data position. Opens and writes
+    or new, with the last stage's moments where asked); the checkpoint's state.json ({} when new). Opens and writes
     nothing in the run folder (``rstar2 replay`` loads a finished run's state with it, ``fit=False``:
     the micro-batches as the run fitted them, whatever memory is free now)."""
     from transformers import AutoModelForCausalLM
@@ -137,13 +144,12 @@ def load_learner(
     if fit:
         fit_to_memory(cfg, model.config.vocab_size, world)
     optimizer, lr_schedule = build_optimizer(model, cfg.optim, updates)
-    step = position = 0
+    state: dict[str, Any] = {}
     if start.checkpoint is not None:  # resuming this run: everything as it was
         state = load_trainer_state(start.checkpoint, model, optimizer, lr_schedule, world)
-        step, position = int(state["step"]), int(state.get("data_position", 0))
     elif cfg.run.init_from and not cfg.optim.reset_optimizer:  # a new stage from the last one's checkpoint
         carry_optimizer_state(cfg.run.init_from, model, optimizer, world)
-    return Learner(model, optimizer, lr_schedule, world), step, position
+    return Learner(model, optimizer, lr_schedule, world), state
 
 
 class RunError(RuntimeError):
