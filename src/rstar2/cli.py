@@ -36,7 +36,8 @@ app.add_typer(sandbox_commands.app, name="sandbox")
 analyze_app = typer.Typer(help="Look inside runs: token entropy of trajectories.", no_args_is_help=True)
 app.add_typer(analyze_app, name="analyze")
 model_app = typer.Typer(
-    help="Pretrained models: import a GGUF file or a Hugging Face folder.", no_args_is_help=True
+    help="Pretrained models: import a GGUF file or a Hugging Face folder; merge an adapter into its model.",
+    no_args_is_help=True,
 )
 app.add_typer(model_app, name="model")
 console = Console(stderr=True)
@@ -474,6 +475,27 @@ def model_import(
         f"logits equal the source's (max difference {report.max_logit_diff:.2g}): {report.out}",
         markup=False,
     )
+
+
+@model_app.command("merge")
+def model_merge(
+    source: Path = typer.Argument(
+        ..., help="An adapter checkpoint (model.lora), or a run folder: its last checkpoint."
+    ),
+    out: Path = typer.Option(..., "--out", "-o", help="The model folder to write (safetensors, tokenizer)."),
+) -> None:
+    """Write an adapter checkpoint merged into its base model: one Hugging Face folder that
+    `rstar2 eval`, `rstar2 serve` and vLLM load as any model."""
+    from .adapters import merge_folder
+    from .rl.plumbing.checkpoint import latest_checkpoint
+
+    checkpoint = latest_checkpoint(source) or source  # a run folder, or a checkpoint itself
+    try:
+        written = merge_folder(checkpoint, out)
+    except (ImportError, FileNotFoundError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    console.print(f"{checkpoint}'s adapter merged into its base model: {written}", markup=False)
 
 
 @analyze_app.command("entropy")

@@ -26,8 +26,20 @@ class _Section(BaseModel):
 Compute = Literal["auto", "bf16", "fp32"]
 
 
+class LoraSection(_Section):
+    """A low-rank adapter trained instead of every weight (PEFT's LoRA; ``rstar2.adapters``): the
+    checkpoints hold the adapter and its optimizer state, the engines decode the model with it."""
+
+    rank: int = Field(16, ge=1)
+    # the update is scaled by alpha / rank; 32 whatever the rank, as "LoRA Without Regret" ran it
+    # (its learning rates, ~10x full fine-tuning's, hold across ranks at a fixed alpha)
+    alpha: float = Field(32.0, gt=0)
+    targets: str | list[str] = "all-linear"  # PEFT's target_modules: every linear layer but the head
+    dropout: float = Field(0.0, ge=0, lt=1)
+
+
 class ModelSection(_Section):
-    path: str  # a local Hugging Face model directory
+    path: str  # a local Hugging Face model directory (or an adapter checkpoint: its base + adapter)
     tokenizer: str | None = None  # default: the model directory
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # parameters: auto (fp32), float32, bfloat16
@@ -37,6 +49,7 @@ class ModelSection(_Section):
     compute: Compute = "auto"
     gradient_checkpointing: bool = False
     threads: int | None = None  # torch CPU threads (None: torch's default)
+    lora: LoraSection | None = None  # None: every weight trained
 
 
 class Columns(_Section):
@@ -386,6 +399,11 @@ class RLConfig(_Section):
                 "(loss.tis_cap: null, written out, leaves the correction out on purpose, for an ablation)"
             )
         r = self.rollout
+        if self.model.lora is not None and r.engine.servers:
+            raise ValueError(
+                "model.lora with rollout.engine.servers: served engines do not load adapters yet; train "
+                "the adapter with the in-process engine (no servers), or train every weight (no model.lora)"
+            )
         if self.loss.tis_cap is not None and (r.top_k > 0 or r.top_p < 1):
             raise ValueError(
                 f"loss.tis_cap weighs each token by pi/mu, but with rollout.top_k={r.top_k} or "

@@ -41,8 +41,9 @@ def analyze(
     progress: bool = True,
 ) -> Summary:
     from tqdm.auto import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
+    from ..adapters import load_model
     from ..device import pick_device
 
     if not Path(model_path).is_dir():
@@ -51,7 +52,7 @@ def analyze(
         raise ValueError(f"--trajectories {trajectories}: no such file")
     if not 0 < top <= 1:
         raise ValueError(f"--top must be in (0, 1], got {top}")
-    model = AutoModelForCausalLM.from_pretrained(str(model_path)).to(pick_device(device)).eval()
+    model = load_model(model_path).to(pick_device(device)).eval()  # an adapter checkpoint merged
     tok = AutoTokenizer.from_pretrained(str(model_path))
     rows = list(trajectory_rows(trajectories, limit))
     if not rows:

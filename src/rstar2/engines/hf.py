@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..adapters import load_model
 from ..config import DEFAULT_ASYNC, DEFAULT_ROLLOUT, engine_budget
 from ..device import decode_compute, engine_dtype, max_positions, pick_device, resolve_precision
 from .base import Generation, SamplingParams
@@ -109,10 +110,8 @@ class HFEngine:
     def from_pretrained(
         cls, path: str | Path, *, device: str = "auto", dtype: str = "auto", **kw: Any
     ) -> HFEngine:
-        from transformers import AutoModelForCausalLM
-
         dev = pick_device(device)
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=engine_dtype(dev, dtype)).to(dev)
+        model = load_model(path, engine_dtype(dev, dtype)).to(dev)  # an adapter checkpoint merged
         return cls(model, name=kw.pop("name", Path(path).name), **kw)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:

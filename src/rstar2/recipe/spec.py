@@ -161,7 +161,8 @@ class EvalSpec(_Spec):
     entropy_trajectories: int = Field(128, ge=0)
 
 
-SECTIONS = ("rollout", "asynchronous", "roc", "loss", "optim", "run", "sft")
+SECTIONS = ("model", "rollout", "asynchronous", "roc", "loss", "optim", "run", "sft")
+STAGE_MODEL_KEYS = {"lora"}  # of model:, what a stage (or defaults.KIND) may set for itself
 PROBE_FILE = "probe.jsonl"  # an SFT stage's probe conversations, in its folder
 # stage keys that had a second name, and their one name now (under stages.NAME.)
 MOVED_FROM_STAGE = {
@@ -187,6 +188,7 @@ class StageSpec(_Spec):
     data: DataSpec
     filter: FilterSpec | None = None
     ladder: LadderSpec | None = None  # rl: draw the generator's problems from the cells in reach
+    model: dict[str, Any] = Field(default_factory=dict)  # only lora: an adapter for this stage (or null)
     rollout: dict[str, Any] = Field(default_factory=dict)
     asynchronous: dict[str, Any] = Field(default_factory=dict)
     roc: dict[str, Any] = Field(default_factory=dict)
@@ -217,6 +219,11 @@ class StageSpec(_Spec):
         foreign = [s for s in SECTIONS if getattr(self, s) and s not in config.model_fields]
         if foreign:
             raise ValueError(f"stage {self.name}: {foreign[0]}: not a setting of {self.kind} stages")
+        if set(self.model) - STAGE_MODEL_KEYS:
+            raise ValueError(
+                f"stages.{self.name}.model: a stage sets only {', '.join(sorted(STAGE_MODEL_KEYS))} "
+                f"(got {', '.join(sorted(self.model))}); the rest of model: is the recipe's, every stage's"
+            )
         if (probe := self.sft.get("probe")) is not None:  # a file of conversations, or data to build
             probe = {"files": [probe]} if isinstance(probe, str) else probe
             self._probe = validate(DataSpec, probe, f"stages.{self.name}.sft.probe")
@@ -279,6 +286,8 @@ class Recipe(_Spec):
         if isinstance(defaults, dict):
             for kind, own in (("rl", "rollout"), ("sft", "chat")):
                 moved = {own: "recipe.rollout", "model": "recipe.model"}
+                if set((defaults.get(kind) or {}).get("model") or {}) <= STAGE_MODEL_KEYS:
+                    moved.pop("model")  # model.lora for the stages of one kind
                 refuse_moved(defaults.get(kind), f"defaults.{kind}", moved)
         return tree
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..adapters import load_model
 from ..chat.token_classes import TokenClasses
 from ..config import ConfigError, RLConfig, parse_config
 from ..device import resolve_precision
@@ -140,7 +141,7 @@ class State:
 
 def load_state(record: KeptStep, checkpoint: Path | None) -> State:
     """The learner as the run stood at ``checkpoint`` (or its start), with the config of ``record``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     if record.world_size > 1:
         raise NotReplayable(
@@ -158,7 +159,7 @@ def load_state(record: KeptStep, checkpoint: Path | None) -> State:
     ref = None
     if cfg.needs_reference:
         ref_path = cfg.run.init_from or cfg.model.path
-        ref = AutoModelForCausalLM.from_pretrained(ref_path, dtype=param_dtype(cfg)).to(world.device).eval()
+        ref = load_model(ref_path, param_dtype(cfg)).to(world.device).eval()
         ref.requires_grad_(False)
     return State(cfg, learner, tokenizer, ref, updates)
 

@@ -173,10 +173,9 @@ class RLTrainer:
     def _reference(self) -> torch.nn.Module:
         """The KL's frozen reference: the policy this run (stage) started from, also when
         resuming (a new stage moves it to its start: the paper's stage 3); unsharded on each process."""
-        from transformers import AutoModelForCausalLM
+        from ..adapters import load_model
 
-        path = self.cfg.run.init_from or self.cfg.model.path
-        ref = AutoModelForCausalLM.from_pretrained(path, dtype=param_dtype(self.cfg))
+        ref = load_model(self.cfg.run.init_from or self.cfg.model.path, param_dtype(self.cfg))
         return ref.to(self.world.device).eval().requires_grad_(False)
 
     # -- the loop ----------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Checkpoints that resume exactly and that Hugging Face loads as they are: ``step-000012/`` holds
-the model and tokenizer, ``trainer_state.pt`` (optimizer, schedule, RNG) and ``state.json``. Each is
+the model (or only its adapter, ``model.lora``) and tokenizer, ``trainer_state.pt`` (optimizer, schedule, RNG) and ``state.json``. Each is
 written to a temporary folder and renamed when complete, so a run killed while saving leaves the
 previous one intact; ``latest_checkpoint`` only ever sees complete ones."""
 
@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ...adapters import adapted, save_adapter
 from .distributed import LOCAL, World, barrier, full_state_dict
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -61,8 +62,11 @@ def save_checkpoint(
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        cpu = {k: v.detach().to("cpu").contiguous() for k, v in weights.items()}
-        model.save_pretrained(tmp, state_dict=cpu, safe_serialization=True)
+        if adapted(model):  # the adapter alone; its config names the base model it needs
+            save_adapter(model, tmp, weights)
+        else:
+            cpu = {k: v.detach().to("cpu").contiguous() for k, v in weights.items()}
+            model.save_pretrained(tmp, state_dict=cpu, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         rng = {"python": random.getstate(), "torch": torch.get_rng_state()}

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ...adapters import load_model
 from ...config import TrainConfig, dump_config
 from ...device import Precision, record, resolve_precision
 from . import distributed as D
@@ -132,12 +133,12 @@ def load_learner(
     or new, with the last stage's moments where asked); the checkpoint's state.json ({} when new). Opens and writes
     nothing in the run folder (``rstar2 replay`` loads a finished run's state with it, ``fit=False``:
     the micro-batches as the run fitted them, whatever memory is free now)."""
-    from transformers import AutoModelForCausalLM
-
     world = start.world
-    model = AutoModelForCausalLM.from_pretrained(start.path, dtype=param_dtype(cfg)).to(world.device)
+    model = load_model(start.path, param_dtype(cfg), cfg.model.lora, cfg.run.seed).to(world.device)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
+        if cfg.model.lora is not None:  # frozen embeddings: the checkpointed blocks still need grads in
+            model.enable_input_require_grads()
     if before_shard is not None:
         before_shard(model)
     model = D.shard(model, world)

@@ -1,0 +1,155 @@
+"""Low-rank adapters (PEFT's LoRA) on a Hugging Face causal LM: attached for training, saved as an
+adapter folder (``adapter_model.safetensors`` + ``adapter_config.json`` naming its base model, the
+layout PEFT and Hugging Face load), and merged into the base weights for decoding and export.
+
+The adapter is injected into the model itself (``peft.inject_adapter_in_model``), not wrapped in a
+``PeftModel``: the model keeps its class, ``generate`` and every pass rstar2 runs on it, and only
+the adapter's parameters require gradients. ``load_model`` is the one way rstar2 loads a model
+folder, so an adapter checkpoint goes wherever a model folder goes (the next stage, an evaluation,
+an engine, the reference of the KL)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import LoraSection
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def is_adapter(path: str | Path) -> bool:
+    """A folder holding an adapter (and no full model)."""
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def adapted(model: torch.nn.Module) -> bool:
+    """A model carrying an adapter (``attach``)."""
+    return bool(getattr(model, "peft_config", None))
+
+
+def base_of(path: str | Path) -> str:
+    """The model folder an adapter checkpoint was trained on (its ``base_model_name_or_path``)."""
+    config = json.loads((Path(path) / ADAPTER_CONFIG).read_text())
+    base = config.get("base_model_name_or_path")
+    if not base or not Path(base).is_dir():
+        raise FileNotFoundError(
+            f"the adapter in {path} names its base model {base!r}, which is not a folder here: "
+            "put the base model back at that path (or edit adapter_config.json to point at it)"
+        )
+    return base
+
+
+def _peft() -> Any:
+    try:
+        import peft
+    except ImportError as exc:
+        raise ImportError("model.lora and adapter checkpoints need PEFT: pip install 'rstar2[lora]'") from exc
+    return peft
+
+
+def lora_config(lora: LoraSection, base: str | Path) -> Any:
+    return _peft().LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        target_modules=lora.targets,
+        lora_dropout=lora.dropout,
+        base_model_name_or_path=str(Path(base).resolve()),
+    )
+
+
+def attach(model: torch.nn.Module, lora: LoraSection, base: str | Path, seed: int = 0) -> torch.nn.Module:
+    """A new adapter on ``model`` (loaded from the folder ``base``): the base weights frozen, the
+    adapter's B zero (PEFT's initialisation), so the model computes exactly what it did. Its random
+    A comes from ``seed`` alone (the global generator untouched), so ``rstar2 replay`` draws it again."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return _peft().inject_adapter_in_model(lora_config(lora, base), model)
+
+
+def adapter_weights(
+    model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """The adapter's tensors under PEFT's saved names (from ``state``: a full state dict of ``model``
+    gathered elsewhere, e.g. over FSDP's shards)."""
+    return _peft().get_peft_model_state_dict(model, state_dict=state)
+
+
+def save_adapter(
+    model: torch.nn.Module, folder: str | Path, state: dict[str, torch.Tensor] | None = None
+) -> Path:
+    """``folder`` gains the adapter's weights and config (nothing of the base model)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = {k: v.detach().to("cpu").contiguous() for k, v in adapter_weights(model, state).items()}
+    save_file(weights, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    model.peft_config["default"].save_pretrained(str(folder))
+    return folder
+
+
+def load_model(
+    path: str | Path, dtype: Any = None, lora: LoraSection | None = None, seed: int = 0
+) -> torch.nn.Module:
+    """The causal LM at ``path``: a model folder, or an adapter checkpoint (its base with the adapter).
+    With ``lora`` the model trains an adapter: the one in ``path`` continued (same rank and alpha),
+    else a new one (drawn from ``seed``). Without, a plain model (an adapter checkpoint's merged)."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    if not is_adapter(path):
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+        return attach(model, lora, path, seed) if lora is not None else model
+    from safetensors.torch import load_file
+
+    peft = _peft()
+    saved = peft.LoraConfig.from_pretrained(str(path))
+    if lora is not None and (saved.r, float(saved.lora_alpha)) != (lora.rank, float(lora.alpha)):
+        raise ValueError(
+            f"{path} holds an adapter of rank {saved.r}, alpha {saved.lora_alpha}; model.lora asks for "
+            f"rank {lora.rank}, alpha {lora.alpha}: train on with the same settings, or merge it first "
+            f"(rstar2 model merge {path} --out DIR) and start a new adapter on the merged model"
+        )
+    model = AutoModelForCausalLM.from_pretrained(base_of(path), dtype=dtype)
+    saved.inference_mode = False
+    saved.lora_dropout = lora.dropout if lora is not None else saved.lora_dropout
+    model = peft.inject_adapter_in_model(saved, model)
+    result = peft.set_peft_model_state_dict(model, load_file(str(path / ADAPTER_WEIGHTS)))
+    missing = [k for k in result.missing_keys if "lora_" in k]
+    if missing:
+        raise ValueError(f"the adapter in {path} lacks {len(missing)} of its tensors, e.g. {missing[0]}")
+    return model if lora is not None else merge(model)
+
+
+def merge(model: torch.nn.Module) -> torch.nn.Module:
+    """The adapter added into the base weights and removed (in place): a plain model, decoding as
+    fast as one never adapted, computing what the adapted one did (to float rounding)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, module in list(model.named_modules()):
+        if isinstance(module, BaseTunerLayer):
+            module.merge()
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, module.get_base_layer())
+    if hasattr(model, "peft_config"):
+        del model.peft_config
+    return model
+
+
+def merge_folder(source: str | Path, out: str | Path) -> Path:
+    """``rstar2 model merge``: an adapter checkpoint (or a run: its last checkpoint) written as one
+    Hugging Face model folder, with its tokenizer, that any engine loads."""
+    from transformers import AutoTokenizer
+
+    source, out = Path(source), Path(out)
+    if not is_adapter(source):
+        raise ValueError(f"{source} holds no adapter ({ADAPTER_CONFIG}): it is already a whole model")
+    model = load_model(source, dtype="auto")  # the base's own precision
+    model.save_pretrained(str(out))
+    AutoTokenizer.from_pretrained(str(source)).save_pretrained(str(out))
+    return out

@@ -1,0 +1,311 @@
+"""Low-rank adapters (``model.lora``, rstar2.adapters): a new adapter changes nothing until trained
+and only it trains; its checkpoint holds the adapter alone and loads, merged or trained on, as the
+model that saved it; SFT and RL train it, the in-process engine decodes with it after each update,
+and a run resumed from an adapter checkpoint continues exactly."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rstar2.adapters import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    is_adapter,
+    load_model,
+    merge_folder,
+    save_adapter,
+)
+from rstar2.config import LoraSection, parse_config
+from rstar2.rl.plumbing.checkpoint import latest_checkpoint
+from rstar2.rl.plumbing.metrics_log import read_metrics
+from rstar2.rl.trainer import RLTrainer
+
+from .test_trainer import place, rl_config
+
+LORA = {"rank": 4, "alpha": 8}
+IDS = torch.tensor([[5, 17, 42, 99, 7, 3]])
+
+
+def logits(model: torch.nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return model(IDS).logits
+
+
+def moved(model: torch.nn.Module) -> torch.nn.Module:
+    """The adapter's B (zero when attached) set to random values: an adapter that computes something."""
+    torch.manual_seed(1)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.2)
+    return model
+
+
+def test_a_new_adapter_changes_nothing_and_only_it_trains(tiny_dir):
+    base = load_model(tiny_dir)
+    adapted = load_model(tiny_dir, lora=LoraSection(**LORA))
+    assert torch.equal(logits(base), logits(adapted))
+    trained = [n for n, p in adapted.named_parameters() if p.requires_grad]
+    frozen = [n for n, p in adapted.named_parameters() if not p.requires_grad]
+    assert trained and all(".lora_A." in n or ".lora_B." in n for n in trained)
+    assert {n.replace(".base_layer", "") for n in frozen} == {n for n, _ in base.named_parameters()}
+    # every linear layer of the blocks adapted (PEFT's all-linear: the output head left alone)
+    linears = [n for n, m in base.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
+    assert len(trained) == 2 * len(linears)
+
+
+def test_an_adapter_checkpoint_loads_merged_trained_on_or_by_hugging_face(tiny_dir, tmp_path):
+    model = moved(load_model(tiny_dir, lora=LoraSection(**LORA)))
+    want = logits(model)
+    assert not torch.allclose(want, logits(load_model(tiny_dir)), atol=1e-3)  # the adapter computes
+    folder = save_adapter(model, tmp_path / "ckpt")
+    assert is_adapter(folder) and sorted(p.name for p in folder.iterdir()) == [
+        ADAPTER_CONFIG,
+        ADAPTER_WEIGHTS,
+    ]
+    assert json.loads((folder / ADAPTER_CONFIG).read_text())["base_model_name_or_path"] == str(
+        tiny_dir.resolve()
+    )
+    shapes = [t.shape for t in load_file(str(folder / ADAPTER_WEIGHTS)).values()]
+    assert all(4 in s for s in shapes)  # rank 4: nothing of the base model in the folder
+    merged = load_model(folder)  # for engines and evaluations: a plain model
+    assert not any("lora" in n for n, _ in merged.named_parameters())
+    assert torch.allclose(logits(merged), want, atol=1e-5)
+    again = load_model(folder, lora=LoraSection(**LORA))  # the next stage, or a resumed run, trains on
+    assert torch.equal(logits(again), want)
+    assert any(p.requires_grad for n, p in again.named_parameters() if "lora_B" in n)
+    with pytest.raises(ValueError, match="rank 4.*rank 8"):
+        load_model(folder, lora=LoraSection(rank=8, alpha=8))
+    from transformers import AutoModelForCausalLM
+
+    assert torch.allclose(logits(AutoModelForCausalLM.from_pretrained(folder)), want, atol=1e-5)
+    shutil.copy(tiny_dir / "tokenizer.json", folder)  # a checkpoint keeps its tokenizer
+    shutil.copy(tiny_dir / "tokenizer_config.json", folder)
+    out = merge_folder(folder, tmp_path / "merged")
+    assert (out / "model.safetensors").is_file() and not is_adapter(out)
+    assert torch.allclose(logits(AutoModelForCausalLM.from_pretrained(out)), want, atol=1e-5)
+
+
+def test_an_adapter_whose_base_is_gone_is_refused_by_name(tiny_dir, tmp_path):
+    folder = save_adapter(load_model(tiny_dir, lora=LoraSection(**LORA)), tmp_path / "ckpt")
+    config = json.loads((folder / ADAPTER_CONFIG).read_text())
+    config["base_model_name_or_path"] = str(tmp_path / "gone")
+    (folder / ADAPTER_CONFIG).write_text(json.dumps(config))
+    with pytest.raises(FileNotFoundError, match="names its base model .*gone"):
+        load_model(folder)
+
+
+def lora_rl(tiny_dir, setup, out, **settings) -> dict:
+    tree = rl_config(tiny_dir, setup / "train.jsonl", out)
+    tree["model"]["lora"] = LORA
+    tree["optim"]["lr"] = 5e-2  # an adapter's learning rate: ~10x full fine-tuning's
+    tree["run"].update(steps=4)
+    return place(tree, **settings)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora")
+    rows = [{"problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(12)]
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def train(tree: dict, resume: bool = False) -> list[dict]:
+    threads = torch.get_num_threads()
+    try:
+        return asyncio.run(RLTrainer(parse_config(tree), resume=resume).train())
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+def test_rl_trains_the_adapter_alone_and_resumes_from_its_checkpoint_exactly(tiny_dir, setup):
+    run = setup / "a"
+    history = train(lora_rl(tiny_dir, setup, run))
+    assert len(history) == 4
+    rows = [r for r in read_metrics(run / "metrics.jsonl") if "update/skipped" not in r]
+    # the engine decodes the adapted model: after every update its log-probs are the trainer's
+    assert rows and all(r["update/engine_gap"] < 1e-4 for r in rows), [r["update/engine_gap"] for r in rows]
+    assert rows[-1]["update/ref_kl"] > 0  # the policy moved from its start
+    ckpt = latest_checkpoint(run)
+    assert is_adapter(ckpt) and not (ckpt / "model.safetensors").exists()
+    assert (ckpt / "trainer_state.pt").is_file()
+    adapter = load_file(str(ckpt / ADAPTER_WEIGHTS))
+    assert any(t.abs().max() > 0 for k, t in adapter.items() if "lora_B" in k)  # B left zero
+    # the base model's folder untouched; the checkpoint loads as any model (merged)
+    merged = load_model(ckpt)
+    assert not torch.allclose(logits(merged), logits(load_model(tiny_dir)), atol=1e-4)
+    # a run resumed from step 2's checkpoint ends with the same adapter as the one that went on
+    resumed = setup / "b"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(run / "checkpoints" / "step-000002", resumed / "checkpoints" / "step-000002")
+    train(lora_rl(tiny_dir, setup, resumed), resume=True)
+    again = load_file(str(latest_checkpoint(resumed) / ADAPTER_WEIGHTS))
+    assert adapter.keys() == again.keys()
+    for k in adapter:
+        assert torch.allclose(adapter[k], again[k], atol=1e-6), k
+
+
+@pytest.mark.slow
+def test_an_adapter_reaches_an_engine_copy_at_staleness_one(tiny_dir, setup):
+    """At k = 1 the engine decodes a copy that gets each update's weights, checked exactly."""
+    run = setup / "k1"
+    tree = lora_rl(tiny_dir, setup, run, max_staleness=1)
+    tree["rollout"]["top_k"] = 0
+    tree["loss"] = {"tis_cap": 2.0}
+    history = train(tree)
+    assert len(history) == 4 and is_adapter(latest_checkpoint(run))
+
+
+@pytest.mark.slow
+def test_sft_trains_an_adapter_that_the_next_stage_trains_on(tiny_dir, tmp_path):
+    """An SFT stage with an adapter learns (its loss falls), saves the adapter alone; an RL stage
+    started from that checkpoint (``run.init_from``) trains the same adapter on, with its moments:
+    its learner computes what SFT's checkpoint does."""
+    from rstar2.rl.plumbing.launch import begin, load_learner
+    from rstar2.rl.sft import SFTTrainer
+
+    from .test_sft import conversation
+
+    data = tmp_path / "sft.jsonl"
+    data.write_text(
+        "".join(json.dumps({"messages": conversation(a, b)}) + "\n" for a in range(2, 6) for b in range(3, 7))
+    )
+    tree = {
+        "kind": "sft",
+        "chat": {"system_prompt": "Answer.", "tools_in_prompt": False},
+        "model": {"path": str(tiny_dir), "threads": 1, "lora": LORA, "compute": "fp32"},
+        "data": {"train": str(data)},
+        "sft": {"epochs": 8},
+        "optim": {"lr": 5e-2, "warmup_steps": 2},
+        "run": {"out": str(tmp_path / "sft"), "batch_size": 8, "save_every": 100, "progress": False},
+    }
+    threads = torch.get_num_threads()
+    try:
+        history = SFTTrainer(parse_config(tree)).train()
+    finally:
+        torch.set_num_threads(threads)
+    # a rank-4 adapter on a random 64-wide model with its embeddings frozen learns little of random
+    # text (6.3 to ~5.9 nats, where training every weight reaches 1.6), but it learns
+    losses = [h["loss"] for h in history]
+    assert sum(losses[-4:]) / 4 < losses[0] - 0.2, losses
+    sft_ckpt = latest_checkpoint(tmp_path / "sft")
+    assert is_adapter(sft_ckpt) and not (sft_ckpt / "model.safetensors").exists()
+
+    rl = lora_rl(tiny_dir, tmp_path, tmp_path / "rl")
+    rl["run"]["init_from"] = str(sft_ckpt)
+    cfg = parse_config(rl)
+    learner, state = load_learner(cfg, begin(cfg, resume=False), updates=4)
+    assert state == {}
+    assert torch.allclose(logits(learner.model), logits(load_model(sft_ckpt)), atol=1e-5)
+    assert all(".lora_" in n for n, p in learner.model.named_parameters() if p.requires_grad)
+    assert learner.optimizer.state  # SFT's AdamW moments carried to the new stage
+
+
+def test_model_merge_writes_a_whole_model_from_a_run_or_refuses_a_whole_model(tiny_dir, tmp_path):
+    """``rstar2 model merge RUN --out DIR``: the run's last checkpoint merged; a folder without an
+    adapter refused with exit status 2."""
+    import subprocess
+    import sys
+
+    ckpt = tmp_path / "run" / "checkpoints" / "step-000003"
+    save_adapter(moved(load_model(tiny_dir, lora=LoraSection(**LORA))), ckpt)
+    (ckpt / "state.json").write_text("{}")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_dir / name, ckpt)
+    cli = [sys.executable, "-m", "rstar2", "model", "merge"]
+    done = subprocess.run(
+        [*cli, str(tmp_path / "run"), "--out", str(tmp_path / "m")], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    from transformers import AutoModelForCausalLM
+
+    want = logits(load_model(ckpt))
+    assert torch.allclose(logits(AutoModelForCausalLM.from_pretrained(tmp_path / "m")), want, atol=1e-5)
+    refused = subprocess.run(
+        [*cli, str(tiny_dir), "--out", str(tmp_path / "n")], capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and "holds no adapter" in " ".join(refused.stderr.split())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_recipe_trains_adapters_in_its_rl_stages_through_the_cli(tmp_path):
+    """``defaults.rl.model.lora``: SFT trains every weight, the first RL stage a new adapter on SFT's
+    checkpoint, the next trains that adapter on; evaluations decode the adapted policy; every RL step
+    redone from what it kept is the run's (``rstar2 replay``); ``rstar2 model merge`` exports it."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.recipe.test_recipe import miniature
+
+    tree = miniature()
+    tree["stages"] = tree["stages"][:3]  # sft, rl-64, rl-128
+    tree["eval"].update(heldout_at=["rl-128"], also=[])
+    tree["defaults"]["rl"]["model"] = {"lora": {"rank": 2, "alpha": 16}}
+    tree["defaults"]["rl"]["optim"] = {"lr": 2e-2}
+    recipe = tmp_path / "lora.yaml"
+    recipe.write_text(yaml.safe_dump(tree))
+    out = tmp_path / "run"
+    cli = [sys.executable, "-m", "rstar2"]
+    done = subprocess.run(
+        [*cli, "train", "--recipe", str(recipe), "--out", str(out)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    state = json.loads((out / "recipe_state.json").read_text())
+    sft, rl64, rl128 = (state["stages"][s]["checkpoint"] for s in ("sft", "rl-64", "rl-128"))
+    assert not is_adapter(sft) and is_adapter(rl64) and is_adapter(rl128)
+    for ckpt in (rl64, rl128):  # both adapters sit on SFT's whole model
+        assert json.loads((Path(ckpt) / ADAPTER_CONFIG).read_text())["base_model_name_or_path"] == str(
+            Path(sft).resolve()
+        )
+    assert "rl-128" in state["evals"] and "| rl-128 |" in (out / "report.md").read_text()
+    for stage, steps in (("02-rl-64", 1), ("03-rl-128", 2)):
+        again = subprocess.run(
+            [*cli, "replay", str(out / stage), "--from", "1", "--to", str(steps)],
+            capture_output=True,
+            text=True,
+        )
+        assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    merged = subprocess.run(
+        [*cli, "model", "merge", str(out / "03-rl-128"), "--out", str(tmp_path / "m")],
+        capture_output=True,
+        text=True,
+    )
+    assert merged.returncode == 0, merged.stderr
+    from transformers import AutoModelForCausalLM
+
+    assert torch.allclose(
+        logits(AutoModelForCausalLM.from_pretrained(tmp_path / "m")), logits(load_model(rl128)), atol=1e-5
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_an_adapter_under_torchrun_ends_as_one_process_would(tiny_dir, setup, tmp_path):
+    """FSDP2 shards the frozen base and the adapter alike; two processes train the adapter one would."""
+    from .test_scale_out import cli, ok, torchrun, write_config
+
+    adapters = {}
+    for n in (1, 2):
+        out = tmp_path / f"n{n}"
+        tree = lora_rl(tiny_dir, setup, out)
+        tree["run"].update(steps=2, save_every=1)
+        tree["optim"]["lr"] = 1e-2
+        path = write_config(tree, tmp_path / f"n{n}.yaml")
+        ok(cli(["train", str(path)]) if n == 1 else torchrun(2, ["train", str(path)]))
+        assert is_adapter(latest_checkpoint(out))
+        adapters[n] = load_file(str(latest_checkpoint(out) / ADAPTER_WEIGHTS))
+    moved = max(float(t.abs().max()) for k, t in adapters[1].items() if "lora_B" in k)
+    assert moved > 1e-4 and adapters[1].keys() == adapters[2].keys()
+    worst = max(float((adapters[1][k] - adapters[2][k]).abs().max()) for k in adapters[1])
+    assert worst <= moved / 100, (worst, moved)
