@@ -126,6 +126,49 @@ def load_model(
     return model if lora is not None else merge(model)
 
 
+def base_names(model: torch.nn.Module) -> dict[str, str]:
+    """The model's tensors without its adapter: the name each has in a model never adapted (PEFT's
+    ``.base_layer`` dropped) → its name here. A served engine loads a base model's folder by it."""
+    return {k.replace(".base_layer", ""): k for k in model.state_dict() if ".lora_" not in k}
+
+
+def base_weights(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` (the adapted model's full state dict, tied copies left out) without the adapter,
+    under the base's names."""
+    return {plain: state[own] for plain, own in base_names(model).items() if own in state}
+
+
+def load_adapter_into(model: torch.nn.Module, folder: str | Path) -> int:
+    """An engine's model takes the adapter in ``folder`` (injected on the first load, its tensors
+    replaced on later ones); names, shapes and rank are checked before anything is written (a
+    ``ValueError`` then). How many tensors were loaded."""
+    from safetensors.torch import load_file
+
+    peft, folder = _peft(), Path(folder)
+    config = peft.LoraConfig.from_pretrained(str(folder))
+    tensors = load_file(str(folder / ADAPTER_WEIGHTS))
+    if adapted(model):
+        held = model.peft_config["default"]
+        if (held.r, float(held.lora_alpha)) != (config.r, float(config.lora_alpha)):
+            raise ValueError(
+                f"{folder}: an adapter of rank {config.r}, alpha {config.lora_alpha}; the engine holds "
+                f"rank {held.r}, alpha {held.lora_alpha} (restart it to change adapters)"
+            )
+    else:
+        config.inference_mode = True
+        peft.inject_adapter_in_model(config, model)
+    want = {k: tuple(v.shape) for k, v in adapter_weights(model).items()}
+    got = {k: tuple(v.shape) for k, v in tensors.items()}
+    if want != got:
+        odd = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
+        raise ValueError(
+            f"{folder}: adapter tensors that do not fit the served model: {odd[:5]} ({len(odd)})"
+        )
+    dtype = next(model.parameters()).dtype
+    peft.set_peft_model_state_dict(model, {k: v.to(dtype) for k, v in tensors.items()})
+    return len(tensors)
+
+
 def merge(model: torch.nn.Module) -> torch.nn.Module:
     """The adapter added into the base weights and removed (in place): a plain model, decoding as
     fast as one never adapted, computing what the adapted one did (to float rounding)."""

@@ -399,11 +399,6 @@ class RLConfig(_Section):
                 "(loss.tis_cap: null, written out, leaves the correction out on purpose, for an ablation)"
             )
         r = self.rollout
-        if self.model.lora is not None and r.engine.servers:
-            raise ValueError(
-                "model.lora with rollout.engine.servers: served engines do not load adapters yet; train "
-                "the adapter with the in-process engine (no servers), or train every weight (no model.lora)"
-            )
         if self.loss.tis_cap is not None and (r.top_k > 0 or r.top_p < 1):
             raise ValueError(
                 f"loss.tis_cap weighs each token by pi/mu, but with rollout.top_k={r.top_k} or "

@@ -8,10 +8,13 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
+from fastapi import Request, Response  # at module level: the proxy's route annotations resolve here
 from safetensors.torch import load_file
 
 from rstar2.adapters import (
@@ -27,6 +30,8 @@ from rstar2.rl.plumbing.checkpoint import latest_checkpoint
 from rstar2.rl.plumbing.metrics_log import read_metrics
 from rstar2.rl.trainer import RLTrainer
 
+from ..conftest import free_port, wait_http
+from .test_scale_out import other_weights, serve_tiny  # noqa: F401 - other_weights: a fixture
 from .test_trainer import place, rl_config
 
 LORA = {"rank": 4, "alpha": 8}
@@ -309,3 +314,118 @@ def test_an_adapter_under_torchrun_ends_as_one_process_would(tiny_dir, setup, tm
     assert moved > 1e-4 and adapters[1].keys() == adapters[2].keys()
     worst = max(float((adapters[1][k] - adapters[2][k]).abs().max()) for k in adapters[1])
     assert worst <= moved / 100, (worst, moved)
+
+
+# -- an adapter on served engines -----------------------------------------------------------------
+@pytest.fixture
+def server(other_weights, tmp_path_factory):  # noqa: F811 - the fixture imported above
+    """``rstar2 serve`` on other weights than the trainer's start: the run's first publish must
+    bring the base model, each later one the adapter alone."""
+    yield from serve_tiny(other_weights, tmp_path_factory.getbasetemp())
+
+
+def served_rl(tiny_dir, setup, out, servers, **settings) -> dict:
+    tree = lora_rl(tiny_dir, setup, out, servers=servers, **settings)
+    tree["run"].update(steps=2, save_every=1, keep_steps=True)
+    return tree
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_served_engine_takes_the_base_once_then_only_the_adapter(server, tiny_dir, setup, tmp_path):
+    import httpx
+
+    from rstar2.engines.base import weights_fingerprint
+
+    from .test_scale_out import cli, ok, write_config
+
+    out = tmp_path / "run"
+    ok(cli(["train", str(write_config(served_rl(tiny_dir, setup, out, [server]), tmp_path / "rl.yaml"))]))
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    # after each update the server sampled with the trainer's adapted model
+    assert all(r["sync/logprob_diff"] < 1e-4 for r in rows), [r["sync/logprob_diff"] for r in rows]
+    info = httpx.get(server + "/get_server_info").json()
+    # the base, then the adapter at the run's start and after each of the two steps
+    assert info["weights_version"] == 2 and info["weights_loads"] == 4
+    assert info["weights_path"] == str((out / "weights-latest").resolve())
+    final = load_file(str(latest_checkpoint(out) / ADAPTER_WEIGHTS))
+    assert info["weights_fingerprint"] == pytest.approx(weights_fingerprint(final), rel=1e-12)
+    sent = out / "weights-latest"
+    assert is_adapter(sent) and not (sent / "model.safetensors").exists()
+    adapter_bytes = (sent / ADAPTER_WEIGHTS).stat().st_size
+    assert adapter_bytes < (sent / "base" / "model.safetensors").stat().st_size / 5
+    ok(cli(["replay", str(out), "--from", "1", "--to", "2"]))  # the server's tokens, trained again
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_served_adapter_at_staleness_one_trains_only_reported_versions(server, tiny_dir, setup, tmp_path):
+    from .test_async import assert_versions_in_bound
+    from .test_scale_out import cli, ok, write_config
+
+    out = tmp_path / "run"
+    tree = served_rl(tiny_dir, setup, out, [server], max_staleness=1)
+    tree["rollout"]["top_k"] = 0
+    tree["loss"] = {"tis_cap": 2.0}
+    tree["run"]["steps"] = 3
+    ok(cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))]))
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
+    assert_versions_in_bound(out, k=1)
+
+
+@contextmanager
+def skipping_proxy(upstream: str, skip_from: int) -> Iterator[str]:
+    """A server in front of ``upstream`` that passes everything on, except the adapter loads from the
+    ``skip_from``-th on: those it answers "success" with the version asked, loading nothing (verl
+    #7495: the adapter never reached the server, and nothing said so). Yields its URL."""
+    import threading
+
+    import httpx
+    import uvicorn
+    from fastapi import FastAPI
+
+    app, loads = FastAPI(), []
+
+    @app.api_route("/{path:path}", methods=["GET", "POST"])
+    async def forward(path: str, request: Request) -> Response:
+        body = await request.body()
+        if path == "update_weights_from_disk" and is_adapter(json.loads(body)["model_path"]):
+            loads.append(body)
+            if len(loads) >= skip_from:
+                asked = json.loads(body)["weight_version"]
+                return Response(json.dumps({"success": True, "weights_version": int(asked)}), 200)
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
+        async with httpx.AsyncClient(timeout=300) as client:
+            answer = await client.request(request.method, f"{upstream}/{path}", content=body, headers=headers)
+        return Response(answer.content, answer.status_code, media_type="application/json")
+
+    port = free_port()
+    proxy = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=proxy.run, daemon=True)
+    thread.start()
+    try:
+        wait_http(f"http://127.0.0.1:{port}", None)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proxy.should_exit = True
+        thread.join(10)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_an_adapter_load_a_server_skipped_is_refused_by_the_version_check(server, tiny_dir, setup, tmp_path):
+    """The server took the base and the first adapter, then said "success" to the next load without
+    loading it: its tokens still say the version that sampled them, and no step trains on them."""
+    from .test_scale_out import cli, write_config
+
+    out = tmp_path / "run"
+    with skipping_proxy(server, skip_from=2) as url:
+        tree = served_rl(tiny_dir, setup, out, [url])
+        tree["rollout"]["engine"]["weight_check_tol"] = None  # no probe: the versions alone catch it
+        run = cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))])
+    said = " ".join(run.stderr.split())
+    assert run.returncode == 1, said[-3000:]
+    assert "RL step 2 failed: StalenessError" in said, said[-3000:]
+    assert f"engine {url} sampled a token with policy version 0, outside [1, 1]" in said, said[-3000:]
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1]  # step 1 trained, not step 2

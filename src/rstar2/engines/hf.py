@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..adapters import load_model
+from ..adapters import adapted, base_names, load_adapter_into, load_model
 from ..config import DEFAULT_ASYNC, DEFAULT_ROLLOUT, engine_budget
 from ..device import decode_compute, engine_dtype, max_positions, pick_device, resolve_precision
 from .base import Generation, SamplingParams
@@ -145,20 +145,37 @@ class HFEngine:
         leaves the engine refusing requests until a load succeeds, never serving half a model."""
         with self.paused():
             held = self.model.state_dict()
-            unknown = sorted(set(state_dict) - set(held))
-            wrong = [k for k in state_dict if k in held and state_dict[k].shape != held[k].shape]
+            # its own names; a model holding an adapter takes its base's under the base's names too
+            names = {k: k for k in held} | (base_names(self.model) if adapted(self.model) else {})
+            unknown = sorted(set(state_dict) - set(names))
+            wrong = [k for k in state_dict if k in names and state_dict[k].shape != held[names[k]].shape]
             if unknown or wrong:
                 raise ValueError(
                     f"engine {self.name}: the new weights do not fit the model "
                     f"(unknown tensors {unknown[:5]}, other shapes {wrong[:5]}); nothing was loaded"
                 )
-            try:
-                self.model.load_state_dict(state_dict, strict=False)
-            except BaseException as exc:
-                self.broken = f"a weight load of version {version} failed half way ({exc})"
-                raise
-            self.broken = None
-            self._new_weights(version)
+            with self._loading(version):
+                self.model.load_state_dict({names[k]: v for k, v in state_dict.items()}, strict=False)
+
+    def update_adapter(self, folder: str | Path, version: int) -> int:
+        """The adapter of ``folder`` (``rstar2.adapters``) over the base weights held, as ``version``:
+        checked before anything is written, like ``update_weights``; how many tensors."""
+        with self.paused(), self._loading(version):
+            return load_adapter_into(self.model, folder)
+
+    @contextmanager
+    def _loading(self, version: int) -> Iterator[None]:
+        """A write of new weights: one that fails half way leaves the engine refusing requests (a
+        ``ValueError`` raised before writing leaves it as it was); a whole one is ``version``."""
+        try:
+            yield
+        except ValueError:
+            raise
+        except BaseException as exc:
+            self.broken = f"a weight load of version {version} failed half way ({exc})"
+            raise
+        self.broken = None
+        self._new_weights(version)
 
     def invalidate(self, version: int) -> None:
         with self.paused():

@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..adapters import adapter_weights, base_names, is_adapter
 from ..auth import FolderRefused, allowed_folder, key_guard
 from ..chat.format import end_of_turn_ids, ensure_chat_template
 from ..chat.tags import TOOL_CALL_OPEN
@@ -100,7 +101,12 @@ class Served:
         w = self.weights
         if w["fingerprint"] is None:
             with self.engine.paused():
-                held = self.engine.model.state_dict()
+                model = self.engine.model
+                if w.get("adapter"):  # the adapter's tensors, under the names of its folder
+                    held = adapter_weights(model)
+                else:  # the base's tensors under its own names, also while an adapter is held
+                    state = model.state_dict()
+                    held = {plain: state[own] for plain, own in base_names(model).items()}
                 w["fingerprint"] = weights_fingerprint({k: held[k] for k in w["keys"] or list(held)})
         return {
             "weights_version": self.engine.version,
@@ -127,6 +133,18 @@ class Served:
                 f"weight_version {version!r}: give the policy version of these weights "
                 '(a count of updates, e.g. "0"): every token sampled says which version sampled it',
             )
+        if is_adapter(folder):  # an adapter over the base weights held (model.lora)
+            try:
+                loaded = await asyncio.to_thread(self.engine.update_adapter, folder, int(version))
+            except ValueError as exc:  # nothing was written
+                raise HTTPException(400, str(exc)) from exc
+            except Exception as exc:
+                self.weights.update(fingerprint=None, keys=None)
+                raise HTTPException(500, f"{folder}: {exc}") from exc
+            self.weights.update(
+                loads=self.weights["loads"] + 1, path=folder, fingerprint=None, keys=None, adapter=True
+            )
+            return loaded
         files = sorted(Path(folder).glob("*.safetensors"))
         if not files:
             raise HTTPException(400, f"no *.safetensors files in {folder}")
@@ -145,14 +163,18 @@ class Served:
         except Exception as exc:  # written in part: what it holds is no longer what was fingerprinted
             self.weights.update(fingerprint=None, keys=None)
             raise HTTPException(500, f"{folder}: {exc}") from exc
-        self.weights.update(loads=self.weights["loads"] + 1, path=folder, fingerprint=None, keys=list(state))
+        self.weights.update(
+            loads=self.weights["loads"] + 1, path=folder, fingerprint=None, keys=list(state), adapter=False
+        )
         return len(state)
 
     def misfits(self, files: list[Path]) -> list[str]:
         """The tensors of ``files`` the model has not, or has in another shape (from their headers)."""
         from safetensors import safe_open
 
-        held = {k: tuple(v.shape) for k, v in self.engine.model.state_dict().items()}
+        model = self.engine.model
+        state = model.state_dict()
+        held = {plain: tuple(state[own].shape) for plain, own in base_names(model).items()}
         out = []
         for f in files:
             with safe_open(str(f), framework="pt") as fh:

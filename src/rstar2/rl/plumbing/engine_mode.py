@@ -20,7 +20,7 @@ from ...device import engine_dtype
 from ...engines.base import Engine
 from . import distributed as D
 from .launch import quietly
-from .sync import Mode, WeightSyncError, load_into_servers, publish
+from .sync import Mode, WeightSyncError, load_into_servers, publish, whole_parts
 
 PROBE_PROBLEM = "What is 12 + 30?"  # the prompt each server samples from after a weight sync
 
@@ -36,7 +36,8 @@ class TrainerEngines:
         self.mode: Mode = "servers" if cfg.rollout.engine.servers else "copy" if copies else "shared"
         self.engine_model: torch.nn.Module | None = None  # what an in-process engine decodes
         self.engines: list[Any] = []
-        self.published: tuple[Path, int] | None = None  # servers: the folder and version they hold
+        # servers: the folders a server loads in order to hold the last published version, and it
+        self.published: tuple[list[Path], int] | None = None
         self._sending: asyncio.Lock | None = None  # a publish and a revive, one at a time
 
     def adopt(self, model: torch.nn.Module) -> None:
@@ -65,6 +66,7 @@ class TrainerEngines:
     ) -> dict[str, float]:
         """The trainer's weights as policy version ``step`` to every engine, checked (``sync.publish``)."""
         async with self._lock():
+            whole = self.published is None  # an adapter's base goes to the servers once a run
             metrics = await publish(
                 model,
                 self.engines,
@@ -76,8 +78,9 @@ class TrainerEngines:
                 pad_id=pad_id,
                 step=step,
                 compute=self.cfg.model.compute,
+                whole=whole,
             )
-            self.published = (folder, step)
+            self.published = (whole_parts(model, folder), step)
             return metrics
 
     async def revive(self, engine: Any) -> None:
@@ -85,9 +88,10 @@ class TrainerEngines:
         async with self._lock():
             if self.published is None:
                 raise WeightSyncError(f"engine {engine.name}: no weights published yet")
-            folder, version = self.published
+            folders, version = self.published
             once = self.cfg.rollout.engine.model_copy(update={"reload_retries": 0})  # the scheduler retries
-            await load_into_servers([engine], folder, once, version=version)
+            for folder in folders:
+                await load_into_servers([engine], folder, once, version=version)
 
     def _lock(self) -> asyncio.Lock:
         if self._sending is None:  # made on the run's event loop

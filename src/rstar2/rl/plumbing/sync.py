@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import torch
 
+from ...adapters import adapted, adapter_weights, base_weights, save_adapter
 from ...config import EngineSection
 from ...engines.base import Engine, LocalEngine, SamplingParams, ServedEngine, weights_fingerprint
 from ..algorithm.batch import collate
@@ -23,6 +24,7 @@ from . import distributed as D
 from .passes import logprobs_of
 
 PROBE_TOKENS = 16
+BASE = "base"  # an adapter's publish folder: the base model's tensors, written on a whole publish
 Mode = Literal["shared", "copy", "servers"]  # how the engines hold the weights (rl/plumbing/engine_mode.py)
 
 
@@ -178,6 +180,37 @@ async def probe_engines(
     return [float(gap[row][mask[row]].mean()) if mask[row].any() else 0.0 for row in range(len(gens))]
 
 
+def write_parts(
+    model: torch.nn.Module, folder: Path, state: dict[str, torch.Tensor], whole: bool = True
+) -> list[tuple[Path, dict[str, torch.Tensor]]]:
+    """What servers load, in order, written under ``folder``: each folder with the tensors it holds.
+    A whole model: ``folder`` itself. An adapter: ``folder`` holds it alone (megabytes, where the
+    model is gigabytes), after ``folder/base`` (the frozen base's tensors) when ``whole``."""
+
+    def on_cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+
+    if not adapted(model):
+        state = on_cpu(state)
+        model.save_pretrained(folder, state_dict=state, safe_serialization=True)
+        return [(folder, state)]
+    adapter = on_cpu(adapter_weights(model, state))
+    parts = [(save_adapter(model, folder, state), adapter)]
+    if whole:
+        from safetensors.torch import save_file
+
+        base = on_cpu(base_weights(model, state))
+        (folder / BASE).mkdir(parents=True, exist_ok=True)
+        save_file(base, str(folder / BASE / "model.safetensors"), metadata={"format": "pt"})
+        parts.insert(0, (folder / BASE, base))
+    return parts
+
+
+def whole_parts(model: torch.nn.Module, folder: Path) -> list[Path]:
+    """The folders a server that lost its weights loads, in order, to hold the last published ones."""
+    return [folder / BASE, folder] if adapted(model) else [folder]
+
+
 async def publish(
     model: torch.nn.Module,
     engines: list[Any],
@@ -190,8 +223,10 @@ async def publish(
     pad_id: int,
     step: int,
     compute: str = "auto",
+    whole: bool = True,
 ) -> dict[str, float]:
-    """The trainer's weights as policy version ``step`` to ``engines`` of ``mode``, checked; ``sync/*``."""
+    """The trainer's weights as policy version ``step`` to ``engines`` of ``mode``, checked; ``sync/*``.
+    A model with an adapter sends servers the adapter alone, after its base when ``whole``."""
     if mode == "shared":  # the engine reads the trainer's parameters; say they changed (torch does
         for e in engines:  # not count every kind of write, e.g. through param.data)
             await asyncio.to_thread(e.invalidate, step)
@@ -201,11 +236,15 @@ async def publish(
     error: BaseException | None = None
     try:
         if mode == "servers" and world.main:
-            cpu = await asyncio.to_thread(
-                lambda: {k: v.detach().cpu().contiguous() for k, v in weights.items()}
-            )
-            await asyncio.to_thread(model.save_pretrained, folder, state_dict=cpu, safe_serialization=True)
-            await load_into_servers(engines, folder, settings, cpu, version=step)
+            from ...engines.vllm import VLLMEngine
+
+            if adapted(model) and any(isinstance(e, VLLMEngine) for e in engines):
+                raise WeightSyncError(
+                    "model.lora: rstar2's vLLM engines load whole weights only so far; serve the "
+                    "adapter's run with rstar2 serve, or train every weight (no model.lora)"
+                )
+            for part, tensors in await asyncio.to_thread(write_parts, model, folder, weights, whole):
+                await load_into_servers(engines, part, settings, tensors, version=step)
         elif mode == "copy":  # engine copies in this process: compared with what was sent, exactly
             for e in engines:
                 await load_copy(e, weights, step)
