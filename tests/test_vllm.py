@@ -88,11 +88,21 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 def vllm(model_dir, tmp_path_factory, api_key):
     """``rstar2 vllm`` on the tiny model, started as a user would, with an API key and the tests'
     folders to load weights from; its log beside the test's files."""
+    yield from start_vllm(model_dir, tmp_path_factory, api_key)
+
+
+@pytest.fixture(scope="module")
+def vllm_lora(model_dir, tmp_path_factory, api_key):
+    """The same, serving adapters up to rank 8 (``--lora-rank``)."""
+    yield from start_vllm(model_dir, tmp_path_factory, api_key, "--lora-rank", "8")
+
+
+def start_vllm(model_dir: Path, tmp_path_factory, api_key: str, *options: str):
     need_vllm()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path_factory.mktemp("vllm-log") / "server.log"
-    args = ["vllm", "--model", str(model_dir), "--port", str(port), "--dtype", "float32", "--eager"]
+    args = ["vllm", "--model", str(model_dir), "--port", str(port), "--dtype", "float32", "--eager", *options]
     args += [
         "--kv-cache-gib",
         "1",
@@ -334,6 +344,54 @@ def test_rl_on_vllm_trains_only_its_own_policys_tokens(vllm, model_dir, problems
     gen = asyncio.run(probe())
     mine = trainer_logprobs(final, [5, 6, 7, 8], gen.token_ids, 1.0)
     assert float((torch.tensor(gen.logprobs) - mine).abs().max()) < TOL
+
+
+@pytest.mark.parametrize("k", [0, 1], ids=["k=0", "k=1"])
+def test_rl_with_an_adapter_on_vllm_sends_it_the_adapter_alone(vllm_lora, model_dir, problems, tmp_path, k):
+    """``model.lora`` on vLLM: the base in place once at the start, then each update's adapter
+    loaded under a name of its own (``/v1/load_lora_adapter``); vLLM samples with the trainer's
+    adapted model after every update, each token's version is the adapter's that sampled it."""
+    from rstar2.adapters import is_adapter
+    from rstar2.engines.vllm_launch import LORA_SLOTS
+
+    run_dir = tmp_path / "run"
+    tree = small_rl(model_dir, problems, run_dir, steps=3, top_k=0)
+    tree["model"]["lora"] = {"rank": 4, "alpha": 8}
+    tree["optim"]["lr"] = 5e-2
+    tree["rollout"]["engine"] = {"servers": [vllm_lora], "max_batch_size": 8}
+    tree["asynchronous"] = {"max_staleness": k}
+    if k:
+        tree["loss"] = {"tis_cap": 2.0}
+    tree["run"]["keep_steps"] = True
+    ok(cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))]))
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["sync/logprob_diff"] < TOL for r in rows), [r["sync/logprob_diff"] for r in rows]
+    assert_versions_in_bound(run_dir, k)
+    ok(cli(["replay", str(run_dir), "--from", "1", "--to", "3"]))
+    assert is_adapter(run_dir / "weights-latest")
+    # the base went in place once (version 0); the adapters of versions 0-3, the newest held
+    assert httpx.get(vllm_lora + "/weight_info", headers=AUTH).json() == {"weight_version": "0"}
+    served = [m["id"] for m in httpx.get(vllm_lora + "/v1/models", headers=AUTH).json()["data"]]
+    held = sorted(m for m in served if m.startswith("rstar2-v"))
+    assert len(held) <= LORA_SLOTS and any(m.startswith("rstar2-v3-") for m in held), served
+
+
+def test_an_adapter_vllm_never_loaded_is_never_sampled(vllm_lora, model_dir, problems, tmp_path):
+    """verl #7495 on vLLM: a proxy answers "success" to the second adapter load without passing it
+    on. The requests after it name an adapter vLLM does not hold: they fail, the step is not trained."""
+    from .rl.test_lora import skipping_proxy
+
+    run_dir = tmp_path / "run"
+    with skipping_proxy(vllm_lora, skip_from=2, route="v1/load_lora_adapter") as url:
+        tree = small_rl(model_dir, problems, run_dir, steps=3, top_k=0)
+        tree["model"]["lora"] = {"rank": 4, "alpha": 8}
+        tree["rollout"]["engine"] = {"servers": [url], "max_batch_size": 8, "weight_check_tol": None}
+        tree["rollout"]["scheduler"] = {"retries": 0}
+        run = cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))])
+    said = " ".join(run.stderr.split())
+    assert run.returncode == 1 and "does not exist" in said, said[-3000:]
+    assert not (run_dir / "metrics.jsonl").exists() or len(read_metrics(run_dir / "metrics.jsonl")) <= 1
 
 
 def test_a_miniature_recipe_on_a_vllm_it_starts(model_dir, recipe_out, tmp_path, api_key):

@@ -74,10 +74,18 @@ RPC_ALLOWED = frozenset({"rstar2_load"})  # worker methods /collective_rpc may c
 
 async def vllm_guard(request: Any, call_next: Handler) -> Any:
     """``key_guard`` on ``$RSTAR2_API_KEY`` inside vLLM's API server: unlike vLLM's ``--api-key`` (only
-    ``/v1`` and ``/inference``) it also guards the routes that replace or relabel the weights; and
-    ``/collective_rpc`` may call only ``rstar2_load`` (vLLM's ``reload_weights`` would read any path)."""
+    ``/v1`` and ``/inference``) it also guards the routes that replace or relabel the weights;
+    ``/collective_rpc`` may call only ``rstar2_load`` (vLLM's ``reload_weights`` would read any path),
+    and an adapter loads only from the ``--weights-from`` folders."""
     from starlette.responses import JSONResponse
 
+    if request.url.path == "/v1/load_lora_adapter":
+        try:
+            path = json.loads(await request.body() or b"{}").get("lora_path")
+            roots = [Path(p) for p in os.environ.get(WEIGHTS_FROM_ENV, "").split(os.pathsep) if p]
+            allowed_folder(str(path), roots)
+        except (ValueError, AttributeError, TypeError, FolderRefused) as exc:
+            return JSONResponse({"error": f"/v1/load_lora_adapter: {exc}"}, status_code=403)
     if request.url.path == "/collective_rpc":
         try:
             method = json.loads(await request.body() or b"{}").get("method")

@@ -228,6 +228,10 @@ def vllm_cmd(
         None, help="CPU: the cores its engine is bound to, e.g. 0-1 or 1 (default: every core)."
     ),
     kv_cache_gib: int | None = typer.Option(None, help="CPU: GiB of KV cache (default: vLLM's)."),
+    lora_rank: int | None = typer.Option(
+        None, help="Serve adapters (model.lora) up to this rank, loaded at each update (default: none)."
+    ),
+    lora_slots: int = typer.Option(4, help="With --lora-rank: adapters held at once, the newest."),
     python: str | None = typer.Option(
         None, help="The Python of vLLM's environment (default: $RSTAR2_VLLM_PYTHON, else .venv-vllm)."
     ),
@@ -253,6 +257,8 @@ def vllm_cmd(
         dtype=dtype,
         max_model_len=max_model_len,
         eager=eager,
+        lora_rank=lora_rank,
+        lora_slots=lora_slots,
         extra=tuple(ctx.args),
     )
     access = {

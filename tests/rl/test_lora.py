@@ -375,10 +375,10 @@ def test_a_served_adapter_at_staleness_one_trains_only_reported_versions(server,
 
 
 @contextmanager
-def skipping_proxy(upstream: str, skip_from: int) -> Iterator[str]:
-    """A server in front of ``upstream`` that passes everything on, except the adapter loads from the
-    ``skip_from``-th on: those it answers "success" with the version asked, loading nothing (verl
-    #7495: the adapter never reached the server, and nothing said so). Yields its URL."""
+def skipping_proxy(upstream: str, skip_from: int, route: str = "update_weights_from_disk") -> Iterator[str]:
+    """A server in front of ``upstream`` that passes everything on, except the adapter loads (on
+    ``route``) from the ``skip_from``-th on: those it answers "success" with the version asked,
+    loading nothing (verl #7495: the adapter never reached the server, and nothing said so)."""
     import threading
 
     import httpx
@@ -390,14 +390,16 @@ def skipping_proxy(upstream: str, skip_from: int) -> Iterator[str]:
     @app.api_route("/{path:path}", methods=["GET", "POST"])
     async def forward(path: str, request: Request) -> Response:
         body = await request.body()
-        if path == "update_weights_from_disk" and is_adapter(json.loads(body)["model_path"]):
+        asked = json.loads(body or b"{}")
+        if path == route and is_adapter(asked.get("model_path") or asked.get("lora_path")):
             loads.append(body)
             if len(loads) >= skip_from:
-                asked = json.loads(body)["weight_version"]
-                return Response(json.dumps({"success": True, "weights_version": int(asked)}), 200)
+                said = {"success": True, "weights_version": int(asked.get("weight_version", 0))}
+                return Response(json.dumps(said), 200)
         headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
         async with httpx.AsyncClient(timeout=300) as client:
-            answer = await client.request(request.method, f"{upstream}/{path}", content=body, headers=headers)
+            url = f"{upstream}/{path}" + (f"?{request.url.query}" if request.url.query else "")
+            answer = await client.request(request.method, url, content=body, headers=headers)
         return Response(answer.content, answer.status_code, media_type="application/json")
 
     port = free_port()

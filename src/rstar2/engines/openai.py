@@ -193,13 +193,16 @@ class OpenAIEngine:
             body = self.body(prompt_ids, params, await self._model())
             before = await self._stated() if self.version_source == "stated" else None
             answer = await self._call("POST", self.path, json=body, retries=self.retries)
-            gen = self.parse(answer["choices"][0])
+            gen = self.parse_answer(answer)
             if self.version_source == "stated":  # one version for every token, only if it held throughout
                 after = await self._stated()
                 gen.versions = [before if before is not None and before == after else -1] * len(gen.token_ids)
             return gen
         finally:
             self.in_flight -= 1
+
+    def parse_answer(self, answer: dict[str, Any]) -> Generation:
+        return self.parse(answer["choices"][0])
 
     def parse(self, choice: dict[str, Any]) -> Generation:
         ids = _token_ids(choice)

@@ -8,15 +8,18 @@ requests go unseeded."""
 from __future__ import annotations
 
 import sys
+from contextlib import suppress
 from typing import Any
 
 import httpx
 
+from ..adapters import is_adapter
 from ..auth import client_headers
 from .base import Generation, SamplingParams
-from .openai import OpenAIEngine, ServerError, get_object, stated_number
+from .openai import OpenAIEngine, RequestRefused, ServerError, get_object, stated_number
 
 GENERATE = "/inference/v1/generate"
+ADAPTER_PREFIX = "rstar2-v"  # the names of the adapters rstar2 loads: rstar2-vVERSION-RANDOM
 HOW_TO_START = (
     "start it with `rstar2 vllm` (VLLM_SERVER_DEV_MODE=1, --enable-scale-out, rstar2's worker extension)"
 )
@@ -54,7 +57,16 @@ _WARNED_UNSEEDED: set[str] = set()  # servers already warned about going unseede
 
 
 class VLLMEngine(OpenAIEngine):
+    """With an adapter (``model.lora``) each update loads the adapter under a name of its own that
+    requests then name (vLLM keeps a request on its adapter to the end, and no prefix cached under
+    one adapter serves another); a token's version is its base's (held by ``rstar2_load``) made the
+    version of the adapter the answer says it came from."""
+
     path = GENERATE
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.adapters: dict[str, int] = {}  # adapter name → policy version, the newest LORA_SLOTS loaded
 
     async def probe_capacity(self) -> int:
         """Its KV capacity (blocks × block size, unless the config set one), and whether it samples
@@ -91,6 +103,7 @@ class VLLMEngine(OpenAIEngine):
         # the log-prob is of the distribution sampled (--logprobs-mode); only the rollout's stop
         # tokens end a turn, as on every engine
         sampling = {**self.sampling(params), "ignore_eos": True}
+        model = next(reversed(self.adapters)) if self.adapters else model  # the newest adapter
         body: dict[str, Any] = {"model": model, "token_ids": list(prompt_ids), "sampling_params": sampling}
         if self.send_priority and params.priority:
             body["priority"] = params.priority
@@ -107,11 +120,48 @@ class VLLMEngine(OpenAIEngine):
         versions = token_versions(choice.get("weight_versions"), len(ids))
         return Generation(ids, [float(c["logprob"]) for c in content], finish, versions)  # type: ignore[arg-type]
 
+    def parse_answer(self, answer: dict[str, Any]) -> Generation:
+        gen = self.parse(answer["choices"][0])
+        if (
+            self.adapters and gen.versions is not None
+        ):  # the adapter the server says sampled them, on a whole base
+            version = self.adapters.get(str(answer.get("model")), -1)
+            gen.versions = [-1 if v < 0 else version for v in gen.versions]
+        return gen
+
+    async def load_adapter(self, folder: str, version: int) -> dict[str, Any]:
+        """The adapter in ``folder`` as policy ``version``, under a name never used before (a name
+        loaded again would let vLLM serve prefixes cached under the old adapter: vLLM #42125); the
+        oldest beyond ``LORA_SLOTS`` unloaded, and at this engine's first load those of earlier runs."""
+        import secrets
+
+        from .vllm_launch import LORA_SLOTS
+
+        what = f"{self.base_url} could not load the adapter in {folder}"
+        if not self.adapters:  # this engine's first: the adapters earlier runs left go
+            listed = (await self._call("GET", "/v1/models", what)).get("data") or []
+            for model in listed:
+                if str(model.get("id")).startswith(ADAPTER_PREFIX):
+                    await self._unload(model["id"], what)
+        name = f"{ADAPTER_PREFIX}{version}-{secrets.token_hex(4)}"
+        await self._call("POST", "/v1/load_lora_adapter", what, json={"lora_name": name, "lora_path": folder})
+        self.adapters[name] = version
+        for old in list(self.adapters)[:-LORA_SLOTS]:
+            del self.adapters[old]
+            await self._unload(old, what)
+        return {"adapter": name}
+
+    async def _unload(self, name: str, what: str) -> None:
+        with suppress(RequestRefused):  # a server restarted since holds none of the old ones
+            await self._call("POST", "/v1/unload_lora_adapter", what, json={"lora_name": name})
+
     async def update_weights(self, model_dir: str, endpoint: str, version: int) -> dict[str, Any]:
         """Load ``model_dir`` in place as policy ``version`` (``endpoint``, SGLang's route, goes
         unused); a load that left a parameter unwritten, or any refused step, is a ``ServerError``.
         The server resumes only after a whole load: after a failed one it stays paused (its weights
         may be half written; requests wait) until a later load succeeds, or the run stops."""
+        if is_adapter(model_dir):
+            return await self.load_adapter(str(model_dir), version)
         what = f"{self.base_url} could not load {model_dir}"
         await self._call("POST", "/pause", what, params={"mode": "keep"})
         # no number until the load is whole: a token decoded meanwhile (a caller resumed it) is never trained on

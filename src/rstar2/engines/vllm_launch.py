@@ -25,6 +25,7 @@ EXTENSION = "rstar2.engines.vllm_worker.WorkerExtension"
 ENTRY = "vllm.entrypoints.launchers.api_server.entry"  # `vllm serve` without its console script
 GUARD = "rstar2.auth.vllm_guard"  # the API key on every route but /health
 GPU_SHARE = 0.4  # a recipe's vLLM on a GPU: its share of the GPU's memory, the trainer's beside it
+LORA_SLOTS = 4  # adapters a vLLM holds at once (model.lora): the newest, older ones unloaded
 
 
 def vllm_python(given: str | None = None) -> str:
@@ -43,12 +44,19 @@ def command(
     dtype: str = "auto",
     max_model_len: int | None = None,
     eager: bool = False,
+    lora_rank: int | None = None,
+    lora_slots: int = LORA_SLOTS,
     extra: tuple[str, ...] = (),
 ) -> list[str]:
+    """``lora_rank``: adapters up to that rank load at run time (``model.lora``), ``lora_slots`` of
+    them held at once (the newest: requests in flight finish on the adapter they named)."""
     args = [python, "-m", ENTRY, "--model", model, "--host", host, "--port", str(port), "--dtype", dtype]
     args += ["--enable-scale-out", "--worker-extension-cls", EXTENSION, "--middleware", GUARD]
     args += ["--logprobs-mode", "processed_logprobs", "--scheduling-policy", "priority"]
     args += ["--max-model-len", str(max_model_len)] if max_model_len else []
+    if lora_rank:
+        args += ["--enable-lora", "--max-lora-rank", str(lora_rank)]
+        args += ["--max-loras", str(lora_slots), "--max-cpu-loras", str(lora_slots)]
     return args + (["--enforce-eager"] if eager else []) + list(extra)
 
 
@@ -61,6 +69,7 @@ def environment(
 ) -> dict[str, str]:
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter (behind rstar2's guard)
     if api_key:  # in the environment, not on the command line where `ps` shows it
         env[KEY_ENV] = api_key
     env[WEIGHTS_FROM_ENV] = os.pathsep.join(str(p) for p in weights_from or ())
@@ -104,6 +113,7 @@ def local_command(
     dtype: str | None = None,
     gpu_share: float = GPU_SHARE,
     eager: bool = False,
+    lora_rank: int | None = None,
 ) -> list[str]:
     """The ``rstar2 vllm`` command of ``local_server``: on a GPU, ``gpu_share`` of its memory (the
     trainer's beside it) and the model's own dtype unless given; on a CPU float32, as the trainer."""
@@ -112,6 +122,7 @@ def local_command(
     args += [arg for folder in weights_from for arg in ("--weights-from", str(folder))]
     args += (["--cores", cores] if cores else []) + (["--eager"] if eager else [])
     args += ["--kv-cache-gib", str(kv_cache_gib)] if kv_cache_gib else []
+    args += ["--lora-rank", str(lora_rank)] if lora_rank else []
     return args + (["--", "--gpu-memory-utilization", str(gpu_share)] if gpu else [])
 
 

@@ -82,7 +82,8 @@ class WorkerExtension:
         finally:
             del model.load_weights
         _remake_cpu_copies(model)
-        expected = {name for name, _ in model.named_parameters()}
+        # served with --enable-lora, a linear layer's own weight sits in its wrapper's base_layer
+        expected = {name.replace(".base_layer", "") for name, _ in model.named_parameters()}
         unwritten = [name for name, p in held if not bool(p.any())]
         written = len(expected & loaded)
         print(f"[rstar2] loaded {folder}: {written} parameters", flush=True)  # the server's log

@@ -440,6 +440,9 @@ def on_local_vllm(recipe: Recipe, out: Path, log: Callable[[str], None]) -> Iter
     model = prepare_model(recipe, out)
     log(f"[rstar2] starting vLLM on {model} (cores {spec.cores or 'all'}; its log: {out / 'vllm.log'})")
     options = spec.model_dump(exclude={"if_installed"})
+    stages = [parse_config(stage_tree(recipe, s, model_path="-", train="-", out="-")) for s in recipe.stages]
+    ranks = [s.model.lora.rank for s in stages if s.kind == "rl" and s.model.lora is not None]
+    options["lora_rank"] = max(ranks, default=None)  # its RL stages' adapters load at run time
     with vllm_launch.local_server(model, out / "vllm.log", weights_from=[out, model], **options) as url:
         yield recipe.with_servers([url])
 

@@ -200,7 +200,7 @@ def write_parts(
         from safetensors.torch import save_file
 
         base = on_cpu(base_weights(model, state))
-        (folder / BASE).mkdir(parents=True, exist_ok=True)
+        model.config.save_pretrained(folder / BASE)  # vLLM's load checks the sizes in config.json
         save_file(base, str(folder / BASE / "model.safetensors"), metadata={"format": "pt"})
         parts.insert(0, (folder / BASE, base))
     return parts
@@ -236,13 +236,6 @@ async def publish(
     error: BaseException | None = None
     try:
         if mode == "servers" and world.main:
-            from ...engines.vllm import VLLMEngine
-
-            if adapted(model) and any(isinstance(e, VLLMEngine) for e in engines):
-                raise WeightSyncError(
-                    "model.lora: rstar2's vLLM engines load whole weights only so far; serve the "
-                    "adapter's run with rstar2 serve, or train every weight (no model.lora)"
-                )
             for part, tensors in await asyncio.to_thread(write_parts, model, folder, weights, whole):
                 await load_into_servers(engines, part, settings, tensors, version=step)
         elif mode == "copy":  # engine copies in this process: compared with what was sent, exactly
