@@ -431,3 +431,32 @@ def test_an_adapter_load_a_server_skipped_is_refused_by_the_version_check(server
     assert "RL step 2 failed: StalenessError" in said, said[-3000:]
     assert f"engine {url} sampled a token with policy version 0, outside [1, 1]" in said, said[-3000:]
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1]  # step 1 trained, not step 2
+
+
+def test_a_recipe_sets_an_adapter_for_all_stages_one_kind_or_one_stage():
+    """``model.lora`` (every stage), ``defaults.rl.model.lora`` (the RL stages), a stage's own
+    ``model: {lora: ...}`` (``null``: every weight there); a stage may set nothing else of model:."""
+    import yaml
+
+    from rstar2.config import ConfigError
+    from rstar2.recipe.spec import find_recipe, parse_recipe, stage_tree
+
+    def adapters(tree: dict) -> dict:
+        recipe = parse_recipe(tree)
+        stages = {s.name: stage_tree(recipe, s, model_path="m", train="t", out="o") for s in recipe.stages}
+        loras = {name: parse_config(t).model.lora for name, t in stages.items()}
+        return {name: lora.rank if lora else 0 for name, lora in loras.items()}
+
+    tree = yaml.safe_load(find_recipe("tiny").read_text())
+    names = [s["name"] for s in tree["stages"]]
+    assert set(adapters(tree).values()) == {0}
+    tree["defaults"]["rl"]["model"] = {"lora": {"rank": 8}}
+    assert adapters(tree) == {n: 0 if n == "sft" else 8 for n in names}
+    tree["stages"][-1]["model"] = {"lora": None}
+    assert adapters(tree) == {n: 0 if n in ("sft", names[-1]) else 8 for n in names}
+    tree["model"]["lora"] = {"rank": 2}
+    del tree["defaults"]["rl"]["model"]
+    assert adapters(tree) == {n: 0 if n == names[-1] else 2 for n in names}
+    tree["stages"][-1]["model"] = {"dtype": "bfloat16"}
+    with pytest.raises(ConfigError, match=f"stages.{names[-1]}.model: a stage sets only lora"):
+        parse_recipe(tree)
