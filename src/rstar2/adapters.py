@@ -169,6 +169,34 @@ def load_adapter_into(model: torch.nn.Module, folder: str | Path) -> int:
     return len(tensors)
 
 
+class BaseOf(torch.nn.Module):
+    """An adapted model computing as its base: each adapted layer's adapter off for the call. The
+    KL's reference where the adapter began at the stage's start, without a copy of the weights."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self._adapted = [model]  # not a submodule: its parameters are the policy's, trained elsewhere
+
+    def forward(self, **inputs: Any) -> Any:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        model = self._adapted[0]
+        layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+        for layer in layers:
+            layer.enable_adapters(False)
+        try:
+            return model(**inputs)
+        finally:
+            for layer in layers:
+                layer.enable_adapters(True)
+
+
+def base_reference(policy: torch.nn.Module, start: str | Path) -> BaseOf | None:
+    """The KL's reference without a copy where it can be: ``policy``'s base, when its adapter is
+    new since ``start`` (a model folder, not an adapter checkpoint); else None (load ``start``)."""
+    return BaseOf(policy) if adapted(policy) and not is_adapter(start) else None
+
+
 def merge(model: torch.nn.Module) -> torch.nn.Module:
     """The adapter added into the base weights and removed (in place): a plain model, decoding as
     fast as one never adapted, computing what the adapted one did (to float rounding)."""

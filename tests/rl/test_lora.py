@@ -258,6 +258,7 @@ def test_a_recipe_trains_adapters_in_its_rl_stages_through_the_cli(tmp_path):
     tree["eval"].update(heldout_at=["rl-128"], also=[])
     tree["defaults"]["rl"]["model"] = {"lora": {"rank": 2, "alpha": 16}}
     tree["defaults"]["rl"]["optim"] = {"lr": 2e-2}
+    tree["defaults"]["rl"]["run"]["kl_to_start"] = True  # the reference: the adapter switched off
     recipe = tmp_path / "lora.yaml"
     recipe.write_text(yaml.safe_dump(tree))
     out = tmp_path / "run"
@@ -460,3 +461,20 @@ def test_a_recipe_sets_an_adapter_for_all_stages_one_kind_or_one_stage():
     tree["stages"][-1]["model"] = {"dtype": "bfloat16"}
     with pytest.raises(ConfigError, match=f"stages.{names[-1]}.model: a stage sets only lora"):
         parse_recipe(tree)
+
+
+def test_the_reference_of_a_new_adapter_is_its_base_without_a_copy(tiny_dir, tmp_path):
+    """With an adapter new at the stage's start, the KL's reference is the policy with its adapter
+    switched off for the pass (``adapters.BaseOf``): the start's logits, the adapter on again after."""
+    from rstar2.adapters import BaseOf, base_reference
+
+    policy = moved(load_model(tiny_dir, lora=LoraSection(**LORA)))
+    adapted_logits = logits(policy)
+    ref = base_reference(policy, tiny_dir)
+    assert isinstance(ref, BaseOf) and not list(ref.parameters())  # no weights of its own
+    with torch.no_grad():
+        assert torch.equal(ref(input_ids=IDS).logits, logits(load_model(tiny_dir)))
+    assert torch.equal(logits(policy), adapted_logits)
+    assert all(p.requires_grad for n, p in policy.named_parameters() if ".lora_" in n)
+    # an adapter carried over from an adapter checkpoint: its start is not its base, so a copy
+    assert base_reference(policy, save_adapter(policy, tmp_path / "ckpt")) is None

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..adapters import load_model
+from ..adapters import base_reference, load_model
 from ..chat.token_classes import TokenClasses
 from ..config import ConfigError, RLConfig, parse_config
 from ..device import resolve_precision
@@ -159,8 +159,9 @@ def load_state(record: KeptStep, checkpoint: Path | None) -> State:
     ref = None
     if cfg.needs_reference:
         ref_path = cfg.run.init_from or cfg.model.path
-        ref = load_model(ref_path, param_dtype(cfg)).to(world.device).eval()
-        ref.requires_grad_(False)
+        ref = base_reference(learner.model, ref_path)  # as the run's (RLTrainer._reference)
+        if ref is None:
+            ref = load_model(ref_path, param_dtype(cfg)).to(world.device).eval().requires_grad_(False)
     return State(cfg, learner, tokenizer, ref, updates)
 
 

@@ -173,9 +173,12 @@ class RLTrainer:
     def _reference(self) -> torch.nn.Module:
         """The KL's frozen reference: the policy this run (stage) started from, also when
         resuming (a new stage moves it to its start: the paper's stage 3); unsharded on each process."""
-        from ..adapters import load_model
+        from ..adapters import base_reference, load_model
 
-        ref = load_model(self.cfg.run.init_from or self.cfg.model.path, param_dtype(self.cfg))
+        start = self.cfg.run.init_from or self.cfg.model.path
+        if not self.world.distributed and (base := base_reference(self.model, start)) is not None:
+            return base  # an adapter new at this stage's start: its base is the start, no copy
+        ref = load_model(start, param_dtype(self.cfg))
         return ref.to(self.world.device).eval().requires_grad_(False)
 
     # -- the loop ----------------------------------------------------------------------------
