@@ -105,10 +105,7 @@ def load_model(
     if not is_adapter(path):
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
         return attach(model, lora, path, seed) if lora is not None else model
-    from safetensors.torch import load_file
-
-    peft = _peft()
-    saved = peft.LoraConfig.from_pretrained(str(path))
+    saved = _peft().LoraConfig.from_pretrained(str(path))
     if lora is not None and (saved.r, float(saved.lora_alpha)) != (lora.rank, float(lora.alpha)):
         raise ValueError(
             f"{path} holds an adapter of rank {saved.r}, alpha {saved.lora_alpha}; model.lora asks for "
@@ -116,13 +113,7 @@ def load_model(
             f"(rstar2 model merge {path} --out DIR) and start a new adapter on the merged model"
         )
     model = AutoModelForCausalLM.from_pretrained(base_of(path), dtype=dtype)
-    saved.inference_mode = False
-    saved.lora_dropout = lora.dropout if lora is not None else saved.lora_dropout
-    model = peft.inject_adapter_in_model(saved, model)
-    result = peft.set_peft_model_state_dict(model, load_file(str(path / ADAPTER_WEIGHTS)))
-    missing = [k for k in result.missing_keys if "lora_" in k]
-    if missing:
-        raise ValueError(f"the adapter in {path} lacks {len(missing)} of its tensors, e.g. {missing[0]}")
+    load_adapter_into(model, path, lora)
     return model if lora is not None else merge(model)
 
 
@@ -138,10 +129,10 @@ def base_weights(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict
     return {plain: state[own] for plain, own in base_names(model).items() if own in state}
 
 
-def load_adapter_into(model: torch.nn.Module, folder: str | Path) -> int:
-    """An engine's model takes the adapter in ``folder`` (injected on the first load, its tensors
-    replaced on later ones); names, shapes and rank are checked before anything is written (a
-    ``ValueError`` then). How many tensors were loaded."""
+def load_adapter_into(model: torch.nn.Module, folder: str | Path, trained: LoraSection | None = None) -> int:
+    """``model`` takes the adapter in ``folder`` (injected on the first load, its tensors replaced on
+    later ones: an engine's); names, shapes and rank are checked before anything is written (a
+    ``ValueError`` then). ``trained``: the adapter trains on, with its dropout. How many tensors."""
     from safetensors.torch import load_file
 
     peft, folder = _peft(), Path(folder)
@@ -155,17 +146,15 @@ def load_adapter_into(model: torch.nn.Module, folder: str | Path) -> int:
                 f"rank {held.r}, alpha {held.lora_alpha} (restart it to change adapters)"
             )
     else:
-        config.inference_mode = True
+        config.inference_mode = trained is None
+        config.lora_dropout = trained.dropout if trained is not None else config.lora_dropout
         peft.inject_adapter_in_model(config, model)
     want = {k: tuple(v.shape) for k, v in adapter_weights(model).items()}
     got = {k: tuple(v.shape) for k, v in tensors.items()}
     if want != got:
         odd = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
-        raise ValueError(
-            f"{folder}: adapter tensors that do not fit the served model: {odd[:5]} ({len(odd)})"
-        )
-    dtype = next(model.parameters()).dtype
-    peft.set_peft_model_state_dict(model, {k: v.to(dtype) for k, v in tensors.items()})
+        raise ValueError(f"{folder}: adapter tensors that do not fit the model: {odd[:5]} ({len(odd)})")
+    peft.set_peft_model_state_dict(model, tensors)  # copied into the adapter's own tensors, their dtype
     return len(tensors)
 
 

@@ -478,3 +478,30 @@ def test_the_reference_of_a_new_adapter_is_its_base_without_a_copy(tiny_dir, tmp
     assert all(p.requires_grad for n, p in policy.named_parameters() if ".lora_" in n)
     # an adapter carried over from an adapter checkpoint: its start is not its base, so a copy
     assert base_reference(policy, save_adapter(policy, tmp_path / "ckpt")) is None
+
+
+def test_an_engine_takes_an_adapter_over_its_base_and_refuses_one_that_does_not_fit(tiny_dir, tmp_path):
+    """``HFEngine.update_adapter`` (what ``rstar2 serve`` runs for an adapter folder): the adapter
+    injected on the first load, replaced after; another rank or missing tensors refused before
+    anything is written, the engine serving what it held."""
+    from rstar2.engines.hf import HFEngine
+
+    engine = HFEngine(load_model(tiny_dir), max_batch_size=2)
+    try:
+        policy = moved(load_model(tiny_dir, lora=LoraSection(**LORA)))
+        assert engine.update_adapter(save_adapter(policy, tmp_path / "v1"), 1) == 2 * 14
+        assert engine.version == 1 and torch.allclose(logits(engine.model), logits(policy), atol=1e-6)
+        other = save_adapter(load_model(tiny_dir, lora=LoraSection(rank=8, alpha=8)), tmp_path / "r8")
+        with pytest.raises(ValueError, match="rank 8.*holds rank 4"):
+            engine.update_adapter(other, 2)
+        partial = save_adapter(policy, tmp_path / "partial")
+        tensors = load_file(str(partial / ADAPTER_WEIGHTS))
+        from safetensors.torch import save_file
+
+        save_file(dict(list(tensors.items())[1:]), str(partial / ADAPTER_WEIGHTS))
+        with pytest.raises(ValueError, match="do not fit the model"):
+            engine.update_adapter(partial, 2)
+        assert engine.version == 1 and engine.broken is None
+        assert torch.allclose(logits(engine.model), logits(policy), atol=1e-6)
+    finally:
+        asyncio.run(engine.close())
