@@ -87,22 +87,15 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 @pytest.fixture(scope="module")
 def vllm(model_dir, tmp_path_factory, api_key):
     """``rstar2 vllm`` on the tiny model, started as a user would, with an API key and the tests'
-    folders to load weights from; its log beside the test's files."""
-    yield from start_vllm(model_dir, tmp_path_factory, api_key)
-
-
-@pytest.fixture(scope="module")
-def vllm_lora(model_dir, tmp_path_factory, api_key):
-    """The same, serving adapters up to rank 8 (``--lora-rank``)."""
-    yield from start_vllm(model_dir, tmp_path_factory, api_key, "--lora-rank", "8")
-
-
-def start_vllm(model_dir: Path, tmp_path_factory, api_key: str, *options: str):
+    folders to load weights from, serving adapters up to rank 8 beside the whole model (one server
+    for every test: whole-model requests on a LoRA-enabled vLLM are checked by the tests that make
+    them); its log beside the test's files."""
     need_vllm()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path_factory.mktemp("vllm-log") / "server.log"
-    args = ["vllm", "--model", str(model_dir), "--port", str(port), "--dtype", "float32", "--eager", *options]
+    args = ["vllm", "--model", str(model_dir), "--port", str(port), "--dtype", "float32", "--eager"]
+    args += ["--lora-rank", "8"]
     args += [
         "--kv-cache-gib",
         "1",
@@ -347,7 +340,7 @@ def test_rl_on_vllm_trains_only_its_own_policys_tokens(vllm, model_dir, problems
 
 
 @pytest.mark.parametrize("k", [0, 1], ids=["k=0", "k=1"])
-def test_rl_with_an_adapter_on_vllm_sends_it_the_adapter_alone(vllm_lora, model_dir, problems, tmp_path, k):
+def test_rl_with_an_adapter_on_vllm_sends_it_the_adapter_alone(vllm, model_dir, problems, tmp_path, k):
     """``model.lora`` on vLLM: the base in place once at the start, then each update's adapter
     loaded under a name of its own (``/v1/load_lora_adapter``); vLLM samples with the trainer's
     adapted model after every update, each token's version is the adapter's that sampled it."""
@@ -358,7 +351,7 @@ def test_rl_with_an_adapter_on_vllm_sends_it_the_adapter_alone(vllm_lora, model_
     tree = small_rl(model_dir, problems, run_dir, steps=3, top_k=0)
     tree["model"]["lora"] = {"rank": 4, "alpha": 8}
     tree["optim"]["lr"] = 5e-2
-    tree["rollout"]["engine"] = {"servers": [vllm_lora], "max_batch_size": 8}
+    tree["rollout"]["engine"] = {"servers": [vllm], "max_batch_size": 8}
     tree["asynchronous"] = {"max_staleness": k}
     if k:
         tree["loss"] = {"tis_cap": 2.0}
@@ -371,19 +364,19 @@ def test_rl_with_an_adapter_on_vllm_sends_it_the_adapter_alone(vllm_lora, model_
     ok(cli(["replay", str(run_dir), "--from", "1", "--to", "3"]))
     assert is_adapter(run_dir / "weights-latest")
     # the base went in place once (version 0); the adapters of versions 0-3, the newest held
-    assert httpx.get(vllm_lora + "/weight_info", headers=AUTH).json() == {"weight_version": "0"}
-    served = [m["id"] for m in httpx.get(vllm_lora + "/v1/models", headers=AUTH).json()["data"]]
+    assert httpx.get(vllm + "/weight_info", headers=AUTH).json() == {"weight_version": "0"}
+    served = [m["id"] for m in httpx.get(vllm + "/v1/models", headers=AUTH).json()["data"]]
     held = sorted(m for m in served if m.startswith("rstar2-v"))
     assert len(held) <= LORA_SLOTS and any(m.startswith("rstar2-v3-") for m in held), served
 
 
-def test_an_adapter_vllm_never_loaded_is_never_sampled(vllm_lora, model_dir, problems, tmp_path):
+def test_an_adapter_vllm_never_loaded_is_never_sampled(vllm, model_dir, problems, tmp_path):
     """verl #7495 on vLLM: a proxy answers "success" to the second adapter load without passing it
     on. The requests after it name an adapter vLLM does not hold: they fail, the step is not trained."""
     from .rl.test_lora import skipping_proxy
 
     run_dir = tmp_path / "run"
-    with skipping_proxy(vllm_lora, skip_from=2, route="v1/load_lora_adapter") as url:
+    with skipping_proxy(vllm, skip_from=2, route="v1/load_lora_adapter") as url:
         tree = small_rl(model_dir, problems, run_dir, steps=3, top_k=0)
         tree["model"]["lora"] = {"rank": 4, "alpha": 8}
         tree["rollout"]["engine"] = {"servers": [url], "max_batch_size": 8, "weight_check_tol": None}
