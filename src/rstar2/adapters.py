@@ -189,11 +189,17 @@ def base_reference(policy: torch.nn.Module, start: str | Path) -> BaseOf | None:
 def merge(model: torch.nn.Module) -> torch.nn.Module:
     """The adapter added into the base weights and removed (in place): a plain model, decoding as
     fast as one never adapted, computing what the adapted one did (to float rounding)."""
+    return unload(model, merged=True)
+
+
+def unload(model: torch.nn.Module, merged: bool = False) -> torch.nn.Module:
+    """The adapter removed (in place; ``merged``: added into the base weights first): a plain model."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     for name, module in list(model.named_modules()):
         if isinstance(module, BaseTunerLayer):
-            module.merge()
+            if merged:
+                module.merge()
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent), child, module.get_base_layer())
     if hasattr(model, "peft_config"):

@@ -505,3 +505,23 @@ def test_an_engine_takes_an_adapter_over_its_base_and_refuses_one_that_does_not_
         assert torch.allclose(logits(engine.model), logits(policy), atol=1e-6)
     finally:
         asyncio.run(engine.close())
+
+
+def test_a_whole_model_loaded_into_an_engine_holding_an_adapter_leaves_nothing_of_it(tiny_dir, tmp_path):
+    """A served engine that held an adapter, then given a whole model (another run, training every
+    weight): it computes that model, the adapter gone (not left on over the new weights)."""
+    from rstar2.engines.hf import HFEngine
+
+    engine = HFEngine(load_model(tiny_dir), max_batch_size=2)
+    try:
+        policy = moved(load_model(tiny_dir, lora=LoraSection(**LORA)))
+        engine.update_adapter(save_adapter(policy, tmp_path / "v1"), 1)
+        other = load_model(tiny_dir)
+        with torch.no_grad():
+            for p in other.parameters():
+                p.mul_(1.01)
+        engine.update_weights(other.state_dict(), 2)
+        assert not any(".lora_" in k for k in engine.model.state_dict())
+        assert torch.allclose(logits(engine.model), logits(other), atol=1e-6)
+    finally:
+        asyncio.run(engine.close())

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..adapters import adapted, base_names, load_adapter_into, load_model
+from ..adapters import adapted, base_names, load_adapter_into, load_model, unload
 from ..config import DEFAULT_ASYNC, DEFAULT_ROLLOUT, engine_budget
 from ..device import decode_compute, engine_dtype, max_positions, pick_device, resolve_precision
 from .base import Generation, SamplingParams
@@ -145,8 +145,10 @@ class HFEngine:
         leaves the engine refusing requests until a load succeeds, never serving half a model."""
         with self.paused():
             held = self.model.state_dict()
-            # its own names; a model holding an adapter takes its base's under the base's names too
-            names = {k: k for k in held} | (base_names(self.model) if adapted(self.model) else {})
+            # a whole model into one holding an adapter (served): the adapter goes, nothing of it stays
+            # on; an in-process copy of an adapted model takes the adapter's tensors by their names
+            whole = adapted(self.model) and not any(".lora_" in k for k in state_dict)
+            names = base_names(self.model) if whole else {k: k for k in held}
             unknown = sorted(set(state_dict) - set(names))
             wrong = [k for k in state_dict if k in names and state_dict[k].shape != held[names[k]].shape]
             if unknown or wrong:
@@ -155,7 +157,9 @@ class HFEngine:
                     f"(unknown tensors {unknown[:5]}, other shapes {wrong[:5]}); nothing was loaded"
                 )
             with self._loading(version):
-                self.model.load_state_dict({names[k]: v for k, v in state_dict.items()}, strict=False)
+                if whole:
+                    unload(self.model)
+                self.model.load_state_dict(state_dict, strict=False)
 
     def update_adapter(self, folder: str | Path, version: int) -> int:
         """The adapter of ``folder`` (``rstar2.adapters``) over the base weights held, as ``version``:
