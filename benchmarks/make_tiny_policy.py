@@ -1,10 +1,10 @@
-"""Writes ``tests/recipe/tiny_policy/``: a policy that has just learned the tiny recipe's format
-and its skill of copying numbers, the start of ``test_learning.py``'s RL stage.
+"""Writes ``benchmarks/tiny_policy/``: a policy that has just learned the tiny recipe's format
+and its skill of copying numbers, the start of ``tiny_learning.py``'s RL stage.
 
 The tiny recipe's SFT stage at a size that trains in about a minute (two layers, batches of 32,
 operands of 1-2 digits), stopped once its chance of writing a clean demonstration word for word
 reaches 0.2 (``stop_skill``): a model that solves some problems sampled at T = 1 and not others,
-where RL has a signal. Run it again (``python tests/recipe/make_tiny_policy.py``) after a change
+where RL has a signal. Run it again (``python benchmarks/make_tiny_policy.py``) after a change
 to the tiny tokenizer or the chat format.
 """
 
