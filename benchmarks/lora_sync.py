@@ -27,6 +27,7 @@ import torch
 from rstar2.adapters import attach
 from rstar2.config import LoraSection
 from rstar2.local_service import free_port, wait_healthy
+from rstar2.rl.plumbing.distributed import LOCAL, full_state_dict
 from rstar2.rl.plumbing.sync import write_parts
 from rstar2.rollout.build import connect
 
@@ -54,7 +55,7 @@ async def syncs(url: str, model: torch.nn.Module, adapted: torch.nn.Module, root
     sizes = {}
     try:
         version = 0
-        state = adapted.state_dict()
+        state = full_state_dict(adapted, LOCAL)  # as the trainer sends it: no tied copies
         for part, _ in write_parts(
             adapted, root / "adapter", state, whole=True
         ):  # the base once, then adapters
@@ -64,7 +65,7 @@ async def syncs(url: str, model: torch.nn.Module, adapted: torch.nn.Module, root
             for kind, m in (("whole", model), ("adapter", adapted)):
                 folder = root / kind
                 t0 = time.perf_counter()
-                parts = write_parts(m, folder, m.state_dict(), whole=False)
+                parts = write_parts(m, folder, full_state_dict(m, LOCAL), whole=False)
                 out[f"{kind}_write_s"].append(time.perf_counter() - t0)
                 version += 1
                 t0 = time.perf_counter()
@@ -74,7 +75,9 @@ async def syncs(url: str, model: torch.nn.Module, adapted: torch.nn.Module, root
                 sizes[kind] = sum(f.stat().st_size for p, _ in parts for f in p.glob("*.safetensors"))
                 if kind == "whole":  # the adapter again over this base: the next sync is the adapter's
                     version += 1
-                    for part, _ in write_parts(adapted, root / "adapter", adapted.state_dict(), whole=True):
+                    for part, _ in write_parts(
+                        adapted, root / "adapter", full_state_dict(adapted, LOCAL), whole=True
+                    ):
                         await engine.update_weights(str(part), "/update_weights_from_disk", version)
     finally:
         await engine.close()
