@@ -306,23 +306,40 @@ def test_rstar2_eval_on_vllm(vllm, model_dir, problems, tmp_path):
     assert json.loads((out / "summary.json").read_text())["benchmarks"][problems.stem]["samples"] == 2
 
 
+def train_on_vllm(
+    vllm: str,
+    model_dir: Path,
+    problems: Path,
+    run_dir: Path,
+    k: int,
+    lora: dict | None = None,
+    lr: float | None = None,
+) -> None:
+    """`rstar2 train` for 3 steps at staleness ``k`` on the module's vLLM, steps kept; its metrics
+    checked: every step once, vLLM sampling with the trainer's weights after every update."""
+    tree = small_rl(model_dir, problems, run_dir, steps=3, top_k=0)
+    tree["model"]["lora"] = lora
+    if lr is not None:
+        tree["optim"]["lr"] = lr
+    tree["rollout"]["engine"] = {"servers": [vllm], "max_batch_size": 8}
+    tree["asynchronous"] = {"max_staleness": k}
+    if k:
+        tree["loss"] = {"tis_cap": 2.0}
+    tree["run"]["keep_steps"] = True
+    ok(cli(["train", str(write_config(tree, run_dir.parent / "rl.yaml"))]))
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["sync/logprob_diff"] < TOL for r in rows), [r["sync/logprob_diff"] for r in rows]
+
+
 @pytest.mark.parametrize("k", [0, 1], ids=["k=0", "k=1"])
 def test_rl_on_vllm_trains_only_its_own_policys_tokens(vllm, model_dir, problems, tmp_path, k):
     """`rstar2 train` with `rollout.engine.servers` on vLLM: the run's start weights, then each update,
     reach the server in place; every token's version (from vLLM) is inside the bound; the server
     ends holding the final checkpoint's weights."""
     run_dir = tmp_path / "run"
-    tree = small_rl(model_dir, problems, run_dir, steps=3, top_k=0)
-    tree["rollout"]["engine"] = {"servers": [vllm], "max_batch_size": 8}
-    tree["asynchronous"] = {"max_staleness": k}
-    if k:
-        tree["loss"] = {"tis_cap": 2.0}
-    tree["run"]["keep_steps"] = True
-    ok(cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))]))
-    rows = read_metrics(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    train_on_vllm(vllm, model_dir, problems, run_dir, k)
     ok(cli(["replay", str(run_dir), "--from", "1", "--to", "3"]))  # vLLM's tokens kept: bit for bit
-    assert all(r["sync/logprob_diff"] < TOL for r in rows), [r["sync/logprob_diff"] for r in rows]
     assert_versions_in_bound(run_dir, k)
     assert httpx.get(vllm + "/weight_info", headers=AUTH).json() == {"weight_version": "3"}
     final = run_dir / "checkpoints" / "step-000003"
@@ -348,18 +365,7 @@ def test_rl_with_an_adapter_on_vllm_sends_it_the_adapter_alone(vllm, model_dir, 
     from rstar2.engines.vllm_launch import LORA_SLOTS
 
     run_dir = tmp_path / "run"
-    tree = small_rl(model_dir, problems, run_dir, steps=3, top_k=0)
-    tree["model"]["lora"] = {"rank": 4, "alpha": 8}
-    tree["optim"]["lr"] = 5e-2
-    tree["rollout"]["engine"] = {"servers": [vllm], "max_batch_size": 8}
-    tree["asynchronous"] = {"max_staleness": k}
-    if k:
-        tree["loss"] = {"tis_cap": 2.0}
-    tree["run"]["keep_steps"] = True
-    ok(cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))]))
-    rows = read_metrics(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    assert all(r["sync/logprob_diff"] < TOL for r in rows), [r["sync/logprob_diff"] for r in rows]
+    train_on_vllm(vllm, model_dir, problems, run_dir, k, lora={"rank": 4, "alpha": 8}, lr=5e-2)
     assert_versions_in_bound(run_dir, k)
     ok(cli(["replay", str(run_dir), "--from", "1", "--to", "3"]))
     assert is_adapter(run_dir / "weights-latest")

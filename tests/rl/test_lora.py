@@ -28,9 +28,9 @@ from rstar2.adapters import (
 from rstar2.config import LoraSection, parse_config
 from rstar2.rl.plumbing.checkpoint import latest_checkpoint
 from rstar2.rl.plumbing.metrics_log import read_metrics
-from rstar2.rl.trainer import RLTrainer
 
 from ..conftest import free_port, wait_http
+from .test_health_in_runs import train
 from .test_scale_out import other_weights, serve_tiny  # noqa: F401 - other_weights: a fixture
 from .test_trainer import place, rl_config
 
@@ -106,34 +106,18 @@ def test_an_adapter_whose_base_is_gone_is_refused_by_name(tiny_dir, tmp_path):
         load_model(folder)
 
 
-def lora_rl(tiny_dir, setup, out, **settings) -> dict:
-    tree = rl_config(tiny_dir, setup / "train.jsonl", out)
+def lora_rl(tiny_dir, data, out, **settings) -> dict:
+    tree = rl_config(tiny_dir, data / "train.jsonl", out)
     tree["model"]["lora"] = LORA
     tree["optim"]["lr"] = 5e-2  # an adapter's learning rate: ~10x full fine-tuning's
     tree["run"].update(steps=4)
     return place(tree, **settings)
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lora")
-    rows = [{"problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(12)]
-    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return root
-
-
-def train(tree: dict, resume: bool = False) -> list[dict]:
-    threads = torch.get_num_threads()
-    try:
-        return asyncio.run(RLTrainer(parse_config(tree), resume=resume).train())
-    finally:
-        torch.set_num_threads(threads)
-
-
 @pytest.mark.slow
-def test_rl_trains_the_adapter_alone_and_resumes_from_its_checkpoint_exactly(tiny_dir, setup):
-    run = setup / "a"
-    history = train(lora_rl(tiny_dir, setup, run))
+def test_rl_trains_the_adapter_alone_and_resumes_from_its_checkpoint_exactly(tiny_dir, data):
+    run = data / "a"
+    history = train(lora_rl(tiny_dir, data, run))
     assert len(history) == 4
     rows = [r for r in read_metrics(run / "metrics.jsonl") if "update/skipped" not in r]
     # the engine decodes the adapted model: after every update its log-probs are the trainer's
@@ -148,10 +132,10 @@ def test_rl_trains_the_adapter_alone_and_resumes_from_its_checkpoint_exactly(tin
     merged = load_model(ckpt)
     assert not torch.allclose(logits(merged), logits(load_model(tiny_dir)), atol=1e-4)
     # a run resumed from step 2's checkpoint ends with the same adapter as the one that went on
-    resumed = setup / "b"
+    resumed = data / "b"
     (resumed / "checkpoints").mkdir(parents=True)
     shutil.copytree(run / "checkpoints" / "step-000002", resumed / "checkpoints" / "step-000002")
-    train(lora_rl(tiny_dir, setup, resumed), resume=True)
+    train(lora_rl(tiny_dir, data, resumed), resume=True)
     again = load_file(str(latest_checkpoint(resumed) / ADAPTER_WEIGHTS))
     assert adapter.keys() == again.keys()
     for k in adapter:
@@ -159,10 +143,10 @@ def test_rl_trains_the_adapter_alone_and_resumes_from_its_checkpoint_exactly(tin
 
 
 @pytest.mark.slow
-def test_an_adapter_reaches_an_engine_copy_at_staleness_one(tiny_dir, setup):
+def test_an_adapter_reaches_an_engine_copy_at_staleness_one(tiny_dir, data):
     """At k = 1 the engine decodes a copy that gets each update's weights, checked exactly."""
-    run = setup / "k1"
-    tree = lora_rl(tiny_dir, setup, run, max_staleness=1)
+    run = data / "k1"
+    tree = lora_rl(tiny_dir, data, run, max_staleness=1)
     tree["rollout"]["top_k"] = 0
     tree["loss"] = {"tis_cap": 2.0}
     history = train(tree)
@@ -175,33 +159,15 @@ def test_sft_trains_an_adapter_that_the_next_stage_trains_on(tiny_dir, tmp_path)
     started from that checkpoint (``run.init_from``) trains the same adapter on, with its moments:
     its learner computes what SFT's checkpoint does."""
     from rstar2.rl.plumbing.launch import begin, load_learner
-    from rstar2.rl.sft import SFTTrainer
 
-    from .test_sft import conversation
+    from .test_sft import sft_run
 
-    data = tmp_path / "sft.jsonl"
-    data.write_text(
-        "".join(json.dumps({"messages": conversation(a, b)}) + "\n" for a in range(2, 6) for b in range(3, 7))
-    )
-    tree = {
-        "kind": "sft",
-        "chat": {"system_prompt": "Answer.", "tools_in_prompt": False},
-        "model": {"path": str(tiny_dir), "threads": 1, "lora": LORA, "compute": "fp32"},
-        "data": {"train": str(data)},
-        "sft": {"epochs": 8},
-        "optim": {"lr": 5e-2, "warmup_steps": 2},
-        "run": {"out": str(tmp_path / "sft"), "batch_size": 8, "save_every": 100, "progress": False},
-    }
-    threads = torch.get_num_threads()
-    try:
-        history = SFTTrainer(parse_config(tree)).train()
-    finally:
-        torch.set_num_threads(threads)
+    history = sft_run(tiny_dir, tmp_path, epochs=8, lr=5e-2, lora=LORA, compute="fp32")
     # a rank-4 adapter on a random 64-wide model with its embeddings frozen learns little of random
     # text (6.3 to ~5.9 nats, where training every weight reaches 1.6), but it learns
     losses = [h["loss"] for h in history]
     assert sum(losses[-4:]) / 4 < losses[0] - 0.2, losses
-    sft_ckpt = latest_checkpoint(tmp_path / "sft")
+    sft_ckpt = latest_checkpoint(tmp_path / "run")
     assert is_adapter(sft_ckpt) and not (sft_ckpt / "model.safetensors").exists()
 
     rl = lora_rl(tiny_dir, tmp_path, tmp_path / "rl")
@@ -297,14 +263,14 @@ def test_a_recipe_trains_adapters_in_its_rl_stages_through_the_cli(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_an_adapter_under_torchrun_ends_as_one_process_would(tiny_dir, setup, tmp_path):
+def test_an_adapter_under_torchrun_ends_as_one_process_would(tiny_dir, data, tmp_path):
     """FSDP2 shards the frozen base and the adapter alike; two processes train the adapter one would."""
     from .test_scale_out import cli, ok, torchrun, write_config
 
     adapters = {}
     for n in (1, 2):
         out = tmp_path / f"n{n}"
-        tree = lora_rl(tiny_dir, setup, out)
+        tree = lora_rl(tiny_dir, data, out)
         tree["run"].update(steps=2, save_every=1)
         tree["optim"]["lr"] = 1e-2
         path = write_config(tree, tmp_path / f"n{n}.yaml")
@@ -325,15 +291,15 @@ def server(other_weights, tmp_path_factory):  # noqa: F811 - the fixture importe
     yield from serve_tiny(other_weights, tmp_path_factory.getbasetemp())
 
 
-def served_rl(tiny_dir, setup, out, servers, **settings) -> dict:
-    tree = lora_rl(tiny_dir, setup, out, servers=servers, **settings)
+def served_rl(tiny_dir, data, out, servers, **settings) -> dict:
+    tree = lora_rl(tiny_dir, data, out, servers=servers, **settings)
     tree["run"].update(steps=2, save_every=1, keep_steps=True)
     return tree
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_served_engine_takes_the_base_once_then_only_the_adapter(server, tiny_dir, setup, tmp_path):
+def test_a_served_engine_takes_the_base_once_then_only_the_adapter(server, tiny_dir, data, tmp_path):
     import httpx
 
     from rstar2.engines.base import weights_fingerprint
@@ -341,7 +307,7 @@ def test_a_served_engine_takes_the_base_once_then_only_the_adapter(server, tiny_
     from .test_scale_out import cli, ok, write_config
 
     out = tmp_path / "run"
-    ok(cli(["train", str(write_config(served_rl(tiny_dir, setup, out, [server]), tmp_path / "rl.yaml"))]))
+    ok(cli(["train", str(write_config(served_rl(tiny_dir, data, out, [server]), tmp_path / "rl.yaml"))]))
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     # after each update the server sampled with the trainer's adapted model
@@ -361,12 +327,12 @@ def test_a_served_engine_takes_the_base_once_then_only_the_adapter(server, tiny_
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_served_adapter_at_staleness_one_trains_only_reported_versions(server, tiny_dir, setup, tmp_path):
+def test_a_served_adapter_at_staleness_one_trains_only_reported_versions(server, tiny_dir, data, tmp_path):
     from .test_async import assert_versions_in_bound
     from .test_scale_out import cli, ok, write_config
 
     out = tmp_path / "run"
-    tree = served_rl(tiny_dir, setup, out, [server], max_staleness=1)
+    tree = served_rl(tiny_dir, data, out, [server], max_staleness=1)
     tree["rollout"]["top_k"] = 0
     tree["loss"] = {"tis_cap": 2.0}
     tree["run"]["steps"] = 3
@@ -417,14 +383,14 @@ def skipping_proxy(upstream: str, skip_from: int, route: str = "update_weights_f
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_an_adapter_load_a_server_skipped_is_refused_by_the_version_check(server, tiny_dir, setup, tmp_path):
+def test_an_adapter_load_a_server_skipped_is_refused_by_the_version_check(server, tiny_dir, data, tmp_path):
     """The server took the base and the first adapter, then said "success" to the next load without
     loading it: its tokens still say the version that sampled them, and no step trains on them."""
     from .test_scale_out import cli, write_config
 
     out = tmp_path / "run"
     with skipping_proxy(server, skip_from=2) as url:
-        tree = served_rl(tiny_dir, setup, out, [url])
+        tree = served_rl(tiny_dir, data, out, [url])
         tree["rollout"]["engine"]["weight_check_tol"] = None  # no probe: the versions alone catch it
         run = cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))])
     said = " ".join(run.stderr.split())

@@ -58,8 +58,8 @@ def test_sft_batch_weights_are_a_token_mean_over_assistant_tokens():
     assert torch.allclose(b.weights, b.mask / 3)
 
 
-@pytest.mark.slow
-def test_sft_learns_the_format_and_saves_a_loadable_checkpoint(tiny_dir, tmp_path):
+def sft_run(model_dir, tmp_path, *, epochs: int, lr: float, **model) -> list[dict]:
+    """SFT on 16 products for ``epochs`` (8 a step) into ``tmp_path/run``; its history."""
     data = tmp_path / "sft.jsonl"
     data.write_text(
         "".join(json.dumps({"messages": conversation(a, b)}) + "\n" for a in range(2, 6) for b in range(3, 7))
@@ -68,18 +68,23 @@ def test_sft_learns_the_format_and_saves_a_loadable_checkpoint(tiny_dir, tmp_pat
         {
             "kind": "sft",
             "chat": {"system_prompt": "Answer.", "tools_in_prompt": False},
-            "model": {"path": str(tiny_dir), "threads": 1},
+            "model": {"path": str(model_dir), "threads": 1, **model},
             "data": {"train": str(data)},
-            "sft": {"epochs": 4},
-            "optim": {"lr": 1e-2, "warmup_steps": 2},
+            "sft": {"epochs": epochs},
+            "optim": {"lr": lr, "warmup_steps": 2},
             "run": {"out": str(tmp_path / "run"), "batch_size": 8, "save_every": 100, "progress": False},
         }
     )
     threads = torch.get_num_threads()
     try:
-        history = SFTTrainer(cfg).train()
+        return SFTTrainer(cfg).train()
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+def test_sft_learns_the_format_and_saves_a_loadable_checkpoint(tiny_dir, tmp_path):
+    history = sft_run(tiny_dir, tmp_path, epochs=4, lr=1e-2)
     assert len(history) == 8  # 4 epochs of 16 examples at 8 per step
     # the loss starts near ln 512 = 6.2 (random weights) and must fall by more than 30%
     assert history[-1]["loss"] < 0.7 * history[0]["loss"], [h["loss"] for h in history]
