@@ -122,9 +122,7 @@ class VLLMEngine(OpenAIEngine):
 
     def parse_answer(self, answer: dict[str, Any]) -> Generation:
         gen = self.parse(answer["choices"][0])
-        if (
-            self.adapters and gen.versions is not None
-        ):  # the adapter the server says sampled them, on a whole base
+        if self.adapters and gen.versions is not None:  # the adapter the server says sampled them
             version = self.adapters.get(str(answer.get("model")), -1)
             gen.versions = [-1 if v < 0 else version for v in gen.versions]
         return gen
