@@ -14,7 +14,7 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from rstar2.auth import KEY_ENV, FolderRefused, allowed_folder, authorized, exposed_warning, vllm_guard
+from rstar2.auth import KEY_ENV, OPEN_ROUTES_ENV, FolderRefused, allowed_folder, authorized, exposed_warning, vllm_guard
 from rstar2.engines.base import SamplingParams
 from rstar2.engines.openai import ServerError
 from rstar2.rollout.build import connect
@@ -58,6 +58,22 @@ def test_weights_load_only_from_under_the_servers_folders(tmp_path):
     assert len(set(refusals)) == 1  # the same words whether the path exists or not
     with pytest.raises(FolderRefused, match="started without --weights-from"):
         allowed_folder(str(allowed), [])
+    # a file linked from inside an allowed folder to outside it: refused, whether its target exists
+    (outside / "model.safetensors").write_bytes(b"secret")
+    links = []
+    for target in (outside / "model.safetensors", outside / "gone.safetensors", allowed / ".." / "x"):
+        folder = allowed / "run" / f"linked-{len(links)}"
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+        (folder / "model.safetensors").symlink_to(target)
+        with pytest.raises(FolderRefused) as refused:
+            allowed_folder(str(folder), [allowed.resolve()])
+        links.append(str(refused.value).replace(str(folder), "PATH"))
+    assert len(set(links)) == 1 and "model.safetensors links to a file that is not under" in links[0]
+    (allowed / "run" / "weights" / "model.safetensors").write_bytes(b"w")
+    (allowed / "run" / "inside").mkdir()
+    (allowed / "run" / "inside" / "model.safetensors").symlink_to(allowed / "run" / "weights" / "model.safetensors")
+    assert allowed_folder(str(allowed / "run" / "inside"), [allowed.resolve()])  # a link that stays inside
 
 
 def test_vllms_development_routes_are_guarded_too(monkeypatch):
@@ -81,10 +97,25 @@ def test_vllms_development_routes_are_guarded_too(monkeypatch):
         ok = client.post(path, json=load, headers={"Authorization": f"Bearer {KEY}"})
         assert ok.status_code == 200 and "rstar2_load" in ok.json()["body"]
     assert client.get("/health").status_code == 200
-    # vLLM's own reload_weights reads any path: not through rstar2's server, key or not
+    # vLLM's own reload_weights reads any path: not through rstar2's server, key or not, whatever
+    # root path the server sits under and however the route is spelt
     other = {"method": "reload_weights", "kwargs": {"weights_path": "/etc"}}
-    refused = client.post("/collective_rpc", json=other, headers={"Authorization": f"Bearer {KEY}"})
+    auth = {"Authorization": f"Bearer {KEY}"}
+    refused = client.post("/collective_rpc", json=other, headers=auth)
     assert refused.status_code == 403 and "rstar2_load" in refused.text
+    under = TestClient(app, root_path="/api")
+    for path in ("/collective_rpc", "/api/collective_rpc", "/collective_rpc/"):
+        assert under.post(path, json=other, headers=auth).status_code == 403, path
+    assert under.get("/api/health").status_code == 200  # /health stays open under a root path
+    # the routes that change or free the weights outside rstar2's loads: closed unless opened
+    for path in ("/sleep", "/weight_checker", "/update_weights"):
+        app.post(path)(echo)
+        assert client.post(path, json={}, headers=auth).status_code == 403
+        assert under.post("/api" + path, json={}, headers=auth).status_code == 403
+    monkeypatch.setenv(OPEN_ROUTES_ENV, "/sleep")
+    assert client.post("/sleep", json={}, headers=auth).status_code == 200
+    assert client.post("/sleep", json={}).status_code == 401  # opened, still behind the key
+    assert client.post("/weight_checker", json={}, headers=auth).status_code == 403
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +180,12 @@ def test_rstar2_serve_loads_weights_only_from_its_folders(keyed_server, tiny, tm
         httpx.get(url + "/get_server_info", headers=auth).json()["weights_fingerprint"]
         == (before["weights_fingerprint"])
     )
+
+    linked = allowed / "linked"  # the model's tensors a link inside the folder to a file outside it
+    linked.mkdir()
+    (linked / "model.safetensors").symlink_to(tmp_path / "model.safetensors")
+    r = load(linked)
+    assert r.status_code == 403 and "model.safetensors links to a file that is not under" in r.text
 
     tiny[0].save_pretrained(allowed / "good")
     r = load(allowed / "good")

@@ -104,6 +104,7 @@ def vllm(model_dir, tmp_path_factory, api_key):
         "--weights-from",
         str(tmp_path_factory.getbasetemp()),
     ]
+    args += ["--", "--root-path", "/api"]  # behind a proxy's prefix: the guard sees routes without it
     with log.open("wb") as fh:
         proc = subprocess.Popen(RSTAR2 + args, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
@@ -264,6 +265,13 @@ def test_vllm_refuses_a_stranger_and_a_folder_outside_its_own(vllm, model_dir, t
     answer = httpx.post(vllm + "/collective_rpc", json=outside, headers=AUTH, timeout=60).json()
     assert "not under a folder this server loads weights from" in answer["results"][0]["error"]
     assert httpx.get(vllm + "/weight_info", headers=AUTH).json()["weight_version"] != "99"
+    # under --root-path /api the route is asked for with its prefix: refused all the same
+    assert httpx.post(vllm + "/api/collective_rpc", json=theirs, headers=AUTH, timeout=60).status_code == 403
+    # vLLM's routes that change or free the weights outside rstar2's versioned loads, key or not
+    for path in ("/sleep", "/weight_checker", "/wake_up", "/api/sleep"):
+        r = httpx.post(vllm + path, params={"level": "2"}, json={}, headers=AUTH, timeout=60)
+        assert r.status_code == 403 and "--open-route" in r.text, (path, r.status_code, r.text)
+    assert httpx.get(vllm + "/is_sleeping", headers=AUTH).json()["is_sleeping"] is False
 
 
 def test_seeded_requests_never_take_vllm_on_a_cpu_down(vllm):

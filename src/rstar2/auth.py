@@ -18,7 +18,35 @@ from typing import Any
 
 KEY_ENV = "RSTAR2_API_KEY"
 WEIGHTS_FROM_ENV = "RSTAR2_WEIGHTS_FROM"  # rstar2 vllm: --weights-from for its worker extension
+OPEN_ROUTES_ENV = "RSTAR2_VLLM_OPEN_ROUTES"  # rstar2 vllm: --open-route, closed routes an operator opens
 OPEN_PATHS = frozenset({"/health"})
+# vLLM's development routes that change the weights served or free them, which rstar2's road never
+# takes (it loads through /collective_rpc's rstar2_load and /v1/load_lora_adapter, and pauses only
+# around a load): closed to every caller, key or not, unless the operator opens one
+VLLM_CLOSED = frozenset(
+    {
+        "/sleep",
+        "/wake_up",
+        "/weight_checker",
+        "/update_weights",
+        "/init_weight_transfer_engine",
+        "/start_weight_update",
+        "/start_draft_weight_update",
+        "/finish_weight_update",
+        "/shutdown_weight_transfer_engine",
+        "/release_kv_cache_memory",
+        "/scale_elastic_ep",
+    }
+)
+
+
+def route(request: Any) -> str:
+    """The route a request asks for, without the server's root path (``--root-path /api``:
+    ``/api/collective_rpc`` is ``/collective_rpc``) and without a trailing slash."""
+    path, root = request.url.path, request.scope.get("root_path") or ""
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    return "/" + path.strip("/")
 
 
 def service_key(given: str | None, host: str, what: str) -> tuple[str | None, str | None]:
@@ -55,7 +83,7 @@ def key_guard(key: str | None) -> Callable[[Any, Handler], Awaitable[Any]]:
     async def guard(request: Any, call_next: Handler) -> Any:
         if (
             key
-            and request.url.path not in OPEN_PATHS
+            and route(request) not in OPEN_PATHS
             and not authorized(request.headers.get("authorization"), key)
         ):
             return JSONResponse(
@@ -76,17 +104,28 @@ async def vllm_guard(request: Any, call_next: Handler) -> Any:
     """``key_guard`` on ``$RSTAR2_API_KEY`` inside vLLM's API server: unlike vLLM's ``--api-key`` (only
     ``/v1`` and ``/inference``) it also guards the routes that replace or relabel the weights;
     ``/collective_rpc`` may call only ``rstar2_load`` (vLLM's ``reload_weights`` would read any path),
-    and an adapter loads only from the ``--weights-from`` folders."""
+    an adapter loads only from the ``--weights-from`` folders, and the routes of ``VLLM_CLOSED``
+    answer 403 unless opened (``rstar2 vllm --open-route``)."""
     from starlette.responses import JSONResponse
 
-    if request.url.path == "/v1/load_lora_adapter":
+    path = route(request)
+    opened = set(os.environ.get(OPEN_ROUTES_ENV, "").split(","))
+    if path in VLLM_CLOSED and path not in opened:
+        return JSONResponse(
+            {
+                "error": f"{path} changes or frees the weights served outside rstar2's versioned loads: "
+                "closed (an operator opens it with rstar2 vllm --open-route)"
+            },
+            status_code=403,
+        )
+    if path == "/v1/load_lora_adapter":
         try:
             path = json.loads(await request.body() or b"{}").get("lora_path")
             roots = [Path(p) for p in os.environ.get(WEIGHTS_FROM_ENV, "").split(os.pathsep) if p]
             allowed_folder(str(path), roots)
         except (ValueError, AttributeError, TypeError, FolderRefused) as exc:
             return JSONResponse({"error": f"/v1/load_lora_adapter: {exc}"}, status_code=403)
-    if request.url.path == "/collective_rpc":
+    if path == "/collective_rpc":
         try:
             method = json.loads(await request.body() or b"{}").get("method")
         except (ValueError, AttributeError):
@@ -143,14 +182,22 @@ class FolderRefused(PermissionError):
 
 
 def allowed_folder(folder: str, roots: list[Path]) -> Path:
-    """``folder`` resolved, when it lies under one of ``roots``; else ``FolderRefused``, whose text
-    does not say whether the path exists."""
+    """``folder`` resolved, when it and every file in it (what a load reads: the tensors, the
+    configs) lie under one of ``roots``, symbolic links followed; else ``FolderRefused``, whose text
+    does not say whether the path or a link's target exists."""
     if not roots:
         raise FolderRefused(
             "this server was started without --weights-from: it loads no weights (start it with "
             "--weights-from DIR, the folder the trainer writes its runs to)"
         )
     path = Path(folder).expanduser().resolve()
-    if not any(path.is_relative_to(root) for root in roots):
+    root = next((r for r in roots if path.is_relative_to(r)), None)
+    if root is None:
         raise FolderRefused(f"{folder} is not under a folder this server loads weights from (--weights-from)")
+    for entry in sorted(path.iterdir()) if path.is_dir() else ():
+        if not entry.resolve().is_relative_to(root):
+            raise FolderRefused(
+                f"{folder}: {entry.name} links to a file that is not under a folder this server "
+                "loads weights from (--weights-from); nothing was read"
+            )
     return path

@@ -237,6 +237,11 @@ def vllm_cmd(
     ),
     api_key: str | None = API_KEY,
     weights_from: list[Path] = WEIGHTS_FROM,
+    open_route: list[str] | None = typer.Option(
+        None,
+        help="Open one of vLLM's routes that change or free the weights outside rstar2's loads "
+        "(closed by default: /sleep, /wake_up, /weight_checker, /update_weights, ...); repeatable.",
+    ),
 ) -> None:
     """Start a vLLM server ready for rstar2: in-place weight loads, each token's weight version, the
     sampled distribution's log-probs, priority scheduling. Arguments after -- go to vLLM."""
@@ -261,9 +266,15 @@ def vllm_cmd(
         lora_slots=lora_slots,
         extra=tuple(ctx.args),
     )
+    from .auth import VLLM_CLOSED
+
+    unknown = sorted(set(open_route or ()) - VLLM_CLOSED)
+    if unknown:
+        raise typer.BadParameter(f"--open-route {unknown[0]}: not a closed route (those are {sorted(VLLM_CLOSED)})")
     access = {
         "api_key": required_key(api_key, host, "rstar2 vllm"),
         "weights_from": weights_roots(weights_from),
+        "open_routes": list(open_route or ()),
     }
     console.print(f"[rstar2] {' '.join(args)}")
     os.execve(exe, args, launch.environment(cores, kv_cache_gib, **access))  # signals reach vLLM itself

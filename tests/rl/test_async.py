@@ -164,15 +164,20 @@ def test_a_token_outside_the_bound_stops_the_step_naming_its_engine():
     # ahead of the trainer: a server on another run's weights (or this run's after a resume)
     with pytest.raises(StalenessError, match=r"version 9, outside \[5, 5\]"):
         check_versions([traj([[9, 9]])], trained_by=5, max_staleness=0)
+    # in the first k steps the bound would reach below 0: an unreported token (-1) is refused there too
+    for step in range(3):
+        with pytest.raises(StalenessError, match=r"version -1, outside \[0, .*did not report it"):
+            check_versions([traj([[0, -1]])], trained_by=step, max_staleness=2)
 
 
 def test_staleness_metrics_by_hand():
-    # trained by version 5: tokens sampled by 5, 4 and 3 (tool tokens, -1, carry no version)
+    # trained by version 5: model tokens sampled by 5, 4 and 3, and one no engine reported (-1)
     versions = [[5, 5, -1, 4], [3, 3, 3], [4, 5]]
     m = staleness_metrics(versions, trained_by=5)
     assert m["staleness/max"] == 2
     assert m["staleness/mean"] == pytest.approx((0 + 0 + 1 + 2 + 2 + 2 + 1 + 0) / 8)
     assert m["staleness/multi_version_share"] == pytest.approx(2 / 3)
+    assert m["staleness/unreported_tokens"] == 1
 
 
 def test_engine_metrics_by_hand():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import rstar2
 
-from ..auth import KEY_ENV, WEIGHTS_FROM_ENV
+from ..auth import KEY_ENV, OPEN_ROUTES_ENV, WEIGHTS_FROM_ENV
 
 SRC = Path(rstar2.__file__).resolve().parents[1]  # the folder holding the rstar2 package
 EXTENSION = "rstar2.engines.vllm_worker.WorkerExtension"
@@ -66,8 +66,10 @@ def environment(
     *,
     api_key: str | None = None,
     weights_from: list[Path] | None = None,
+    open_routes: list[str] | None = None,
 ) -> dict[str, str]:
     env = dict(os.environ)
+    env[OPEN_ROUTES_ENV] = ",".join(open_routes or ())
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter (behind rstar2's guard)
     if api_key:  # in the environment, not on the command line where `ps` shows it

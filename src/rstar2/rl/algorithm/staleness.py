@@ -42,8 +42,9 @@ def require_reported_versions(engines: Sequence[Any], max_staleness: int) -> Non
 
 def check_versions(trajectories: Sequence[Any], *, trained_by: int, max_staleness: int) -> None:
     """A ``StalenessError`` naming the engine of the first model token not sampled by a version in
-    [trained_by - max_staleness, trained_by] (-1: its engine did not report it)."""
-    low = trained_by - max_staleness
+    [trained_by - max_staleness, trained_by] (-1: its engine did not report it). The bound never
+    reaches below version 0, so an unreported token is refused in the first ``k`` steps too."""
+    low = max(0, trained_by - max_staleness)
     for t in trajectories:
         at = 0
         for turn in t.turns:
@@ -66,11 +67,13 @@ def check_versions(trajectories: Sequence[Any], *, trained_by: int, max_stalenes
 
 def staleness_metrics(versions: Sequence[Sequence[int]], trained_by: int) -> dict[str, float]:
     """The mean and largest lag of trained tokens behind ``trained_by`` (``versions``: per trajectory,
-    -1 a tool token), and the share of trajectories spanning two or more versions."""
+    its model tokens' versions), the share of trajectories spanning two or more versions, and the
+    count of tokens with no reported version (-1): counted, not skipped, so a gap in the check shows."""
     lags = [trained_by - v for vs in versions for v in vs if v >= 0]
     spans = [len({v for v in vs if v >= 0}) > 1 for vs in versions]
     return {
         "staleness/mean": statistics.fmean(lags) if lags else 0.0,
         "staleness/max": float(max(lags, default=0)),
         "staleness/multi_version_share": statistics.fmean(spans) if spans else 0.0,
+        "staleness/unreported_tokens": float(sum(v < 0 for vs in versions for v in vs)),
     }
