@@ -10,6 +10,7 @@ import subprocess
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from rstar2.config import Columns, ConfigError, parse_config
 from rstar2.problems import check_source, load_problems, source_name, training_problems
@@ -147,3 +148,70 @@ def test_missing_paths_are_named_before_anything_starts(tmp_path, tiny_dir):
     run = subprocess.run([*RSTAR2, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
     said = " ".join(run.stderr.split())
     assert run.returncode == 2 and "missing.jsonl does not exist" in said and "no benchmark" not in said
+
+
+def test_every_format_numbers_its_rows_from_one_and_a_broken_json_file_is_named(tmp_path):
+    bad = [{"problem": "1 + 1", "answer": "2"}, {"q": "2 + 2", "a": "4"}]  # the second row lacks both
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bad))
+    (tmp_path / "p.json").write_text(json.dumps(bad))
+    pq.write_table(pa.Table.from_pylist(bad), tmp_path / "p.parquet")
+    for name in ("p.jsonl", "p.json"):
+        with pytest.raises(ValueError, match=r"\(row 2\): no column named 'problem' or 'question' or 'prompt'"):
+            load_problems(str(tmp_path / name))
+    with pytest.raises(ValueError, match=r"p.parquet \(row 2\): the problem's column holds neither"):
+        load_problems(str(tmp_path / "p.parquet"))  # parquet gives every row every column (None)
+    (tmp_path / "empty.json").write_text("")
+    (tmp_path / "cut.json").write_text('[{"problem": ')
+    with pytest.raises(ValueError, match=r"empty.json: not valid JSON \(an empty file\)"):
+        check_source(str(tmp_path / "empty.json"))
+    with pytest.raises(ValueError, match=r"cut.json: not valid JSON \(Expecting value at line 1 column 14\)"):
+        check_source(str(tmp_path / "cut.json"))
+
+
+def test_bad_input_is_said_by_name_before_a_model_loads_or_a_run_folder_is_written(tmp_path, tiny_dir):
+    """Each exits 2 with one line naming the file, option or task, and no traceback; the model is
+    never loaded (its loading bar never shows) and no run folder appears."""
+    (tmp_path / "rows.jsonl").write_text('{"problem": "1 + 1", "answer": "2"}\n{"q": "x"}\n')
+    (tmp_path / "empty.json").write_text("")
+    (tmp_path / "broken.yaml").write_text("kind: rl\nmodel: {path: x\n")
+    rl = {"kind": "rl", "model": {"path": str(tiny_dir)}, "data": {"train": str(tmp_path / "rows.jsonl")}}
+    rl["run"] = {"out": str(tmp_path / "run")}
+    (tmp_path / "rl.yaml").write_text(yaml.safe_dump(rl))
+    eval_ = ["eval", "--model", str(tiny_dir), "--out", str(tmp_path / "e"), "--bench"]
+    cases = {
+        "empty.json: not valid JSON (an empty file)": [*eval_, str(tmp_path / "empty.json")],
+        "task leg_counting refuses its config (sizee=3)": [*eval_, "gym:leg_counting?sizee=3"],
+        "refuses its config (min_animals=9, max_animals=1): max_animals must be >= min_animals": [
+            *eval_,
+            "gym:leg_counting?min_animals=9&max_animals=1",
+        ],
+        "--column problem: give ROLE=COLUMN": [*eval_, str(tmp_path / "rows.jsonl"), "--column", "problem"],
+        "rows.jsonl (row 2): no column named 'problem'": ["train", str(tmp_path / "rl.yaml")],
+        'in "' + str(tmp_path / "broken.yaml"): ["train", str(tmp_path / "broken.yaml")],
+        "the starting model is given 2 ways (model.path: /nonexistent, model.build: tiny)": [
+            "demo",
+            "--set",
+            "model.path=/nonexistent",
+            "--out",
+            str(tmp_path / "demo"),
+        ],
+    }
+    for said, args in cases.items():
+        run = subprocess.run([*RSTAR2, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        out = " ".join(run.stderr.split()) + " ".join(run.stdout.split())
+        assert run.returncode == 2 and said in out, (args, out[-2000:])
+        assert "Traceback" not in out and "Loading weights" not in out, (args, out[-2000:])
+    assert not any((tmp_path / d).exists() for d in ("run", "e", "demo"))
+
+
+def test_an_evaluation_in_which_every_rollout_failed_says_why_and_exits_1(tmp_path, tiny_dir):
+    """The tiny model's 2048 positions cannot hold this system prompt: no rollout gets a token, and
+    ``rstar2 eval`` says so instead of reporting pass@1 0.0."""
+    (tmp_path / "p.jsonl").write_text('{"problem": "1 + 1", "answer": "2"}\n')
+    args = ["eval", "--model", str(tiny_dir), "--bench", str(tmp_path / "p.jsonl"), "-k", "2"]
+    args += ["--out", str(tmp_path / "e"), "--system-prompt", "word " * 2100, "--no-progress"]
+    run = subprocess.run([*RSTAR2, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    said = " ".join(run.stderr.split())
+    assert run.returncode == 1, said[-2000:]
+    assert "every one of the 2 rollouts failed, so nothing was measured" in said, said[-2000:]
+    assert "leaves no room in the model's 2048 positions" in said and "Traceback" not in said

@@ -378,6 +378,9 @@ def eval_cmd(
     settings = rollout_settings(locals(), EVAL_ROLLOUT)
     benches = [b.strip() for b in bench.split(",") if b.strip()]
     with _failures():  # a bad source or column, a missing extra, settings the model cannot take: exit 2
+        bare = [c for c in column if not all(c.partition("=")[::2])]
+        if bare:
+            raise typer.BadParameter(f"--column {bare[0]}: give ROLE=COLUMN, e.g. problem=question")
         columns = validate(Columns, dict(c.partition("=")[::2] for c in column), "--column")
         run_eval(
             settings,

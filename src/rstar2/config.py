@@ -508,8 +508,9 @@ def read_yaml(path: str | Path, what: str, overrides: list[str] | tuple[str, ...
     """The mapping in a YAML file, with ``--set`` overrides applied; clear errors otherwise."""
     path = Path(path)
     try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
+        with path.open(encoding="utf-8") as fh:  # read from the file, its errors name it
+            tree = yaml.safe_load(fh) or {}
+    except (FileNotFoundError, IsADirectoryError):
         raise ConfigError(f"{what} file not found: {path}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None

@@ -50,12 +50,23 @@ def source_name(spec: GymSection) -> str:
     return "gym-" + "+".join(t.name for t in spec.tasks)
 
 
-def check_tasks(spec: GymSection) -> None:
-    """reasoning-gym installed and every task known, before anything runs."""
-    known = _reasoning_gym().factory.DATASETS
+def check_tasks(spec: GymSection, configs: bool = False) -> None:
+    """reasoning-gym installed and every task known, before anything runs; with ``configs``, each
+    task's config taken by its generator too (one problem drawn: an unknown key or a value it
+    refuses is said here, not after a model has loaded)."""
+    rg = _reasoning_gym()
+    known = rg.factory.DATASETS
     unknown = [t.name for t in spec.tasks if t.name not in known]
     if unknown:
         raise ConfigError(f"unknown reasoning-gym tasks {unknown}; known: {', '.join(sorted(known))}")
+    for task in spec.tasks if configs else ():
+        try:
+            rg.create_dataset(task.name, size=1, seed=spec.seed, **task.config)
+        except (TypeError, ValueError, AssertionError, KeyError) as exc:
+            options = ", ".join(f"{k}={v}" for k, v in task.config.items()) or "none"
+            raise ConfigError(
+                f"reasoning-gym task {task.name} refuses its config ({options}): {exc}"
+            ) from None
 
 
 def draw(spec: GymSection) -> list[dict[str, Any]]:

@@ -52,12 +52,13 @@ def _path(source: str) -> Path:
     return path
 
 
-def check_source(source: str | GymSection) -> None:
-    """Before anything runs: the file or folder exists, or reasoning-gym is there and knows the tasks."""
+def check_source(source: str | GymSection, columns: Columns | None = None) -> None:
+    """Before a model is loaded or a run folder written: every row of the file or folder reads and
+    has its columns, or reasoning-gym is there and takes each task's config."""
     if (spec := _gym_spec(source)) is not None:
-        gym.check_tasks(spec)
+        gym.check_tasks(spec, configs=True)
     else:
-        _path(source)
+        load_problems(source, columns)
 
 
 def load_problems(source: str | GymSection, columns: Columns | None = None) -> list[dict[str, Any]]:
@@ -78,20 +79,25 @@ def training_problems(data: DataSection) -> list[dict[str, Any]]:
 
 
 def _read(path: Path, split: str | None) -> list[tuple[int | str, Any]]:
-    """(place, row) of every row of the file or folder: a line number, or a row's index."""
+    """(row, value) of every row of the file or folder, rows numbered from 1 (a JSON Lines file's
+    line numbers, so blank lines count)."""
     if path.is_dir():
-        return list(enumerate(_dataset_rows(path, split)))
+        return list(enumerate(_dataset_rows(path, split), start=1))
     if path.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
         except ImportError:
             raise ImportError(f"{path}: reading parquet needs pip install 'rstar2[data]'") from None
-        return list(enumerate(pq.read_table(path).to_pylist()))
+        return list(enumerate(pq.read_table(path).to_pylist(), start=1))
     if path.suffix == ".json":
-        rows = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            said = "an empty file" if not exc.doc.strip() else f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+            raise ValueError(f"{path}: not valid JSON ({said}); a .json file of problems holds a list of rows") from None
         if not isinstance(rows, list):
             raise ValueError(f"{path}: a .json file of problems holds a list of rows")
-        return list(enumerate(rows))
+        return list(enumerate(rows, start=1))
     return list(iter_jsonl(path))
 
 
@@ -135,7 +141,7 @@ def _column(
             return _get(row, name)
         except KeyError:
             continue
-    shown = f"column {given!r}" if given else f"a column {' / '.join(map(repr, defaults))}"
+    shown = f"column {given!r}" if given else f"column named {' or '.join(map(repr, defaults))}"
     raise ValueError(
         f"{path} (row {where}): no {shown} for the {role}; it has {', '.join(map(repr, row))}: "
         f"name the {role}'s column with columns.{role} (data.columns in a config)"

@@ -127,6 +127,10 @@ def test_a_step_with_a_rollout_that_lost_its_engine_is_not_trained():
     lost.meta["engine_lost"] = True
     with pytest.raises(RuntimeError, match="1 of 8 rollouts lost their engine.*not trained.*EngineDown"):
         check_faults([*fine, lost], trainer.cfg, trainer.world)
+    # every rollout refused alike (a prompt longer than the model): no step, whatever the share allowed
+    trainer.cfg.run.max_fault_share = 1.0
+    with pytest.raises(RuntimeError, match="2 of 2 rollouts failed.*RequestRefused"):
+        check_faults([refused, refused], trainer.cfg, trainer.world)
 
 
 def test_a_token_whose_version_was_not_reported_is_refused():

@@ -65,6 +65,7 @@ async def evaluate(
         results[name], done = _resumed(files[name], rows, samples)
         items += plan(rows, name, samples, seed, done)
     await _sample_appending(rollout, items, files, results, progress)
+    _refuse_if_nothing_generated(results, out)
     ks = sorted({2**i for i in range(samples.bit_length())} | {samples})  # powers of two, and samples
     summaries = {}
     for name, trajs in results.items():
@@ -74,6 +75,23 @@ async def evaluate(
     (out / "summary.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     (out / "summary.md").write_text(summary_markdown(summaries, settings or {}), encoding="utf-8")
     return summaries
+
+
+def _refuse_if_nothing_generated(results: dict[str, list[Trajectory]], out: Path) -> None:
+    """An evaluation in which every rollout failed (the engine refused them all: a prompt longer
+    than the model, a dead server) measured nothing: a ``RunError`` with the commonest cause, not
+    a table of zeros."""
+    from collections import Counter
+
+    from ..rl.plumbing.launch import RunError
+
+    trajs = [t for ts in results.values() for t in ts]
+    if trajs and all(t.finish_reason == "error" for t in trajs):
+        (cause, count), *_ = Counter(t.verdict for t in trajs).most_common(1)
+        raise RunError(
+            f"every one of the {len(trajs)} rollouts failed, so nothing was measured; "
+            f"{count} of them: {cause} (trajectories in {out})"
+        )
 
 
 def _resumed(path: Path, rows: list[dict], samples: int) -> tuple[list[Trajectory], set[tuple[int, int]]]:
@@ -143,7 +161,7 @@ def run_eval(
     from ..rollout.build import check_engine_choice, open_rollout
 
     for b in benches:
-        check_source(b)  # a bad name, file or task fails before anything starts
+        check_source(b, columns)  # a bad name, file, row or task fails before anything starts
     if model is not None and not Path(model).is_dir():
         raise FileNotFoundError(f"--model {model} does not exist (a local Hugging Face model folder)")
     check_engine_choice(model, settings, tokenizer)

@@ -50,7 +50,14 @@ class ModelSpec(ModelSection):
 
     @model_validator(mode="after")
     def _one(self) -> ModelSpec:
-        if sum(map(bool, (self.path, self.build, self.source))) != 1:
+        given = {k: v for k, v in (("path", self.path), ("source", self.source), ("build", self.build)) if v}
+        if len(given) > 1:
+            shown = ", ".join(f"model.{k}: {v}" for k, v in given.items())
+            raise ValueError(
+                f"the starting model is given {len(given)} ways ({shown}): keep one, e.g. "
+                f"--set model.{list(given)[-1]}=null"
+            )
+        if not given:
             raise ValueError(
                 "give one of model.path (a model directory), model.source (a GGUF to import) or model.build: tiny"
             )
@@ -471,7 +478,7 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 def find_recipe(name: str) -> Path:
     """A recipe file: a path, or the name of one shipped in ``rstar2/recipes/``."""
     path = Path(name)
-    if path.exists() or path.suffix in (".yaml", ".yml"):
+    if path.is_file() or path.suffix in (".yaml", ".yml"):
         return path
     shipped = Path(__file__).resolve().parents[1] / "recipes" / f"{name}.yaml"
     if shipped.exists():

@@ -24,7 +24,7 @@ def check_paths(cfg: TrainConfig) -> None:
         if path is not None and not Path(path).is_dir():
             raise ConfigError(f"{key}: {path} does not exist (a local Hugging Face model folder)")
     if cfg.kind == "rl":
-        check_source(cfg.data.gym or cfg.data.train)
+        check_source(cfg.data.gym or cfg.data.train, cfg.data.columns)
         return
     for key, path in {"data.train": cfg.data.train, "sft.probe": cfg.sft.probe}.items():
         if path is not None and not Path(path).is_file():

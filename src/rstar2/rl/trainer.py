@@ -110,7 +110,7 @@ def check_faults(trajs: list[Trajectory], cfg: RLConfig, world: D.World) -> None
             f"rollout.scheduler.retries={cfg.rollout.scheduler.retries} retries; the step was "
             f"not trained (the survivors are not a fair sample): {first}"
         )
-    if n_all and n_failed / n_all > cfg.run.max_fault_share:
+    if n_all and (n_failed == n_all or n_failed / n_all > cfg.run.max_fault_share):  # none left: no step
         raise RuntimeError(
             f"{int(n_failed)} of {int(n_all)} rollouts failed (more than run.max_fault_share="
             f"{cfg.run.max_fault_share}); the first: {first_cause(failed, world)}"
