@@ -270,7 +270,9 @@ def vllm_cmd(
 
     unknown = sorted(set(open_route or ()) - VLLM_CLOSED)
     if unknown:
-        raise typer.BadParameter(f"--open-route {unknown[0]}: not a closed route (those are {sorted(VLLM_CLOSED)})")
+        raise typer.BadParameter(
+            f"--open-route {unknown[0]}: not a closed route (those are {sorted(VLLM_CLOSED)})"
+        )
     access = {
         "api_key": required_key(api_key, host, "rstar2 vllm"),
         "weights_from": weights_roots(weights_from),

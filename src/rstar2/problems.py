@@ -93,8 +93,14 @@ def _read(path: Path, split: str | None) -> list[tuple[int | str, Any]]:
         try:
             rows = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
-            said = "an empty file" if not exc.doc.strip() else f"{exc.msg} at line {exc.lineno} column {exc.colno}"
-            raise ValueError(f"{path}: not valid JSON ({said}); a .json file of problems holds a list of rows") from None
+            said = (
+                "an empty file"
+                if not exc.doc.strip()
+                else f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+            )
+            raise ValueError(
+                f"{path}: not valid JSON ({said}); a .json file of problems holds a list of rows"
+            ) from None
         if not isinstance(rows, list):
             raise ValueError(f"{path}: a .json file of problems holds a list of rows")
         return list(enumerate(rows, start=1))

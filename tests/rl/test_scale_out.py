@@ -365,6 +365,71 @@ def test_a_server_that_dies_for_good_stops_the_step_saying_which(
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def test_of_two_servers_one_crashes_the_run_goes_on_and_it_returns_on_current_weights(
+    tiny_dir, problems, tmp_path, tmp_path_factory
+):
+    """Server a is killed while it samples step 2 and started again: meanwhile its turns go to b,
+    and the steps' weights are published to b alone (a is out of rotation; no reload retries to
+    wait its restart through); once a is up the trainer loads the current weights into it before
+    it serves again."""
+    a, b = (RestartableServer(tiny_dir, tmp_path_factory.getbasetemp()) for _ in range(2))
+    out = tmp_path / "run"
+    tree = long_rollouts(small_rl(tiny_dir, problems, out, steps=20, servers=[a.url, b.url]))
+    tree["rollout"]["engine"]["reload_retries"] = 0
+    log = tmp_path / "train.log"
+    with log.open("w") as fh:
+        train = subprocess.Popen(
+            [sys.executable, "-m", "rstar2", "train", str(write_config(tree, tmp_path / "rl.yaml"))],
+            cwd=ROOT,
+            env=env(),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    try:
+        a.crash_while_sampling(out, after_step=1)
+        a.start()  # the steps go on meanwhile (a step takes a second or two, a start several)
+        train.wait(timeout=600)
+        info = httpx.get(a.url + "/get_server_info").json()
+    finally:
+        train.kill()
+        stop(a.proc), stop(b.proc)
+    said = " ".join(log.read_text().split())
+    assert train.returncode == 0, said[-3000:]
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 21))
+    assert_versions_in_bound(out, k=0)
+    assert f"engine {a.url} failed" in said and f"engine {a.url} is back" in said, said[-3000:]
+    assert info["weights_version"] == 20  # revived on the current weights, then each publish
+    assert info["weights_loads"] < 20  # the publishes while it was down went to b alone
+    assert info["weights_fingerprint"] == pytest.approx(weights_fingerprint(final_weights(out)), rel=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_both_servers_dead_stops_the_step_naming_both(tiny_dir, problems, tmp_path, tmp_path_factory):
+    a, b = (RestartableServer(tiny_dir, tmp_path_factory.getbasetemp()) for _ in range(2))
+    out = tmp_path / "run"
+    tree = long_rollouts(small_rl(tiny_dir, problems, out, steps=3, servers=[a.url, b.url]))
+    tree["rollout"]["engine"]["reload_retries"] = 0
+    tree["rollout"]["scheduler"] = {"revive_for_s": 3}
+    train = train_in_background(write_config(tree, tmp_path / "rl.yaml"))
+    try:
+        a.crash_while_sampling(out, after_step=1)
+        b.proc.kill()
+        _, err = train.communicate(timeout=600)
+    finally:
+        train.kill()
+        stop(a.proc), stop(b.proc)
+    said = " ".join(err.split())
+    assert train.returncode == 1, said[-3000:]
+    stopped = re.search(r"error: RL step 2 failed: .*rollouts lost their engine.*", said)
+    assert stopped and a.url in stopped[0] and b.url in stopped[0], said[-3000:]  # each named
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_a_refused_weight_update_stops_the_run_saying_where(served, tiny_dir, problems, tmp_path):
     out = tmp_path / "run"
     tree = small_rl(tiny_dir, problems, out, servers=[served], reload_path="/no_such_route", reload_retries=1)

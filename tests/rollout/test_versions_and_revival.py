@@ -91,8 +91,10 @@ async def test_a_failed_engine_serves_again_only_once_revive_has_loaded_the_curr
     assert set(model_versions(traj)) == {7}  # nothing it sampled before the load was kept
 
 
-async def test_an_engine_that_never_comes_back_stops_the_turns_that_wait_for_it(chatml, tiny, pool, verifier):
-    gone = Versioned(chatml, tiny, "gone", None)
+async def test_engines_that_never_come_back_stop_the_turns_that_wait_for_them_naming_each(
+    chatml, tiny, pool, verifier
+):
+    gone = [Versioned(chatml, tiny, name, None) for name in ("gone-a", "gone-b")]
     settings = RolloutSection(max_turns=3, scheduler=SchedulerSection(revive_for_s=0.5))
     rollout = Rollout(gone, chatml, pool, verifier, settings)
     rollout.require_versions = True
@@ -102,11 +104,9 @@ async def test_an_engine_that_never_comes_back_stops_the_turns_that_wait_for_it(
 
     rollout.scheduler.revive = revive
     traj = await rollout.run("answers", "4")
-    assert (
-        traj.fault == "engine"
-        and "did not come back" in traj.verdict
-        and "connection refused" in traj.verdict
-    )
+    assert traj.fault == "engine" and "none came back" in traj.verdict
+    assert "gone-a (ConnectionError: gone-a: connection refused)" in traj.verdict, traj.verdict
+    assert "gone-b (ConnectionError: gone-b: connection refused)" in traj.verdict, traj.verdict
     assert traj.meta["engine_lost"] and rollout.scheduler.down is not None
 
 

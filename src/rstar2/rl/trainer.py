@@ -90,10 +90,12 @@ def fault_message(t: Trajectory) -> str:
     return t.verdict
 
 
-def first_cause(among: list[Trajectory], world: D.World) -> str:
-    """What spoiled the first of ``among`` on the first process that has one (every process calls it)."""
-    causes = D.all_gather_objects(fault_message(among[0]) if among else None, world)
-    return next(v for v in causes if v)
+def causes(among: list[Trajectory], world: D.World, most: int = 4) -> str:
+    """What spoiled ``among``, each different cause once (the first ``most``, over every process:
+    every process calls it): several dead engines are each named."""
+    mine = list(dict.fromkeys(fault_message(t) for t in among))[:most]
+    every = list(dict.fromkeys(c for part in D.all_gather_objects(mine, world) for c in part))
+    return "; ".join(every[:most]) + (f"; and {len(every) - most} more" if len(every) > most else "")
 
 
 def check_faults(trajs: list[Trajectory], cfg: RLConfig, world: D.World) -> None:
@@ -104,16 +106,15 @@ def check_faults(trajs: list[Trajectory], cfg: RLConfig, world: D.World) -> None
     lost = [t for t in failed if t.meta.get("engine_lost")]
     n_failed, n_all, n_lost = D.all_sum([len(failed), len(trajs), len(lost)], world)
     if n_lost:
-        first = first_cause(lost, world)
         raise RuntimeError(
             f"{int(n_lost)} of {int(n_all)} rollouts lost their engine after "
             f"rollout.scheduler.retries={cfg.rollout.scheduler.retries} retries; the step was "
-            f"not trained (the survivors are not a fair sample): {first}"
+            f"not trained (the survivors are not a fair sample): {causes(lost, world)}"
         )
     if n_all and (n_failed == n_all or n_failed / n_all > cfg.run.max_fault_share):  # none left: no step
         raise RuntimeError(
             f"{int(n_failed)} of {int(n_all)} rollouts failed (more than run.max_fault_share="
-            f"{cfg.run.max_fault_share}); the first: {first_cause(failed, world)}"
+            f"{cfg.run.max_fault_share}): {causes(failed, world)}"
         )
 
 
@@ -201,6 +202,7 @@ class RLTrainer:
                     # (by rank 0, which writes the weights: another rank could read a folder half written)
                     revives = self.engines.mode == "servers" and self.world.main
                     rollout.scheduler.revive = self.engines.revive if revives else None
+                    self.engines.scheduler = rollout.scheduler if revives else None
                     # every engine holds this run's weights and version before the first group starts (a
                     # server may hold another run's, or this one's past the checkpoint; a dead one fails here)
                     await self._publish(self.step_no)

@@ -20,6 +20,9 @@ class NoEngineError(RuntimeError):
     """No engine can ever serve the request: it needs more KV tokens than the largest engine holds."""
 
 
+REVIVE_BACKOFF_S = 10.0  # the longest wait between two tries to bring a failed engine back (RL)
+
+
 class EngineDown(RuntimeError):
     """Every engine failed, and none came back holding the current weights: nothing can be sampled."""
 
@@ -286,7 +289,7 @@ class Scheduler:
         self.revive: Callable[[Engine], Awaitable[None]] | None = None
         self.down: str | None = None  # why nothing can be sampled any more (every engine is out)
         self._reviving: dict[int, asyncio.Task] = {}
-        self._gone: set[int] = set()  # engines that did not come back: out for good
+        self._gone: dict[int, str] = {}  # engines that did not come back (out for good), and why
         if not self.engines:
             raise ValueError("at least one engine is needed")
         options = {}
@@ -367,6 +370,15 @@ class Scheduler:
         self.policy.alive[i] = True
         self._pump()
 
+    def in_rotation(self, engine: Engine) -> bool:
+        """Whether ``engine`` serves turns now (not failed, or brought back since)."""
+        return self.policy.alive[self._index[id(engine)]]
+
+    def restore(self, engine: Engine) -> None:
+        """``engine`` holds the current weights again: back in rotation at once (``revive`` calls
+        this before it lets weights be published again, so no version passes it by)."""
+        self._revive(self._index[id(engine)])
+
     async def _bring_back(self, i: int) -> None:
         assert self.revive is not None
         loop, engine = asyncio.get_running_loop(), self.engines[i]
@@ -379,23 +391,24 @@ class Scheduler:
                 why = f"{type(exc).__name__}: {exc}"
                 if loop.time() + delay > deadline:
                     break
-                delay = min(2 * delay, self.revive_after_s or 60.0)
+                delay = min(2 * delay, REVIVE_BACKOFF_S)
                 continue
             del self._reviving[i]
             self._revive(i)
             print(f"[rstar2] engine {engine.name} is back, holding the current weights", file=sys.stderr)
             return
         del self._reviving[i]
-        self._gone.add(i)
+        self._gone[i] = why
         print(
             f"[rstar2] engine {engine.name} did not come back within {self.revive_for_s:.0f} s: out for "
             f"good ({why[:300]})",
             file=sys.stderr,
         )
         if not self.policy.live() and not self._reviving:
+            each = "; ".join(f"{self.engines[j].name} ({w[:300]})" for j, w in sorted(self._gone.items()))
             self.down = (
-                f"every engine failed; {engine.name} did not come back holding the current weights "
-                f"within {self.revive_for_s:.0f} s ({why})"
+                f"every engine failed and none came back holding the current weights within "
+                f"{self.revive_for_s:.0f} s: {each}"
             )
             for fut in self._waiting.values():
                 if not fut.done():

@@ -39,6 +39,8 @@ class TrainerEngines:
         # servers: the folders a server loads in order to hold the last published version, and it
         self.published: tuple[list[Path], int] | None = None
         self._sending: asyncio.Lock | None = None  # a publish and a revive, one at a time
+        # servers: the rollout's scheduler, which says which are in rotation (rank 0's, set by the trainer)
+        self.scheduler: Any = None
 
     def adopt(self, model: torch.nn.Module) -> None:
         """The trainer's full model, before it is sharded: shared, or copied in the engine's dtype."""
@@ -64,12 +66,21 @@ class TrainerEngines:
     async def publish(
         self, model: torch.nn.Module, step: int, folder: Path, probe_prompt: list[int], pad_id: int
     ) -> dict[str, float]:
-        """The trainer's weights as policy version ``step`` to every engine, checked (``sync.publish``)."""
+        """The trainer's weights as policy version ``step`` to the engines in rotation, checked
+        (``sync.publish``). Once the run has started, a server that does not take them leaves the
+        rotation; one out of it comes back only through ``revive``, which loads these weights."""
         async with self._lock():
             whole = self.published is None  # an adapter's base goes to the servers once a run
+            rotation = self.scheduler
+            started = self.published is not None and rotation is not None  # at the start: every one
+            engines = [e for e in self.engines if not started or rotation.in_rotation(e)]
+
+            def lost(engine: Any, why: str) -> None:
+                rotation.fail(engine, f"it did not take the weights of version {step}: {why}")
+
             metrics = await publish(
                 model,
-                self.engines,
+                engines,
                 self.mode,
                 self.cfg.rollout.engine,
                 self.world,
@@ -79,6 +90,7 @@ class TrainerEngines:
                 step=step,
                 compute=self.cfg.model.compute,
                 whole=whole,
+                on_lost=lost if started else None,
             )
             self.published = (whole_parts(model, folder), step)
             return metrics
@@ -92,6 +104,8 @@ class TrainerEngines:
             once = self.cfg.rollout.engine.model_copy(update={"reload_retries": 0})  # the scheduler retries
             for folder in folders:
                 await load_into_servers([engine], folder, once, version=version)
+            if self.scheduler is not None:  # in rotation before the next publish can pass it by
+                self.scheduler.restore(engine)
 
     def _lock(self) -> asyncio.Lock:
         if self._sending is None:  # made on the run's event loop

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -82,14 +83,16 @@ async def load_into_servers(
     weights: dict[str, torch.Tensor] | None = None,
     *,
     version: int,
-) -> None:
+    drop_failed: bool = False,
+) -> list[tuple[ServedEngine, str]]:
     """Every server loads the folder as ``version`` at once, what each states it holds checked; any
-    failure is one ``WeightSyncError`` naming every server that did not take the weights."""
+    failure is one ``WeightSyncError`` naming every server that did not take the weights, unless
+    ``drop_failed`` and some did: then the others are returned with why (taken out of rotation)."""
     answers = await asyncio.gather(
         *(reload_server(e, folder, settings, version) for e in engines), return_exceptions=True
     )
     sent = None
-    failed: list[str] = []
+    failed: list[tuple[ServedEngine, str]] = []
     for e, answer in zip(engines, answers, strict=True):
         try:
             if isinstance(answer, BaseException):
@@ -109,13 +112,14 @@ async def load_into_servers(
                     file=sys.stderr,
                 )
         except Exception as exc:  # noqa: BLE001 - every server's outcome is said together
-            failed.append(str(exc))
-    if failed:
+            failed.append((e, str(exc)))
+    if failed and not (drop_failed and len(failed) < len(engines)):
         raise WeightSyncError(
             f"{len(failed)} of {len(engines)} engines did not take the weights of version {version} "
             f"(the run stops before training on tokens from engines on different versions): "
-            + "; ".join(failed)
+            + "; ".join(why for _, why in failed)
         )
+    return failed
 
 
 _UNVERIFIED: set[str] = set()  # servers already warned about (once a process)
@@ -224,9 +228,12 @@ async def publish(
     step: int,
     compute: str = "auto",
     whole: bool = True,
+    on_lost: Callable[[Any, str], None] | None = None,
 ) -> dict[str, float]:
     """The trainer's weights as policy version ``step`` to ``engines`` of ``mode``, checked; ``sync/*``.
-    A model with an adapter sends servers the adapter alone, after its base when ``whole``."""
+    A model with an adapter sends servers the adapter alone, after its base when ``whole``. With
+    ``on_lost``, a server that does not take them is handed to it (out of rotation, to be revived)
+    and the others go on; only when none took them does the step stop."""
     if mode == "shared":  # the engine reads the trainer's parameters; say they changed (torch does
         for e in engines:  # not count every kind of write, e.g. through param.data)
             await asyncio.to_thread(e.invalidate, step)
@@ -234,28 +241,35 @@ async def publish(
     # off the event loop (rollouts and tool calls of the next steps go on meanwhile), on this GPU
     weights = await asyncio.to_thread(D.on_device(world, D.full_state_dict), model, world)
     error: BaseException | None = None
+    lost: list[str] = []
     try:
         if mode == "servers" and world.main:
             for part, tensors in await asyncio.to_thread(write_parts, model, folder, weights, whole):
-                await load_into_servers(engines, part, settings, tensors, version=step)
+                taking = [e for e in engines if e.name not in lost]
+                failed = await load_into_servers(
+                    taking, part, settings, tensors, version=step, drop_failed=on_lost is not None
+                )
+                for e, why in failed:  # only with on_lost: else load_into_servers raised
+                    on_lost(e, why)  # type: ignore[misc]
+                    lost.append(e.name)
         elif mode == "copy":  # engine copies in this process: compared with what was sent, exactly
             for e in engines:
                 await load_copy(e, weights, step)
     except Exception as exc:  # told to every process below, so none waits in a collective
         error = exc
-    told = D.all_gather_objects(None if error is None else f"{type(error).__name__}: {error}", world)
+    said = None if error is None else f"{type(error).__name__}: {error}"
+    told = D.all_gather_objects((said, [e.name for e in engines if e.name not in lost]), world)
     if error is not None:
         raise error
-    if any(told):
+    if any(x for x, _ in told):
         raise WeightSyncError(
-            f"another process could not publish the weights of version {step}: {next(x for x in told if x)}"
+            f"another process could not publish the weights of version {step}: {next(x for x, _ in told if x)}"
         )
     if mode != "servers":
         return {}
-    diffs = await probe_engines(
-        engines, model, probe_prompt, world, pad_id=pad_id, seed=step, compute=compute
-    )
-    named = [(e.name, d) for e, d in zip(engines, diffs, strict=True)]
+    live = [e for e in engines if e.name in told[0][1]]  # rank 0 loaded them: its word holds
+    diffs = await probe_engines(live, model, probe_prompt, world, pad_id=pad_id, seed=step, compute=compute)
+    named = [(e.name, d) for e, d in zip(live, diffs, strict=True)]
     every = [x for part in D.all_gather_objects(named, world) for x in part]  # the same on every rank
     tol = settings.weight_check_tol
     bad = [(name, d) for name, d in every if tol is not None and d > tol]
