@@ -14,7 +14,15 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from rstar2.auth import KEY_ENV, OPEN_ROUTES_ENV, FolderRefused, allowed_folder, authorized, exposed_warning, vllm_guard
+from rstar2.auth import (
+    KEY_ENV,
+    OPEN_ROUTES_ENV,
+    FolderRefused,
+    allowed_folder,
+    authorized,
+    exposed_warning,
+    vllm_guard,
+)
 from rstar2.engines.base import SamplingParams
 from rstar2.engines.openai import ServerError
 from rstar2.rollout.build import connect
@@ -72,7 +80,9 @@ def test_weights_load_only_from_under_the_servers_folders(tmp_path):
     assert len(set(links)) == 1 and "model.safetensors links to a file that is not under" in links[0]
     (allowed / "run" / "weights" / "model.safetensors").write_bytes(b"w")
     (allowed / "run" / "inside").mkdir()
-    (allowed / "run" / "inside" / "model.safetensors").symlink_to(allowed / "run" / "weights" / "model.safetensors")
+    (allowed / "run" / "inside" / "model.safetensors").symlink_to(
+        allowed / "run" / "weights" / "model.safetensors"
+    )
     assert allowed_folder(str(allowed / "run" / "inside"), [allowed.resolve()])  # a link that stays inside
 
 

@@ -156,7 +156,9 @@ def test_every_format_numbers_its_rows_from_one_and_a_broken_json_file_is_named(
     (tmp_path / "p.json").write_text(json.dumps(bad))
     pq.write_table(pa.Table.from_pylist(bad), tmp_path / "p.parquet")
     for name in ("p.jsonl", "p.json"):
-        with pytest.raises(ValueError, match=r"\(row 2\): no column named 'problem' or 'question' or 'prompt'"):
+        with pytest.raises(
+            ValueError, match=r"\(row 2\): no column named 'problem' or 'question' or 'prompt'"
+        ):
             load_problems(str(tmp_path / name))
     with pytest.raises(ValueError, match=r"p.parquet \(row 2\): the problem's column holds neither"):
         load_problems(str(tmp_path / "p.parquet"))  # parquet gives every row every column (None)
