@@ -167,13 +167,13 @@ def need_redis_server() -> str:
 
 
 class RedisServer:
-    def __init__(self, binary: str, port: int, workdir: Path) -> None:
-        self.binary, self.port, self.workdir = binary, port, workdir
+    def __init__(self, binary: str, port: int, workdir: Path, password: str | None = None) -> None:
+        self.binary, self.port, self.workdir, self.password = binary, port, workdir, password
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{f':{self.password}@' if self.password else ''}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
@@ -191,6 +191,7 @@ class RedisServer:
                 str(self.workdir),
                 "--protected-mode",
                 "no",
+                *(["--requirepass", self.password] if self.password else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -200,7 +201,7 @@ class RedisServer:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                     s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
+                    if s.recv(16).startswith((b"+PONG", b"-NOAUTH")):  # up (and asking for a password)
                         return
             except OSError:
                 time.sleep(0.05)

@@ -162,7 +162,7 @@ def required_key(api_key: str | None, host: str, what: str) -> str | None:
 
     key, warning = service_key(api_key, host, what)
     if warning:
-        console.print(f"[yellow][rstar2] {warning}[/yellow]")
+        console.print(f"[yellow]\\[rstar2] {warning}[/yellow]")
     return key
 
 
@@ -278,7 +278,7 @@ def vllm_cmd(
         "weights_from": weights_roots(weights_from),
         "open_routes": list(open_route or ()),
     }
-    console.print(f"[rstar2] {' '.join(args)}")
+    console.print(f"\\[rstar2] {' '.join(args)}")
     os.execve(exe, args, launch.environment(cores, kv_cache_gib, **access))  # signals reach vLLM itself
 
 

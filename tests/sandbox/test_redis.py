@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import time
 
 import pytest
 from redis.exceptions import ResponseError
 
 from rstar2.sandbox import ExecRequest
-from rstar2.sandbox.redis_queue import RedisBackend
+from rstar2.sandbox.redis_queue import PASSWORD_ENV, RedisBackend, exposed_warning, shown
 
 from ..conftest import start_cli, stop
 
@@ -183,3 +184,51 @@ async def test_long_call_keeps_its_lease(redis_server):
         await backend.close()
         for w in workers:
             stop(w)
+
+
+async def test_a_redis_with_a_password_serves_only_those_who_give_it(tmp_path, monkeypatch):
+    """``redis-server --requirepass``: a worker with a wrong or no password stops at once with the
+    server's words (a refused password is not an outage to wait through), the backend's calls fail
+    saying so; the right one, in the URL or in ``$RSTAR2_REDIS_PASSWORD``, runs calls."""
+    from ..conftest import ROOT, RSTAR2, RedisServer, free_port, need_redis_server
+
+    server = RedisServer(need_redis_server(), free_port(), tmp_path, password="right-horse")
+    server.start()
+    bare = server.url.replace(":right-horse@", "")
+    try:
+        for url, why in (
+            (server.url.replace("right-horse", "wrong"), "invalid username-password pair"),
+            (bare, "authenticated"),
+        ):
+            env = {k: v for k, v in os.environ.items() if k != PASSWORD_ENV}
+            args = [*RSTAR2, "sandbox", "worker", "--redis", url, "--workers", "1", "--preload", LIGHT]
+            run = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+            said = " ".join(run.stdout.split()) + " ".join(run.stderr.split())
+            assert run.returncode == 2 and "refused this client" in said and why in said, said[-2000:]
+            assert "Traceback" not in said
+        wrong = RedisBackend(server.url.replace("right-horse", "wrong"), deadline_s=30)
+        try:
+            r = await wrong.run(ExecRequest("print(1)"))
+            assert r.status == "internal" and "refused this client" in r.reason, r.reason
+        finally:
+            await wrong.close()
+        monkeypatch.setenv(PASSWORD_ENV, "right-horse")
+        worker = start_worker(bare)  # the password from the environment, not the command line
+        backend = RedisBackend(server.url, deadline_s=120)
+        try:
+            check_exactly_once(await gather_all(backend, 20), 20)
+        finally:
+            await backend.close()
+            stop(worker)
+    finally:
+        server.kill()
+
+
+def test_a_routable_redis_without_a_password_is_warned_about(monkeypatch):
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    assert "has no password" in exposed_warning("redis://10.0.0.5:6379/0")
+    assert exposed_warning("redis://:pw@10.0.0.5:6379/0") is None
+    assert exposed_warning("redis://127.0.0.1:6379/0") is None
+    monkeypatch.setenv(PASSWORD_ENV, "pw")
+    assert exposed_warning("rediss://10.0.0.5:6379/0") is None
+    assert shown("redis://:pw@10.0.0.5:6379/0") == "redis://:***@10.0.0.5:6379/0"

@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .request import ExecRequest, Limits
@@ -71,6 +72,12 @@ def isolation_report() -> dict[str, Any]:
     return asyncio.run(go())
 
 
+def redis_warning(url: str) -> str | None:
+    from .redis_queue import exposed_warning
+
+    return exposed_warning(url)
+
+
 def serve(
     host: str,
     port: int,
@@ -112,7 +119,7 @@ def run_worker_node(
     """A worker node: take calls from Redis, run them in a local pool, send the results back,
     until SIGINT or SIGTERM."""
     from .local_pool import LocalPool
-    from .redis_queue import RedisWorker
+    from .redis_queue import RedisWorker, shown
 
     async def go() -> None:
         pool = LocalPool(workers=workers, limits=limits, preload=preload)
@@ -120,7 +127,7 @@ def run_worker_node(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, worker.stop)
-        log(f"worker {worker.name}: {pool.size} sandbox workers, Redis {redis}")
+        log(f"worker {worker.name}: {pool.size} sandbox workers, Redis {shown(redis)}")
         await worker.run()
 
     asyncio.run(go())
@@ -188,7 +195,10 @@ def sandbox_serve(
         0, help="Local sandbox workers (0 = one per CPU core). Ignored with --redis."
     ),
     redis: str | None = typer.Option(
-        None, "--redis", help="Enqueue calls to Redis worker nodes at this URL."
+        None,
+        "--redis",
+        help="Enqueue calls to Redis worker nodes at this URL: redis://:PASSWORD@HOST:6379/0 "
+        "(or $RSTAR2_REDIS_PASSWORD; rediss:// for TLS).",
     ),
     timeout_s: float = typer.Option(10.0, "--timeout", help="Default wall-clock limit per call."),
     memory_mb: int = typer.Option(1024, "--memory-mb", help="Default memory limit per call."),
@@ -200,8 +210,9 @@ def sandbox_serve(
     from ..auth import service_key
 
     key, warning = service_key(api_key, host, "rstar2 sandbox serve")
-    if warning:
-        console.print(f"[yellow][rstar2] {warning}[/yellow]")
+    for said in (warning, redis_warning(redis) if redis else None):
+        if said:
+            console.print(f"[yellow]\\[rstar2] {escape(said)}[/yellow]")
     limits, modules = Limits().merged(timeout_s, memory_mb), parse_preload(preload)
     serve(
         host,
@@ -217,7 +228,11 @@ def sandbox_serve(
 
 @app.command("worker")
 def sandbox_worker(
-    redis: str = typer.Option(..., "--redis", help="Redis URL, e.g. redis://head-node:6379/0"),
+    redis: str = typer.Option(
+        ...,
+        "--redis",
+        help="Redis URL, e.g. redis://:PASSWORD@head-node:6379/0 (or $RSTAR2_REDIS_PASSWORD; rediss:// for TLS).",
+    ),
     workers: int = typer.Option(0, help="Local sandbox workers (0 = one per CPU core)."),
     lease_s: float = typer.Option(60.0, help="A task held this long by a silent worker is given to another."),
     timeout_s: float = typer.Option(10.0, "--timeout", help="Default wall-clock limit per call."),
@@ -226,12 +241,20 @@ def sandbox_worker(
     name: str | None = typer.Option(None, help="Consumer name in Redis (default: host-pid-random)."),
 ) -> None:
     """Run a worker node: take calls from Redis, run them in isolation, send the results back."""
-    run_worker_node(
-        redis,
-        workers=workers or None,
-        limits=Limits().merged(timeout_s, memory_mb),
-        preload=parse_preload(preload),
-        lease_s=lease_s,
-        name=name,
-        log=console.print,
-    )
+    from .redis_queue import RedisRefused
+
+    if said := redis_warning(redis):
+        console.print(f"[yellow]\\[rstar2] {escape(said)}[/yellow]")
+    try:
+        run_worker_node(
+            redis,
+            workers=workers or None,
+            limits=Limits().merged(timeout_s, memory_mb),
+            preload=parse_preload(preload),
+            lease_s=lease_s,
+            name=name,
+            log=console.print,
+        )
+    except RedisRefused as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None

@@ -13,6 +13,10 @@ Delivery is at least once, results exactly once:
   too, instead of being retried forever.
 - Redis restarts: both sides reconnect with back-off. A restart without persistence loses the stream,
   so the backend re-submits every call it is still waiting for; callers see extra latency, not loss.
+- Whoever reaches the Redis server runs code on every worker and can forge tool results: both sides
+  authenticate (``redis://:PASSWORD@host``, else ``$RSTAR2_REDIS_PASSWORD``; ``rediss://`` for TLS)
+  and warn when a routable server is used without a password. A refused password is no outage: it
+  stops the worker, and fails the backend's calls, with the server's words.
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ import os
 import socket
 import time
 import uuid
+from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
+from redis.exceptions import AuthenticationError, AuthorizationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..auth import loopback
 from .local_pool import LocalPool
 from .request import ExecRequest
 from .result import ExecResult
@@ -40,12 +46,57 @@ PREFIX = "rstar2:sandbox"  # of every key, both sides
 TASKS = f"{PREFIX}:tasks"  # the stream of calls
 GROUP = "workers"
 _CONN_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+_REFUSED = (AuthenticationError, AuthorizationError)  # connection errors to redis-py, not outages
+PASSWORD_ENV = "RSTAR2_REDIS_PASSWORD"
+
+
+class RedisRefused(RuntimeError):
+    """The Redis server refused this client's password (or its user's rights)."""
+
+
+def _password(url: str) -> str | None:
+    """The URL's password, else ``$RSTAR2_REDIS_PASSWORD`` (kept out of ``ps`` and shell history)."""
+    return urlsplit(url).password or os.environ.get(PASSWORD_ENV) or None
+
+
+def shown(url: str) -> str:
+    """``url`` without its password, for logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
+
+
+def exposed_warning(url: str) -> str | None:
+    """The warning for a Redis server on a routable address used without a password."""
+    host = urlsplit(url).hostname or ""
+    if loopback(host) or _password(url):
+        return None
+    return (
+        f"warning: Redis at {host} has no password: whoever reaches it runs code on every sandbox worker "
+        f"and can forge tool results; start redis-server with --requirepass and give "
+        f"redis://:PASSWORD@{host}:PORT (or ${PASSWORD_ENV}); rediss:// adds TLS"
+    )
+
+
+def refused(url: str, exc: BaseException) -> RedisRefused:
+    return RedisRefused(
+        f"Redis at {shown(url)} refused this client ({exc}): give its password as "
+        f"redis://:PASSWORD@HOST:PORT or ${PASSWORD_ENV}"
+    )
 
 
 def _client(url: str, max_connections: int = 32) -> aioredis.Redis:
-    """A client whose pool makes callers wait for a free connection instead of failing."""
+    """A client whose pool makes callers wait for a free connection instead of failing; with the
+    URL's password or ``$RSTAR2_REDIS_PASSWORD`` (TLS for ``rediss://``, by redis-py)."""
+    extra = {} if urlsplit(url).password or not _password(url) else {"password": _password(url)}
     pool = aioredis.BlockingConnectionPool.from_url(
-        url, decode_responses=True, socket_connect_timeout=5, max_connections=max_connections, timeout=None
+        url,
+        decode_responses=True,
+        socket_connect_timeout=5,
+        max_connections=max_connections,
+        timeout=None,
+        **extra,
     )
     return aioredis.Redis(connection_pool=pool)
 
@@ -129,6 +180,11 @@ class RedisBackend:
             try:
                 await self._enqueue(task)
                 return
+            except _REFUSED as exc:  # not an outage: this call fails with the server's words
+                fut = self._pending.get(task["id"], (None, None))[1]
+                if fut is not None and not fut.done():
+                    fut.set_result(ExecResult.failure("internal", str(refused(self.url, exc))))
+                return
             except _CONN_ERRORS:
                 if time.time() > task["deadline"]:
                     return  # run() reports the deadline
@@ -167,9 +223,17 @@ class RedisBackend:
                     self.duplicates += 1
                     continue
                 entry[1].set_result(ExecResult.from_dict(reply["result"]))
+            except _REFUSED as exc:  # every waiting call fails, said; the service goes on serving
+                why = str(refused(self.url, exc))
+                log.error("%s", why)
+                for _, fut in list(self._pending.values()):
+                    if not fut.done():
+                        fut.set_result(ExecResult.failure("internal", why))
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
             except _CONN_ERRORS as exc:
                 if not lost:
-                    log.warning("lost Redis at %s (%s); reconnecting", self.url, exc)
+                    log.warning("lost Redis at %s (%s); reconnecting", shown(self.url), exc)
                 lost = True
                 await asyncio.sleep(delay)
                 delay = min(2.0, delay * 2)
@@ -227,8 +291,10 @@ class RedisWorker:
                             for entry_id, fields in entries:
                                 await self._start(entry_id, fields, deliveries=1)
                         delay = 0.1
+                except _REFUSED as exc:  # retrying would never succeed: the worker stops, saying why
+                    raise refused(self.url, exc) from None
                 except _CONN_ERRORS as exc:
-                    log.warning("Redis unavailable at %s (%s); retrying", self.url, exc)
+                    log.warning("Redis unavailable at %s (%s); retrying", shown(self.url), exc)
                     await asyncio.sleep(delay)
                     delay = min(2.0, delay * 2)
                 except ResponseError as exc:  # e.g. NOGROUP after a restart without persistence
