@@ -443,11 +443,12 @@ def _log(text: str) -> None:
 def _failures(after_run_error: str | None = None) -> Iterator[None]:
     """A run that started and failed (``RunError``: the first error and where; the run folder keeps
     the rest) exits 1; bad data, paths or settings exit 2: both say what, without a traceback."""
+    from .eval import NothingMeasured
     from .rl.plumbing.launch import RunError
 
     try:
         yield
-    except RunError as exc:
+    except (RunError, NothingMeasured) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         if after_run_error:
             console.print(after_run_error, markup=False)

@@ -275,3 +275,61 @@ async def test_a_server_that_returns_no_log_probs_is_an_error_not_a_probability_
     with pytest.raises(Exception, match="no log-prob for each sampled token"):
         await engine.generate([1, 2], SamplingParams(max_new_tokens=2))
     await engine.close()
+
+
+def test_the_openai_clients_streaming_on_rstar2_serve_joins_to_the_whole_answer(server):
+    """``stream: true`` on both routes, through OpenAI's own client: a chunk a token, the chunks'
+    text the whole answer's, the finish reason and usage last; a request the engine refuses before
+    its first token is a 400, not an empty stream."""
+    from openai import BadRequestError, OpenAI
+
+    client = OpenAI(base_url=server + "/v1", api_key="unused")
+    ask = {"model": "tiny", "prompt": "hello there", "max_tokens": 12, "temperature": 0}
+    whole = client.completions.create(**ask)
+    chunks = list(client.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+        whole.choices[0].finish_reason
+    ]
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert (
+        len([c for c in chunks if c.choices]) == whole.usage.completion_tokens + 1
+    )  # a token each, then the end
+
+    chat = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 10,
+        "temperature": 0,
+    }
+    whole = client.chat.completions.create(**chat, n=2)
+    texts, roles = {0: "", 1: ""}, set()
+    for c in client.chat.completions.create(**chat, n=2, stream=True):
+        for choice in c.choices:
+            texts[choice.index] += choice.delta.content or ""
+            roles |= {choice.delta.role} - {None}
+    assert [texts[0], texts[1]] == [c.message.content for c in whole.choices] and roles == {"assistant"}
+
+    with pytest.raises(BadRequestError):
+        client.completions.create(model="tiny", prompt=[5] * 3000, max_tokens=4, stream=True)
+    body = {"prompt": [5] * 3000, "max_tokens": 4, "stream": True}
+    r = httpx.post(server + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 400 and "leaves no room in the model's 2048 positions" in r.text
+
+
+def test_streamed_text_keeps_back_a_tool_calls_opening_and_waits_for_whole_characters():
+    from rstar2.engines.streaming import TextDeltas
+
+    pieces = {1: "Let me ", 2: "run <to", 3: "ol_call>{", 4: "\ufffd", 5: "é"}
+
+    def decode(ids):  # a token that ends inside a character decodes to U+FFFD until the next one
+        text = "".join(pieces[i] for i in ids)
+        return text.replace("\ufffdé", "é")
+
+    plain = TextDeltas(decode)
+    assert [plain.add(i) for i in (1, 2)] == ["Let me ", "run <to"]
+    held = TextDeltas(decode, hold="<tool_call>")
+    assert [held.add(i) for i in (1, 2, 3)] == ["Let me ", "run ", ""]  # never a piece of the tag
+    assert held.rest(decode([1, 2, 3])) == "<tool_call>{"
+    chars = TextDeltas(decode)
+    assert [chars.add(i) for i in (1, 4, 5)] == ["Let me ", "", "é"]

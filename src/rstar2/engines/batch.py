@@ -29,6 +29,8 @@ class Request:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     arrived: float = 0.0
+    # a streaming caller's: each sampled token and its log-prob, on ``loop`` (before ``settle``'s answer)
+    on_token: Callable[[int, float], None] | None = None
 
     def settle(self, result: Generation | BaseException) -> None:
         self.loop.call_soon_threadsafe(_settle, self.future, result)
@@ -211,6 +213,8 @@ class RunningBatch:
             row.out_ids.append(tok)
             row.out_lp.append(lp)
             row.out_ver.append(row.next_version)
+            if row.req.on_token is not None:
+                row.req.loop.call_soon_threadsafe(row.req.on_token, tok, lp)
             if tok in row.req.params.stop_token_ids:
                 row.finish = "stop"
             elif len(row.out_ids) < row.budget:

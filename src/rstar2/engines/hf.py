@@ -12,7 +12,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -114,7 +114,14 @@ class HFEngine:
         model = load_model(path, engine_dtype(dev, dtype)).to(dev)  # an adapter checkpoint merged
         return cls(model, name=kw.pop("name", Path(path).name), **kw)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        on_token: Callable[[int, float], None] | None = None,
+    ) -> Generation:
+        """``on_token``: called on this event loop with each token and its log-prob as it is
+        sampled (a streaming answer), all of them before the generation returns."""
         if self._closed:
             raise RuntimeError(f"engine {self.name} is closed")
         if self.broken:  # (requests already queued fail in the engine's thread)
@@ -132,7 +139,7 @@ class HFEngine:
             self._thread = threading.Thread(target=self._serve, name=f"engine-{self.name}", daemon=True)
             self._thread.start()
         loop = asyncio.get_running_loop()
-        req = Request(list(prompt_ids), params, loop, loop.create_future(), time.perf_counter())
+        req = Request(list(prompt_ids), params, loop, loop.create_future(), time.perf_counter(), on_token)
         self.in_flight += 1
         try:
             self._queue.put(req)

@@ -5,9 +5,11 @@ token-out as ``OpenAIEngine`` needs them (vLLM's ``return_token_ids`` and
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,9 @@ from ..auth import FolderRefused, allowed_folder, key_guard
 from ..chat.format import end_of_turn_ids, ensure_chat_template
 from ..chat.tags import TOOL_CALL_OPEN
 from ..chat.tools import ToolCall, parse_tool_calls
-from .base import SamplingParams, weights_fingerprint
+from .base import Generation, SamplingParams, weights_fingerprint
 from .hf import HFEngine
+from .streaming import TextDeltas, answered, stream
 
 
 class _WeightsPath(BaseModel):
@@ -50,7 +53,8 @@ class _Sampling(BaseModel):
     skip_special_tokens: bool = True
     priority: int = 0  # admission order when rows are short: lower first (vLLM's convention)
     logit_bias: dict[str, float] | None = None  # only bans (-100): the tokens never sampled
-    stream: bool = False  # refused when true: answers come whole
+    stream: bool = False  # server-sent events, a chunk a token (streaming.py)
+    stream_options: dict[str, Any] | None = None  # include_usage: a last chunk with the usage
     user: str | None = None  # OpenAI's end-user tag: accepted, not read
 
 
@@ -187,8 +191,6 @@ class Served:
 
     def params(self, req: _Sampling, i: int) -> SamplingParams:
         stops = () if req.ignore_eos else self.default_stops
-        if req.stream:
-            raise HTTPException(400, "stream: true is not served: answers come whole")
         try:
             return SamplingParams(
                 banned_token_ids=banned_ids(req.logit_bias, len(self.tokenizer)),
@@ -203,16 +205,52 @@ class Served:
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from exc
 
-    async def generate(self, prompt_ids: list[int], req: _Sampling) -> list[Any]:
-        """``req.n`` generations of one prompt; a request the engine refuses is a 400."""
-        try:
-            return await asyncio.gather(
-                *(self.engine.generate(prompt_ids, self.params(req, i)) for i in range(req.n))
+    def start(
+        self, prompt_ids: list[int], req: _Sampling, push: Callable[[int, int, float], None] | None = None
+    ) -> Awaitable[list[Generation]]:
+        """``req.n`` generations of one prompt, each token to ``push(choice, token, logprob)``
+        when given; a setting the server does not take is a 400 now."""
+        params = [self.params(req, i) for i in range(req.n)]
+        return asyncio.gather(
+            *(
+                self.engine.generate(prompt_ids, p, None if push is None else functools.partial(push, i))
+                for i, p in enumerate(params)
             )
-        except ValueError as exc:
-            raise HTTPException(400, str(exc)) from exc
-        except RuntimeError as exc:  # no whole weights (a load failed half way), or closing
-            raise HTTPException(503, str(exc)) from exc
+        )
+
+    async def generate(self, prompt_ids: list[int], req: _Sampling) -> list[Generation]:
+        """``req.n`` whole generations; a request the engine refuses is a 400."""
+        return await answered(self.start(prompt_ids, req))
+
+    async def streamed(
+        self,
+        prompt_ids: list[int],
+        req: _Sampling,
+        kind: str,
+        on_token: Callable[[int, int, float], dict[str, Any]],
+        last: Callable[[int, Generation], dict[str, Any]],
+        first: dict[str, Any] | None = None,
+    ) -> Any:
+        """``req``'s answer as server-sent events of ``kind`` chunks: ``first`` (a choice's opening,
+        e.g. the assistant's role) before each choice's first token, ``on_token``'s choice for each
+        token, ``last``'s for each finished generation, then the usage if asked for."""
+        prefix = "chatcmpl" if kind.startswith("chat") else "cmpl"
+        head = {"id": f"{prefix}-{uuid.uuid4().hex[:24]}", "object": kind, "created": int(time.time())}
+        head["model"] = self.model_name
+        opened: set[int] = set()
+
+        def token_chunks(i: int, tok: int, lp: float) -> list[dict[str, Any]]:
+            chunks = [] if first is None or i in opened else [{**head, "choices": [{"index": i, **first}]}]
+            opened.add(i)
+            return [*chunks, {**head, "choices": [{"index": i, **on_token(i, tok, lp)}]}]
+
+        def end_chunks(gens: list[Generation]) -> list[dict[str, Any]]:
+            chunks = [{**head, "choices": [{"index": i, **last(i, g)}]} for i, g in enumerate(gens)]
+            if (req.stream_options or {}).get("include_usage"):
+                chunks.append({**head, "choices": [], "usage": usage(len(prompt_ids), gens)})
+            return chunks
+
+        return await stream(lambda push: self.start(prompt_ids, req, push), token_chunks, end_chunks)
 
     def text_of(self, ids: list[int], stops: tuple[int, ...], skip_special: bool) -> str:
         ids = [i for i in ids if i not in stops]
@@ -223,15 +261,19 @@ class Served:
     def response(
         self, kind: str, prefix: str, choices: list[dict], prompt: int, gens: list[Any]
     ) -> dict[str, Any]:
-        done = sum(len(g.token_ids) for g in gens)
         return {
             "id": f"{prefix}-{uuid.uuid4().hex[:24]}",
             "object": kind,
             "created": int(time.time()),
             "model": self.model_name,
             "choices": choices,
-            "usage": {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done},
+            "usage": usage(prompt, gens),
         }
+
+
+def usage(prompt: int, gens: list[Generation]) -> dict[str, int]:
+    done = sum(len(g.token_ids) for g in gens)
+    return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
 
 
 def server_routes(s: Served) -> APIRouter:
@@ -275,7 +317,7 @@ def completion_routes(s: Served) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/completions")
-    async def completions(req: CompletionRequest) -> dict[str, Any]:
+    async def completions(req: CompletionRequest) -> Any:
         tok = s.tokenizer
         prompt_ids = (
             req.prompt if isinstance(req.prompt, list) else tok.encode(req.prompt, add_special_tokens=False)
@@ -284,8 +326,36 @@ def completion_routes(s: Served) -> APIRouter:
             raise HTTPException(400, "the prompt is empty")
         if any(not 0 <= t < len(tok) for t in prompt_ids):
             raise HTTPException(400, f"prompt token ids must be in [0, {len(tok)})")
-        gens = await s.generate(list(prompt_ids), req)
         stops = s.default_stops + tuple(req.stop_token_ids or ())
+        if req.stream:
+            deltas = [
+                TextDeltas(functools.partial(s.text_of, stops=stops, skip_special=req.skip_special_tokens))
+                for _ in range(req.n)
+            ]
+
+            def on_token(i: int, token: int, lp: float) -> dict[str, Any]:
+                choice: dict[str, Any] = {
+                    "text": deltas[i].add(token),
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+                if req.logprobs is not None:
+                    shown = (
+                        f"token_id:{token}"
+                        if req.return_tokens_as_token_ids
+                        else tok.convert_ids_to_tokens(token)
+                    )
+                    choice["logprobs"] = {"tokens": [shown], "token_logprobs": [lp], "top_logprobs": None}
+                if req.return_token_ids:
+                    choice["token_ids"] = [token]
+                return choice
+
+            def last(i: int, g: Generation) -> dict[str, Any]:
+                whole = s.text_of(g.token_ids, stops, req.skip_special_tokens)
+                return {"text": deltas[i].rest(whole), "logprobs": None, "finish_reason": g.finish_reason}
+
+            return await s.streamed(list(prompt_ids), req, "text_completion", on_token, last)
+        gens = await s.generate(list(prompt_ids), req)
         choices = []
         for i, g in enumerate(gens):
             choice: dict[str, Any] = {
@@ -316,7 +386,7 @@ def chat_routes(s: Served) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/chat/completions")
-    async def chat(req: ChatRequest) -> dict[str, Any]:
+    async def chat(req: ChatRequest) -> Any:
         try:
             text = s.tokenizer.apply_chat_template(
                 req.messages, tools=req.tools, tokenize=False, add_generation_prompt=True
@@ -324,8 +394,25 @@ def chat_routes(s: Served) -> APIRouter:
         except Exception as exc:  # a template error names what is wrong with the messages
             raise HTTPException(400, f"cannot render the messages: {exc}") from exc
         prompt_ids = s.tokenizer.encode(text, add_special_tokens=False)
-        gens = await s.generate(prompt_ids, req)
         names = tuple(t.get("function", t).get("name", "") for t in req.tools or ())
+        decode = functools.partial(s.text_of, stops=s.default_stops, skip_special=False)
+        if req.stream:  # a tool call's text is kept back: the last chunk carries the call itself
+            deltas = [TextDeltas(decode, hold=TOOL_CALL_OPEN if names else None) for _ in range(req.n)]
+
+            def on_token(i: int, tok: int, lp: float) -> dict[str, Any]:
+                return {"delta": {"content": deltas[i].add(tok)}, "finish_reason": None}
+
+            def last(i: int, g: Generation) -> dict[str, Any]:
+                whole = decode(g.token_ids)
+                message, finish = _assistant_message(whole, names)
+                if "tool_calls" in message:
+                    calls = [{"index": k, **c} for k, c in enumerate(message["tool_calls"])]
+                    return {"delta": {"tool_calls": calls}, "finish_reason": finish}
+                return {"delta": {"content": deltas[i].rest(whole)}, "finish_reason": g.finish_reason}
+
+            opening = {"delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+            return await s.streamed(prompt_ids, req, "chat.completion.chunk", on_token, last, opening)
+        gens = await s.generate(prompt_ids, req)
         choices = []
         for i, g in enumerate(gens):
             message, finish = _assistant_message(s.text_of(g.token_ids, s.default_stops, False), names)

@@ -15,6 +15,7 @@ from ..jsonl import write_jsonl
 from ..problems import check_source, load_problems, source_name
 from ..rollout.multi_turn import Rollout
 from ..rollout.trajectory import Trajectory, read_trajectories
+from . import NothingMeasured
 from .metrics import summarize
 from .report import plot_benchmark, summary_markdown
 
@@ -79,16 +80,14 @@ async def evaluate(
 
 def _refuse_if_nothing_generated(results: dict[str, list[Trajectory]], out: Path) -> None:
     """An evaluation in which every rollout failed (the engine refused them all: a prompt longer
-    than the model, a dead server) measured nothing: a ``RunError`` with the commonest cause, not
+    than the model, a dead server) measured nothing: ``NothingMeasured`` with the commonest cause, not
     a table of zeros."""
     from collections import Counter
-
-    from ..rl.plumbing.launch import RunError
 
     trajs = [t for ts in results.values() for t in ts]
     if trajs and all(t.finish_reason == "error" for t in trajs):
         (cause, count), *_ = Counter(t.verdict for t in trajs).most_common(1)
-        raise RunError(
+        raise NothingMeasured(
             f"every one of the {len(trajs)} rollouts failed, so nothing was measured; "
             f"{count} of them: {cause} (trajectories in {out})"
         )

@@ -1,0 +1,97 @@
+"""Streamed answers of ``rstar2 serve`` (``stream: true``), as OpenAI's and vLLM's servers send them:
+server-sent events, one ``data: {chunk}`` per sampled token, then a last chunk with the finish
+reason (and usage when ``stream_options.include_usage``), then ``data: [DONE]``. The text of each
+chunk is what the tokens so far add to the decoded text, so the chunks join to the whole answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import HTTPException
+from fastapi.responses import StreamingResponse
+
+from .base import Generation
+
+DONE = "data: [DONE]\n\n"
+
+
+def event(chunk: dict[str, Any]) -> str:
+    return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+
+
+class TextDeltas:
+    """The text a growing list of tokens adds at each token (``decode``: ids to text). A token that
+    ends inside a character waits for the next; with ``hold``, text from where ``hold`` may begin
+    is kept back until ``rest`` (a tool call's opening tag, which the last chunk replaces), and so is
+    an end that may be its beginning."""
+
+    def __init__(self, decode: Callable[[list[int]], str], hold: str | None = None) -> None:
+        self.decode, self.hold = decode, hold
+        self.ids: list[int] = []
+        self.sent = ""
+
+    def add(self, token: int) -> str:
+        self.ids.append(token)
+        text = self.decode(self.ids)
+        if text.endswith("\ufffd") or not text.startswith(self.sent):
+            return ""
+        if self.hold:  # up to the tag, or short of an end that may begin it
+            at = text.find(self.hold)
+            tail = next((k for k in range(len(self.hold) - 1, 0, -1) if text.endswith(self.hold[:k])), 0)
+            text = text[:at] if at >= 0 else text[: len(text) - tail]
+        delta, self.sent = text[len(self.sent) :], text
+        return delta
+
+    def rest(self, whole: str) -> str:
+        """What ``whole`` (the finished answer's text) adds to what was sent."""
+        return whole[len(self.sent) :] if whole.startswith(self.sent) else ""
+
+
+async def stream(
+    start: Callable[[Callable[[int, int, float], None]], Awaitable[list[Generation]]],
+    on_token: Callable[[int, int, float], list[dict[str, Any]]],
+    on_end: Callable[[list[Generation]], list[dict[str, Any]]],
+) -> StreamingResponse:
+    """The events of the generations ``start(push)`` runs (each token pushed as ``(choice, token,
+    logprob)``): ``on_token``'s chunks for each token, ``on_end``'s when all are done. A request
+    refused before its first token is an HTTP error (400: the engine refused it, 503: it holds no
+    whole weights), not a stream that ends at once."""
+    events: asyncio.Queue = asyncio.Queue()
+    done = asyncio.ensure_future(start(lambda i, tok, lp: events.put_nowait((i, tok, lp))))
+    done.add_done_callback(lambda _: events.put_nowait(None))
+    first = await events.get()
+    if first is None:
+        await answered(done)  # raises the refusal
+
+    async def body() -> AsyncIterator[str]:
+        try:
+            item = first
+            while item is not None:
+                for chunk in on_token(*item):
+                    yield event(chunk)
+                item = await events.get()
+            try:
+                gens = await answered(done)
+            except HTTPException as exc:  # after the first token: said in the stream
+                yield event({"error": {"message": exc.detail, "code": exc.status_code}})
+                return
+            for chunk in on_end(gens):
+                yield event(chunk)
+            yield DONE
+        finally:
+            done.cancel()  # a client that went away: nothing left to send to
+
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+
+async def answered(gens: Awaitable[list[Generation]]) -> list[Generation]:
+    """The generations, an engine's refusal as an HTTP error (400: refused, 503: no whole weights)."""
+    try:
+        return await gens
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from exc
+    except RuntimeError as exc:  # no whole weights (a load failed half way), or closing
+        raise HTTPException(503, str(exc)) from exc
