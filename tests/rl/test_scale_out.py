@@ -445,6 +445,25 @@ def test_a_refused_weight_update_stops_the_run_saying_where(served, tiny_dir, pr
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def test_a_server_that_loads_no_weights_stops_the_run_with_its_own_words(tiny_dir, problems, tmp_path):
+    """``rstar2 serve`` started without ``--weights-from`` answers why it refuses; the trainer says it."""
+    port = free_port()
+    args = ["serve", "--model", str(tiny_dir), "--port", str(port), "--device", "cpu"]
+    proc = start_cli(args, env=env())
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url, proc)
+        tree = small_rl(tiny_dir, problems, tmp_path / "run", servers=[url], reload_retries=0)
+        run = cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))])
+    finally:
+        stop(proc)
+    said = " ".join(run.stderr.split())
+    assert run.returncode == 1 and "RL start failed: WeightSyncError" in said, said[-3000:]
+    assert "this server was started without --weights-from" in said, said[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_a_dead_engine_stops_the_run_naming_it(tiny_dir, problems, tmp_path):
     dead = f"http://127.0.0.1:{free_port()}"
     out = tmp_path / "run"
