@@ -12,6 +12,7 @@ import os
 import random
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -265,6 +266,20 @@ def test_vllm_refuses_a_stranger_and_a_folder_outside_its_own(vllm, model_dir, t
     answer = httpx.post(vllm + "/collective_rpc", json=outside, headers=AUTH, timeout=60).json()
     assert "not under a folder this server loads weights from" in answer["results"][0]["error"]
     assert httpx.get(vllm + "/weight_info", headers=AUTH).json()["weight_version"] != "99"
+    # a folder under --weights-from whose tensors are a link to a file outside it: refused unread
+    outside = Path(tempfile.mkdtemp(prefix="rstar2-outside-"))  # not under the tests' folder
+    (outside / "model.safetensors").write_bytes((model_dir / "model.safetensors").read_bytes())
+    linked = tmp_path_factory.mktemp("vllm-linked")
+    for f in model_dir.iterdir():
+        if f.name != "model.safetensors":
+            (linked / f.name).write_bytes(f.read_bytes())
+    (linked / "model.safetensors").symlink_to(outside / "model.safetensors")
+    load = {"method": "rstar2_load", "kwargs": {"folder": str(linked)}}
+    answer = httpx.post(vllm + "/collective_rpc", json=load, headers=AUTH, timeout=60).json()
+    assert "model.safetensors links to a file that is not under" in answer["results"][0]["error"], answer
+    adapter = {"lora_name": "x", "lora_path": str(linked)}
+    r = httpx.post(vllm + "/v1/load_lora_adapter", json=adapter, headers=AUTH, timeout=60)
+    assert r.status_code == 403 and "links to a file that is not under" in r.text
     # under --root-path /api the route is asked for with its prefix: refused all the same
     assert httpx.post(vllm + "/api/collective_rpc", json=theirs, headers=AUTH, timeout=60).status_code == 403
     # vLLM's routes that change or free the weights outside rstar2's versioned loads, key or not
