@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -230,6 +234,51 @@ def wait_http(url: str, proc: subprocess.Popen | None = None, timeout: float = 1
         return f": {proc.stderr.read().decode()}" if proc is not None and proc.stderr else ""
 
     wait_healthy(url, proc, timeout, detail=stderr)
+
+
+@contextmanager
+def proxy(
+    upstream: str,
+    intercept: Callable[[str, dict], Any] | None = None,
+    rewrite: Callable[[str, dict], dict] | None = None,
+) -> Iterator[str]:
+    """A server in front of ``upstream`` (its URL yielded) that passes every request on, except
+    where ``intercept(path, body)`` answers instead (a ``(json, status)`` pair), and whose answers
+    ``rewrite(path, answer)`` may change: a server that misbehaves in one chosen way."""
+    import threading
+
+    import httpx
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def forward(request: Any) -> Response:
+        path, body = request.path_params["path"], await request.body()
+        asked = json.loads(body or b"{}")
+        said = intercept(path, asked) if intercept else None
+        if said is not None:
+            return Response(json.dumps(said[0]), said[1], media_type="application/json")
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
+        async with httpx.AsyncClient(timeout=300) as client:
+            url = f"{upstream}/{path}" + (f"?{request.url.query}" if request.url.query else "")
+            answer = await client.request(request.method, url, content=body, headers=headers)
+        content = answer.content
+        if rewrite and answer.status_code == 200:
+            content = json.dumps(rewrite(path, answer.json())).encode()
+        return Response(content, answer.status_code, media_type="application/json")
+
+    app = Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])])
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_http(f"http://127.0.0.1:{port}", None)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 def stop(proc: subprocess.Popen) -> None:

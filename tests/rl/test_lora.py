@@ -8,13 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
-from fastapi import Request, Response  # at module level: the proxy's route annotations resolve here
 from safetensors.torch import load_file
 
 from rstar2.adapters import (
@@ -29,7 +26,7 @@ from rstar2.config import LoraSection, parse_config
 from rstar2.rl.plumbing.checkpoint import latest_checkpoint
 from rstar2.rl.plumbing.metrics_log import read_metrics
 
-from ..conftest import free_port, wait_http
+from ..conftest import proxy
 from .test_health_in_runs import train
 from .test_scale_out import other_weights, serve_tiny  # noqa: F401 - other_weights: a fixture
 from .test_trainer import place, rl_config
@@ -341,44 +338,20 @@ def test_a_served_adapter_at_staleness_one_trains_only_reported_versions(server,
     assert_versions_in_bound(out, k=1)
 
 
-@contextmanager
-def skipping_proxy(upstream: str, skip_from: int, route: str = "update_weights_from_disk") -> Iterator[str]:
+def skipping_proxy(upstream: str, skip_from: int, route: str = "update_weights_from_disk"):
     """A server in front of ``upstream`` that passes everything on, except the adapter loads (on
     ``route``) from the ``skip_from``-th on: those it answers "success" with the version asked,
     loading nothing (verl #7495: the adapter never reached the server, and nothing said so)."""
-    import threading
+    loads = []
 
-    import httpx
-    import uvicorn
-    from fastapi import FastAPI
-
-    app, loads = FastAPI(), []
-
-    @app.api_route("/{path:path}", methods=["GET", "POST"])
-    async def forward(path: str, request: Request) -> Response:
-        body = await request.body()
-        asked = json.loads(body or b"{}")
+    def skip(path: str, asked: dict):
         if path == route and is_adapter(asked.get("model_path") or asked.get("lora_path")):
-            loads.append(body)
+            loads.append(asked)
             if len(loads) >= skip_from:
-                said = {"success": True, "weights_version": int(asked.get("weight_version", 0))}
-                return Response(json.dumps(said), 200)
-        headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
-        async with httpx.AsyncClient(timeout=300) as client:
-            url = f"{upstream}/{path}" + (f"?{request.url.query}" if request.url.query else "")
-            answer = await client.request(request.method, url, content=body, headers=headers)
-        return Response(answer.content, answer.status_code, media_type="application/json")
+                return {"success": True, "weights_version": int(asked.get("weight_version", 0))}, 200
+        return None
 
-    port = free_port()
-    proxy = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=proxy.run, daemon=True)
-    thread.start()
-    try:
-        wait_http(f"http://127.0.0.1:{port}", None)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proxy.should_exit = True
-        thread.join(10)
+    return proxy(upstream, intercept=skip)
 
 
 @pytest.mark.slow

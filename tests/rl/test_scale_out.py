@@ -24,7 +24,7 @@ from rstar2.engines.base import weights_fingerprint
 from rstar2.rl.plumbing.checkpoint import latest_checkpoint
 from rstar2.rl.plumbing.metrics_log import read_metrics
 
-from ..conftest import ROOT, free_port, start_cli, stop, wait_http
+from ..conftest import ROOT, free_port, proxy, start_cli, stop, wait_http
 from .test_async import assert_versions_in_bound
 from .test_trainer import FP32, place, rl_config
 
@@ -255,6 +255,39 @@ def test_runs_on_one_server_holding_other_weights_train_only_their_own_policys_t
     info = httpx.get(served + "/get_server_info").json()
     assert info["weights_version"] == 2
     assert info["weights_fingerprint"] == pytest.approx(weights_fingerprint(final_weights(second)), rel=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_server_that_reports_no_version_in_the_first_step_has_none_of_its_tokens_trained(
+    served, tiny_dir, problems, tmp_path
+):
+    """At k = 1 the first step's bound would reach below version 0: the server (behind a proxy)
+    says -1 for every token until the trainer has loaded weights into it a second time; those
+    tokens fail it instead of training, it is revived on the current weights, and the run goes on."""
+    loads: list[dict] = []
+
+    def count(path: str, asked: dict) -> None:
+        if path == "update_weights_from_disk":
+            loads.append(asked)
+
+    def unversioned(path: str, answer: dict) -> dict:
+        if path == "v1/completions" and len(loads) < 2:
+            for choice in answer["choices"]:
+                choice["token_versions"] = [-1] * len(choice["token_versions"])
+        return answer
+
+    out = tmp_path / "run"
+    with proxy(served, intercept=count, rewrite=unversioned) as url:
+        tree = small_rl(tiny_dir, problems, out, steps=3, servers=[url], max_staleness=1, top_k=0)
+        tree["loss"] = {"tis_cap": 2.0}
+        run = cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))])
+    ok(run)
+    said = " ".join(run.stderr.split())
+    assert f"engine {url} failed" in said and f"engine {url} is back" in said, said[-3000:]
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
+    assert all(r["staleness/unreported_tokens"] == 0 for r in read_metrics(out / "metrics.jsonl"))
+    assert_versions_in_bound(out, k=1)
 
 
 class RestartableServer:
