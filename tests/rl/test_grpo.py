@@ -183,7 +183,7 @@ def test_gradient_of_the_loss_on_a_tiny_model_matches_finite_differences(tiny):
 
 def _rows(seqs, advantages, groups):
     """Kept rollouts as the trainer hands them to the update."""
-    from rstar2.rl.update import Row
+    from rstar2.rl.algorithm.select import Row
     from rstar2.rollout.trajectory import Trajectory
 
     return [
@@ -321,8 +321,9 @@ async def test_the_update_takes_logprobs_at_the_sampling_temperature(tiny, tempe
     from rstar2.config import LossSection, OptimSection
     from rstar2.engines.base import SamplingParams
     from rstar2.engines.hf import HFEngine
+    from rstar2.rl.algorithm.select import Row
     from rstar2.rl.plumbing.optim import build_optimizer
-    from rstar2.rl.update import Learner, Row, update_on_rollouts
+    from rstar2.rl.update import Learner, update_on_rollouts
     from rstar2.rollout.trajectory import Trajectory
 
     model, tok = tiny

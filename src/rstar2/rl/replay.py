@@ -26,13 +26,14 @@ from ..config import ConfigError, RLConfig, parse_config
 from ..device import resolve_precision
 from ..rollout.trajectory import Trajectory
 from .algorithm.batch import Batch
+from .algorithm.select import Selection, select_rows
 from .plumbing import distributed as D
 from .plumbing.checkpoint import list_checkpoints
 from .plumbing.keep import KeptStep, fingerprints, kept_path, kept_steps, read_kept, set_rng_state
 from .plumbing.launch import Start, load_learner, param_dtype
 from .plumbing.optim import Learner, build_optimizer
 from .plumbing.passes import logprobs_of
-from .update import Selection, optimizer_steps, rows_batch, select_rows, stand_in, update_on_rollouts
+from .update import optimizer_steps, rows_batch, stand_in, update_on_rollouts
 
 REPLAY_DIR = "replay"
 # the settings a what-if may change: the update's own (not what was sampled, or by whom)

@@ -28,6 +28,7 @@ from ..rollout import health
 from ..rollout.multi_turn import CodeEnvironment, Verifier
 from ..rollout.trajectory import Trajectory
 from .algorithm.roc import GroupChoice, Scored, roc_counts
+from .algorithm.select import Row, Selection, seed_of, select_rows
 from .algorithm.staleness import StalenessError, check_versions, require_reported_versions, staleness_metrics
 from .plumbing import distributed as D
 from .plumbing.data import DataStream
@@ -36,7 +37,7 @@ from .plumbing.feed import GroupFeed
 from .plumbing.keep import KeptStep, keeping
 from .plumbing.launch import RunError, Steps, begin, load_training, param_dtype, run_steps
 from .plumbing.step_metrics import engine_metrics, rollout_record, step_metrics
-from .update import Row, Selection, optimizer_steps, seed_of, select_rows, stand_in, update_on_rollouts
+from .update import optimizer_steps, stand_in, update_on_rollouts
 
 RewardFn = Callable[[Trajectory], float]
 

@@ -5,18 +5,17 @@ mini-batches or epochs they are computed once, before the first optimizer step."
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..chat.token_classes import CLASSES, NO_CLASS
 from ..config import LossSection, OptimSection, RLConfig
 from .algorithm.batch import Batch, collate, take_rows, with_weights
-from .algorithm.grpo import group_advantages, policy_loss, weight_units
-from .algorithm.roc import GroupChoice, Scored, roc_select, score
+from .algorithm.grpo import policy_loss, weight_units
+from .algorithm.select import Row
 from .plumbing.distributed import LOCAL, World, all_max, all_sum
 from .plumbing.optim import Learner, accumulate, finish_step, start_step
 from .plumbing.passes import forward_logprobs, logprobs_of, plan
@@ -49,38 +48,9 @@ def class_entropy_sums(mb: Batch, entropy: torch.Tensor | None) -> dict[str, tor
     return out
 
 
-class Row(NamedTuple):
-    """A rollout RoC kept, with its advantage and the index of its group (for per-group losses)."""
-
-    trajectory: Trajectory
-    advantage: float
-    group: int
-
-
-class Selection(NamedTuple):
-    """What RoC made of a step's groups: the rollouts without faults, their scores, its choices, and
-    the rows to train (each kept rollout with its group-normalised advantage)."""
-
-    groups: list[list[Trajectory]]
-    scored: list[list[Scored]]
-    choices: list[GroupChoice]
-    rows: list[Row]
-
-
 def optimizer_steps(cfg: RLConfig) -> int:
     """The learning-rate schedule's length: optimizer steps in the whole run."""
     return cfg.run.steps * cfg.optim.mini_batches * cfg.optim.epochs
-
-
-def seed_of(*parts: int) -> int:
-    """A seed for (run seed, step, group, ...): sampling and RoC's choices are redone alike wherever
-    a group ran, on a resumed run, and in ``rstar2 replay``."""
-    return hash(tuple(parts)) % (2**31 - 1)
-
-
-def roc_rng(seed: int, step: int, group: int) -> random.Random:
-    """RoC's random choices in group ``group`` (its index in the step, over all processes) of ``step``."""
-    return random.Random(seed_of(seed, step, group, 1))
 
 
 def stand_in(pad: int) -> Trajectory:
@@ -88,27 +58,6 @@ def stand_in(pad: int) -> Trajectory:
     from ..rollout.trajectory import Trajectory
 
     return Trajectory("", None, [pad], [pad], [0], [0.0])
-
-
-def select_rows(
-    sampled: Sequence[Sequence[Trajectory]], group_ids: Sequence[int], step: int, cfg: RLConfig
-) -> Selection:
-    """RoC keeps G of each group's 2G, then group-normalised advantages; faults reach neither. The
-    same for the trainer and for ``rstar2 replay`` (which may change ``cfg.roc`` or ``cfg.loss``)."""
-    groups = [[t for t in g if t.fault is None] for g in sampled]
-    r = cfg.roc
-    scored = [[score(t, r.error_penalty, r.format_penalty, r.format_turns) for t in g] for g in groups]
-    choices = roc_select(scored, r, [roc_rng(cfg.run.seed, step, g) for g in group_ids])
-    kept = [[g[i] for i in c.kept] for g, c in zip(groups, choices, strict=True)]
-    advantages = group_advantages(
-        [[t.reward for t in g] for g in kept], cfg.loss.adv_eps, cfg.loss.scale_by_std
-    )
-    rows = [
-        Row(t, a, gi)
-        for gi, (g, adv) in enumerate(zip(kept, advantages, strict=True))
-        for t, a in zip(g, adv, strict=True)
-    ]
-    return Selection(groups, scored, choices, rows)
 
 
 def rows_batch(
