@@ -1,6 +1,6 @@
 """The isolation layers: what a worker sets up once, and what each call's child applies.
 
-Each layer is tried and reported (`rstar2 sandbox info`; the README's table says what each does); one
+Each layer is tried and reported (`rstar2 sandbox info`; docs/sandbox.md's table says what each does); one
 the machine does not allow is skipped and the others still hold. Beyond that table: when not root, an
 unprivileged user namespace (``user_ns``) allows the others; the network namespace has not even
 loopback up; the private root has no /sys and no host /tmp; IPC and hostname are private (``ipc_uts``).
