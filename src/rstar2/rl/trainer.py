@@ -200,6 +200,7 @@ class RLTrainer:
                     # a token without a reported version fails its engine, which serves again only
                     # once it holds the current weights (a server restarted mid-run holds its first)
                     rollout.require_versions = True
+                    rollout.reward = self.reward_fn
                     # (by rank 0, which writes the weights: another rank could read a folder half written)
                     revives = self.engines.mode == "servers" and self.world.main
                     rollout.scheduler.revive = self.engines.revive if revives else None
@@ -252,7 +253,7 @@ class RLTrainer:
         return [
             {
                 "problem": problem["problem"],
-                "answer": None if self.reward_fn else str(problem["answer"]),
+                "answer": str(problem["answer"]),
                 "gym": problem.get("gym"),
                 "seed": seed_of(cfg.run.seed, step, g, k),
                 "priority": step,  # an engine short of rows serves earlier steps first
@@ -277,13 +278,11 @@ class RLTrainer:
     async def _group(
         self, items: list[dict[str, Any]], admitted: int, on_done: Callable[[Trajectory], None] | None = None
     ) -> list[Trajectory]:
-        """One group's rollouts, rewarded (by ``reward:`` where the config names one, which sees every
-        rollout, truncated ones too) and marked with the policy version that admitted them."""
+        """One group's rollouts, rewarded (by the verifier, or ``reward:``), marked with the policy
+        version that admitted them."""
         trajs = await self.rollout.run_many(items, on_done=on_done)
         for t in trajs:
             t.meta["admitted_version"] = admitted
-            if self.reward_fn is not None:
-                t.reward = float(self.reward_fn(t))
         return trajs
 
     def _progress(self, step: int, total: int) -> Callable[[Trajectory], None] | None:

@@ -96,6 +96,9 @@ class Rollout:
         self._prompts: dict[str, list[int]] = {}
         # the RL trainer's: a token whose version the engine does not report is a failure of that engine
         self.require_versions = False
+        # the RL trainer's custom reward (``reward:`` in a config), in the verifier's place: the one
+        # place a rollout's reward is set, whoever sets it
+        self.reward: Callable[[Trajectory], float] | None = None
 
     def _prompt_ids(self, problem: str) -> list[int]:
         """The rendered prompt, once per problem: its 2G samples (or K eval samples) share it."""
@@ -288,6 +291,9 @@ class Rollout:
         return ToolCallRecord(call.name, call.arguments, text, result, cut=cut)
 
     async def _score(self, traj: Trajectory, gym: dict[str, Any] | None) -> None:
+        if self.reward is not None:  # a config's own reward (``reward:``): it sees every rollout
+            traj.reward = float(self.reward(traj))
+            return
         if traj.reference is None or self.verifier is None or traj.finish_reason in ("max_length", "error"):
             return  # a truncated trajectory keeps reward 0
         options: dict[str, Any] = {"mode": self.config.verify_mode} | ({"gym": gym} if gym else {})
