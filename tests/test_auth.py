@@ -84,6 +84,16 @@ def test_weights_load_only_from_under_the_servers_folders(tmp_path):
         allowed / "run" / "weights" / "model.safetensors"
     )
     assert allowed_folder(str(allowed / "run" / "inside"), [allowed.resolve()])  # a link that stays inside
+    nested = allowed / "run" / "nested"  # a link one folder down, and a link loop
+    (nested / "sub").mkdir(parents=True)
+    (nested / "sub" / "adapter_model.safetensors").symlink_to(outside / "model.safetensors")
+    with pytest.raises(
+        FolderRefused, match="sub/adapter_model.safetensors links to a file that is not under"
+    ):
+        allowed_folder(str(nested), [allowed.resolve()])
+    (allowed / "loop").symlink_to(allowed / "loop")
+    with pytest.raises(FolderRefused, match="is not under a folder this server loads weights from"):
+        allowed_folder(str(allowed / "loop"), [allowed.resolve()])
 
 
 def test_vllms_development_routes_are_guarded_too(monkeypatch):

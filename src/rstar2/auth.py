@@ -120,9 +120,9 @@ async def vllm_guard(request: Any, call_next: Handler) -> Any:
         )
     if path == "/v1/load_lora_adapter":
         try:
-            path = json.loads(await request.body() or b"{}").get("lora_path")
+            lora = json.loads(await request.body() or b"{}").get("lora_path")
             roots = [Path(p) for p in os.environ.get(WEIGHTS_FROM_ENV, "").split(os.pathsep) if p]
-            allowed_folder(str(path), roots)
+            allowed_folder(str(lora), roots)
         except (ValueError, AttributeError, TypeError, FolderRefused) as exc:
             return JSONResponse({"error": f"/v1/load_lora_adapter: {exc}"}, status_code=403)
     if path == "/collective_rpc":
@@ -190,14 +190,30 @@ def allowed_folder(folder: str, roots: list[Path]) -> Path:
             "this server was started without --weights-from: it loads no weights (start it with "
             "--weights-from DIR, the folder the trainer writes its runs to)"
         )
-    path = Path(folder).expanduser().resolve()
-    root = next((r for r in roots if path.is_relative_to(r)), None)
-    if root is None:
-        raise FolderRefused(f"{folder} is not under a folder this server loads weights from (--weights-from)")
-    for entry in sorted(path.iterdir()) if path.is_dir() else ():
-        if not entry.resolve().is_relative_to(root):
-            raise FolderRefused(
-                f"{folder}: {entry.name} links to a file that is not under a folder this server "
-                "loads weights from (--weights-from); nothing was read"
-            )
+    outside = f"{folder} is not under a folder this server loads weights from (--weights-from)"
+    try:
+        path = Path(folder).expanduser().resolve()
+        root = next((r for r in roots if path.is_relative_to(r)), None)
+        if root is None:
+            raise FolderRefused(outside)
+        for entry in _entries(path):
+            if not entry.resolve().is_relative_to(root):
+                raise FolderRefused(
+                    f"{folder}: {entry.relative_to(path)} links to a file that is not under a folder this "
+                    "server loads weights from (--weights-from); nothing was read"
+                )
+    except FolderRefused:
+        raise
+    except (OSError, RuntimeError) as exc:  # a link loop, a folder it may not list
+        raise FolderRefused(f"{outside} ({type(exc).__name__})") from None
     return path
+
+
+def _entries(folder: Path) -> list[Path]:
+    """Every file and folder under ``folder``, links not followed (a load may read any of them)."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for top, dirs, files in os.walk(folder):
+        found += [Path(top) / name for name in (*dirs, *files)]
+    return found

@@ -470,7 +470,11 @@ def set_value(tree: dict[str, Any], dotted: str) -> None:
     if "=" not in dotted:
         raise ConfigError(f"--set expects key=value (e.g. optim.lr=1e-5), got {dotted!r}")
     key, raw = dotted.split("=", 1)
-    put(tree, key, yaml.safe_load(raw) if raw else None)
+    try:
+        value = yaml.safe_load(raw) if raw else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {dotted}: the value is not YAML ({exc.__class__.__name__})") from None
+    put(tree, key, value)
 
 
 def put(tree: dict[str, Any], key: str, value: Any) -> None:
@@ -510,8 +514,10 @@ def read_yaml(path: str | Path, what: str, overrides: list[str] | tuple[str, ...
     try:
         with path.open(encoding="utf-8") as fh:  # read from the file, its errors name it
             tree = yaml.safe_load(fh) or {}
-    except (FileNotFoundError, IsADirectoryError):
+    except FileNotFoundError:
         raise ConfigError(f"{what} file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} {path} is a folder, not a YAML file") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
     if not isinstance(tree, dict):

@@ -74,3 +74,47 @@ async def test_a_push_that_one_server_refuses_stops_the_run_naming_it(tmp_path):
 
     with pytest.raises(WeightSyncError, match="says it holds version 3, not 4"):
         await load_into_servers([_Behind("http://c:3")], tmp_path, settings, version=4)
+
+
+async def test_a_server_that_takes_the_weights_then_fails_the_probe_leaves_the_rotation(tiny, tmp_path):
+    """Mid-run (``on_lost``) a server that loaded the weights but does not answer the probe after
+    is handed over to leave the rotation, and the step goes on with the others; at the run's start
+    (no ``on_lost``), or with none left, the step stops naming it."""
+    from rstar2.config import EngineSection
+    from rstar2.engines.base import Generation
+    from rstar2.rl.plumbing import distributed as D
+    from rstar2.rl.plumbing.sync import publish
+
+    class _Answering(_Server):
+        def __init__(self, name, answers=True):
+            super().__init__(name)
+            self.answers = answers
+
+        async def generate(self, prompt, params):
+            if not self.answers:
+                raise ConnectionError("connection refused")
+            return Generation([5, 6], [-1.0, -1.0], "length", [0, 0])
+
+    model = tiny[0]
+    settings = EngineSection(reload_retries=0, weight_check_tol=None)
+    good, gone = _Answering("http://a:1"), _Answering("http://b:2", answers=False)
+    lost: list[tuple[str, str]] = []
+    kw = dict(probe_prompt=[3, 4], pad_id=0, step=2)
+    out = await publish(
+        model,
+        [good, gone],
+        "servers",
+        settings,
+        D.World(),
+        tmp_path / "w",
+        **kw,
+        on_lost=lambda e, why: lost.append((e.name, why)),
+    )
+    assert good.loads == gone.loads == [2] and "sync/logprob_diff" in out
+    assert lost == [
+        ("http://b:2", "engine http://b:2 did not answer the probe: ConnectionError: connection refused")
+    ]
+    with pytest.raises(WeightSyncError, match="engine http://b:2 did not answer the probe"):
+        await publish(model, [good, gone], "servers", settings, D.World(), tmp_path / "w", **kw)
+    with pytest.raises(WeightSyncError, match="engine http://b:2 did not answer the probe"):
+        await publish(model, [gone], "servers", settings, D.World(), tmp_path / "w", **kw, on_lost=print)

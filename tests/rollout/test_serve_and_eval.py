@@ -333,3 +333,7 @@ def test_streamed_text_keeps_back_a_tool_calls_opening_and_waits_for_whole_chara
     assert held.rest(decode([1, 2, 3])) == "<tool_call>{"
     chars = TextDeltas(decode)
     assert [chars.add(i) for i in (1, 4, 5)] == ["Let me ", "", "é"]
+    pieces.update({6: "a line\n", 7: "next"})
+    lines = TextDeltas(decode)  # after a line break only the tokens since are decoded again
+    assert [lines.add(i) for i in (6, 1, 7)] == ["a line\n", "Let me ", "next"] and lines.ids == [1, 7]
+    assert lines.rest("a line\nLet me next!") == "!" and lines.rest("a line\nLet us") == "us"

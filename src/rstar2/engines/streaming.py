@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -26,12 +27,14 @@ class TextDeltas:
     """The text a growing list of tokens adds at each token (``decode``: ids to text). A token that
     ends inside a character waits for the next; with ``hold``, text from where ``hold`` may begin
     is kept back until ``rest`` (a tool call's opening tag, which the last chunk replaces), and so is
-    an end that may be its beginning."""
+    an end that may be its beginning. Only the tokens since the last line break are decoded again
+    at each token (as transformers' ``TextStreamer``), so a long answer costs no more per token."""
 
     def __init__(self, decode: Callable[[list[int]], str], hold: str | None = None) -> None:
         self.decode, self.hold = decode, hold
-        self.ids: list[int] = []
-        self.sent = ""
+        self.ids: list[int] = []  # the tokens since the last line break sent
+        self.sent = ""  # their text sent so far
+        self.before = ""  # the text sent up to that line break
 
     def add(self, token: int) -> str:
         self.ids.append(token)
@@ -39,15 +42,19 @@ class TextDeltas:
         if text.endswith("\ufffd") or not text.startswith(self.sent):
             return ""
         if self.hold:  # up to the tag, or short of an end that may begin it
-            at = text.find(self.hold)
+            whole = self.before + text
+            at = whole.find(self.hold)
             tail = next((k for k in range(len(self.hold) - 1, 0, -1) if text.endswith(self.hold[:k])), 0)
-            text = text[:at] if at >= 0 else text[: len(text) - tail]
+            text = whole[len(self.before) : at] if at >= 0 else text[: len(text) - tail]
         delta, self.sent = text[len(self.sent) :], text
+        if text.endswith("\n") and not (self.hold and self.hold in self.before + text):
+            self.before, self.ids, self.sent = self.before + text, [], ""
         return delta
 
     def rest(self, whole: str) -> str:
-        """What ``whole`` (the finished answer's text) adds to what was sent."""
-        return whole[len(self.sent) :] if whole.startswith(self.sent) else ""
+        """What ``whole`` (the finished answer's text) adds to what was sent; if decoding the whole
+        answer wrote earlier text otherwise, what follows the part they share."""
+        return whole[len(os.path.commonprefix([whole, self.before + self.sent])) :]
 
 
 async def stream(
@@ -77,6 +84,7 @@ async def stream(
                 gens = await answered(done)
             except HTTPException as exc:  # after the first token: said in the stream
                 yield event({"error": {"message": exc.detail, "code": exc.status_code}})
+                yield DONE
                 return
             for chunk in on_end(gens):
                 yield event(chunk)

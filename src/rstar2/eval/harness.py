@@ -79,18 +79,18 @@ async def evaluate(
 
 
 def _refuse_if_nothing_generated(results: dict[str, list[Trajectory]], out: Path) -> None:
-    """An evaluation in which every rollout failed (the engine refused them all: a prompt longer
-    than the model, a dead server) measured nothing: ``NothingMeasured`` with the commonest cause, not
-    a table of zeros."""
+    """A benchmark whose every rollout failed (the engine refused them all: a prompt longer than
+    the model, a dead server) measured nothing: ``NothingMeasured`` with the commonest cause, not a
+    row of zeros."""
     from collections import Counter
 
-    trajs = [t for ts in results.values() for t in ts]
-    if trajs and all(t.finish_reason == "error" for t in trajs):
-        (cause, count), *_ = Counter(t.verdict for t in trajs).most_common(1)
-        raise NothingMeasured(
-            f"every one of the {len(trajs)} rollouts failed, so nothing was measured; "
-            f"{count} of them: {cause} (trajectories in {out})"
-        )
+    for name, trajs in results.items():
+        if trajs and all(t.finish_reason == "error" for t in trajs):
+            (cause, count), *_ = Counter(t.verdict for t in trajs).most_common(1)
+            raise NothingMeasured(
+                f"{name}: every one of the {len(trajs)} rollouts failed, so nothing was measured; "
+                f"{count} of them: {cause} (trajectories in {out / name})"
+            )
 
 
 def _resumed(path: Path, rows: list[dict], samples: int) -> tuple[list[Trajectory], set[tuple[int, int]]]:

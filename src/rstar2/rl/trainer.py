@@ -91,7 +91,7 @@ def fault_message(t: Trajectory) -> str:
     return t.verdict
 
 
-def causes(among: list[Trajectory], world: D.World, most: int = 4) -> str:
+def causes(among: list[Trajectory], world: D.World, most: int = 8) -> str:
     """What spoiled ``among``, each different cause once (the first ``most``, over every process:
     every process calls it): several dead engines are each named."""
     mine = list(dict.fromkeys(fault_message(t) for t in among))[:most]
@@ -113,9 +113,11 @@ def check_faults(trajs: list[Trajectory], cfg: RLConfig, world: D.World) -> None
             f"not trained (the survivors are not a fair sample): {causes(lost, world)}"
         )
     if n_all and (n_failed == n_all or n_failed / n_all > cfg.run.max_fault_share):  # none left: no step
+        why = (
+            "all of them" if n_failed == n_all else f"more than run.max_fault_share={cfg.run.max_fault_share}"
+        )
         raise RuntimeError(
-            f"{int(n_failed)} of {int(n_all)} rollouts failed (more than run.max_fault_share="
-            f"{cfg.run.max_fault_share}): {causes(failed, world)}"
+            f"{int(n_failed)} of {int(n_all)} rollouts failed ({why}): {causes(failed, world)}"
         )
 
 
@@ -204,7 +206,8 @@ class RLTrainer:
                     # (by rank 0, which writes the weights: another rank could read a folder half written)
                     revives = self.engines.mode == "servers" and self.world.main
                     rollout.scheduler.revive = self.engines.revive if revives else None
-                    self.engines.scheduler = rollout.scheduler if revives else None
+                    servers = self.engines.mode == "servers"
+                    self.engines.scheduler = rollout.scheduler if servers else None
                     # every engine holds this run's weights and version before the first group starts (a
                     # server may hold another run's, or this one's past the checkpoint; a dead one fails here)
                     await self._publish(self.step_no)

@@ -376,8 +376,11 @@ class Scheduler:
 
     def restore(self, engine: Engine) -> None:
         """``engine`` holds the current weights again: back in rotation at once (``revive`` calls
-        this before it lets weights be published again, so no version passes it by)."""
-        self._revive(self._index[id(engine)])
+        this before it lets weights be published again, so no version passes it by); a failure
+        from now on takes it out again."""
+        i = self._index[id(engine)]
+        self._reviving.pop(i, None)
+        self._revive(i)
 
     async def _bring_back(self, i: int) -> None:
         assert self.revive is not None
@@ -393,11 +396,12 @@ class Scheduler:
                     break
                 delay = min(2 * delay, REVIVE_BACKOFF_S)
                 continue
-            del self._reviving[i]
-            self._revive(i)
+            if self._reviving.get(i) is asyncio.current_task():  # not yet put back by ``restore``
+                del self._reviving[i]
+                self._revive(i)
             print(f"[rstar2] engine {engine.name} is back, holding the current weights", file=sys.stderr)
             return
-        del self._reviving[i]
+        self._reviving.pop(i, None)
         self._gone[i] = why
         print(
             f"[rstar2] engine {engine.name} did not come back within {self.revive_for_s:.0f} s: out for "

@@ -32,7 +32,7 @@ import uuid
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
-from redis.exceptions import AuthenticationError, AuthorizationError, RedisError, ResponseError
+from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -46,7 +46,7 @@ PREFIX = "rstar2:sandbox"  # of every key, both sides
 TASKS = f"{PREFIX}:tasks"  # the stream of calls
 GROUP = "workers"
 _CONN_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
-_REFUSED = (AuthenticationError, AuthorizationError)  # connection errors to redis-py, not outages
+_REFUSED = (AuthenticationError, NoPermissionError)  # a password or an ACL refused: no outage to wait out
 PASSWORD_ENV = "RSTAR2_REDIS_PASSWORD"
 
 
@@ -70,7 +70,7 @@ def shown(url: str) -> str:
 def exposed_warning(url: str) -> str | None:
     """The warning for a Redis server on a routable address used without a password."""
     host = urlsplit(url).hostname or ""
-    if loopback(host) or _password(url):
+    if not host or loopback(host) or _password(url):  # no host: a Unix socket, this machine's
         return None
     return (
         f"warning: Redis at {host} has no password: whoever reaches it runs code on every sandbox worker "
@@ -225,7 +225,8 @@ class RedisBackend:
                 entry[1].set_result(ExecResult.from_dict(reply["result"]))
             except _REFUSED as exc:  # every waiting call fails, said; the service goes on serving
                 why = str(refused(self.url, exc))
-                log.error("%s", why)
+                if delay < 2.0:  # said once a back-off, not at every retry
+                    log.error("%s", why)
                 for _, fut in list(self._pending.values()):
                     if not fut.done():
                         fut.set_result(ExecResult.failure("internal", why))

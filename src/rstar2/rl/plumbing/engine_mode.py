@@ -39,7 +39,8 @@ class TrainerEngines:
         # servers: the folders a server loads in order to hold the last published version, and it
         self.published: tuple[list[Path], int] | None = None
         self._sending: asyncio.Lock | None = None  # a publish and a revive, one at a time
-        # servers: the rollout's scheduler, which says which are in rotation (rank 0's, set by the trainer)
+        # servers: the rollout's scheduler, which says which are in rotation and takes out those
+        # that do not take the weights (set by the trainer; rank 0's also brings them back)
         self.scheduler: Any = None
 
     def adopt(self, model: torch.nn.Module) -> None:
@@ -73,7 +74,10 @@ class TrainerEngines:
             whole = self.published is None  # an adapter's base goes to the servers once a run
             rotation = self.scheduler
             started = self.published is not None and rotation is not None  # at the start: every one
-            engines = [e for e in self.engines if not started or rotation.in_rotation(e)]
+            # rank 0 loads the servers in rotation on its scheduler; another rank probes those it names
+            engines = [
+                e for e in self.engines if not started or not self.world.main or rotation.in_rotation(e)
+            ]
 
             def lost(engine: Any, why: str) -> None:
                 rotation.fail(engine, f"it did not take the weights of version {step}: {why}")

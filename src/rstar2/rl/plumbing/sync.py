@@ -87,7 +87,8 @@ async def load_into_servers(
 ) -> list[tuple[ServedEngine, str]]:
     """Every server loads the folder as ``version`` at once, what each states it holds checked; any
     failure is one ``WeightSyncError`` naming every server that did not take the weights, unless
-    ``drop_failed`` and some did: then the others are returned with why (taken out of rotation)."""
+    ``drop_failed`` and some did: then those that did not are returned with why (to leave the
+    rotation)."""
     answers = await asyncio.gather(
         *(reload_server(e, folder, settings, version) for e in engines), return_exceptions=True
     )
@@ -166,12 +167,19 @@ async def probe_engines(
     pad_id: int,
     seed: int,
     compute: str = "auto",
-) -> list[float]:
-    """Mean |engine - trainer logprob| over ``PROBE_TOKENS`` sampled tokens, per engine; every
-    process calls it with its own engines (a forward under FSDP is a collective)."""
+) -> list[float | str]:
+    """Mean |engine - trainer logprob| over ``PROBE_TOKENS`` sampled tokens, per engine (why, for
+    one that did not answer); every process calls it with its own engines (a forward under FSDP
+    is a collective, so a failed engine leaves only its row out)."""
     # ahead of every queued rollout: the trainer waits on it
     params = SamplingParams(max_new_tokens=PROBE_TOKENS, temperature=1.0, seed=seed, priority=-(2**31))
-    gens = [await e.generate(list(prompt_ids), params) for e in engines]
+    answers: list[Any] = []
+    for e in engines:
+        try:
+            answers.append(await e.generate(list(prompt_ids), params))
+        except Exception as exc:  # noqa: BLE001 - said by the caller, which takes the engine out
+            answers.append(f"engine {e.name} did not answer the probe: {type(exc).__name__}: {exc}")
+    gens = [g for g in answers if not isinstance(g, str)]
     seqs = [(list(prompt_ids), g.token_ids, [1] * len(g.token_ids), g.logprobs) for g in gens]
     if not seqs:  # this process has no engine: join the collective forward with a stand-in row
         seqs = [(list(prompt_ids), [pad_id], [0], [0.0])]
@@ -181,7 +189,8 @@ async def probe_engines(
     trainers = logprobs_of(model, batch, max_tokens=1 << 20, world=world, compute=compute).cpu()
     model.train(was_training)
     mask, gap = batch.mask.cpu().bool(), (batch.engine_logp.cpu() - trainers).abs()
-    return [float(gap[row][mask[row]].mean()) if mask[row].any() else 0.0 for row in range(len(gens))]
+    diffs = iter([float(gap[row][mask[row]].mean()) if mask[row].any() else 0.0 for row in range(len(gens))])
+    return [a if isinstance(a, str) else next(diffs) for a in answers]
 
 
 def write_parts(
@@ -233,7 +242,8 @@ async def publish(
     """The trainer's weights as policy version ``step`` to ``engines`` of ``mode``, checked; ``sync/*``.
     A model with an adapter sends servers the adapter alone, after its base when ``whole``. With
     ``on_lost``, a server that does not take them is handed to it (out of rotation, to be revived)
-    and the others go on; only when none took them does the step stop."""
+    and the others go on (on every process: rank 0's word holds); only when none took them does
+    the step stop."""
     if mode == "shared":  # the engine reads the trainer's parameters; say they changed (torch does
         for e in engines:  # not count every kind of write, e.g. through param.data)
             await asyncio.to_thread(e.invalidate, step)
@@ -268,9 +278,20 @@ async def publish(
     if mode != "servers":
         return {}
     live = [e for e in engines if e.name in told[0][1]]  # rank 0 loaded them: its word holds
+    if on_lost is not None and not world.main:  # the servers rank 0 left out, out here too
+        for e in engines:
+            if e.name not in told[0][1]:
+                on_lost(e, f"it did not take the weights of version {step}")
     diffs = await probe_engines(live, model, probe_prompt, world, pad_id=pad_id, seed=step, compute=compute)
     named = [(e.name, d) for e, d in zip(live, diffs, strict=True)]
     every = [x for part in D.all_gather_objects(named, world) for x in part]  # the same on every rank
+    silent = {name: d for name, d in every if isinstance(d, str)}
+    if silent and (on_lost is None or len(silent) == len(live)):
+        raise WeightSyncError(f"with the weights of version {step}: " + "; ".join(silent.values()))
+    for e in live if on_lost is not None else ():
+        if e.name in silent:
+            on_lost(e, silent[e.name])
+    every = [(name, d) for name, d in every if name not in silent]
     tol = settings.weight_check_tol
     bad = [(name, d) for name, d in every if tol is not None and d > tol]
     if bad:
