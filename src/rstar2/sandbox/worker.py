@@ -24,9 +24,10 @@ import time
 
 from . import linux
 from .capture import CallOutput
+from .cgroups import reap_ready
 from .framing import send_msg
 from .inbox import Inbox
-from .isolation import IsolationConfig, WorkerIsolation, reap_ready
+from .isolation import IsolationConfig, WorkerIsolation
 from .outcome import to_result
 from .request import Limits
 from .result import ExecResult

@@ -19,8 +19,9 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from .cgroups import remove_cgroups
 from .framing import encode, read_msg
-from .isolation import IsolationConfig, remove_cgroups
+from .isolation import IsolationConfig
 from .request import ExecRequest, Limits
 from .result import ExecResult
 

@@ -32,8 +32,9 @@ import sys
 from collections.abc import Callable
 
 from . import linux
+from .cgroups import reap_ready
 from .interpreter import fresh_stdio, run_code
-from .isolation import CallPlan, WorkerIsolation, reap_ready, safe_environment
+from .isolation import CallPlan, WorkerIsolation, safe_environment
 from .outcome import INTERNAL_EXIT
 from .request import Limits
 from .session import session_init
