@@ -26,7 +26,7 @@ import yaml
 def stage_config(run: Path, out: Path, steps: int, lora: dict | None) -> dict:
     """The recipe's first RL stage as ``rstar2 train`` takes it, from the run's SFT checkpoint."""
     from rstar2.jsonl import write_jsonl
-    from rstar2.recipe.run import problem_rows
+    from rstar2.recipe.curriculum import problem_rows
     from rstar2.recipe.spec import load_recipe, stage_tree
 
     recipe = load_recipe(run / "recipe.yaml")

@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from rstar2.problems import load_problems
-from rstar2.recipe.run import choose_cells
+from rstar2.recipe.curriculum import choose_cells
 from rstar2.tasks.generator import ALL_FAMILIES, FAMILIES, cells, expand_families, generate
 from rstar2.tasks.relations import FAMILIES as RELATIONS
 from rstar2.tasks.relations import Say

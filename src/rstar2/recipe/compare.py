@@ -276,7 +276,9 @@ async def evaluate_start(recipe: Recipe, checkpoint: Path, folder: Path, progres
     """The SFT checkpoint on the held-out problems and every ``eval.also`` set, as the arms' final
     evaluations sample (``folder/heldout``, ``folder/<set>``)."""
     from ..rollout.build import open_services
-    from .run import RecipeRun, eval_rows, evaluate_model, problem_rows
+    from .curriculum import problem_rows
+    from .run import eval_rows, evaluate_model
+    from .state import RecipeRun
 
     sets = {"heldout": eval_rows(recipe)}
     sets.update({source_name(n): problem_rows(DataSpec(files=[n]), recipe.seed) for n in recipe.eval.also})
