@@ -565,8 +565,16 @@ def test_asynchronous_rl_under_torchrun(tiny_dir, problems, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_sft_under_torchrun_ends_with_the_parameters_of_one_process(tiny_dir, tmp_path):
+@pytest.mark.parametrize("lora", [None, {"rank": 4}], ids=["every-weight", "adapter"])
+def test_sft_under_torchrun_ends_with_the_parameters_of_one_process(tiny_dir, tmp_path, lora):
+    """Two processes train what one would: every weight, or an adapter (``model.lora``) over a
+    frozen base that FSDP2 shards alike."""
+    from rstar2.adapters import ADAPTER_WEIGHTS
+
     from .test_sft import conversation
+
+    def trained(run: Path) -> dict[str, torch.Tensor]:
+        return load_file(str(latest_checkpoint(run) / ADAPTER_WEIGHTS)) if lora else final_weights(run)
 
     data = tmp_path / "sft.jsonl"
     data.write_text("".join(json.dumps({"messages": conversation(a, 7)}) + "\n" for a in range(2, 9)))
@@ -576,9 +584,9 @@ def test_sft_under_torchrun_ends_with_the_parameters_of_one_process(tiny_dir, tm
         tree = {
             "kind": "sft",
             "chat": {"system_prompt": "Answer.", "tools_in_prompt": False},
-            "model": {"path": str(tiny_dir), "threads": 1, **FP32},
+            "model": {"path": str(tiny_dir), "threads": 1, **FP32, **({"lora": lora} if lora else {})},
             "data": {"train": str(data)},
-            "optim": {"lr": 1e-3, "warmup_steps": 0},
+            "optim": {"lr": 1e-2 if lora else 1e-3, "warmup_steps": 0},
             "run": {"out": str(out), "steps": 3, "batch_size": 3, "progress": False},
         }
         path = write_config(tree, tmp_path / f"sft{n}.yaml")
@@ -586,9 +594,13 @@ def test_sft_under_torchrun_ends_with_the_parameters_of_one_process(tiny_dir, tm
         runs[n] = out
     one, two = read_metrics(runs[1] / "metrics.jsonl"), read_metrics(runs[2] / "metrics.jsonl")
     assert [r["loss"] for r in one] == pytest.approx([r["loss"] for r in two], rel=1e-4)
-    start = load_file(str(tiny_dir / "model.safetensors"))
-    moved = max(float((final_weights(runs[1])[k] - start[k]).abs().max()) for k in start)
-    assert_same_weights(final_weights(runs[1]), final_weights(runs[2]), atol=moved / 100)
+    if lora:  # lora_B starts at zero: how far it went is how far the adapter moved
+        moved = max(float(t.abs().max()) for k, t in trained(runs[1]).items() if "lora_B" in k)
+    else:
+        start = load_file(str(tiny_dir / "model.safetensors"))
+        moved = max(float((trained(runs[1])[k] - start[k]).abs().max()) for k in start)
+    assert moved > 1e-4
+    assert_same_weights(trained(runs[1]), trained(runs[2]), atol=moved / 100)
 
 
 # -- the remote code environment --------------------------------------------------------------
