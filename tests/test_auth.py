@@ -128,7 +128,7 @@ def test_vllms_development_routes_are_guarded_too(monkeypatch):
         assert under.post(path, json=other, headers=auth).status_code == 403, path
     assert under.get("/api/health").status_code == 200  # /health stays open under a root path
     # the routes that change or free the weights outside rstar2's loads: closed unless opened
-    for path in ("/sleep", "/weight_checker", "/update_weights"):
+    for path in ("/sleep", "/weight_checker", "/update_weights", "/a_route_of_a_newer_vllm"):
         app.post(path)(echo)
         assert client.post(path, json={}, headers=auth).status_code == 403
         assert under.post("/api" + path, json={}, headers=auth).status_code == 403

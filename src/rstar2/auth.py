@@ -20,24 +20,29 @@ KEY_ENV = "RSTAR2_API_KEY"
 WEIGHTS_FROM_ENV = "RSTAR2_WEIGHTS_FROM"  # rstar2 vllm: --weights-from for its worker extension
 OPEN_ROUTES_ENV = "RSTAR2_VLLM_OPEN_ROUTES"  # rstar2 vllm: --open-route, closed routes an operator opens
 OPEN_PATHS = frozenset({"/health"})
-# vLLM's development routes that change the weights served or free them, which rstar2's road never
-# takes (it loads through /collective_rpc's rstar2_load and /v1/load_lora_adapter, and pauses only
-# around a load): closed to every caller, key or not, unless the operator opens one
-VLLM_CLOSED = frozenset(
+# vLLM's routes a caller with the key may take: its APIs (/v1, /v2, /inference, ...), the other inference and
+# information routes, and the development routes of rstar2's road (an in-place load through
+# /collective_rpc's rstar2_load, the version, pausing around a load). Any other (/sleep, /wake_up,
+# /weight_checker, /update_weights, ...: they change or free the weights outside rstar2's versioned
+# loads, and a newer vLLM's routes too) answers 403 unless the operator opens it.
+VLLM_OPEN = frozenset(
     {
-        "/sleep",
-        "/wake_up",
-        "/weight_checker",
-        "/update_weights",
-        "/init_weight_transfer_engine",
-        "/start_weight_update",
-        "/start_draft_weight_update",
-        "/finish_weight_update",
-        "/shutdown_weight_transfer_engine",
-        "/release_kv_cache_memory",
-        "/scale_elastic_ep",
+        *("/health", "/ping", "/ready", "/readyz", "/metrics", "/version", "/load"),
+        *("/docs", "/openapi.json", "/redoc", "/fault_tolerance/status", "/kv_event_sources"),
+        *("/server_info", "/weight_info", "/is_sleeping", "/is_paused", "/get_world_size"),
+        *("/tokenizer_info", "/tokenize", "/detokenize", "/invocations", "/pooling", "/classify"),
+        *("/score", "/rerank"),
+        *("/collective_rpc", "/pause", "/resume", "/update_weight_version", "/reset_prefix_cache"),
     }
 )
+
+
+VLLM_OPEN_UNDER = ("/v1/", "/v2/", "/inference/", "/cohere/", "/static/")  # its APIs, its docs' files
+
+
+def vllm_route_open(path: str, opened: Iterable[str] = ()) -> bool:
+    """Whether ``vllm_guard`` lets a key holder take ``path`` (a route without the root path)."""
+    return path.startswith(VLLM_OPEN_UNDER) or path in VLLM_OPEN or path in set(opened)
 
 
 def route(request: Any) -> str:
@@ -104,17 +109,17 @@ async def vllm_guard(request: Any, call_next: Handler) -> Any:
     """``key_guard`` on ``$RSTAR2_API_KEY`` inside vLLM's API server: unlike vLLM's ``--api-key`` (only
     ``/v1`` and ``/inference``) it also guards the routes that replace or relabel the weights;
     ``/collective_rpc`` may call only ``rstar2_load`` (vLLM's ``reload_weights`` would read any path),
-    an adapter loads only from the ``--weights-from`` folders, and the routes of ``VLLM_CLOSED``
-    answer 403 unless opened (``rstar2 vllm --open-route``)."""
+    an adapter loads only from the ``--weights-from`` folders, and a route outside ``VLLM_OPEN``
+    answers 403 unless opened (``rstar2 vllm --open-route``)."""
     from starlette.responses import JSONResponse
 
     path = route(request)
-    opened = set(os.environ.get(OPEN_ROUTES_ENV, "").split(","))
-    if path in VLLM_CLOSED and path not in opened:
+    if not vllm_route_open(path, os.environ.get(OPEN_ROUTES_ENV, "").split(",")):
         return JSONResponse(
             {
-                "error": f"{path} changes or frees the weights served outside rstar2's versioned loads: "
-                "closed (an operator opens it with rstar2 vllm --open-route)"
+                "error": f"{path} is not a route of rstar2's road (it may change or free the weights "
+                "served outside rstar2's versioned loads): closed; an operator opens it with "
+                "rstar2 vllm --open-route"
             },
             status_code=403,
         )
