@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import html
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -131,7 +130,6 @@ body{font:14px/1.5 system-ui,sans-serif;margin:1.5em;max-width:80em}
 pre{white-space:pre-wrap;margin:.3em 0;padding:.4em;border-radius:4px}
 .model{background:#f5f7ff}.code{background:#f4f4f4}.out{background:#fffbe6}
 .status{color:#fff;padding:0 .4em;border-radius:3px;font-size:12px}
-table.replay{border-collapse:collapse}table.replay td,table.replay th{border:1px solid #ddd;padding:0 .5em}
 .call{margin-left:1.5em}.src{color:#888;font-size:12px}.err{color:#ad1457}
 """
 
@@ -150,47 +148,22 @@ function apply(){
 """
 
 
-def replay_html(name: str, r: dict[str, Any]) -> str:
-    """One ``rstar2 replay`` report (``RUN/replay/*.json``): each step redone, equal to the run or
-    where it differs first, and a what-if's two sides."""
-    steps = r.get("steps") or []
-    first = r.get("first_difference")
-    how = "bit for bit" if r.get("bit_for_bit") else f"within rtol {r.get('rtol')}"
-    verdict = f"step {first} differs from the run" if first else f"{len(steps)} steps equal to the run, {how}"
-    rows = "".join(
-        f"<tr><td>{_e(s['step'])}</td><td>{sum(t['equal'] for t in s['tensors'].values())} of {len(s['tensors'])}</td>"
-        f"<td>{sum(m['equal'] for m in s['metrics'].values())} of {len(s['metrics'])}</td>"
-        f"<td>{'same' if s['choices_equal'] and s['advantages_equal'] else 'differ'}</td></tr>"
-        for s in steps
+def replay_html(name: str, report: str) -> str:
+    """One ``rstar2 replay`` report as the replay wrote it (``RUN/replay/*.md``: each step redone,
+    equal to the run or where it differs first, a what-if's two sides), its verdict in the heading."""
+    verdict = next(
+        (ln.strip("* ") for ln in report.splitlines() if ln.startswith(("Every step", "**Step"))), ""
     )
-    body = [
-        f"<p>from {_e(r.get('start'))} on {_e(r.get('device'))}</p>",
-        "<table class='replay'><tr><th>step</th><th>tensors equal</th><th>metrics equal</th><th>RoC</th></tr>"
-        f"{rows}</table>",
-    ]
-    differing = next((s for s in steps if s["step"] == first), None)
-    if differing:
-        names = [n for n, t in differing["tensors"].items() if not t["equal"]]
-        body.append(
-            "<ul class='differs'>" + "".join(f"<li><code>{_e(n)}</code></li>" for n in names[:20]) + "</ul>"
-        )
-    w = r.get("what_if")
-    if w:
-        cells = "".join(
-            f"<tr><td>{_e(k)}</td><td>{_e(w['as run'][k])}</td><td>{_e(w['what-if'].get(k))}</td></tr>"
-            for k in w["as run"]
-        )
-        body.append(
-            f"<p>what if {_e(', '.join(w['set']))} at step {_e(w['step'])}</p>"
-            f"<table class='replay'><tr><th></th><th>as run</th><th>what-if</th></tr>{cells}</table>"
-        )
-    return f"<section class='replay-report'><details open><summary>{_e(name)}: {_e(verdict)}</summary>{''.join(body)}</details></section>"
+    return (
+        f"<section class='replay-report'><details open><summary>{_e(name)}: {_e(verdict)}</summary>"
+        f"<pre>{_e(report)}</pre></details></section>"
+    )
 
 
 def render(
     items: list[tuple[str, dict[str, Any]]],
     title: str = "rstar2 trajectories",
-    replays: Sequence[tuple[str, dict[str, Any]]] = (),
+    replays: Sequence[tuple[str, str]] = (),
 ) -> str:
     options = "".join(f"<option value='{s}'>{s}</option>" for s in sorted(STATUS_COLOURS))
     correct = sum(float(d.get("reward", 0)) > 0 for _, d in items)
@@ -251,8 +224,8 @@ def view(target: Path, out: Path | None = None, limit: int | None = 2000, sign: 
         out.write_text(problems_page(rows[:limit], title))
     else:
         replays = []
-        for f in sorted(target.rglob("replay/*.json")) if target.is_dir() else []:
-            with contextlib.suppress(ValueError, OSError):
-                replays.append((str(f.relative_to(target)), json.loads(f.read_text())))
+        for f in sorted(target.rglob("replay/*.md")) if target.is_dir() else []:
+            with contextlib.suppress(OSError):
+                replays.append((str(f.relative_to(target)), f.read_text()))
         out.write_text(render(load(files, limit, sign), title, replays))
     return out
