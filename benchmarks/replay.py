@@ -29,10 +29,16 @@ from rich.console import Console
 from rich.table import Table
 
 from rstar2.config import load_config
-from rstar2.rl.plumbing.keep import kept_steps, read_kept
+from rstar2.rl.plumbing.keep import kept_path, kept_steps, read_kept
 from rstar2.rl.plumbing.metrics_log import read_metrics
-from rstar2.rl.replay import kept_size
 from rstar2.rl.trainer import RLTrainer
+
+
+def kept_size(run_dir: Path) -> dict[str, float]:
+    """The kept files' size: steps, MB in all and per step."""
+    files = [kept_path(run_dir, s) for s in kept_steps(run_dir)]
+    total = sum(f.stat().st_size for f in files)
+    return {"steps": len(files), "mb": total / 1e6, "mb_per_step": total / 1e6 / max(1, len(files))}
 
 
 def arm(config: Path, out: Path, steps: int, keep: bool) -> dict:

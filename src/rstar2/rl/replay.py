@@ -29,7 +29,7 @@ from .algorithm.batch import Batch
 from .algorithm.select import Selection, select_rows
 from .plumbing import distributed as D
 from .plumbing.checkpoint import list_checkpoints
-from .plumbing.keep import KeptStep, fingerprints, kept_path, kept_steps, read_kept, set_rng_state
+from .plumbing.keep import KeptStep, fingerprints, kept_steps, read_kept, set_rng_state
 from .plumbing.launch import Start, load_learner, param_dtype
 from .plumbing.optim import Learner, build_optimizer
 from .plumbing.passes import logprobs_of
@@ -481,10 +481,3 @@ def summary(report: Replay) -> str:
             "ratio/*: each trained token's probability after the update over before it, on the tokens the step trained as it ran.",
         ]
     return "\n".join(lines)
-
-
-def kept_size(run_dir: str | Path) -> dict[str, float]:
-    """The kept files' size: steps, MB in all and per step."""
-    files = [kept_path(run_dir, s) for s in kept_steps(run_dir)]
-    total = sum(f.stat().st_size for f in files)
-    return {"steps": len(files), "mb": total / 1e6, "mb_per_step": total / 1e6 / max(1, len(files))}
