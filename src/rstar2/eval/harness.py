@@ -161,8 +161,6 @@ def run_eval(
 
     for b in benches:
         check_source(b, columns)  # a bad name, file, row or task fails before anything starts
-    if model is not None and not Path(model).is_dir():
-        raise FileNotFoundError(f"--model {model} does not exist (a local Hugging Face model folder)")
     check_engine_choice(model, settings, tokenizer)
     shown = {"model": model or ",".join(settings.engine.servers), "samples": samples}
     shown.update({k: getattr(settings, k) for k in SHOWN})

@@ -21,7 +21,7 @@ def check_engine_choice(model: str | None, settings: RolloutSection, tokenizer: 
     if bool(model) == bool(settings.engine.servers):
         raise ValueError("give either --model PATH or --server URL")
     if model and not Path(model).is_dir():
-        raise ValueError(f"--model {model}: no such directory (models are loaded from local files)")
+        raise ValueError(f"--model {model} does not exist (a local Hugging Face model folder)")
     if settings.engine.servers and not (tokenizer or model):
         raise ValueError("with --server, give --tokenizer PATH (the served model's tokenizer)")
 
