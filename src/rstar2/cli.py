@@ -25,6 +25,7 @@ from .config import (
     Columns,
     validate,
 )
+from .engines.vllm_launch import LORA_SLOTS
 from .sandbox import commands as sandbox_commands
 
 app = typer.Typer(
@@ -231,7 +232,7 @@ def vllm_cmd(
     lora_rank: int | None = typer.Option(
         None, help="Serve adapters (model.lora) up to this rank, loaded at each update (default: none)."
     ),
-    lora_slots: int = typer.Option(4, help="With --lora-rank: adapters held at once, the newest."),
+    lora_slots: int = typer.Option(LORA_SLOTS, help="With --lora-rank: adapters held at once, the newest."),
     python: str | None = typer.Option(
         None, help="The Python of vLLM's environment (default: $RSTAR2_VLLM_PYTHON, else .venv-vllm)."
     ),
