@@ -294,17 +294,26 @@ class RestartableServer:
     """``rstar2 serve`` on a fixed port that a test kills (SIGKILL: a crash) and starts again, as a
     process manager would: it comes back on its starting weights and says no version."""
 
-    def __init__(self, model_dir: Path, weights_from: Path):
+    def __init__(self, model_dir: Path, weights_from: Path, wait: bool = True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = ["serve", "--model", str(model_dir), "--port", str(self.port), "--device", "cpu"]
         self.args += ["--weights-from", str(weights_from)]
         self.proc = None
-        self.start()
+        self.start(wait)
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
         self.proc = start_cli(self.args, env=env())
-        wait_http(self.url, self.proc)
+        if wait:
+            wait_http(self.url, self.proc)
+
+    @classmethod
+    def two(cls, model_dir: Path, weights_from: Path) -> tuple[RestartableServer, RestartableServer]:
+        """Two servers started side by side, both answering."""
+        a, b = cls(model_dir, weights_from, wait=False), cls(model_dir, weights_from, wait=False)
+        for server in (a, b):
+            wait_http(server.url, server.proc)
+        return a, b
 
     def crash_while_sampling(self, run: Path, after_step: int, timeout: float = 300) -> None:
         """Kill it once the run has logged ``after_step`` and the next step's rollouts are on it."""
@@ -405,7 +414,7 @@ def test_of_two_servers_one_crashes_the_run_goes_on_and_it_returns_on_current_we
     and the steps' weights are published to b alone (a is out of rotation; no reload retries to
     wait its restart through); once a is up the trainer loads the current weights into it before
     it serves again."""
-    a, b = (RestartableServer(tiny_dir, tmp_path_factory.getbasetemp()) for _ in range(2))
+    a, b = RestartableServer.two(tiny_dir, tmp_path_factory.getbasetemp())
     out = tmp_path / "run"
     tree = long_rollouts(small_rl(tiny_dir, problems, out, steps=20, servers=[a.url, b.url]))
     tree["rollout"]["engine"]["reload_retries"] = 0
@@ -441,7 +450,7 @@ def test_of_two_servers_one_crashes_the_run_goes_on_and_it_returns_on_current_we
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_both_servers_dead_stops_the_step_naming_both(tiny_dir, problems, tmp_path, tmp_path_factory):
-    a, b = (RestartableServer(tiny_dir, tmp_path_factory.getbasetemp()) for _ in range(2))
+    a, b = RestartableServer.two(tiny_dir, tmp_path_factory.getbasetemp())
     out = tmp_path / "run"
     tree = long_rollouts(small_rl(tiny_dir, problems, out, steps=3, servers=[a.url, b.url]))
     tree["rollout"]["engine"]["reload_retries"] = 0
