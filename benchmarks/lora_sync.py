@@ -24,12 +24,13 @@ from pathlib import Path
 
 import torch
 
+from rstar2.engines.base import WeightUpdate
 from rstar2.adapters import attach
 from rstar2.config import LoraSection
+from rstar2.engines.kinds import connect
 from rstar2.local_service import free_port, wait_healthy
 from rstar2.rl.plumbing.distributed import LOCAL, full_state_dict
 from rstar2.rl.plumbing.sync import write_parts
-from rstar2.rollout.build import connect
 
 
 def start(args: list[str], log: Path) -> tuple[subprocess.Popen, str]:
@@ -60,7 +61,7 @@ async def syncs(url: str, model: torch.nn.Module, adapted: torch.nn.Module, root
             adapted, root / "adapter", state, whole=True
         ):  # the base once, then adapters
             version += 1
-            await engine.update_weights(str(part), "/update_weights_from_disk", version)
+            await engine.load_weights(WeightUpdate(version, folder=part))
         for _ in range(repeat):
             for kind, m in (("whole", model), ("adapter", adapted)):
                 folder = root / kind
@@ -70,7 +71,7 @@ async def syncs(url: str, model: torch.nn.Module, adapted: torch.nn.Module, root
                 version += 1
                 t0 = time.perf_counter()
                 for part, _ in parts:
-                    await engine.update_weights(str(part), "/update_weights_from_disk", version)
+                    await engine.load_weights(WeightUpdate(version, folder=part))
                 out[f"{kind}_load_s"].append(time.perf_counter() - t0)
                 sizes[kind] = sum(f.stat().st_size for p, _ in parts for f in p.glob("*.safetensors"))
                 if kind == "whole":  # the adapter again over this base: the next sync is the adapter's
@@ -78,7 +79,7 @@ async def syncs(url: str, model: torch.nn.Module, adapted: torch.nn.Module, root
                     for part, _ in write_parts(
                         adapted, root / "adapter", full_state_dict(adapted, LOCAL), whole=True
                     ):
-                        await engine.update_weights(str(part), "/update_weights_from_disk", version)
+                        await engine.load_weights(WeightUpdate(version, folder=part))
     finally:
         await engine.close()
     return {

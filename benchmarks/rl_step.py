@@ -212,7 +212,7 @@ def engines_before_after(model_dir: Path, data: Path, root: Path, a) -> None:
     runs: dict[str, list[dict]] = {name: [] for name in engines}
     current = hf.HFEngine
     for i, name in enumerate(("baseline", "new", "new", "baseline")):
-        hf.HFEngine = engines[name]  # what rollout.build.open_engines constructs
+        hf.HFEngine = engines[name]  # what engines.kinds.open_engines constructs
         try:
             compute = a.new_compute if name == "new" else "auto"
             result = run_rstar2(model_dir, data, root / f"rstar2-{i}-{name}", a, compute)

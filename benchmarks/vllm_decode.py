@@ -27,9 +27,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from rstar2.engines.base import SamplingParams
+from rstar2.engines.base import SamplingParams, WeightUpdate
+from rstar2.engines.kinds import connect
 from rstar2.engines.vllm_launch import local_server
-from rstar2.rollout.build import connect
 from rstar2.sandbox import LocalPool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,7 +111,7 @@ async def vllm(model_dir: Path, batch, tokens: int, eager: bool, a) -> dict:
             loads = []
             for v in range(a.repeat):
                 t1 = time.perf_counter()
-                await engine.update_weights(str(model_dir), "", v + 1)
+                await engine.load_weights(WeightUpdate(v + 1, folder=model_dir))
                 loads.append(time.perf_counter() - t1)
         finally:
             await engine.close()

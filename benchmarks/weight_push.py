@@ -83,10 +83,10 @@ async def measure(model_dir: Path, servers: int, repeat: int) -> dict[str, list[
                 await publish(
                     model,
                     engines,
-                    "servers",
                     settings,
                     D.World(),
                     folder,
+                    in_place=False,
                     probe_prompt=probe,
                     pad_id=0,
                     step=v,

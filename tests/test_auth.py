@@ -24,8 +24,8 @@ from rstar2.auth import (
     vllm_guard,
 )
 from rstar2.engines.base import SamplingParams
+from rstar2.engines.kinds import connect
 from rstar2.engines.openai import ServerError
-from rstar2.rollout.build import connect
 
 from .conftest import free_port, start_cli, stop, wait_http
 

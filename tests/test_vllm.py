@@ -21,12 +21,12 @@ import torch
 import yaml
 
 from rstar2.auth import KEY_ENV
-from rstar2.engines.base import SamplingParams
+from rstar2.engines.base import SamplingParams, WeightUpdate
+from rstar2.engines.kinds import connect
 from rstar2.engines.openai import ServerError
 from rstar2.engines.vllm_launch import installed, vllm_python
 from rstar2.recipe.tiny_model import build_model, build_tokenizer, save_pretrained
 from rstar2.rl.plumbing.metrics_log import read_metrics
-from rstar2.rollout.build import connect
 
 from .conftest import CORPUS, ROOT, RSTAR2, free_port, stop, wait_http
 from .rl.test_async import assert_versions_in_bound
@@ -183,7 +183,7 @@ def test_new_weights_reach_vllm_in_place_mid_request_and_each_token_says_its_ver
     async def main():
         engine = await connect(vllm)
         try:
-            await engine.update_weights(str(model_dir), "", 1)
+            await engine.load_weights(WeightUpdate(1, folder=model_dir))
             start = generated_tokens(vllm)
             long = asyncio.create_task(
                 engine.generate(prompt, SamplingParams(max_new_tokens=400, temperature=1.0))
@@ -191,7 +191,7 @@ def test_new_weights_reach_vllm_in_place_mid_request_and_each_token_says_its_ver
             while generated_tokens(vllm) < start + 20:  # decoding: the load falls after its 20th token
                 assert not long.done()
                 await asyncio.sleep(0.02)
-            answer = await engine.update_weights(str(new), "", 2)
+            answer = await engine.load_weights(WeightUpdate(2, folder=new))
             return answer, await long
         finally:
             await engine.close()
@@ -233,13 +233,13 @@ def test_a_refused_load_serves_nothing_until_a_whole_load_succeeds(vllm, model_d
         engine = await connect(vllm)
         try:
             with pytest.raises(ServerError, match="other sizes"):
-                await engine.update_weights(str(other), "", 6)
+                await engine.load_weights(WeightUpdate(6, folder=other))
             with pytest.raises(ServerError, match="not loaded") as refused:
-                await engine.update_weights(str(partial), "", 7)
+                await engine.load_weights(WeightUpdate(7, folder=partial))
             waiting = asyncio.create_task(engine.generate([5, 6], SamplingParams(max_new_tokens=4)))
             await asyncio.sleep(3)  # 4 tokens take milliseconds on a serving vLLM
             assert not waiting.done(), "a request was served from half-loaded weights"
-            await engine.update_weights(str(model_dir), "", 8)
+            await engine.load_weights(WeightUpdate(8, folder=model_dir))
             return refused.value, await waiting
         finally:
             await engine.close()

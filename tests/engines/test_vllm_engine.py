@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from rstar2.engines.base import SamplingParams
+from rstar2.engines.base import SamplingParams, WeightUpdate
 from rstar2.engines.openai import ServerError
 from rstar2.engines.vllm import VLLMEngine, token_versions
 
@@ -94,13 +96,13 @@ async def test_a_failed_load_leaves_the_server_paused_under_no_version():
     routes = {"/pause": {}, "/update_weight_version": {}, "/collective_rpc": {"results": [half]}}
     engine, asked = vllm_answering({}, routes)
     with pytest.raises(ServerError, match="parameters not loaded"):
-        await engine.update_weights("/runs/r/weights-latest", "", 4)
+        await engine.load_weights(WeightUpdate(4, folder=Path("/runs/r/weights-latest")))
     assert asked == ["/pause", "/update_weight_version", "/collective_rpc"]
     whole = {"missing": [], "unwritten": [], "zero_in_folder": 0, "parameters": 9}
     routes |= {"/collective_rpc": {"results": [whole]}, "/reset_prefix_cache": {"success": True}}
     routes |= {"/resume": {}, "/weight_info": {"weight_version": "4"}}
     engine, asked = vllm_answering({}, routes)
-    assert await engine.update_weights("/runs/r/weights-latest", "", 4) == {
+    assert await engine.load_weights(WeightUpdate(4, folder=Path("/runs/r/weights-latest"))) == {
         "weights_version": 4,
         "parameters_written": 9,
     }

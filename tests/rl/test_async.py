@@ -500,14 +500,13 @@ def test_the_held_weights_are_compared_exactly_and_a_skipped_name_counts(tiny):
     import copy
 
     from rstar2.engines.hf import HFEngine
-    from rstar2.rl.plumbing.sync import held_difference
 
     engine = HFEngine(copy.deepcopy(tiny[0]))
     sent = {k: v.clone() for k, v in tiny[0].state_dict().items()}
-    assert held_difference(engine, sent) == 0.0
+    assert engine.held_difference(sent) == 0.0
     name = next(iter(sent))
-    assert held_difference(engine, {**sent, name: sent[name] + 0.25}) == pytest.approx(0.25)
-    assert held_difference(engine, {**sent, "model." + name: sent[name]}) == float("inf")
+    assert engine.held_difference({**sent, name: sent[name] + 0.25}) == pytest.approx(0.25)
+    assert engine.held_difference({**sent, "model." + name: sent[name]}) == float("inf")
 
 
 @pytest.mark.slow
@@ -580,10 +579,10 @@ async def test_new_weights_are_written_off_the_event_loop(tiny, tmp_path, monkey
     await publish(
         model,
         [engine],
-        "copy",
         EngineSection(),
         D.World(),
         tmp_path,
+        in_place=False,
         probe_prompt=[1, 2],
         pad_id=0,
         step=3,

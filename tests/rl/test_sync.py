@@ -40,17 +40,19 @@ def test_a_server_that_missed_one_update_at_the_smallest_learning_rate_is_caught
 
 
 class _Server:
-    """The client side of a server's weight load (``OpenAIEngine.update_weights``), answering as
+    """The client side of a server's weight load (``OpenAIEngine.load_weights``), answering as
     ``rstar2 serve`` does, or refusing."""
+
+    local = False
 
     def __init__(self, name: str, refuses: bool = False):
         self.name, self.refuses, self.loads = name, refuses, []
 
-    async def update_weights(self, path, endpoint, version):
-        self.loads.append(version)
+    async def load_weights(self, update):
+        self.loads.append(update.version)
         if self.refuses:
             raise RuntimeError("answered 500: out of memory")
-        return {"weights_version": version}
+        return {"weights_version": update.version}
 
 
 async def test_a_push_that_one_server_refuses_stops_the_run_naming_it(tmp_path):
@@ -69,8 +71,8 @@ async def test_a_push_that_one_server_refuses_stops_the_run_naming_it(tmp_path):
     assert good.loads == [4] and bad.loads == [4]  # both asked at once: the refusal stopped no other
 
     class _Behind(_Server):
-        async def update_weights(self, path, endpoint, version):
-            return {"weights_version": version - 1}
+        async def load_weights(self, update):
+            return {"weights_version": update.version - 1}
 
     with pytest.raises(WeightSyncError, match="says it holds version 3, not 4"):
         await load_into_servers([_Behind("http://c:3")], tmp_path, settings, version=4)
@@ -103,10 +105,10 @@ async def test_a_server_that_takes_the_weights_then_fails_the_probe_leaves_the_r
     out = await publish(
         model,
         [good, gone],
-        "servers",
         settings,
         D.World(),
         tmp_path / "w",
+        in_place=False,
         **kw,
         on_lost=lambda e, why: lost.append((e.name, why)),
     )
@@ -115,6 +117,6 @@ async def test_a_server_that_takes_the_weights_then_fails_the_probe_leaves_the_r
         ("http://b:2", "engine http://b:2 did not answer the probe: ConnectionError: connection refused")
     ]
     with pytest.raises(WeightSyncError, match="engine http://b:2 did not answer the probe"):
-        await publish(model, [good, gone], "servers", settings, D.World(), tmp_path / "w", **kw)
+        await publish(model, [good, gone], settings, D.World(), tmp_path / "w", in_place=False, **kw)
     with pytest.raises(WeightSyncError, match="engine http://b:2 did not answer the probe"):
-        await publish(model, [gone], "servers", settings, D.World(), tmp_path / "w", **kw, on_lost=print)
+        await publish(model, [gone], settings, D.World(), tmp_path / "w", in_place=False, **kw, on_lost=print)

@@ -14,8 +14,8 @@ import torch
 from rstar2.config import EngineSection
 from rstar2.engines.base import SamplingParams
 from rstar2.engines.hf import HFEngine
+from rstar2.engines.kinds import open_engines
 from rstar2.engines.openai import OpenAIEngine, ServerError, capacity_from_vllm_metrics
-from rstar2.rollout.build import open_engines
 
 from ..conftest import ROOT, RSTAR2, free_port, start_cli, stop, wait_http
 

@@ -16,8 +16,9 @@ import pytest
 from rstar2.config import RolloutSection, SchedulerSection
 from rstar2.engines.base import Generation, SamplingParams
 from rstar2.engines.openai import OpenAIEngine
-from rstar2.rl.algorithm.staleness import StalenessError, check_versions, require_reported_versions
+from rstar2.rl.algorithm.staleness import StalenessError, check_versions
 from rstar2.rl.plumbing import distributed as D
+from rstar2.rl.plumbing.engine_mode import require_reported_versions
 from rstar2.rl.trainer import check_faults
 from rstar2.rollout import Rollout, Trajectory
 from rstar2.rollout.trajectory import Turn

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length"]
@@ -52,16 +53,40 @@ class UnversionedTokens(RuntimeError):
     server says none until the trainer has loaded its weights): they are never trained on."""
 
 
+@dataclass(frozen=True)
+class WeightUpdate:
+    """The trainer's weights as policy ``version``, as the engine takes them: an engine in the
+    trainer's process (``Engine.local``) gets ``tensors`` (None: it decodes the trainer's own
+    model, which the update wrote in place); a server gets ``folder``, a model or an adapter
+    folder rank 0 wrote."""
+
+    version: int
+    tensors: dict[str, Any] | None = None
+    folder: Path | None = None
+
+
 @runtime_checkable
 class Engine(Protocol):
+    """The contract every engine keeps: what the rollout asks of it (``generate``, its capacity)
+    and what the trainer asks (new weights, the version each token was sampled by). A new engine
+    is a class keeping it and one line in ``engines/kinds.py``."""
+
     name: str
     capacity_tokens: int  # KV-cache tokens the engine can hold at once (capacity-aware scheduling)
     in_flight: int  # requests accepted and not yet answered
     # how it tells which policy version sampled a token: "tokens" (each token's), "stated" (the
     # version it holds, asked before and after a request), None (it cannot: never trained on)
     version_source: str | None
+    # in the trainer's process (each process its own, loaded from tensors and checked exactly), or a
+    # server (shared by every process, loaded from a folder by rank 0, checked by a sampled probe)
+    local: bool
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
+
+    async def load_weights(self, update: WeightUpdate) -> dict[str, Any]:
+        """Hold the update's weights as policy ``update.version`` (requests in flight go on under
+        them); the answer says what it now holds where it can (``weights_version``,
+        ``weights_fingerprint``, ``parameters_written``; ``exact``: checked equal to what was sent)."""
 
     async def counters(self) -> dict[str, Any] | None:
         """Work counted since it started (the trainer's ``engine/*`` metrics); None: it counts none."""
@@ -75,22 +100,8 @@ class LocalEngine(Engine, Protocol):
     model: Any  # the torch module it decodes: the trainer's own, or its copy
     threads: int | None  # torch threads of its decoding (None: the process's)
 
-    def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """Load these tensors as policy ``version`` (requests in flight continue under them)."""
-
-    def invalidate(self, version: int) -> None:
-        """Its model's weights were written elsewhere: policy ``version`` from the next step on."""
-
     def paused(self) -> AbstractContextManager[None]:
         """Hold the engine between two decoding steps (to read or write its weights whole)."""
-
-
-class ServedEngine(Engine, Protocol):
-    """An engine behind an HTTP server (``OpenAIEngine``, ``VLLMEngine``)."""
-
-    async def update_weights(self, model_dir: str, endpoint: str, version: int) -> dict[str, Any]:
-        """The server loads the model folder ``model_dir`` as policy ``version``; its answer says
-        what it now holds where it can (version, fingerprint, parameters written)."""
 
 
 def weights_fingerprint(tensors: dict, dtype: str | None = None) -> float:

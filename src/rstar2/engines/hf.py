@@ -22,7 +22,7 @@ import torch
 from ..adapters import adapted, base_names, load_adapter_into, load_model, unload
 from ..config import DEFAULT_ASYNC, DEFAULT_ROLLOUT, engine_budget
 from ..device import decode_compute, engine_dtype, max_positions, pick_device, resolve_precision
-from .base import Generation, SamplingParams
+from .base import Generation, SamplingParams, WeightUpdate
 from .batch import Request, Row, RunningBatch
 from .kv import PrefixStore
 
@@ -38,6 +38,7 @@ class HFEngine:
     """A transformers causal LM behind the ``LocalEngine`` protocol."""
 
     version_source = "tokens"  # each token says which policy version sampled it
+    local = True
 
     gather_s = 0.01  # seconds of quiet that end a burst of arrivals (``_admit``)
 
@@ -146,6 +147,42 @@ class HFEngine:
             return await req.future
         finally:
             self.in_flight -= 1
+
+    async def load_weights(self, update: WeightUpdate) -> dict[str, Any]:
+        """The trainer's tensors, loaded off the event loop and then checked held exactly (``exact``);
+        none: it decodes the trainer's own model, written in place, and only says so (torch does not
+        count every kind of write, e.g. through ``param.data``)."""
+        if update.tensors is None:
+            await asyncio.to_thread(self.invalidate, update.version)
+            return {"weights_version": update.version}
+
+        def load() -> float:
+            sent = {k: v.to(self.model.dtype) for k, v in update.tensors.items()}  # type: ignore[union-attr]
+            self.update_weights(sent, update.version)
+            return self.held_difference(sent)
+
+        diff = await asyncio.to_thread(load)
+        if diff != 0.0:
+            raise RuntimeError(
+                f"engine {self.name} holds other weights than the trainer sent as version "
+                f"{update.version} (largest difference {diff:g})"
+            )
+        return {"weights_version": update.version, "exact": True}
+
+    def held_difference(self, sent: dict[str, torch.Tensor]) -> float:
+        """0.0 when the engine holds exactly ``sent`` (one comparison a tensor, no temporaries); else
+        the largest |held - sent| of the first tensor that differs (inf for one it lacks:
+        ``load_state_dict(strict=False)`` skips unknown names)."""
+        with self.paused():
+            held = self.model.state_dict()
+            for name, tensor in sent.items():
+                own = held.get(name)
+                if own is None or own.shape != tensor.shape:
+                    return float("inf")
+                tensor = tensor.to(own.device)
+                if not torch.equal(own, tensor):
+                    return float((own - tensor).abs().max())
+        return 0.0
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Names and shapes are checked before anything is written; a write that fails half way

@@ -12,7 +12,7 @@ import httpx
 
 from ..auth import client_headers
 from ..config import DEFAULT_ROLLOUT
-from .base import Generation, SamplingParams
+from .base import Generation, SamplingParams, WeightUpdate
 
 
 class ServerError(RuntimeError):
@@ -91,6 +91,15 @@ def _token_logprobs(choice: dict[str, Any], n: int, server: str) -> list[float]:
 
 
 class OpenAIEngine:
+    """Any OpenAI-compatible server (SGLang, ``rstar2 serve``, a vLLM without its RL routes): the
+    last kind ``engines/kinds.py`` tries."""
+
+    local = False
+
+    @classmethod
+    async def serves(cls, url: str) -> bool:
+        return True
+
     def __init__(
         self,
         base_url: str,
@@ -101,8 +110,10 @@ class OpenAIEngine:
         timeout_s: float = DEFAULT_ROLLOUT.engine.server_timeout_s,
         retries: int = 3,
         api_key: str | None = None,
+        reload_path: str = DEFAULT_ROLLOUT.engine.reload_path,
     ) -> None:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.reload_path = reload_path  # the route that loads a model folder (SGLang's; rstar2 serve's)
         self.model = model
         self.name = name or self.base_url
         self.capacity_tokens = capacity_tokens or DEFAULT_CAPACITY_TOKENS
@@ -217,12 +228,12 @@ class OpenAIEngine:
         """The server's engine counters (``rstar2 serve``'s ``/health``), or None where it has none."""
         return await get_object(self._client, "/health", "engine")
 
-    async def update_weights(self, model_dir: str, endpoint: str, version: int) -> dict[str, Any]:
-        """Through SGLang's ``endpoint`` (``rstar2 serve`` has it too); a refusal (an error status,
-        SGLang's ``"success": false``) is a ``ServerError``."""
-        what = f"{self.base_url}{endpoint} could not load {model_dir}"
-        body: dict[str, Any] = {"model_path": str(model_dir), "weight_version": str(version)}
-        answer = await self._call("POST", endpoint, what, json=body)
+    async def load_weights(self, update: WeightUpdate) -> dict[str, Any]:
+        """The folder through SGLang's ``reload_path`` (``rstar2 serve`` has it too); a refusal (an
+        error status, SGLang's ``"success": false``) is a ``ServerError``."""
+        what = f"{self.base_url}{self.reload_path} could not load {update.folder}"
+        body: dict[str, Any] = {"model_path": str(update.folder), "weight_version": str(update.version)}
+        answer = await self._call("POST", self.reload_path, what, json=body)
         if answer.get("success") is False:
             raise ServerError(f"{what}: {answer.get('message', answer)}")
         return answer

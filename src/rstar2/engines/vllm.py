@@ -15,7 +15,7 @@ import httpx
 
 from ..adapters import is_adapter
 from ..auth import client_headers
-from .base import Generation, SamplingParams
+from .base import Generation, SamplingParams, WeightUpdate
 from .openai import OpenAIEngine, RequestRefused, ServerError, get_object, stated_number
 
 GENERATE = "/inference/v1/generate"
@@ -30,14 +30,6 @@ async def vllm_config(client: httpx.AsyncClient) -> dict[str, Any] | None:
     return await get_object(
         client, "/server_info", "vllm_config", params={"config_format": "json"}, timeout=10
     )
-
-
-async def is_vllm(url: str) -> bool:
-    """Whether the server at ``url`` is a vLLM in development mode (as ``rstar2 vllm`` starts it)."""
-    async with httpx.AsyncClient(
-        base_url=url.rstrip("/").removesuffix("/v1"), headers=client_headers()
-    ) as client:
-        return await vllm_config(client) is not None
 
 
 def token_versions(spans: Any, n: int) -> list[int] | None:
@@ -63,6 +55,14 @@ class VLLMEngine(OpenAIEngine):
     version of the adapter the answer says it came from."""
 
     path = GENERATE
+
+    @classmethod
+    async def serves(cls, url: str) -> bool:
+        """Whether the server at ``url`` is a vLLM in development mode (as ``rstar2 vllm`` starts it)."""
+        async with httpx.AsyncClient(
+            base_url=url.rstrip("/").removesuffix("/v1"), headers=client_headers()
+        ) as client:
+            return await vllm_config(client) is not None
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -153,18 +153,20 @@ class VLLMEngine(OpenAIEngine):
         with suppress(RequestRefused):  # a server restarted since holds none of the old ones
             await self._call("POST", "/v1/unload_lora_adapter", what, json={"lora_name": name})
 
-    async def update_weights(self, model_dir: str, endpoint: str, version: int) -> dict[str, Any]:
-        """Load ``model_dir`` in place as policy ``version`` (``endpoint``, SGLang's route, goes
-        unused); a load that left a parameter unwritten, or any refused step, is a ``ServerError``.
-        The server resumes only after a whole load: after a failed one it stays paused (its weights
-        may be half written; requests wait) until a later load succeeds, or the run stops."""
+    async def load_weights(self, update: WeightUpdate) -> dict[str, Any]:
+        """Load the folder in place as policy ``update.version`` (``reload_path``, SGLang's route,
+        goes unused); a load that left a parameter unwritten, or any refused step, is a
+        ``ServerError``. The server resumes only after a whole load: after a failed one it stays
+        paused (its weights may be half written; requests wait) until a later load succeeds, or the
+        run stops."""
+        model_dir, version = str(update.folder), update.version
         if is_adapter(model_dir):
-            return await self.load_adapter(str(model_dir), version)
+            return await self.load_adapter(model_dir, version)
         what = f"{self.base_url} could not load {model_dir}"
         await self._call("POST", "/pause", what, params={"mode": "keep"})
         # no number until the load is whole: a token decoded meanwhile (a caller resumed it) is never trained on
         await self._call("POST", "/update_weight_version", what, json={"new_version": "loading"})
-        load = {"method": "rstar2_load", "kwargs": {"folder": str(model_dir)}}
+        load = {"method": "rstar2_load", "kwargs": {"folder": model_dir}}
         answers = (await self._call("POST", "/collective_rpc", what, json=load)).get("results")
         if not answers or not all(isinstance(a, dict) for a in answers):
             raise ServerError(f"{what}: no worker answered rstar2_load ({answers}); {HOW_TO_START}")

@@ -51,9 +51,10 @@ async def sample(
 ) -> dict:
     """``samples`` rollouts per problem through ``rstar2 eval``'s harness, in-process or on the
     recipe's servers once they have loaded ``model_dir``."""
+    from ..engines.kinds import open_engines
     from ..eval.harness import evaluate
     from ..rl.plumbing.sync import load_into_servers
-    from ..rollout.build import open_engines, open_rollout
+    from ..rollout.build import open_rollout
 
     recipe, services = run.recipe, run.services
     out_dir.mkdir(parents=True, exist_ok=True)

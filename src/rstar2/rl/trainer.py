@@ -29,7 +29,7 @@ from ..rollout.multi_turn import CodeEnvironment, Verifier
 from ..rollout.trajectory import Trajectory
 from .algorithm.roc import GroupChoice, Scored, roc_counts
 from .algorithm.select import Row, Selection, seed_of, select_rows
-from .algorithm.staleness import StalenessError, check_versions, require_reported_versions, staleness_metrics
+from .algorithm.staleness import StalenessError, check_versions, staleness_metrics
 from .plumbing import distributed as D
 from .plumbing.data import DataStream
 from .plumbing.engine_mode import PROBE_PROBLEM, TrainerEngines
@@ -203,15 +203,10 @@ class RLTrainer:
                     # once it holds the current weights (a server restarted mid-run holds its first)
                     rollout.require_versions = True
                     rollout.reward = self.reward_fn
-                    # (by rank 0, which writes the weights: another rank could read a folder half written)
-                    revives = self.engines.mode == "servers" and self.world.main
-                    rollout.scheduler.revive = self.engines.revive if revives else None
-                    servers = self.engines.mode == "servers"
-                    self.engines.scheduler = rollout.scheduler if servers else None
+                    self.engines.attach(rollout.scheduler)
                     # every engine holds this run's weights and version before the first group starts (a
                     # server may hold another run's, or this one's past the checkpoint; a dead one fails here)
                     await self._publish(self.step_no)
-                    require_reported_versions(engines, self.cfg.asynchronous.max_staleness)
                     self._counters = (time.perf_counter(), await self.engines.counters())
                     self.feed = GroupFeed(
                         self._launch_group,

@@ -1,6 +1,7 @@
-"""The one place where rollout settings (``RolloutSection``) become a running ``Rollout``: engines,
-chat format, code environment and verifier. The RL trainer, the recipe's filters and evaluations,
-and the ``eval``/``chat`` commands all come through here, so they sample the same way."""
+"""The one place where rollout settings (``RolloutSection``) become a running ``Rollout``: engines
+(``engines/kinds.py``), chat format, code environment and verifier. The RL trainer, the recipe's
+filters and evaluations, and the ``eval``/``chat`` commands all come through here, so they sample
+the same way."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from ..chat.format import ChatFormat
-from ..config import DEFAULT_ASYNC, DEFAULT_ROLLOUT, EngineSection, RolloutSection
-from ..engines.base import Engine
+from ..config import RolloutSection
+from ..engines.kinds import open_engines
 from .multi_turn import CodeEnvironment, Rollout, Verifier
 
 
@@ -24,68 +25,6 @@ def check_engine_choice(model: str | None, settings: RolloutSection, tokenizer: 
         raise ValueError(f"--model {model} does not exist (a local Hugging Face model folder)")
     if settings.engine.servers and not (tokenizer or model):
         raise ValueError("with --server, give --tokenizer PATH (the served model's tokenizer)")
-
-
-async def open_engines(
-    settings: EngineSection,
-    model: str | None = None,
-    device: str = "auto",
-    dtype: str = "auto",
-    *,
-    trainer_model: Any = None,
-    name: str = "hf",
-    compute: str = "auto",
-    keep_stale_kv: bool = DEFAULT_ASYNC.keep_stale_kv,
-) -> list[Engine]:
-    """``settings.servers``, each asked what it is (``connect``), or one in-process ``HFEngine``:
-    over a loaded model the caller keeps training (``trainer_model``, so new weights cost nothing
-    to publish), else loaded from the directory ``model``."""
-    if settings.servers:
-        engines: list[Engine] = []
-        try:
-            for url in settings.servers:
-                engines.append(await connect(url, settings.capacity_tokens, settings.server_timeout_s))
-        except BaseException:
-            for e in engines:
-                await e.close()
-            raise
-        return engines
-    from ..engines.hf import HFEngine
-
-    sizes = {
-        "max_batch_size": settings.max_batch_size,
-        "capacity_tokens": settings.capacity_tokens,
-        "keep_tokens": settings.keep_tokens,
-        "compute": compute,
-        "keep_stale_kv": keep_stale_kv,
-        "cuda_graphs": settings.cuda_graphs,
-    }
-    if trainer_model is not None:
-        return [HFEngine(trainer_model, name=name, **sizes)]
-    if not model:
-        raise ValueError("give either a model directory (--model) or one or more servers (--server)")
-    return [HFEngine.from_pretrained(model, device=device, dtype=dtype, **sizes)]
-
-
-async def connect(
-    url: str,
-    capacity_tokens: int | None = None,
-    timeout_s: float = DEFAULT_ROLLOUT.engine.server_timeout_s,
-) -> Engine:
-    """The engine for the server at ``url``: a ``VLLMEngine`` where it is vLLM with its RL routes
-    (``rstar2 vllm``), else an ``OpenAIEngine`` (SGLang, ``rstar2 serve``, another vLLM); either
-    has asked the server for its KV capacity. ``timeout_s``: how long a request may wait for its answer."""
-    from ..engines.openai import OpenAIEngine
-    from ..engines.vllm import VLLMEngine, is_vllm
-
-    kind = VLLMEngine if await is_vllm(url) else OpenAIEngine
-    engine = kind(url, capacity_tokens=capacity_tokens, timeout_s=timeout_s)
-    try:
-        await engine.probe_capacity()
-    except BaseException:
-        await engine.close()
-        raise
-    return engine
 
 
 @asynccontextmanager

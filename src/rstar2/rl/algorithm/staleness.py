@@ -22,24 +22,6 @@ class StalenessError(RuntimeError):
     """A step would train on tokens sampled outside [version - k, version]."""
 
 
-def require_reported_versions(engines: Sequence[Any], max_staleness: int) -> None:
-    """Every engine must say which policy version sampled its tokens; one that only states the
-    version it holds will do at ``max_staleness`` 0 (weights change only between steps)."""
-    for e in engines:
-        source = getattr(e, "version_source", None)
-        if source is None:
-            raise StalenessError(
-                f"engine {e.name} does not say which policy version sampled its tokens, so none of them "
-                "can be trained on: use rstar2 serve, rstar2 vllm, or a server with SGLang's /get_weight_version"
-            )
-        if source == "stated" and max_staleness > 0:
-            raise StalenessError(
-                f"engine {e.name} states only the version it holds, not each token's: with "
-                f"asynchronous.max_staleness={max_staleness} weights change while it samples; use "
-                "max_staleness 0, or rstar2 serve / rstar2 vllm, whose tokens carry their versions"
-            )
-
-
 def check_versions(trajectories: Sequence[Any], *, trained_by: int, max_staleness: int) -> None:
     """A ``StalenessError`` naming the engine of the first model token not sampled by a version in
     [trained_by - max_staleness, trained_by] (-1: its engine did not report it). The bound never

@@ -8,21 +8,40 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from ...config import RLConfig
 from ...device import engine_dtype
 from ...engines.base import Engine
+from ..algorithm.staleness import StalenessError
 from . import distributed as D
 from .launch import quietly
-from .sync import Mode, WeightSyncError, load_into_servers, publish, whole_parts
+from .sync import WeightSyncError, load_into_servers, publish, whole_parts
 
 PROBE_PROBLEM = "What is 12 + 30?"  # the prompt each server samples from after a weight sync
+Mode = Literal["shared", "copy", "servers"]
+
+
+def require_reported_versions(engines: Sequence[Engine], max_staleness: int) -> None:
+    """Every engine must say which policy version sampled its tokens; one that only states the
+    version it holds will do at ``max_staleness`` 0 (weights change only between steps)."""
+    for e in engines:
+        if e.version_source is None:
+            raise StalenessError(
+                f"engine {e.name} does not say which policy version sampled its tokens, so none of them "
+                "can be trained on: use rstar2 serve, rstar2 vllm, or a server with SGLang's /get_weight_version"
+            )
+        if e.version_source == "stated" and max_staleness > 0:
+            raise StalenessError(
+                f"engine {e.name} states only the version it holds, not each token's: with "
+                f"asynchronous.max_staleness={max_staleness} weights change while it samples; use "
+                "max_staleness 0, or rstar2 serve / rstar2 vllm, whose tokens carry their versions"
+            )
 
 
 class TrainerEngines:
@@ -39,9 +58,7 @@ class TrainerEngines:
         # servers: the folders a server loads in order to hold the last published version, and it
         self.published: tuple[list[Path], int] | None = None
         self._sending: asyncio.Lock | None = None  # a publish and a revive, one at a time
-        # servers: the rollout's scheduler, which says which are in rotation and takes out those
-        # that do not take the weights (set by the trainer; rank 0's also brings them back)
-        self.scheduler: Any = None
+        self.scheduler: Any = None  # servers: the rollout's (``attach``)
 
     def adopt(self, model: torch.nn.Module) -> None:
         """The trainer's full model, before it is sharded: shared, or copied in the engine's dtype."""
@@ -51,8 +68,9 @@ class TrainerEngines:
             self.engine_model = copy.deepcopy(model).to(engine_dtype(self.world.device))
 
     async def open(self) -> list[Engine]:
-        """Remote servers, or one in-process engine over the adopted model."""
-        from ...rollout.build import open_engines
+        """Remote servers, or one in-process engine over the adopted model; each must say which
+        policy version sampled its tokens."""
+        from ...engines.kinds import open_engines
 
         cfg = self.cfg
         self.engines = await open_engines(
@@ -62,7 +80,20 @@ class TrainerEngines:
             compute=cfg.model.compute,
             keep_stale_kv=cfg.asynchronous.keep_stale_kv,
         )
+        try:
+            require_reported_versions(self.engines, cfg.asynchronous.max_staleness)
+        except BaseException:
+            await self.close()
+            raise
         return self.engines
+
+    def attach(self, scheduler: Any) -> None:
+        """Servers: the rollout's scheduler says which are in rotation and takes out those that do
+        not take the weights; rank 0's brings them back (``revive``: rank 0 writes the weights, so
+        another rank could read a folder half written)."""
+        if self.mode == "servers":
+            self.scheduler = scheduler
+            scheduler.revive = self.revive if self.world.main else None
 
     async def publish(
         self, model: torch.nn.Module, step: int, folder: Path, probe_prompt: list[int], pad_id: int
@@ -85,10 +116,10 @@ class TrainerEngines:
             metrics = await publish(
                 model,
                 engines,
-                self.mode,
                 self.cfg.rollout.engine,
                 self.world,
                 folder,
+                in_place=self.mode == "shared",
                 probe_prompt=probe_prompt,
                 pad_id=pad_id,
                 step=step,

@@ -1,10 +1,11 @@
 """The trainer's weights to the engines, with their policy version, and the proof that they serve
-them; off the event loop, so later steps' rollouts go on meanwhile. ``copy``: the engine must then
-hold the state dict exactly. ``servers``: rank 0 writes a model folder that every server loads at
-once (``reload_path``), retried; one that has not taken it stops the run, so no step trains on
-tokens from servers on different versions. What a server states it holds must be what was sent, and
-a sampled probe's logprobs must match the trainer's within ``weight_check_tol`` (another model is
-caught, one small update missed is not: a server without a fingerprint is warned about).
+them; off the event loop, so later steps' rollouts go on meanwhile. Each engine loads them its way
+(``Engine.load_weights``): one in the trainer's process from tensors, checked exactly; servers from
+a model folder rank 0 writes, all at once, retried; one that has not taken it stops the run (or,
+once it runs, leaves the rotation), so no step trains on tokens from servers on different versions.
+What a server states it holds must be what was sent, and a sampled probe's logprobs must match the
+trainer's within ``weight_check_tol`` (another model is caught, one small update missed is not: a
+server without a fingerprint is warned about).
 """
 
 from __future__ import annotations
@@ -13,33 +14,30 @@ import asyncio
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from ...adapters import adapted, adapter_weights, base_weights, save_adapter
 from ...config import EngineSection
-from ...engines.base import Engine, LocalEngine, SamplingParams, ServedEngine, weights_fingerprint
+from ...engines.base import Engine, SamplingParams, WeightUpdate, weights_fingerprint
 from ..algorithm.batch import collate
 from . import distributed as D
 from .passes import logprobs_of
 
 PROBE_TOKENS = 16
 BASE = "base"  # an adapter's publish folder: the base model's tensors, written on a whole publish
-Mode = Literal["shared", "copy", "servers"]  # how the engines hold the weights (rl/plumbing/engine_mode.py)
 
 
 class WeightSyncError(RuntimeError):
     """An engine did not take, or does not serve, the trainer's new weights."""
 
 
-async def reload_server(
-    engine: ServedEngine, path: Path, settings: EngineSection, version: int
-) -> dict[str, Any]:
+async def reload_server(engine: Engine, path: Path, settings: EngineSection, version: int) -> dict[str, Any]:
     """One server loads ``path`` as ``version``, retried with back-off, else a ``WeightSyncError``."""
     for attempt in range(settings.reload_retries + 1):
         try:
-            return await engine.update_weights(str(path.resolve()), settings.reload_path, version)
+            return await engine.load_weights(WeightUpdate(version, folder=path.resolve()))
         except Exception as exc:
             if attempt == settings.reload_retries:
                 raise WeightSyncError(
@@ -77,14 +75,14 @@ def check_fingerprint(engine_name: str, answer: dict[str, Any], sent: dict[str, 
 
 
 async def load_into_servers(
-    engines: list[ServedEngine],
+    engines: list[Engine],
     folder: Path,
     settings: EngineSection,
     weights: dict[str, torch.Tensor] | None = None,
     *,
     version: int,
     drop_failed: bool = False,
-) -> list[tuple[ServedEngine, str]]:
+) -> list[tuple[Engine, str]]:
     """Every server loads the folder as ``version`` at once, what each states it holds checked; any
     failure is one ``WeightSyncError`` naming every server that did not take the weights, unless
     ``drop_failed`` and some did: then those that did not are returned with why (to leave the
@@ -93,7 +91,7 @@ async def load_into_servers(
         *(reload_server(e, folder, settings, version) for e in engines), return_exceptions=True
     )
     sent = None
-    failed: list[tuple[ServedEngine, str]] = []
+    failed: list[tuple[Engine, str]] = []
     for e, answer in zip(engines, answers, strict=True):
         try:
             if isinstance(answer, BaseException):
@@ -124,38 +122,6 @@ async def load_into_servers(
 
 
 _UNVERIFIED: set[str] = set()  # servers already warned about (once a process)
-
-
-async def load_copy(engine: LocalEngine, weights: dict[str, torch.Tensor], version: int) -> None:
-    """An in-process engine copy loads ``weights`` as ``version`` and must then hold exactly them."""
-
-    def load() -> float:
-        sent = {k: v.to(engine.model.dtype) for k, v in weights.items()}
-        engine.update_weights(sent, version)
-        return held_difference(engine, sent)
-
-    diff = await asyncio.to_thread(load)
-    if diff != 0.0:
-        raise WeightSyncError(
-            f"engine {engine.name} holds other weights than the trainer sent as version {version} "
-            f"(largest difference {diff:g})"
-        )
-
-
-def held_difference(engine: LocalEngine, sent: dict[str, torch.Tensor]) -> float:
-    """0.0 when ``engine`` holds exactly ``sent`` (one comparison a tensor, no temporaries); else the
-    largest |held - sent| of the first tensor that differs (inf for one it lacks:
-    ``load_state_dict(strict=False)`` skips unknown names)."""
-    with engine.paused():
-        held = engine.model.state_dict()
-        for name, tensor in sent.items():
-            own = held.get(name)
-            if own is None or own.shape != tensor.shape:
-                return float("inf")
-            tensor = tensor.to(own.device)
-            if not torch.equal(own, tensor):
-                return float((own - tensor).abs().max())
-    return 0.0
 
 
 async def probe_engines(
@@ -227,11 +193,11 @@ def whole_parts(model: torch.nn.Module, folder: Path) -> list[Path]:
 async def publish(
     model: torch.nn.Module,
     engines: list[Any],
-    mode: Mode,
     settings: EngineSection,
     world: D.World,
     folder: Path,
     *,
+    in_place: bool,
     probe_prompt: list[int],
     pad_id: int,
     step: int,
@@ -239,32 +205,36 @@ async def publish(
     whole: bool = True,
     on_lost: Callable[[Any, str], None] | None = None,
 ) -> dict[str, float]:
-    """The trainer's weights as policy version ``step`` to ``engines`` of ``mode``, checked; ``sync/*``.
-    A model with an adapter sends servers the adapter alone, after its base when ``whole``. With
-    ``on_lost``, a server that does not take them is handed to it (out of rotation, to be revived)
-    and the others go on (on every process: rank 0's word holds); only when none took them does
-    the step stop."""
-    if mode == "shared":  # the engine reads the trainer's parameters; say they changed (torch does
-        for e in engines:  # not count every kind of write, e.g. through param.data)
-            await asyncio.to_thread(e.invalidate, step)
-        return {}
+    """The trainer's weights as policy version ``step`` to ``engines``, checked; ``sync/*``. An
+    engine in this process (``Engine.local``) loads the tensors and checks them exactly (``in_place``:
+    it decodes the trainer's own model, which the update wrote, and only learns the version); rank 0
+    writes a folder every server loads (a model with an adapter: the adapter alone, after its base
+    when ``whole``), checked by what each states and a sampled probe. With ``on_lost``, a server that
+    does not take them is handed to it (out of rotation, to be revived) and the others go on (on
+    every process: rank 0's word holds); only when none took them does the step stop."""
+    served = [e for e in engines if not e.local]
     # off the event loop (rollouts and tool calls of the next steps go on meanwhile), on this GPU
-    weights = await asyncio.to_thread(D.on_device(world, D.full_state_dict), model, world)
+    weights = (
+        None if in_place else await asyncio.to_thread(D.on_device(world, D.full_state_dict), model, world)
+    )
     error: BaseException | None = None
     lost: list[str] = []
     try:
-        if mode == "servers" and world.main:
+        for e in engines:
+            if e.local:
+                try:
+                    await e.load_weights(WeightUpdate(step, tensors=weights))
+                except Exception as exc:
+                    raise WeightSyncError(str(exc)) from exc
+        if served and world.main:
             for part, tensors in await asyncio.to_thread(write_parts, model, folder, weights, whole):
-                taking = [e for e in engines if e.name not in lost]
+                taking = [e for e in served if e.name not in lost]
                 failed = await load_into_servers(
                     taking, part, settings, tensors, version=step, drop_failed=on_lost is not None
                 )
                 for e, why in failed:  # only with on_lost: else load_into_servers raised
                     on_lost(e, why)  # type: ignore[misc]
                     lost.append(e.name)
-        elif mode == "copy":  # engine copies in this process: compared with what was sent, exactly
-            for e in engines:
-                await load_copy(e, weights, step)
     except Exception as exc:  # told to every process below, so none waits in a collective
         error = exc
     said = None if error is None else f"{type(error).__name__}: {error}"
@@ -275,11 +245,11 @@ async def publish(
         raise WeightSyncError(
             f"another process could not publish the weights of version {step}: {next(x for x, _ in told if x)}"
         )
-    if mode != "servers":
+    if not served:
         return {}
-    live = [e for e in engines if e.name in told[0][1]]  # rank 0 loaded them: its word holds
+    live = [e for e in served if e.name in told[0][1]]  # rank 0 loaded them: its word holds
     if on_lost is not None and not world.main:  # the servers rank 0 left out, out here too
-        for e in engines:
+        for e in served:
             if e.name not in told[0][1]:
                 on_lost(e, f"it did not take the weights of version {step}")
     diffs = await probe_engines(live, model, probe_prompt, world, pad_id=pad_id, seed=step, compute=compute)

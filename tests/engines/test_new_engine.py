@@ -1,0 +1,99 @@
+"""A new kind of engine is one file and one line in ``engines/kinds.py``'s table: ``ToyEngine``,
+written here and nowhere else, is connected by its URL, samples an RL run's rollouts, takes each
+version of the trainer's weights through ``load_weights`` and passes the trainer's checks (the
+versions its tokens carry, the probe after each load) with no other change to rstar2."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rstar2.config import DEFAULT_ROLLOUT, parse_config
+from rstar2.engines import kinds
+from rstar2.engines.base import Engine, Generation, SamplingParams, WeightUpdate
+from rstar2.engines.hf import HFEngine
+from rstar2.rl.trainer import RLTrainer
+
+from ..rl.test_trainer import place, rl_config
+
+LOADS: list[tuple[str, int]] = []  # (folder, version): what the trainer asked every ToyEngine to load
+
+
+class ToyEngine:
+    """``toy://MODEL_DIR``: a model folder decoded in this process, yet given new weights as a
+    server is, from the folder the trainer writes (a stand-in for a user's own inference server)."""
+
+    local = False
+    version_source = "tokens"
+
+    @classmethod
+    async def serves(cls, url: str) -> bool:
+        return url.startswith("toy://")
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        capacity_tokens: int | None = None,
+        timeout_s: float = DEFAULT_ROLLOUT.engine.server_timeout_s,
+        reload_path: str = "",
+    ) -> None:
+        self.name = url
+        self.decoder = HFEngine.from_pretrained(
+            url.removeprefix("toy://"), device="cpu", dtype="float32", capacity_tokens=capacity_tokens
+        )
+        self.capacity_tokens = self.decoder.capacity_tokens
+
+    @property
+    def in_flight(self) -> int:
+        return self.decoder.in_flight
+
+    async def probe_capacity(self) -> int:
+        return self.capacity_tokens
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        return await self.decoder.generate(prompt_ids, params)
+
+    async def load_weights(self, update: WeightUpdate) -> dict[str, Any]:
+        from safetensors.torch import load_file
+
+        assert update.folder is not None
+        tensors = {
+            k: v for f in sorted(Path(update.folder).glob("*.safetensors")) for k, v in load_file(f).items()
+        }
+        await asyncio.to_thread(self.decoder.update_weights, tensors, update.version)
+        LOADS.append((str(update.folder), update.version))
+        return {"weights_version": update.version}
+
+    async def counters(self) -> dict[str, Any] | None:
+        return await self.decoder.counters()
+
+    async def close(self) -> None:
+        await self.decoder.close()
+
+
+@pytest.mark.slow
+def test_an_engine_in_one_file_and_one_table_line_serves_an_rl_run(tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(kinds, "SERVED", [f"{__name__}:ToyEngine", *kinds.SERVED])  # the one line
+    rows = [{"problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(8)]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tree = place(rl_config(tiny_dir, data, tmp_path / "run"), servers=[f"toy://{tiny_dir}"])
+    tree["run"].update(steps=2, save_every=2)
+    LOADS.clear()
+    threads = torch.get_num_threads()
+    try:
+        history = asyncio.run(RLTrainer(parse_config(tree)).train())
+    finally:
+        torch.set_num_threads(threads)
+    assert isinstance(ToyEngine("toy://" + str(tiny_dir)), Engine)  # the contract, checked by name
+    assert [v for _, v in LOADS] == [0, 1, 2]  # the run's start, then each update
+    assert all(Path(folder).is_relative_to(tmp_path / "run") for folder, _ in LOADS)
+    assert len(history) == 2
+    # its tokens were trained (their versions checked), and after each load it samples as the trainer
+    assert all("update/skipped" not in m and m["sync/logprob_diff"] < 1e-4 for m in history)
