@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from rstar2.engines.base import WeightUpdate
 from rstar2.adapters import attach
 from rstar2.config import LoraSection
+from rstar2.engines.base import WeightUpdate
 from rstar2.engines.kinds import connect
 from rstar2.local_service import free_port, wait_healthy
 from rstar2.rl.plumbing.distributed import LOCAL, full_state_dict
