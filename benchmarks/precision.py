@@ -75,7 +75,7 @@ def update_s(model, ids: torch.Tensor, learn: int, bf16: bool) -> float:
     start = time.perf_counter()
     with autocast(bf16):
         logits = model(input_ids=ids, use_cache=False, logits_to_keep=learn + 1).logits
-    logp, _ = token_logprobs(logits[:, :-1], ids[:, -learn:], with_entropy=True)
+    logp, _ = token_logprobs(logits[:, :-1], ids[:, -learn:], with_entropy=True, temperature=1.0)
     logp.sum().backward()
     return time.perf_counter() - start
 

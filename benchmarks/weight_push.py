@@ -147,7 +147,7 @@ def ban_cost_s(tokens: int, vocab: int, banned: int, repeat: int) -> tuple[float
         for _ in range(repeat):
             logits = torch.randn(1, tokens, vocab, requires_grad=True)
             t0 = time.perf_counter()
-            logp, entropy = token_logprobs(logits, labels, True, 1.0, ids)
+            logp, entropy = token_logprobs(logits, labels, True, temperature=1.0, banned=ids)
             (logp.sum() + entropy.sum()).backward()
             times.append(time.perf_counter() - t0)
         out.append(statistics.median(times))

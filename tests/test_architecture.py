@@ -201,10 +201,6 @@ NEUTRAL = {
     ("device", "auto"),
     ("dtype", "auto"),
     ("compute", "auto"),
-    ("temperature", 1.0),
-    ("top_p", 1.0),
-    ("top_k", 0),
-    ("seed", 0),
     ("progress", True),
 }
 OTHER_CONCEPTS = {"enabled"}
@@ -233,8 +229,15 @@ def _written_defaults(tree: ast.AST):
             a = node.args
             positional = a.posonlyargs + a.args
             with_default = positional[len(positional) - len(a.defaults) :]
-            yield from ((x.arg, d) for x, d in zip(with_default, a.defaults, strict=True))
-            yield from ((x.arg, d) for x, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is not None)
+            pairs = [
+                *zip(with_default, a.defaults, strict=True),
+                *zip(a.kwonlyargs, a.kw_defaults, strict=True),
+            ]
+            for x, d in pairs:
+                if isinstance(d, ast.Call) and getattr(d.func, "attr", "") == "Option" and d.args:
+                    d = d.args[0]  # a command's option: typer.Option(DEFAULT, ...)
+                if d is not None:
+                    yield x.arg, d
         elif isinstance(node, ast.ClassDef):
             for st in node.body:
                 if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name) and st.value is not None:

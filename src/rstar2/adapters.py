@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .config import LoraSection
+from .config import DEFAULT_RUN, LoraSection
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -62,7 +62,9 @@ def lora_config(lora: LoraSection, base: str | Path) -> Any:
     )
 
 
-def attach(model: torch.nn.Module, lora: LoraSection, base: str | Path, seed: int = 0) -> torch.nn.Module:
+def attach(
+    model: torch.nn.Module, lora: LoraSection, base: str | Path, seed: int = DEFAULT_RUN.seed
+) -> torch.nn.Module:
     """A new adapter on ``model`` (loaded from the folder ``base``): the base weights frozen, the
     adapter's B zero (PEFT's initialisation), so the model computes exactly what it did. Its random
     A comes from ``seed`` alone (the global generator untouched), so ``rstar2 replay`` draws it again."""
@@ -94,7 +96,7 @@ def save_adapter(
 
 
 def load_model(
-    path: str | Path, dtype: Any = None, lora: LoraSection | None = None, seed: int = 0
+    path: str | Path, dtype: Any = None, lora: LoraSection | None = None, seed: int = DEFAULT_RUN.seed
 ) -> torch.nn.Module:
     """The causal LM at ``path``: a model folder, or an adapter checkpoint (its base with the adapter).
     With ``lora`` the model trains an adapter: the one in ``path`` continued (same rank and alpha),

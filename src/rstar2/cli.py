@@ -17,10 +17,10 @@ from rich.markup import escape
 from .config import (
     CAPACITY_HELP,
     CHAT_ROLLOUT,
+    DEFAULT_EVAL,
     DEFAULT_ROLLOUT,
     DEFAULT_RUN,
     EVAL_ROLLOUT,
-    EVAL_SAMPLES,
     KEEP_HELP,
     Columns,
     validate,
@@ -87,8 +87,8 @@ def verify(
 MODEL_HELP = "A local Hugging Face model directory, run in this process (transformers)."
 # options `eval` and `chat` share (their defaults: config.EVAL_ROLLOUT, config.CHAT_ROLLOUT)
 MODEL = typer.Option(None, "--model", help=MODEL_HELP)
-SERVER = typer.Option(
-    None, "--server", help="An OpenAI-compatible server (vLLM, SGLang, rstar2 serve); repeat."
+SERVERS = typer.Option(
+    None, "--servers", "--server", help="An OpenAI-compatible server (vLLM, SGLang, rstar2 serve); repeat."
 )
 TOKENIZER = typer.Option(
     None, help="Tokenizer directory (default: the model directory; needed with --server)."
@@ -96,7 +96,7 @@ TOKENIZER = typer.Option(
 SANDBOX = typer.Option(
     None, help="URL of `rstar2 sandbox serve` (default: a local sandbox pool in this process)."
 )
-TOP_P = typer.Option(None, help="Nucleus sampling (default 1).")
+TOP_P = typer.Option(None, help=f"Nucleus sampling (default {DEFAULT_ROLLOUT.top_p}).")
 MAX_TURNS = typer.Option(None, help=f"Most assistant turns (default {EVAL_ROLLOUT['max_turns']}).")
 STATEFUL = typer.Option(None, "--stateful", help="Also offer python_session.")
 SYSTEM_PROMPT = typer.Option(None, help="System prompt ('' for none; default rstar2's).")
@@ -113,12 +113,18 @@ CONFIG = typer.Option(
 )
 SET = typer.Option([], "--set", help="Override one rollout setting: --set top_k=20 (repeatable).")
 DEVICE = typer.Option("auto", help="With --model: cpu, cuda, ... (auto: CUDA when present).")
-# options of eval/chat that are rollout settings: under the same name, or as the key named here
-SAME_NAME = ("sandbox", "temperature", "top_p", "top_k", "max_turns", "verify_mode", "system_prompt")
-SAME_NAME += ("stateful",)
-RENAMED = {"server": "engine.servers", "max_tokens": "max_response_tokens", "banned_token": "banned_tokens"}
-RENAMED |= {"batch": "engine.max_batch_size", "capacity_tokens": "engine.capacity_tokens"}
-RENAMED["scheduler"] = "scheduler.policy"
+# options of eval/chat that are rollout settings, each named as its key (of rollout:, or of its
+# engine: or scheduler: section); an older spelling stays as a second flag
+ROLLOUT_OPTIONS = ("sandbox", "temperature", "top_p", "top_k", "max_turns", "verify_mode", "system_prompt")
+ROLLOUT_OPTIONS += ("stateful", "servers", "max_response_tokens", "banned_tokens", "max_batch_size")
+ROLLOUT_OPTIONS += ("capacity_tokens", "policy")
+
+
+def rollout_key(name: str) -> str:
+    """Where the option ``name`` lives in the rollout settings: ``max_turns``, ``engine.servers``, ..."""
+    sections = {"": type(DEFAULT_ROLLOUT), "engine.": type(DEFAULT_ROLLOUT.engine)}
+    sections["scheduler."] = type(DEFAULT_ROLLOUT.scheduler)
+    return next(at + name for at, section in sections.items() if name in section.model_fields)
 
 
 def rollout_settings(args: dict, preset: dict):
@@ -128,8 +134,7 @@ def rollout_settings(args: dict, preset: dict):
     from .config import rollout_settings as merge
     from .recipe.spec import rollout_from_file
 
-    names = {**{n: n for n in SAME_NAME}, **RENAMED}
-    options = {field: args[name] for name, field in names.items() if name in args}
+    options = {rollout_key(name): args[name] for name in ROLLOUT_OPTIONS if name in args}
     try:
         file_tree = rollout_from_file(args["config"]) if args["config"] else None
         return merge(file_tree, args["set_"], preset, args["no_tools"], **options)
@@ -283,7 +288,7 @@ def vllm_cmd(
 @app.command("chat")
 def chat(
     model: str | None = MODEL,
-    server: list[str] | None = SERVER,
+    servers: list[str] | None = SERVERS,
     tokenizer: str | None = TOKENIZER,
     sandbox: str | None = SANDBOX,
     problem: str | None = typer.Option(None, "--problem", "-p", help="Solve this one problem and exit."),
@@ -291,8 +296,11 @@ def chat(
         None, help=f"Sampling temperature (0 = greedy; default {CHAT_ROLLOUT['temperature']})."
     ),
     top_p: float | None = TOP_P,
-    max_tokens: int | None = typer.Option(
-        None, help=f"Response budget, model and tool tokens (default {CHAT_ROLLOUT['max_response_tokens']})."
+    max_response_tokens: int | None = typer.Option(
+        None,
+        "--max-response-tokens",
+        "--max-tokens",
+        help=f"Response budget, model and tool tokens (default {CHAT_ROLLOUT['max_response_tokens']}).",
     ),
     max_turns: int | None = MAX_TURNS,
     stateful: bool | None = STATEFUL,
@@ -305,7 +313,7 @@ def chat(
     """Talk to a model that uses the Python tool: each tool call, its output and the answer as they happen."""
     from .rollout.chat_session import chat as chat_session
 
-    batch = 8 if model else None  # noqa: F841 - a rollout setting (max_batch_size), read from locals()
+    max_batch_size = 8 if model else None  # noqa: F841 - a rollout setting, read from locals()
     settings = rollout_settings(locals(), CHAT_ROLLOUT)
     try:
         chat_session(
@@ -318,7 +326,7 @@ def chat(
 @app.command("eval")
 def eval_cmd(
     model: str | None = MODEL,
-    server: list[str] | None = SERVER,
+    servers: list[str] | None = SERVERS,
     tokenizer: str | None = TOKENIZER,
     sandbox: str | None = SANDBOX,
     bench: str = typer.Option(
@@ -333,15 +341,18 @@ def eval_cmd(
         "split=test (repeatable; default: problem/question/prompt and answer/ground_truth).",
     ),
     samples: int = typer.Option(
-        EVAL_SAMPLES, "--samples", "-k", help="Samples per problem (pass@1 is their average)."
+        DEFAULT_EVAL.samples, "--samples", "-k", help="Samples per problem (pass@1 is their average)."
     ),
     temperature: float | None = typer.Option(
         None, help=f"Sampling temperature (default {EVAL_ROLLOUT['temperature']})."
     ),
     top_p: float | None = TOP_P,
-    top_k: int | None = typer.Option(None, help="Top-k sampling (default 0: off)."),
-    max_tokens: int | None = typer.Option(
-        None, help=f"Response budget, model and tool tokens (default {EVAL_ROLLOUT['max_response_tokens']})."
+    top_k: int | None = typer.Option(None, help=f"Top-k sampling (default {DEFAULT_ROLLOUT.top_k}: off)."),
+    max_response_tokens: int | None = typer.Option(
+        None,
+        "--max-response-tokens",
+        "--max-tokens",
+        help=f"Response budget, model and tool tokens (default {EVAL_ROLLOUT['max_response_tokens']}).",
     ),
     max_turns: int | None = MAX_TURNS,
     verify_mode: str | None = typer.Option(
@@ -351,21 +362,28 @@ def eval_cmd(
         help="strict: \\boxed{} inside <answer> (default); lenient: any final answer.",
     ),
     system_prompt: str | None = SYSTEM_PROMPT,
-    banned_token: list[str] = typer.Option([], "--banned-token", help="A token never sampled (repeatable)."),
+    banned_tokens: list[str] = typer.Option(
+        [], "--banned-tokens", "--banned-token", help="A token never sampled (repeatable)."
+    ),
     no_tools: bool = NO_TOOLS,
     config: Path | None = CONFIG,
     set_: list[str] = SET,
     limit: int | None = typer.Option(None, help="Only the first N problems of each benchmark."),
     out: Path = typer.Option(Path("runs/eval"), "--out", "-o", help="Output folder (rerun to resume)."),
-    seed: int = typer.Option(0, help="Base seed of the samples."),
+    seed: int = typer.Option(DEFAULT_RUN.seed, help="Base seed of the samples."),
     stateful: bool | None = STATEFUL,
     device: str = DEVICE,
-    batch: int | None = typer.Option(
+    max_batch_size: int | None = typer.Option(
         None,
+        "--max-batch-size",
+        "--batch",
         help=f"With --model: requests generated together (default {DEFAULT_ROLLOUT.engine.max_batch_size}).",
     ),
-    scheduler: str | None = typer.Option(
-        None, help="Which engine serves each turn: kv, least_requests, static."
+    policy: str | None = typer.Option(
+        None,
+        "--scheduler-policy",
+        "--scheduler",
+        help=f"Which engine serves each turn: kv, least_requests, static (default {DEFAULT_ROLLOUT.scheduler.policy}).",
     ),
     capacity_tokens: int | None = typer.Option(
         None, help="KV tokens per engine for the kv scheduler (default: what each server reports)."
@@ -530,7 +548,9 @@ def analyze_entropy(
         DEFAULT_RUN.reflection_window, help="Model tokens after a tool response counted as reflection."
     ),
     limit: int | None = typer.Option(None, help="Only the first N trajectories."),
-    temperature: float = typer.Option(1.0, help="The sampling temperature the entropy is taken at."),
+    temperature: float = typer.Option(
+        DEFAULT_ROLLOUT.temperature, help="The sampling temperature the entropy is taken at."
+    ),
     device: str = typer.Option("auto", help="cpu, cuda, ... (auto: CUDA when present)."),
     out: Path = typer.Option(Path("runs/entropy"), "--out", "-o", help="Output folder."),
 ) -> None:

@@ -256,11 +256,19 @@ def engine_budget(
     return max(1, total - keep), keep
 
 
-# The paper's evaluation (P §5.1): what `rstar2 eval` samples with unless told otherwise; `rstar2 chat`
-# takes it with a shorter budget
-EVAL_SAMPLES = 16  # samples a problem in `rstar2 eval` (P §5.1: avg pass@1 over 16)
-EVAL_ROLLOUT = {"temperature": 0.6, "max_response_tokens": 30000, "max_turns": 30}
-CHAT_ROLLOUT = {**EVAL_ROLLOUT, "max_response_tokens": 8192}
+class EvalSection(_Section):
+    """How an evaluation draws, over the rollout settings it runs with: ``rstar2 eval`` and a recipe's
+    ``eval:`` alike (the paper's, P §5.1, unless told otherwise); ``rstar2 chat`` at its temperature."""
+
+    samples: int = Field(16, ge=1)  # rollouts a problem: avg pass@1 over them (P §5.1: 16)
+    temperature: float = Field(0.6, ge=0)
+
+
+DEFAULT_EVAL = EvalSection()
+# `rstar2 eval`'s budget (P §5.1: 30 turns, 30K tokens); a recipe's evaluation takes its last RL
+# stage's, and `rstar2 chat` the rollout's tokens
+EVAL_ROLLOUT = {"temperature": DEFAULT_EVAL.temperature, "max_response_tokens": 30000, "max_turns": 30}
+CHAT_ROLLOUT = {**EVAL_ROLLOUT, "max_response_tokens": DEFAULT_ROLLOUT.max_response_tokens}
 
 
 # A model never taught the tool format, evaluated fairly: the bare problem, no tool schemas, one turn

@@ -425,3 +425,30 @@ def test_a_run_folders_recipe_from_before_the_keys_moved_is_read_with_each_key_a
         ]
 
     assert stages(parse_recipe(moved_home(old))) == stages(parse_recipe(new))
+
+
+def test_evaluation_filter_and_ladder_draw_as_told_else_by_one_default():
+    """A recipe's evaluation draws as ``rstar2 eval`` does (``config.EVAL``) unless the recipe says
+    otherwise; a filter or a ladder left open draws as its stage's rollouts; a filter's range is
+    checked against the samples it resolves to."""
+    import inspect
+
+    from rstar2.cli import eval_cmd
+    from rstar2.config import DEFAULT_EVAL
+
+    tree = yaml.safe_load(find_recipe("tiny").read_text())
+    tree["eval"] = {k: v for k, v in tree["eval"].items() if k not in ("samples", "temperature")}
+    hard = next(s for s in tree["stages"] if s["name"] == "rl-hard")
+    hard["filter"] = {"min_solved": 0}
+    hard["rollout"] = {**hard.get("rollout", {}), "samples": 12, "temperature": 0.9}
+    recipe = parse_recipe(tree, check_paths=False)
+    cli = inspect.signature(eval_cmd).parameters
+    assert (recipe.eval.samples, recipe.eval.temperature) == (DEFAULT_EVAL.samples, DEFAULT_EVAL.temperature)
+    assert cli["samples"].default.default == DEFAULT_EVAL.samples  # rstar2 eval's --samples
+    flt = next(s for s in recipe.stages if s.name == "rl-hard").filter
+    assert (flt.samples, flt.temperature) == (12, 0.9)
+    hard["filter"] = {"samples": 3, "max_solved": 4}
+    with pytest.raises(
+        ConfigError, match=r"stages.rl-hard.filter: need 0 <= min_solved <= max_solved <= samples \(3\)"
+    ):
+        parse_recipe(tree, check_paths=False)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rstar2.config import LossSection
+from rstar2.config import LossSection, RLConfig
 from rstar2.rl.algorithm.batch import collate, plan_micro_batches, take_rows, with_weights
 from rstar2.rl.algorithm.grpo import (
     group_advantages,
@@ -127,7 +127,7 @@ def test_micro_batches_do_not_change_the_loss():
     b = with_weights(collate(seqs, [1.0, -0.5, 0.25, 2.0, -1.0], [0, 0, 1, 1, 1]), "token-mean")
     logits = torch.randn(b.rows, b.input_ids.shape[1], 16)
 
-    full_logp, _ = token_logprobs(logits[:, :-1], b.labels)
+    full_logp, _ = token_logprobs(logits[:, :-1], b.labels, temperature=1.0)
     full, _ = policy_loss(full_logp, full_logp.detach() - 0.1, b.advantages, b.weights)
     parts = [take_rows(b, rows) for rows in plan_micro_batches(b, max_tokens=12)]
     assert len(parts) > 1 and sum(p.rows for p in parts) == b.rows
@@ -139,7 +139,7 @@ def test_micro_batches_do_not_change_the_loss():
         idx = order[at : at + p.rows]
         at += p.rows
         w = p.input_ids.shape[1]
-        lp, _ = token_logprobs(logits[idx][:, : w - 1], p.labels)
+        lp, _ = token_logprobs(logits[idx][:, : w - 1], p.labels, temperature=1.0)
         part_loss, _ = policy_loss(lp, lp.detach() - 0.1, p.advantages, p.weights)
         total += float(part_loss)
     assert total == pytest.approx(float(full), rel=1e-5)
@@ -155,7 +155,7 @@ def test_gradient_of_the_loss_on_a_tiny_model_matches_finite_differences(tiny):
 
     def logprobs():
         logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits[:, :-1]
-        return token_logprobs(logits, b.labels)[0]
+        return token_logprobs(logits, b.labels, temperature=1.0)[0]
 
     with torch.no_grad():  # an old policy a little off the current one: ratios spread around 1
         start = logprobs()
@@ -192,6 +192,11 @@ def _rows(seqs, advantages, groups):
     ]
 
 
+def rl_config(**sections) -> RLConfig:
+    """A config holding ``sections`` (what the update reads of it), the rest defaults."""
+    return RLConfig(model={"path": "-"}, data={"train": "-"}, **sections)
+
+
 def _update(model, rows, loss, **kw):
     """One update of ``model`` at lr 0 on ``rows`` (the loss and metrics, no change to the weights)."""
     from rstar2.config import OptimSection
@@ -200,9 +205,7 @@ def _update(model, rows, loss, **kw):
 
     opt, sched = build_optimizer(model, OptimSection(lr=0.0, warmup_steps=0), total_steps=1)
     learner = Learner(model, opt, sched)
-    return update_on_rollouts(
-        learner, rows, rows[0].trajectory, pad_id=0, optim=OptimSection(), loss=loss, **kw
-    )
+    return update_on_rollouts(learner, rows, rows[0].trajectory, rl_config(loss=loss), pad_id=0, **kw)
 
 
 def _rows_and_a_moved_copy(model):
@@ -318,7 +321,7 @@ async def test_the_update_takes_logprobs_at_the_sampling_temperature(tiny, tempe
     where a pass at T = 1 would not."""
     import copy
 
-    from rstar2.config import LossSection, OptimSection
+    from rstar2.config import OptimSection
     from rstar2.engines.base import SamplingParams
     from rstar2.engines.hf import HFEngine
     from rstar2.rl.algorithm.select import Row
@@ -348,11 +351,9 @@ async def test_the_update_takes_logprobs_at_the_sampling_temperature(tiny, tempe
             Learner(m, opt, sched),
             rows,
             rows[0].trajectory,
+            rl_config(rollout={"temperature": at}),
             pad_id=tok.pad_token_id or 0,
-            optim=OptimSection(),
-            loss=LossSection(),
             compute="fp32",
-            temperature=at,
         )
         return stats["update/engine_gap"]
 
@@ -412,11 +413,9 @@ async def test_the_decoupled_weights_come_from_the_steps_own_pass_and_match_a_se
             U.Learner(m, opt, sched),
             rows,
             rows[0].trajectory,
+            rl_config(loss=LossSection(tis_cap=1.1), asynchronous={"max_staleness": 1}),
             pad_id=tok.pad_token_id or 0,
-            optim=OptimSection(),
-            loss=LossSection(tis_cap=1.1),
             compute="fp32",
-            off_policy=True,
         )
     finally:
         U.logprobs_of = real
@@ -433,12 +432,12 @@ def test_banned_tokens_are_left_out_of_the_trainers_distribution_by_hand():
 
     logits = torch.tensor([[[0.0, math.log(2.0), math.log(3.0)]]], requires_grad=True)
     labels = torch.tensor([[1]])
-    logp, entropy = token_logprobs(logits, labels, True, banned=torch.tensor([2]))
+    logp, entropy = token_logprobs(logits, labels, True, temperature=1.0, banned=torch.tensor([2]))
     assert float(logp.detach()) == pytest.approx(math.log(2 / 3), abs=1e-6)
     assert float(entropy.detach()) == pytest.approx(
         -(1 / 3) * math.log(1 / 3) - (2 / 3) * math.log(2 / 3), abs=1e-6
     )
     logp.sum().backward()  # the ban leaves the model's logits as they were, and the gradient flows
     assert logits.grad is not None and float(logits.grad[0, 0, 2]) == 0.0
-    full, _ = token_logprobs(logits.detach(), labels)
+    full, _ = token_logprobs(logits.detach(), labels, temperature=1.0)
     assert float(full) == pytest.approx(math.log(2 / 6), abs=1e-6)

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from rstar2.cli import app
 from rstar2.rl.plumbing.keep import kept_path, kept_steps, read_kept
-from rstar2.rl.replay import replay
+from rstar2.rl.replay import config_of, replay
 
 from .test_async import _config, _train
 
@@ -53,7 +53,7 @@ def test_every_kept_step_is_redone_bit_for_bit(runs, k):
     record = read_kept(run, 2)
     n_params = sum(1 for name in record.after if name.startswith("model/"))
     assert n_params > 0 and len(record.after) == 4 * n_params  # weights, exp_avg, exp_avg_sq, step
-    assert record.args["off_policy"] is bool(k) and record.threads >= 1
+    assert config_of(record).asynchronous.off_policy is bool(k) and record.threads >= 1
 
     result = replay_cli(run, "--from", 1, "--to", 3)
     assert result.exit_code == 0, result.output

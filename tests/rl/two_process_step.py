@@ -18,7 +18,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import AutoModelForCausalLM
 
-from rstar2.config import LossSection, OptimSection
+from rstar2.config import OptimSection, RLConfig
 from rstar2.rl.algorithm.grpo import group_advantages
 from rstar2.rl.algorithm.select import Row
 from rstar2.rl.plumbing import distributed as D
@@ -57,9 +57,10 @@ def main(model_dir: str, out: str) -> None:
         Learner(model, opt, sched, world),
         mine,
         rows[0].trajectory,
+        RLConfig(
+            model={"path": model_dir}, data={}, optim=OptimSection(mini_batches=2, micro_batch_tokens=40)
+        ),
         pad_id=0,
-        optim=OptimSection(mini_batches=2, micro_batch_tokens=40),
-        loss=LossSection(),
         compute="fp32",
     )
     weights = D.full_state_dict(model, world)

@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..chat.token_classes import CLASSES
+from ..config import DEFAULT_ROLLOUT
 
 
-def entropy_of_logits(logits: Any, temperature: float = 1.0) -> Any:
+def entropy_of_logits(logits: Any, temperature: float = DEFAULT_ROLLOUT.temperature) -> Any:
     """Shannon entropy (nats) of softmax(logits / T) over the last axis, computed stably."""
     import torch
 
@@ -114,7 +115,10 @@ def summarize(items: Sequence[TrajectoryEntropy], bins: int = 20, top_k: int = 1
 
 
 def teacher_forced_entropy(
-    model: Any, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0
+    model: Any,
+    prompt_ids: list[int],
+    response_ids: list[int],
+    temperature: float = DEFAULT_ROLLOUT.temperature,
 ) -> list[float]:
     """Entropy of the distribution each response token was drawn from (one forward pass)."""
     import torch

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..chat.token_classes import CLASSES, TokenClasses, classify
-from ..config import DEFAULT_RUN
+from ..config import DEFAULT_ROLLOUT, DEFAULT_RUN
 from ..jsonl import iter_jsonl
 from ..plots import pyplot, save_figure
 from .entropy import Summary, TrajectoryEntropy, mark_high, summarize, teacher_forced_entropy
@@ -35,7 +35,7 @@ def analyze(
     top: float = 0.2,
     window: int = DEFAULT_RUN.reflection_window,
     limit: int | None = None,
-    temperature: float = 1.0,
+    temperature: float = DEFAULT_ROLLOUT.temperature,
     device: str = "auto",
     html_trajectories: int = 20,
     progress: bool = True,

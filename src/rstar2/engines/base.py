@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from ..config import DEFAULT_ROLLOUT
+
 FinishReason = Literal["stop", "length"]
 
 
@@ -15,9 +17,9 @@ class SamplingParams:
     """Per-request sampling. ``temperature`` 0 is greedy; ``top_k`` 0 and ``top_p`` 1 switch those off."""
 
     max_new_tokens: int  # the rollout's budget left (rollout.max_response_tokens), always given
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+    temperature: float = DEFAULT_ROLLOUT.temperature
+    top_p: float = DEFAULT_ROLLOUT.top_p
+    top_k: int = DEFAULT_ROLLOUT.top_k
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     banned_token_ids: tuple[int, ...] = ()  # never sampled (pad, role tags the model must not write)

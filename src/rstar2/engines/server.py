@@ -21,6 +21,7 @@ from ..auth import FolderRefused, allowed_folder, key_guard
 from ..chat.format import end_of_turn_ids, ensure_chat_template
 from ..chat.tags import TOOL_CALL_OPEN
 from ..chat.tools import ToolCall, parse_tool_calls
+from ..config import DEFAULT_ROLLOUT
 from .base import Generation, SamplingParams, weights_fingerprint
 from .hf import HFEngine
 from .streaming import TextDeltas, answered, stream
@@ -42,8 +43,8 @@ class _Sampling(BaseModel):
 
     model: str | None = None
     max_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(DEFAULT_ROLLOUT.temperature, ge=0)
+    top_p: float = Field(DEFAULT_ROLLOUT.top_p, gt=0, le=1)
     top_k: int = -1
     seed: int | None = None
     n: int = Field(1, ge=1, le=64)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import EVAL_SAMPLES, Columns, RolloutSection
+from ..config import DEFAULT_EVAL, DEFAULT_RUN, Columns, RolloutSection
 from ..jsonl import write_jsonl
 from ..problems import check_source, load_problems, source_name
 from ..rollout.multi_turn import Rollout
@@ -43,9 +43,9 @@ async def evaluate(
     benches: Sequence[str],
     out_dir: str | Path,
     *,
-    samples: int = EVAL_SAMPLES,
+    samples: int = DEFAULT_EVAL.samples,
     limit: int | None = None,
-    seed: int = 0,
+    seed: int = DEFAULT_RUN.seed,
     progress: bool = True,
     settings: dict[str, Any] | None = None,
     columns: Columns | None = None,
@@ -150,9 +150,9 @@ def run_eval(
     model: str | None = None,
     tokenizer: str | None = None,
     device: str = "auto",
-    samples: int = EVAL_SAMPLES,
+    samples: int = DEFAULT_EVAL.samples,
     limit: int | None = None,
-    seed: int = 0,
+    seed: int = DEFAULT_RUN.seed,
     columns: Columns | None = None,
     progress: bool = True,
 ) -> dict[str, dict[str, Any]]:

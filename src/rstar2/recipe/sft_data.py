@@ -15,7 +15,7 @@ from ..chat.prompt import problem_messages
 from ..chat.tags import ANSWER_CLOSE, ANSWER_OPEN
 from ..chat.tool_response import render_result
 from ..chat.tools import PYTHON_TOOL
-from ..config import ChatSection
+from ..config import DEFAULT_RUN, ChatSection
 from ..tasks.generator import Task
 
 
@@ -54,7 +54,7 @@ async def build_conversations(
     chat: ChatSection,
     *,
     error_rate: float = 0.25,
-    seed: int = 0,
+    seed: int = DEFAULT_RUN.seed,
     on_done: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
     """One ``{"messages": [...]}`` row per task, every tool output really run by ``code_env``; a task

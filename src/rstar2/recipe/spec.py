@@ -12,9 +12,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from ..config import (
+    DEFAULT_RUN,
     ChatSection,
     Columns,
     ConfigError,
+    EvalSection,
     GymSection,
     ModelSection,
     RLConfig,
@@ -115,39 +117,43 @@ class DataSpec(_Spec):
         return self
 
 
-class FilterSpec(_Spec):
+class Drawing(_Spec):
+    """How the policy's own samples are drawn before a stage, over the stage's rollout settings:
+    ``samples`` rollouts a problem at ``temperature``, each the stage's own unless given (filled in
+    when the recipe is read, ``Recipe._drawings``)."""
+
+    samples: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0)
+
+
+class FilterSpec(Drawing):
     """Keep the problems the current policy does not yet always (or never) solve: ``samples``
     rollouts each, kept when ``min_solved`` <= solved <= ``max_solved`` (default samples - 1)."""
 
-    samples: int = 8
     min_solved: int = 0
     max_solved: int | None = None
-    temperature: float = 1.0
 
-    @model_validator(mode="after")
-    def _range(self) -> FilterSpec:
-        top = self.samples - 1 if self.max_solved is None else self.max_solved
-        if not 0 <= self.min_solved <= top <= self.samples:
-            raise ValueError(f"need 0 <= min_solved <= max_solved <= samples, got {self.min_solved}, {top}")
-        return self
+    def check(self, at: str) -> None:
+        top = self.samples - 1 if self.max_solved is None else self.max_solved  # type: ignore[operator]
+        if not 0 <= self.min_solved <= top <= self.samples:  # type: ignore[operator]
+            raise ValueError(
+                f"{at}: need 0 <= min_solved <= max_solved <= samples ({self.samples}), "
+                f"got {self.min_solved}, {top}"
+            )
 
 
-class LadderSpec(_Spec):
+class LadderSpec(Drawing):
     """The difficulty ladder: before an RL stage, the policy samples ``samples`` rollouts of ``probes``
     problems of each (family, level) cell; problems are drawn equally from the cells it solves
     sometimes (no step spent on groups of equal rewards), or a family's next rung (``choose_cells``)."""
 
     probes: int = Field(2, ge=1)
-    samples: int = Field(2, ge=1)
-    temperature: float = 1.0
 
 
-class EvalSpec(_Spec):
+class EvalSpec(EvalSection):
     data: DataSpec | None = None  # default: held-out problems of the first RL stage's generator
     count: int = 128  # held-out problems drawn from that generator
     seed: int | None = None  # their seed (default: the recipe's); fixed, every seed's run is scored alike
-    samples: int = 4
-    temperature: float = 1.0
     max_turns: int | None = None  # default: the last stage's
     max_response_tokens: int | None = None
     before: bool = True  # also evaluate the starting model
@@ -273,7 +279,7 @@ MOVED_FROM_RECIPE = {
 
 class Recipe(_Spec):
     name: str = "recipe"
-    seed: int = 0
+    seed: int = DEFAULT_RUN.seed  # every stage's run.seed
     model: ModelSpec
     # the rollout settings (config's `rollout:`) of every RL stage, filter and evaluation, a stage's
     # own `rollout:` over them; its chat keys are also what SFT renders conversations with. Its
@@ -316,6 +322,23 @@ class Recipe(_Spec):
                     f"eval.{key}: {unknown} is neither `start` nor a stage of this recipe {names}"
                 )
         validate(RolloutSection, self.rollout, "rollout")
+        return self
+
+    @model_validator(mode="after")
+    def _drawings(self) -> Recipe:
+        """A filter's and a ladder's samples and temperature left open: the stage's rollout's."""
+        for stage in self.stages:
+            for key in ("filter", "ladder"):
+                drawing = getattr(stage, key)
+                if drawing is None or None not in (drawing.samples, drawing.temperature):
+                    continue
+                rollout = stage_rollout(self, stage)
+                own = {
+                    k: getattr(rollout, k) for k in ("samples", "temperature") if getattr(drawing, k) is None
+                }
+                setattr(stage, key, drawing.model_copy(update=own))
+            if stage.filter is not None:
+                stage.filter.check(f"stages.{stage.name}.filter")
         return self
 
     def evaluated_at(self, point: str) -> tuple[bool, bool]:

@@ -11,6 +11,7 @@ from typing import Any
 from ..chat import tags
 from ..chat.prompt import CHATML_SPECIAL_TOKENS, CHATML_TEMPLATE
 from ..chat.tools import PYTHON_TOOL
+from ..config import DEFAULT_RUN
 from .spec import ModelSpec
 
 # The shape of `model: {build: tiny}` (the spec's defaults), and build_model's keywords for it
@@ -74,7 +75,7 @@ def build_model(
     heads: int = TINY.heads,
     mlp: int = TINY.mlp,
     max_positions: int = TINY.max_positions,
-    seed: int = 0,
+    seed: int = DEFAULT_RUN.seed,
 ) -> Any:
     """A Qwen2-architecture causal LM with random weights (fp32, tied embeddings)."""
     import torch

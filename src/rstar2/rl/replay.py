@@ -216,12 +216,12 @@ def redo(state: State, record: KeptStep, cfg: RLConfig | None = None) -> tuple[d
         state.learner,
         chosen.rows,
         _stand_in(record),
-        optim=cfg.optim,
-        loss=cfg.loss,
+        cfg,
+        pad_id=record.args["pad_id"],
+        banned=record.args["banned"],
         ref_model=state.ref_model,
         token_classes=TokenClasses(state.tokenizer, window) if window else None,
         compute=record.precision,
-        **record.args,
     )
     state.learner.model.eval()
     return out, chosen
@@ -363,7 +363,7 @@ def what_if(
     tokens = _trained_tokens(state, record, ran)
     passes = {
         "compute": record.precision,
-        "temperature": record.args["temperature"],
+        "temperature": ran.rollout.temperature,
         "banned": record.args["banned"],
     }
     sides, as_run = {}, None

@@ -44,7 +44,9 @@ def sft_step(
     sums = start_step(learner)
     for rows in plan(batch, max_tokens, learner.world):
         mb = take_rows(batch, rows)
-        logp, _ = forward_logprobs(learner.model, mb, compute=compute)
+        logp, _ = forward_logprobs(
+            learner.model, mb, compute=compute, temperature=1.0
+        )  # the plain distribution
         accumulate(-(logp * mb.weights).sum(), {}, sums, learner.world)
     return finish_step(learner, sums, grad_clip)
 
@@ -53,7 +55,7 @@ def exact_probability(learner: Learner, probe: Batch, max_tokens: int, compute: 
     """The mean probability of each probe conversation's assistant tokens: the chance of writing it
     word for word at T = 1. Unlike the loss, it does not average a wrong digit away."""
     learner.model.eval()
-    logp = logprobs_of(learner.model, probe, max_tokens, learner.world, compute)
+    logp = logprobs_of(learner.model, probe, max_tokens, learner.world, compute, temperature=1.0)
     return float((logp * probe.mask).sum(dim=1).exp().mean())
 
 

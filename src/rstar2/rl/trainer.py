@@ -324,15 +324,12 @@ class RLTrainer:
             self.run.learner,
             rows,
             trajs[0] if trajs else stand_in(pad),  # no rows here: still in every collective
+            cfg,
             pad_id=pad,
-            optim=cfg.optim,
-            loss=cfg.loss,
+            banned=self.rollout.banned_ids,
             ref_model=self.ref_model,
             token_classes=self.token_classes,
             compute=cfg.model.compute,
-            temperature=cfg.rollout.temperature,
-            banned=self.rollout.banned_ids,
-            off_policy=cfg.asynchronous.off_policy,
         )
         t2 = time.perf_counter()
         sync = await self._publish(step)

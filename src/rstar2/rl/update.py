@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..chat.token_classes import CLASSES, NO_CLASS
-from ..config import LossSection, OptimSection, RLConfig
+from ..config import RLConfig
 from .algorithm.batch import Batch, collate, take_rows, with_weights
 from .algorithm.grpo import policy_loss, weight_units
 from .algorithm.select import Row
@@ -87,36 +87,35 @@ def update_on_rollouts(
     learner: Learner,
     rows: Sequence[Row],
     stand_in: Trajectory,
+    cfg: RLConfig,
     *,
     pad_id: int,
-    optim: OptimSection,
-    loss: LossSection,
+    banned: Sequence[int] = (),
     ref_model: torch.nn.Module | None = None,
     token_classes: Callable[[Sequence[int], Sequence[int]], list[int]] | None = None,
     compute: str = "auto",
-    temperature: float = 1.0,
-    banned: Sequence[int] = (),
-    off_policy: bool = False,
 ) -> dict[str, float]:
     """The RL update on the rollouts this process kept: ``optim.mini_batches`` optimizer steps, each
-    normalised over all processes, ``optim.epochs`` passes; with ``token_classes`` also the mean
-    entropy of each class. A process with no rows joins the collectives with a zero-weight copy of
-    ``stand_in``. ``off_policy`` (asynchronous RL): the old policy is the decoupled objective's
-    proximal one, and the importance weights pi_prox/mu are reported (as whenever ``tis_cap`` applies)."""
-    model, world = learner.model, learner.world
+    normalised over all processes, ``optim.epochs`` passes, the loss of ``cfg.loss``, log-probs under
+    the rollout's temperature and ``banned`` ids (what the engine sampled from); with
+    ``token_classes`` also the mean entropy of each class. A process with no rows joins the
+    collectives with a zero-weight copy of ``stand_in``. Off-policy (``asynchronous.max_staleness``
+    > 0): the old policy is the decoupled objective's proximal one, and the importance weights
+    pi_prox/mu are reported (as whenever ``loss.tis_cap`` applies)."""
+    model, world, optim, loss = learner.model, learner.world, cfg.optim, cfg.loss
     if all_sum([len(rows)], world)[0] == 0:
         return {"update/skipped": 1.0}
     parts = [list(rows[i :: optim.mini_batches]) for i in range(optim.mini_batches)]
     batches = [rows_batch(part, stand_in, pad_id, loss.aggregation, token_classes, world) for part in parts]
     tokens = optim.micro_batch_tokens
-    passes = dict(compute=compute, temperature=temperature, banned=banned)
+    passes = dict(compute=compute, temperature=cfg.rollout.temperature, banned=banned)
     # The old policy (of the clip; the proximal one of the decoupled objective) is the weights before
     # the first optimizer step: with one step per update, the step's own pass computes it
     if optim.mini_batches > 1 or optim.epochs > 1:
         batches = [replace(b, old_logp=logprobs_of(model, b, tokens, world, **passes)) for b in batches]
     if ref_model is not None:  # the KL to the start: a term of the loss (loss.kl_coef), or a metric
         batches = [replace(b, ref_logp=logprobs_of(ref_model, b, tokens, LOCAL, **passes)) for b in batches]
-    report = off_policy or loss.tis_cap is not None  # the importance weights, in the metrics
+    report = cfg.asynchronous.off_policy or loss.tis_cap is not None  # the importance weights, in the metrics
     ratios = [(b.old_logp - b.engine_logp)[b.mask.bool()] for b in batches if b.old_logp is not None]
     out = []
     for _ in range(optim.epochs):

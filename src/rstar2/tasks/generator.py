@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from ..config import DEFAULT_RUN
 from ..problems import DATA_DIR
 from . import chains, relations
 
@@ -169,7 +170,7 @@ def generate(
     *,
     families: Sequence[str] | None = None,
     digits: tuple[int, int] = (1, 3),
-    seed: int = 0,
+    seed: int = DEFAULT_RUN.seed,
     split: str = "train",
     wording: str = "plain",
     levels: tuple[int, int] = (1, 3),

@@ -69,7 +69,8 @@ def token_logprobs(
     logits: torch.Tensor,
     labels: torch.Tensor,
     with_entropy: bool = False,
-    temperature: float = 1.0,
+    *,
+    temperature: float,
     banned: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(label) per position in fp32 at least (and each position's entropy), under ``logits /

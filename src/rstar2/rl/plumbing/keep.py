@@ -26,9 +26,9 @@ import xxhash
 from ...rollout.trajectory import Trajectory
 
 KEPT_DIR = "kept"
-# update_on_rollouts' arguments that the config does not hold (the tokenizer's pad id, the ids the
-# engine was told to ban) or that the trainer derives from it
-PLAIN_ARGS = ("pad_id", "temperature", "banned", "off_policy")
+# update_on_rollouts' arguments that the config does not hold: the tokenizer's pad id, the ids the
+# engine was told to ban
+PLAIN_ARGS = ("pad_id", "banned")
 
 
 def kept_path(run_dir: str | Path, step: int) -> Path:

@@ -18,7 +18,8 @@ def forward_logprobs(
     mb: Batch,
     with_entropy: bool = False,
     compute: str = "auto",
-    temperature: float = 1.0,
+    *,
+    temperature: float,
     banned: Sequence[int] = (),
 ):
     """Log-probs of the labels, (rows, T-1), and optionally entropies, under the rollouts'
@@ -35,7 +36,9 @@ def forward_logprobs(
             logits_to_keep=width + 1 - start,
         ).logits
     ban = torch.tensor(sorted(set(banned)), dtype=torch.long) if banned else None  # each mass once
-    logp, entropy = token_logprobs(logits[:, :-1], mb.labels[:, start:], with_entropy, temperature, ban)
+    logp, entropy = token_logprobs(
+        logits[:, :-1], mb.labels[:, start:], with_entropy, temperature=temperature, banned=ban
+    )
     if start:
         pad = logp.new_zeros(logp.shape[0], start)
         logp = torch.cat([pad, logp], dim=1)
@@ -58,7 +61,8 @@ def logprobs_of(
     max_tokens: int,
     world: World = LOCAL,
     compute: str = "auto",
-    temperature: float = 1.0,
+    *,
+    temperature: float,
     banned: Sequence[int] = (),
 ) -> torch.Tensor:
     """(rows, T-1) log-probs of the batch's labels under ``model`` (micro-batched, no grad)."""

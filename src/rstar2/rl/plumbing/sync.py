@@ -26,6 +26,7 @@ from . import distributed as D
 from .passes import logprobs_of
 
 PROBE_TOKENS = 16
+PROBE_TEMPERATURE = 1.0  # the probe samples the plain distribution, and the trainer scores it so
 BASE = "base"  # an adapter's publish folder: the base model's tensors, written on a whole publish
 
 
@@ -138,7 +139,9 @@ async def probe_engines(
     one that did not answer); every process calls it with its own engines (a forward under FSDP
     is a collective, so a failed engine leaves only its row out)."""
     # ahead of every queued rollout: the trainer waits on it
-    params = SamplingParams(max_new_tokens=PROBE_TOKENS, temperature=1.0, seed=seed, priority=-(2**31))
+    params = SamplingParams(
+        max_new_tokens=PROBE_TOKENS, temperature=PROBE_TEMPERATURE, seed=seed, priority=-(2**31)
+    )
     answers: list[Any] = []
     for e in engines:
         try:
@@ -152,7 +155,9 @@ async def probe_engines(
     batch = collate(seqs, [0.0] * len(seqs), [0] * len(seqs), pad_id).to(world.device)
     was_training = model.training
     model.eval()
-    trainers = logprobs_of(model, batch, max_tokens=1 << 20, world=world, compute=compute).cpu()
+    trainers = logprobs_of(
+        model, batch, max_tokens=1 << 20, world=world, compute=compute, temperature=PROBE_TEMPERATURE
+    ).cpu()
     model.train(was_training)
     mask, gap = batch.mask.cpu().bool(), (batch.engine_logp.cpu() - trainers).abs()
     diffs = iter([float(gap[row][mask[row]].mean()) if mask[row].any() else 0.0 for row in range(len(gens))])
