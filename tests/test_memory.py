@@ -66,11 +66,12 @@ def test_training_lowers_the_micro_batch_where_memory_is_short_and_says_so(tmp_p
         {"kind": "sft", "model": {"path": "x"}, "data": {"train": "x"}, "run": {"out": str(tmp_path)}}
     )
     monkeypatch.setattr("rstar2.memory.available_bytes", lambda device="cpu": 4 * 2**30)
-    launch.fit_to_memory(cfg, 49152, LOCAL)
-    assert cfg.optim.micro_batch_tokens == 1024  # 1024 x 49152 x 32 B = 1.5 GiB, within half of 4 GiB
+    fitted = launch.fit_to_memory(cfg, 49152, LOCAL)
+    assert fitted.optim.micro_batch_tokens == 1024  # 1024 x 49152 x 32 B = 1.5 GiB, within half of 4 GiB
+    assert cfg.optim.micro_batch_tokens == 16384  # the config asked for stays as written
     assert "optim.micro_batch_tokens 16384 would hold ~24 GiB" in capsys.readouterr().out
-    launch.fit_to_memory(cfg, 49152, LOCAL)  # fitted already: nothing said
-    assert cfg.optim.micro_batch_tokens == 1024 and not capsys.readouterr().out
+    assert launch.fit_to_memory(fitted, 49152, LOCAL) is fitted  # fitted already: nothing said
+    assert not capsys.readouterr().out
 
 
 def test_resident_gib_follows_an_allocation_and_keeps_its_peak():

@@ -86,6 +86,7 @@ class SFTTrainer:
         else:
             self.total = cfg.run.steps
         self.run = run = load_training(cfg, start, self.total)
+        self.cfg = run.cfg
         self.step_no = run.step
         self.data = DataStream(examples, cfg.run.seed, cfg.data.shuffle, run.data_position)
 

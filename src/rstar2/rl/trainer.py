@@ -32,7 +32,7 @@ from .algorithm.select import Row, Selection, seed_of, select_rows
 from .algorithm.staleness import StalenessError, check_versions, staleness_metrics
 from .plumbing import distributed as D
 from .plumbing.data import DataStream
-from .plumbing.engine_mode import PROBE_PROBLEM, TrainerEngines
+from .plumbing.engine_mode import PROBE_PROBLEM, TrainerEngines, require_reported_versions
 from .plumbing.feed import GroupFeed
 from .plumbing.keep import KeptStep, keeping
 from .plumbing.launch import RunError, Steps, begin, load_training, param_dtype, run_steps
@@ -153,6 +153,7 @@ class RLTrainer:
         window = cfg.run.reflection_window
         self.token_classes = TokenClasses(self.tokenizer, window) if window else None
         self.run = run = load_training(cfg, start, optimizer_steps(cfg), before_shard=self.engines.adopt)
+        self.cfg = run.cfg
         self.model, self.log, self.step_no = run.learner.model, run.log, run.step
         self.first_step, self.first_position = run.step, run.data_position
         h = cfg.run.health
@@ -207,6 +208,7 @@ class RLTrainer:
                     # every engine holds this run's weights and version before the first group starts (a
                     # server may hold another run's, or this one's past the checkpoint; a dead one fails here)
                     await self._publish(self.step_no)
+                    require_reported_versions(engines, self.cfg.asynchronous.max_staleness)
                     self._counters = (time.perf_counter(), await self.engines.counters())
                     self.feed = GroupFeed(
                         self._launch_group,

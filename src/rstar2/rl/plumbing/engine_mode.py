@@ -68,8 +68,7 @@ class TrainerEngines:
             self.engine_model = copy.deepcopy(model).to(engine_dtype(self.world.device))
 
     async def open(self) -> list[Engine]:
-        """Remote servers, or one in-process engine over the adopted model; each must say which
-        policy version sampled its tokens."""
+        """Remote servers, or one in-process engine over the adopted model."""
         from ...engines.kinds import open_engines
 
         cfg = self.cfg
@@ -80,11 +79,6 @@ class TrainerEngines:
             compute=cfg.model.compute,
             keep_stale_kv=cfg.asynchronous.keep_stale_kv,
         )
-        try:
-            require_reported_versions(self.engines, cfg.asynchronous.max_staleness)
-        except BaseException:
-            await self.close()
-            raise
         return self.engines
 
     def attach(self, scheduler: Any) -> None:

@@ -41,7 +41,7 @@ class Training:
     log: MetricsLog
     start: Start
     run_dir: Path
-    keep: int  # run.keep_checkpoints
+    cfg: TrainConfig  # as the run trains (``fit_to_memory``)
 
     @property
     def step(self) -> int:
@@ -55,7 +55,7 @@ class Training:
         """Checkpoint ``step``; every process calls it (the weights are gathered), rank 0 writes."""
         model, optimizer, lr_schedule, world = self.learner
         parts = (model, optimizer, lr_schedule, self.start.tokenizer, state, world)
-        return save_checkpoint(self.run_dir, step, *parts, keep=self.keep)
+        return save_checkpoint(self.run_dir, step, *parts, keep=self.cfg.run.keep_checkpoints)
 
 
 def begin(cfg: TrainConfig, resume: bool) -> Start:
@@ -80,13 +80,14 @@ def param_dtype(cfg: TrainConfig) -> torch.dtype:
     return torch.float32 if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
 
 
-def fit_to_memory(cfg: TrainConfig, vocab: int, world: D.World) -> None:
-    """Lower ``optim.micro_batch_tokens`` where its logits would not fit half the free memory, saying
-    so. One process only: under torchrun every rank must run the same micro-batches."""
+def fit_to_memory(cfg: TrainConfig, vocab: int, world: D.World) -> TrainConfig:
+    """The config as the run trains: ``optim.micro_batch_tokens`` lowered where its logits would not
+    fit half the free memory, saying so (a copy; the one asked for is left as written). One process
+    only: under torchrun every rank must run the same micro-batches."""
     from ...memory import available_bytes, fit_micro_batch
 
     if world.size > 1:
-        return
+        return cfg
     asked = cfg.optim.micro_batch_tokens
     fitted = fit_micro_batch(asked, vocab, available_bytes(str(world.device)))
     if fitted < asked:  # one process: the main one
@@ -96,7 +97,8 @@ def fit_to_memory(cfg: TrainConfig, vocab: int, world: D.World) -> None:
             f"using {fitted}; set it in the config to choose",
             flush=True,
         )
-        cfg.optim.micro_batch_tokens = fitted
+        return cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"micro_batch_tokens": fitted})})
+    return cfg
 
 
 def load_training(
@@ -106,8 +108,10 @@ def load_training(
     before_shard: Callable[[torch.nn.Module], None] | None = None,
 ) -> Training:
     """``updates``: optimizer steps of the whole run (the schedule's length). ``before_shard`` sees
-    the full model before FSDP shards it (the RL trainer copies it for its engine there)."""
+    the full model before FSDP shards it (the RL trainer copies it for its engine there). The run
+    trains with ``Training.cfg``: ``cfg`` with the micro-batch fitted to memory."""
     learner, resumed = load_learner(cfg, start, updates, before_shard)
+    cfg = fit_to_memory(cfg, learner.model.config.vocab_size, start.world)
     run_dir = Path(cfg.run.out)
     log = MetricsLog(
         run_dir,
@@ -119,7 +123,7 @@ def load_training(
     )
     if start.world.main:
         (run_dir / "config.yaml").write_text(record(start.precision) + dump_config(cfg))
-    return Training(learner, resumed, log, start, run_dir, cfg.run.keep_checkpoints)
+    return Training(learner, resumed, log, start, run_dir, cfg)
 
 
 def load_learner(
@@ -127,12 +131,11 @@ def load_learner(
     start: Start,
     updates: int,
     before_shard: Callable[[torch.nn.Module], None] | None = None,
-    fit: bool = True,
 ) -> tuple[Learner, dict[str, Any]]:
     """The model, optimizer and schedule as the run stands at ``start`` (restored from its checkpoint,
     or new, with the last stage's moments where asked); the checkpoint's state.json ({} when new). Opens and writes
-    nothing in the run folder (``rstar2 replay`` loads a finished run's state with it, ``fit=False``:
-    the micro-batches as the run fitted them, whatever memory is free now)."""
+    nothing in the run folder (``rstar2 replay`` loads a finished run's state with it, its
+    micro-batches as the run fitted them, whatever memory is free now)."""
     world = start.world
     model = load_model(start.path, param_dtype(cfg), cfg.model.lora, cfg.run.seed).to(world.device)
     if cfg.model.gradient_checkpointing:
@@ -142,8 +145,6 @@ def load_learner(
     if before_shard is not None:
         before_shard(model)
     model = D.shard(model, world)
-    if fit:
-        fit_to_memory(cfg, model.config.vocab_size, world)
     optimizer, lr_schedule = build_optimizer(model, cfg.optim, updates)
     state: dict[str, Any] = {}
     if start.checkpoint is not None:  # resuming this run: everything as it was
