@@ -48,7 +48,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rstar2.auth import client_headers
-from rstar2.config import parse_config
+from rstar2.config_files import parse_config
 from rstar2.engines.hf import HFEngine
 from rstar2.local_service import free_port, wait_healthy
 from rstar2.rl.trainer import RLTrainer

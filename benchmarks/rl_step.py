@@ -31,7 +31,7 @@ import torch
 
 from rstar2.chat.format import ChatFormat
 from rstar2.chat.prompt import SYSTEM_PROMPT
-from rstar2.config import parse_config
+from rstar2.config_files import parse_config
 from rstar2.recipe.tiny_model import build_model, build_tokenizer, save_pretrained
 from rstar2.rl.trainer import RLTrainer
 

@@ -46,7 +46,7 @@ def ours(frame) -> str | None:
 
 
 def main() -> None:
-    from rstar2.config import parse_config
+    from rstar2.config_files import parse_config
     from rstar2.rl.trainer import RLTrainer
 
     chains: dict[str, list[str]] = {}

@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from rstar2.config import set_value
+from rstar2.config_files import set_value
 from rstar2.eval.metrics import mean_ci95, per_problem_accuracy
 from rstar2.problems import source_name
 from rstar2.recipe.compare import measured

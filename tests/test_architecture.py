@@ -13,6 +13,7 @@ PACKAGE = ROOT / "src" / "rstar2"
 MAP = (ROOT / "ARCHITECTURE.md").read_text()
 GROUND = {
     "config",
+    "config_files",
     "adapters",
     "device",
     "problems",

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from rstar2.config import Columns, ConfigError, parse_config
+from rstar2.config import Columns
+from rstar2.config_files import ConfigError, parse_config
 from rstar2.problems import check_source, load_problems, source_name, training_problems
 
 from .conftest import ROOT, RSTAR2

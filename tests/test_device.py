@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from rstar2 import device as D
-from rstar2.config import load_config
+from rstar2.config_files import load_config
 
 from .rl.test_sft import conversation
 

@@ -12,7 +12,8 @@ from collections import Counter
 import pytest
 import yaml
 
-from rstar2.config import ConfigError, GymSection, RolloutSection
+from rstar2.config import GymSection, RolloutSection
+from rstar2.config_files import ConfigError
 from rstar2.gym import draw, parse_source, scored_by_task
 from rstar2.problems import load_problems, source_name
 from rstar2.rollout import Rollout

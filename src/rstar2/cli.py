@@ -23,8 +23,8 @@ from .config import (
     EVAL_ROLLOUT,
     KEEP_HELP,
     Columns,
-    validate,
 )
+from .config_files import validate
 from .engines.vllm_launch import LORA_SLOTS
 from .sandbox import commands as sandbox_commands
 
@@ -128,10 +128,10 @@ def rollout_key(name: str) -> str:
 
 
 def rollout_settings(args: dict, preset: dict):
-    """The rollout settings of ``eval``/``chat`` from their options (``config.rollout_settings``);
+    """The rollout settings of ``eval``/``chat`` from their options (``config_files.rollout_settings``);
     a bad one is a usage error."""
-    from .config import ConfigError
-    from .config import rollout_settings as merge
+    from .config_files import ConfigError
+    from .config_files import rollout_settings as merge
     from .recipe.spec import rollout_from_file
 
     options = {rollout_key(name): args[name] for name in ROLLOUT_OPTIONS if name in args}
@@ -433,7 +433,7 @@ def train(
     """Train: GRPO-RoC (kind: rl) or supervised fine-tuning (kind: sft), or a whole recipe with
     --recipe. Under torchrun, every process runs this command:
     `torchrun --nproc-per-node N -m rstar2 train CONFIG`."""
-    from .config import load_config
+    from .config_files import load_config
     from .recipe.run import run_named
     from .rl.train import train_config
 

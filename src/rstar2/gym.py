@@ -13,7 +13,8 @@ from urllib.parse import parse_qsl
 
 import yaml
 
-from .config import ConfigError, GymSection, validate
+from .config import GymSection
+from .config_files import ConfigError, validate
 
 PREFIX = "gym:"
 INSTALL = "pip install 'rstar2[gym]' (reasoning-gym)"

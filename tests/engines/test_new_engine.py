@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from rstar2.config import DEFAULT_ROLLOUT, parse_config
+from rstar2.config import DEFAULT_ROLLOUT
+from rstar2.config_files import parse_config
 from rstar2.engines import kinds
 from rstar2.engines.base import Engine, Generation, SamplingParams, WeightUpdate
 from rstar2.engines.hf import HFEngine

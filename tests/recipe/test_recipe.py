@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from rstar2.chat.tools import PYTHON_TOOL
 from rstar2.cli import app
-from rstar2.config import ConfigError
+from rstar2.config_files import ConfigError
 from rstar2.device import resolve_precision
 from rstar2.recipe.report_card import paired_change
 from rstar2.recipe.run import run_recipe
@@ -401,7 +401,8 @@ def test_paired_change_is_the_mean_per_problem_change_with_its_interval():
 def test_a_run_folders_recipe_from_before_the_keys_moved_is_read_with_each_key_at_home():
     """`rstar2 compare` reads a run's own recipe.yaml; one written before the recipe became a layer
     over the config sections (every key written, the old ones too) resolves to the same stages."""
-    from rstar2.config import ChatSection, parse_config
+    from rstar2.config import ChatSection
+    from rstar2.config_files import parse_config
     from rstar2.recipe.spec import moved_home, stage_tree
 
     new = miniature()

@@ -11,7 +11,7 @@ from rstar2.rl.plumbing.checkpoint import latest_checkpoint
 @pytest.fixture(scope="session")
 def tool_caller(tiny_dir, tmp_path_factory):
     """The tiny model after a short SFT on one tool-call conversation: it calls the tool."""
-    from rstar2.config import parse_config
+    from rstar2.config_files import parse_config
     from rstar2.rl.sft import SFTTrainer
 
     from .test_sft import conversation

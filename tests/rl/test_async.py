@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rstar2.config import ConfigError, parse_config
+from rstar2.config_files import ConfigError, parse_config
 from rstar2.engines.base import SamplingParams
 from rstar2.engines.hf import HFEngine
 from rstar2.rl.algorithm.staleness import admissible, staleness_metrics

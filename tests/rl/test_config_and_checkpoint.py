@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rstar2.config import ConfigError, RLConfig, load_config, parse_config
+from rstar2.config import RLConfig
+from rstar2.config_files import ConfigError, load_config, parse_config
 from rstar2.rl.plumbing.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from rstar2.rl.plumbing.data import DataStream
 from rstar2.rl.plumbing.metrics_log import MetricsLog, read_metrics

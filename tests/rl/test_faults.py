@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from rstar2.config import parse_config
+from rstar2.config_files import parse_config
 from rstar2.rl.plumbing.launch import RunError
 from rstar2.rl.plumbing.metrics_log import read_metrics
 from rstar2.rl.plumbing.step_metrics import step_metrics

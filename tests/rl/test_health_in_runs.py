@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from rstar2.config import parse_config
+from rstar2.config_files import parse_config
 from rstar2.rl.plumbing.checkpoint import latest_checkpoint
 from rstar2.rl.plumbing.metrics_log import read_metrics
 from rstar2.rl.trainer import RLTrainer

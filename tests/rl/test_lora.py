@@ -22,7 +22,8 @@ from rstar2.adapters import (
     merge_folder,
     save_adapter,
 )
-from rstar2.config import LoraSection, parse_config
+from rstar2.config import LoraSection
+from rstar2.config_files import parse_config
 from rstar2.rl.plumbing.checkpoint import latest_checkpoint
 from rstar2.rl.plumbing.metrics_log import read_metrics
 
@@ -378,7 +379,7 @@ def test_a_recipe_sets_an_adapter_for_all_stages_one_kind_or_one_stage():
     ``model: {lora: ...}`` (``null``: every weight there); a stage may set nothing else of model:."""
     import yaml
 
-    from rstar2.config import ConfigError
+    from rstar2.config_files import ConfigError
     from rstar2.recipe.spec import find_recipe, parse_recipe, stage_tree
 
     def adapters(tree: dict) -> dict:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rstar2.chat.format import ChatFormat
-from rstar2.config import parse_config
+from rstar2.config_files import parse_config
 from rstar2.rl.sft import SFTTrainer, read_conversations, sft_batch
 
 CALL = '<tool_call>{"name": "execute_python_code_with_standard_io", "arguments": {"code": "print(6*7)"}}</tool_call>'

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from rstar2.config import HealthSection, RolloutSection, parse_config
+from rstar2.config import HealthSection, RolloutSection
+from rstar2.config_files import parse_config
 from rstar2.rollout import Rollout
 from rstar2.rollout.health import SIGNS, Watch, shares, signs
 from rstar2.rollout.stats import record

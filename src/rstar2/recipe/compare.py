@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from ..config import parse_config, set_value
+from ..config_files import parse_config, set_value
 from ..eval.metrics import per_problem_accuracy
 from ..memory import peak_bytes, release_memory, reset_peak
 from ..plots import pyplot, save_figure

@@ -14,7 +14,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..config import NO_TOOLS, dump_config, parse_config
+from ..config import NO_TOOLS
+from ..config_files import dump_config, parse_config
 from ..device import pick_device, record, resolve_precision
 from ..jsonl import read_jsonl, write_jsonl
 from ..memory import release_memory

@@ -15,18 +15,15 @@ from ..config import (
     DEFAULT_RUN,
     ChatSection,
     Columns,
-    ConfigError,
     EvalSection,
     GymSection,
     ModelSection,
     RLConfig,
     RolloutSection,
     SFTConfig,
-    parse_config,
-    read_yaml,
     refuse_moved,
-    validate,
 )
+from ..config_files import ConfigError, parse_config, read_yaml, validate
 from ..engines.vllm_launch import GPU_SHARE
 from ..tasks.generator import MAX_LEVEL, expand_families
 

@@ -22,7 +22,8 @@ import torch
 
 from ..adapters import base_reference, load_model
 from ..chat.token_classes import TokenClasses
-from ..config import ConfigError, RLConfig, parse_config
+from ..config import RLConfig
+from ..config_files import ConfigError, parse_config
 from ..device import resolve_precision
 from ..rollout.trajectory import Trajectory
 from .algorithm.batch import Batch

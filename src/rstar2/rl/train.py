@@ -7,7 +7,8 @@ import asyncio
 import os
 from pathlib import Path
 
-from ..config import ConfigError, TrainConfig
+from ..config import TrainConfig
+from ..config_files import ConfigError
 
 
 def check_paths(cfg: TrainConfig) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from ...adapters import load_model
-from ...config import TrainConfig, dump_config
+from ...config import TrainConfig
+from ...config_files import dump_config
 from ...device import Precision, record, resolve_precision
 from . import distributed as D
 from .checkpoint import carry_optimizer_state, latest_checkpoint, load_trainer_state, save_checkpoint
