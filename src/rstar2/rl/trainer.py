@@ -394,6 +394,7 @@ class RLTrainer:
         the rollouts' KV and the update's activations never lie under each other's peak."""
 
         def run() -> dict[str, Any]:
+            D.use_device(self.world)
             trim_heap()
             with self.engines.beside_update():
                 out = update(*args, **kw)
@@ -401,7 +402,7 @@ class RLTrainer:
             trim_heap()
             return out
 
-        return await asyncio.to_thread(D.on_device(self.world, run))
+        return await asyncio.to_thread(run)
 
     async def after_step(
         self,
