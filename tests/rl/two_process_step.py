@@ -58,7 +58,9 @@ def main(model_dir: str, out: str) -> None:
         mine,
         rows[0].trajectory,
         RLConfig(
-            model={"path": model_dir}, data={}, optim=OptimSection(mini_batches=2, micro_batch_tokens=40)
+            model={"path": model_dir},
+            data={"train": "-"},
+            optim=OptimSection(mini_batches=2, micro_batch_tokens=40),
         ),
         pad_id=0,
         compute="fp32",
