@@ -100,7 +100,7 @@ async def hf(model_dir: Path, batch, tokens: int, groups: int) -> tuple[float, f
 async def vllm(model_dir: Path, batch, tokens: int, eager: bool, a) -> dict:
     t0 = time.perf_counter()
     log = Path(tempfile.mkdtemp()) / "vllm.log"
-    options = {"cores": "0-1", "kv_cache_gib": 2, "dtype": "float32", "eager": eager}
+    options = {"cores": "0-1", "kv_cache_gib": 2, "dtype": "float32", "eager": eager, "start_timeout_s": 900}
     with local_server(model_dir, log, weights_from=[model_dir], **options) as url:
         start = time.perf_counter() - t0
         engine = await connect(url)

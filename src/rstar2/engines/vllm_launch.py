@@ -134,7 +134,7 @@ def local_server(
     log: Path,
     *,
     weights_from: list[Path],
-    timeout_s: float = 900.0,
+    start_timeout_s: float,
     cores: str | None = None,
     **options,
 ) -> Iterator[str]:
@@ -159,7 +159,7 @@ def local_server(
         return f" (see {log}):\n{log.read_text(errors='replace')[-2000:]}"
 
     try:
-        wait_healthy(url, proc, timeout_s, f"rstar2 vllm on {model}", log_tail)
+        wait_healthy(url, proc, start_timeout_s, f"rstar2 vllm on {model}", log_tail)
         rest = before - cpu_set(cores) if cores else before
         os.sched_setaffinity(0, rest or before)
         yield url

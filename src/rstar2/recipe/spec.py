@@ -261,6 +261,7 @@ class LocalVLLM(_Spec):
     dtype: str | None = None  # None: float32 on a CPU (as the trainer), the model's own on a GPU
     gpu_share: float = Field(GPU_SHARE, gt=0, lt=1)  # GPU: its share of the memory; the trainer's beside it
     eager: bool = False  # skip torch.compile: a faster start, a slower decode
+    start_timeout_s: float = Field(900.0, gt=0)  # how long it may take to answer (a compile on a slow CPU)
     if_installed: bool = False  # without vLLM (scripts/setup-vllm.sh), run in-process instead of failing
 
 
