@@ -2,7 +2,7 @@
 synchronous, in-process: the engine decodes the trainer's own model, nothing to publish), ``copy``
 (in-process with weights of its own: under torchrun, where the trained model is sharded, or while
 the update writes the weights at ``max_staleness > 0``), or ``servers`` (loading each version from
-disk)."""
+disk); each engine takes them through its own ``load_weights`` (``sync.publish``)."""
 
 from __future__ import annotations
 
