@@ -31,6 +31,8 @@ async def connect(url: str, settings: EngineSection = DEFAULT_ROLLOUT.engine) ->
         served = kind(path)
         if await served.serves(url):
             break
+    else:
+        raise ValueError(f"no kind of engine in engines/kinds.py serves {url}")
     engine = served(
         url,
         capacity_tokens=settings.capacity_tokens,
