@@ -118,14 +118,13 @@ async def evaluate_model(
 ) -> dict:
     """``plain``: the zero-shot baseline without the tool format (``config.NO_TOOLS``)."""
     recipe, spec = run.recipe, run.recipe.eval
-    has_rl = any(s.kind == "rl" for s in recipe.stages)
-    base = stage_rollout(recipe)  # the last RL stage's settings: held-out scores as training samples
-    overrides = {
-        "temperature": spec.temperature,
-        "max_turns": spec.max_turns or (base.max_turns if has_rl else 4),
-        "max_response_tokens": spec.max_response_tokens or (base.max_response_tokens if has_rl else 1024),
+    # over the last RL stage's rollout settings (the recipe's rollout: without one): held-out scores
+    # as training samples; the budget is theirs unless eval: gives one
+    budget = {
+        k: getattr(spec, k) for k in ("max_turns", "max_response_tokens") if getattr(spec, k) is not None
     }
-    settings = stage_rollout(recipe, **{**overrides, **(NO_TOOLS if plain else {})})
+    overrides = {"temperature": spec.temperature, **budget, **(NO_TOOLS if plain else {})}
+    settings = stage_rollout(recipe, **overrides)
     return await sample(run, settings, model_dir, rows, out_dir, samples=spec.samples, seed=recipe.seed + 1)
 
 

@@ -151,7 +151,7 @@ class EvalSpec(EvalSection):
     data: DataSpec | None = None  # default: held-out problems of the first RL stage's generator
     count: int = 128  # held-out problems drawn from that generator
     seed: int | None = None  # their seed (default: the recipe's); fixed, every seed's run is scored alike
-    max_turns: int | None = None  # default: the last stage's
+    max_turns: int | None = None  # default: the last RL stage's (the recipe's rollout: without one)
     max_response_tokens: int | None = None
     before: bool = True  # also evaluate the starting model
     # and once more plain: the bare problem, no tools, one turn, lenient answer checking (the
