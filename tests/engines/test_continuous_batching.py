@@ -481,3 +481,23 @@ async def test_a_weight_load_carries_its_version_and_a_bad_one_changes_nothing(m
     assert g.versions == [5, 5, 5]
     assert_matches(model, prompt, g)
     await engine.close()
+
+
+async def test_a_request_whose_caller_stopped_waiting_leaves_running_or_queued(model, prompt):
+    """A caller that stops waiting (a stream whose client went away: its task cancelled) frees its
+    row at the next step, and a request cancelled while queued never starts: the engine does not
+    decode for nobody until the budget runs out."""
+    engine = HFEngine(model, max_batch_size=1)
+    never_stops = SamplingParams(max_new_tokens=400, temperature=1.0, seed=1)  # no stop ids
+    running = asyncio.create_task(engine.generate(prompt, never_stops))
+    while engine.stats["steps"] < 3:
+        await asyncio.sleep(0.001)
+    queued = asyncio.create_task(engine.generate(prompt, never_stops))  # waits: the one row is taken
+    await asyncio.sleep(0.05)
+    queued.cancel()
+    running.cancel()
+    answered = await engine.generate(prompt[:5], SamplingParams(max_new_tokens=4, seed=2))
+    await engine.close()  # its thread ends only once no row is left
+    assert len(answered.token_ids) == 4
+    assert engine.stats["row_steps"] < 100, engine.stats["row_steps"]  # not 400 decoded for nobody
+    assert engine.stats["abandoned"] == 2

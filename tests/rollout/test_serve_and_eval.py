@@ -317,6 +317,26 @@ def test_the_openai_clients_streaming_on_rstar2_serve_joins_to_the_whole_answer(
     assert r.status_code == 400 and "leaves no room in the model's 2048 positions" in r.text
 
 
+def test_a_stream_whose_client_goes_away_stops_its_generation(server):
+    """A client that closes a stream mid-answer frees the engine: its row leaves at the next step
+    (``abandoned``), not after decoding the rest of ``max_tokens`` for nobody."""
+    import time
+
+    before = httpx.get(server + "/health").json()["engine"]
+    body = {"prompt": "hello there", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        assert [next(lines) for _ in range(4)]  # a few tokens arrived; then the client goes away
+    deadline = time.monotonic() + 60
+    while (now := httpx.get(server + "/health").json())["in_flight"] or now["engine"]["abandoned"] == before[
+        "abandoned"
+    ]:
+        assert time.monotonic() < deadline, now
+        time.sleep(0.05)
+    assert now["engine"]["abandoned"] == before["abandoned"] + 1
+    assert now["engine"]["row_steps"] - before["row_steps"] < 1000  # not 1,500 decoded for nobody
+
+
 def test_streamed_text_keeps_back_a_tool_calls_opening_and_waits_for_whole_characters():
     from rstar2.engines.streaming import TextDeltas
 

@@ -32,6 +32,11 @@ class Request:
     # a streaming caller's: each sampled token and its log-prob, on ``loop`` (before ``settle``'s answer)
     on_token: Callable[[int, float], None] | None = None
 
+    @property
+    def abandoned(self) -> bool:
+        """Its caller stopped waiting (cancelled: a stream whose client went away): nobody reads it."""
+        return self.future.cancelled()
+
     def settle(self, result: Generation | BaseException) -> None:
         self.loop.call_soon_threadsafe(_settle, self.future, result)
 
@@ -215,6 +220,10 @@ class RunningBatch:
             row.out_ver.append(row.next_version)
             if row.req.on_token is not None:
                 row.req.loop.call_soon_threadsafe(row.req.on_token, tok, lp)
+            if row.req.abandoned:  # it leaves now, its cache not kept
+                self.stats["abandoned"] += 1
+                done.append(i)
+                continue
             if tok in row.req.params.stop_token_ids:
                 row.finish = "stop"
             elif len(row.out_ids) < row.budget:

@@ -104,6 +104,7 @@ class HFEngine:
             "shared_tokens": 0,  # prompt tokens not prefilled: an identical prompt in the same admission
             "queue_wait_s": 0.0,  # summed over requests: arrival to admission
             "reprefills": 0,  # running rows prefilled again after new weights
+            "abandoned": 0,  # requests whose caller stopped waiting (a stream's client gone): dropped
             "prefill_s": 0.0,  # of busy_s: admissions (prefill, joining the batch)
         }
 
@@ -277,6 +278,9 @@ class HFEngine:
                 self._queue.put(None)  # seen again once the running rows are done
                 break
             self._pending.append(nxt)
+        if any(r.abandoned for r in self._pending):  # their callers stopped waiting: never started
+            self.stats["abandoned"] += sum(r.abandoned for r in self._pending)
+            self._pending = deque(r for r in self._pending if not r.abandoned)
         if len(self._pending) > free:  # short of rows: by priority, then arrival (a stable sort)
             self._pending = deque(sorted(self._pending, key=lambda r: r.params.priority))
         taken = [self._pending.popleft() for _ in range(min(free, len(self._pending)))]
