@@ -5,7 +5,7 @@ trainer writes and the seconds a served engine takes to load them, on `rstar2 se
 
 Both servers start on ``MODEL_DIR`` (`rstar2 serve`; `rstar2 vllm --lora-rank R` where vLLM is
 installed). Each sync is what the trainer does after an update (``rl/plumbing/sync.py``'s
-``write_parts`` then the engine's ``update_weights``): the whole model written and loaded in
+``write_parts`` then the engine's ``load_weights``): the whole model written and loaded in
 place, against the adapter alone (after its base once, not timed: a run's first sync), ``--repeat``
 times each, alternating. Median seconds.
 """

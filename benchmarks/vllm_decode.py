@@ -5,7 +5,7 @@ tokens each at T = 1 (no stop token: every row decodes its budget), all submitte
 engine in turn on the idle machine: ``HFEngine`` in this process (2 threads, batch = prompts), then
 vLLM started by ``rstar2 vllm`` on both cores (``--cores 0-1``, started through ``vllm_launch.local_server``), compiled (vLLM's default) and with
 ``--eager``. Also times vLLM's in-place weight load as the trainer does it after each update
-(``VLLMEngine.update_weights``: pause, load, checks, version, resume), ``--repeat`` times.
+(``VLLMEngine.load_weights``: pause, load, checks, version, resume), ``--repeat`` times.
 Then tool-using rollouts on each engine, as ``benchmarks/rollout.py`` makes them: ``--groups`` ×
 8 rollouts with the SmolLM2 recipe's chat format, up to 3 turns, each turn 32-96 sampled tokens and
 then a scripted tool call the real sandbox pool runs: generated tokens per wall second.

@@ -91,7 +91,7 @@ SERVERS = typer.Option(
     None, "--servers", "--server", help="An OpenAI-compatible server (vLLM, SGLang, rstar2 serve); repeat."
 )
 TOKENIZER = typer.Option(
-    None, help="Tokenizer directory (default: the model directory; needed with --server)."
+    None, help="Tokenizer directory (default: the model directory; needed with --servers)."
 )
 SANDBOX = typer.Option(
     None, help="URL of `rstar2 sandbox serve` (default: a local sandbox pool in this process)."

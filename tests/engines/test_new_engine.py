@@ -98,3 +98,20 @@ def test_an_engine_in_one_file_and_one_table_line_serves_an_rl_run(tiny_dir, tmp
     assert len(history) == 2
     # its tokens were trained (their versions checked), and after each load it samples as the trainer
     assert all("update/skipped" not in m and m["sync/logprob_diff"] < 1e-4 for m in history)
+
+
+async def test_an_engine_refuses_weights_in_a_form_it_does_not_take(tiny):
+    """An in-process engine takes tensors, a server a folder: the other form is an error, never a
+    version claimed for weights that were not loaded."""
+    import copy
+
+    from rstar2.engines.openai import OpenAIEngine
+
+    local, served = HFEngine(copy.deepcopy(tiny[0])), OpenAIEngine("http://127.0.0.1:9")
+    with pytest.raises(ValueError, match="takes tensors, not a folder"):
+        await local.load_weights(WeightUpdate(1, folder=Path("/runs/r/weights")))
+    with pytest.raises(ValueError, match="loads a folder, not tensors"):
+        await served.load_weights(WeightUpdate(1, tensors={}))
+    assert local.version == 0
+    await local.close()
+    await served.close()

@@ -429,7 +429,7 @@ def test_a_run_folders_recipe_from_before_the_keys_moved_is_read_with_each_key_a
 
 
 def test_evaluation_filter_and_ladder_draw_as_told_else_by_one_default():
-    """A recipe's evaluation draws as ``rstar2 eval`` does (``config.EVAL``) unless the recipe says
+    """A recipe's evaluation draws as ``rstar2 eval`` does (``config.EvalSection``) unless the recipe says
     otherwise; a filter or a ladder left open draws as its stage's rollouts; a filter's range is
     checked against the samples it resolves to."""
     import inspect

@@ -171,7 +171,7 @@ def test_sft_trains_an_adapter_that_the_next_stage_trains_on(tiny_dir, tmp_path)
     rl = lora_rl(tiny_dir, tmp_path, tmp_path / "rl")
     rl["run"]["init_from"] = str(sft_ckpt)
     cfg = parse_config(rl)
-    learner, state = load_learner(cfg, begin(cfg, resume=False), updates=4)
+    learner, state, _ = load_learner(cfg, begin(cfg, resume=False), updates=4)
     assert state == {}
     assert torch.allclose(logits(learner.model), logits(load_model(sft_ckpt)), atol=1e-5)
     assert all(".lora_" in n for n, p in learner.model.named_parameters() if p.requires_grad)

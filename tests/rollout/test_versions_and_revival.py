@@ -144,7 +144,7 @@ def test_a_token_whose_version_was_not_reported_is_refused():
         check_versions([traj], trained_by=4, max_staleness=0)
 
 
-def test_an_engine_that_cannot_report_versions_is_refused_at_connect():
+def test_an_engine_that_cannot_report_versions_is_refused_before_its_tokens_train():
     says_each, states, silent = (
         SimpleNamespace(name=n, version_source=s) for n, s in (("a", "tokens"), ("b", "stated"), ("c", None))
     )

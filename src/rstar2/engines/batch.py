@@ -215,15 +215,15 @@ class RunningBatch:
         ids = tokens.tolist()
         done: list[int] = []
         for i, (row, tok, lp) in enumerate(zip(rows, ids, logps.tolist(), strict=True)):
+            if row.req.abandoned:  # it leaves now, its cache not kept
+                self.stats["abandoned"] += 1
+                done.append(i)
+                continue
             row.out_ids.append(tok)
             row.out_lp.append(lp)
             row.out_ver.append(row.next_version)
             if row.req.on_token is not None:
                 row.req.loop.call_soon_threadsafe(row.req.on_token, tok, lp)
-            if row.req.abandoned:  # it leaves now, its cache not kept
-                self.stats["abandoned"] += 1
-                done.append(i)
-                continue
             if tok in row.req.params.stop_token_ids:
                 row.finish = "stop"
             elif len(row.out_ids) < row.budget:

@@ -153,6 +153,8 @@ class HFEngine:
         """The trainer's tensors, loaded off the event loop and then checked held exactly (``exact``);
         none: it decodes the trainer's own model, written in place, and only says so (torch does not
         count every kind of write, e.g. through ``param.data``)."""
+        if update.folder is not None:
+            raise ValueError(f"engine {self.name} runs in this process: it takes tensors, not a folder")
         if update.tensors is None:
             await asyncio.to_thread(self.invalidate, update.version)
             return {"weights_version": update.version}
@@ -278,9 +280,9 @@ class HFEngine:
                 self._queue.put(None)  # seen again once the running rows are done
                 break
             self._pending.append(nxt)
-        if any(r.abandoned for r in self._pending):  # their callers stopped waiting: never started
-            self.stats["abandoned"] += sum(r.abandoned for r in self._pending)
-            self._pending = deque(r for r in self._pending if not r.abandoned)
+        waiting = [r for r in self._pending if not r.abandoned]  # the others' callers stopped waiting
+        self.stats["abandoned"] += len(self._pending) - len(waiting)  # they never start
+        self._pending = deque(waiting)
         if len(self._pending) > free:  # short of rows: by priority, then arrival (a stable sort)
             self._pending = deque(sorted(self._pending, key=lambda r: r.params.priority))
         taken = [self._pending.popleft() for _ in range(min(free, len(self._pending)))]

@@ -1,7 +1,10 @@
 """The kinds of engine, in one table, and the one place engines are opened. A server at a URL is
 the first kind in ``SERVED`` whose ``serves(url)`` says yes; a local model folder (or the trainer's
 own model) is decoded by ``IN_PROCESS``. A new engine is a file with a class keeping the ``Engine``
-contract (``engines/base.py``) and one line here."""
+contract (``engines/base.py``) and one line here. A server kind also answers ``serves(url)`` (a
+class method), is made as ``Kind(url, capacity_tokens=, timeout_s=, reload_path=)`` and asked
+``probe_capacity()``; the in-process kind is made over a loaded model (``Kind(model, name=, ...)``)
+or ``Kind.from_pretrained(folder, device=, dtype=, ...)``."""
 
 from __future__ import annotations
 
@@ -83,5 +86,5 @@ async def open_engines(
     if trainer_model is not None:
         return [local(trainer_model, name=name, **sizes)]
     if not model:
-        raise ValueError("give either a model directory (--model) or one or more servers (--server)")
+        raise ValueError("give either a model directory (--model) or one or more servers (--servers)")
     return [local.from_pretrained(model, device=device, dtype=dtype, **sizes)]

@@ -231,6 +231,8 @@ class OpenAIEngine:
     async def load_weights(self, update: WeightUpdate) -> dict[str, Any]:
         """The folder through SGLang's ``reload_path`` (``rstar2 serve`` has it too); a refusal (an
         error status, SGLang's ``"success": false``) is a ``ServerError``."""
+        if update.folder is None:
+            raise ValueError(f"engine {self.name} is a server: it loads a folder, not tensors")
         what = f"{self.base_url}{self.reload_path} could not load {update.folder}"
         body: dict[str, Any] = {"model_path": str(update.folder), "weight_version": str(update.version)}
         answer = await self._call("POST", self.reload_path, what, json=body)

@@ -330,7 +330,10 @@ class Recipe(_Spec):
                 drawing = getattr(stage, key)
                 if drawing is None or None not in (drawing.samples, drawing.temperature):
                     continue
-                rollout = stage_rollout(self, stage)
+                try:
+                    rollout = stage_rollout(self, stage)
+                except ConfigError as exc:
+                    raise ValueError(f"stages.{stage.name}: {exc}") from None
                 own = {
                     k: getattr(rollout, k) for k in ("samples", "temperature") if getattr(drawing, k) is None
                 }

@@ -157,7 +157,7 @@ def load_state(record: KeptStep, checkpoint: Path | None) -> State:
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or path)
     start = Start(world, tokenizer, path, checkpoint, resolve_precision(world.device, record.precision))
     updates = optimizer_steps(cfg)
-    learner, _ = load_learner(cfg, start, updates)  # cfg: as the run trained (micro-batches fitted)
+    learner, _, _ = load_learner(cfg, start, updates)  # cfg: as the run trained (micro-batches fitted)
     ref = None
     if cfg.needs_reference:
         ref_path = cfg.run.init_from or cfg.model.path

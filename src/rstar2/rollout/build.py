@@ -20,11 +20,11 @@ def check_engine_choice(model: str | None, settings: RolloutSection, tokenizer: 
     from pathlib import Path
 
     if bool(model) == bool(settings.engine.servers):
-        raise ValueError("give either --model PATH or --server URL")
+        raise ValueError("give either --model PATH or --servers URL")
     if model and not Path(model).is_dir():
         raise ValueError(f"--model {model} does not exist (a local Hugging Face model folder)")
     if settings.engine.servers and not (tokenizer or model):
-        raise ValueError("with --server, give --tokenizer PATH (the served model's tokenizer)")
+        raise ValueError("with --servers, give --tokenizer PATH (the served model's tokenizer)")
 
 
 @asynccontextmanager
@@ -72,7 +72,7 @@ async def open_rollout(
     the caller (the trainer, whose engine shares its model) replace those of the settings; so do a
     running ``code_env`` and ``verifier`` (a recipe shares them by stage), which stay open."""
     if tokenizer is None and model is None:
-        raise ValueError("with --server, give --tokenizer PATH (the served model's tokenizer directory)")
+        raise ValueError("with --servers, give --tokenizer PATH (the served model's tokenizer directory)")
     if tokenizer is None or isinstance(tokenizer, str):
         from transformers import AutoTokenizer
 

@@ -111,8 +111,7 @@ def load_training(
     """``updates``: optimizer steps of the whole run (the schedule's length). ``before_shard`` sees
     the full model before FSDP shards it (the RL trainer copies it for its engine there). The run
     trains with ``Training.cfg``: ``cfg`` with the micro-batch fitted to memory."""
-    learner, resumed = load_learner(cfg, start, updates, before_shard)
-    cfg = fit_to_memory(cfg, learner.model.config.vocab_size, start.world)
+    learner, resumed, cfg = load_learner(cfg, start, updates, before_shard, fit=True)
     run_dir = Path(cfg.run.out)
     log = MetricsLog(
         run_dir,
@@ -132,11 +131,13 @@ def load_learner(
     start: Start,
     updates: int,
     before_shard: Callable[[torch.nn.Module], None] | None = None,
-) -> tuple[Learner, dict[str, Any]]:
+    fit: bool = False,
+) -> tuple[Learner, dict[str, Any], TrainConfig]:
     """The model, optimizer and schedule as the run stands at ``start`` (restored from its checkpoint,
-    or new, with the last stage's moments where asked); the checkpoint's state.json ({} when new). Opens and writes
-    nothing in the run folder (``rstar2 replay`` loads a finished run's state with it, its
-    micro-batches as the run fitted them, whatever memory is free now)."""
+    or new, with the last stage's moments where asked), the checkpoint's state.json ({} when new) and
+    the config to train with (``fit``: the micro-batch fitted to memory, ``fit_to_memory``). Opens and
+    writes nothing in the run folder (``rstar2 replay`` loads a finished run's state with it, without
+    ``fit``: the micro-batches as the run fitted them, whatever memory is free now)."""
     world = start.world
     model = load_model(start.path, param_dtype(cfg), cfg.model.lora, cfg.run.seed).to(world.device)
     if cfg.model.gradient_checkpointing:
@@ -146,13 +147,15 @@ def load_learner(
     if before_shard is not None:
         before_shard(model)
     model = D.shard(model, world)
+    if fit:  # measured before any optimizer state is loaded: a resumed run fits as the first did
+        cfg = fit_to_memory(cfg, model.config.vocab_size, world)
     optimizer, lr_schedule = build_optimizer(model, cfg.optim, updates)
     state: dict[str, Any] = {}
     if start.checkpoint is not None:  # resuming this run: everything as it was
         state = load_trainer_state(start.checkpoint, model, optimizer, lr_schedule, world)
     elif cfg.run.init_from and not cfg.optim.reset_optimizer:  # a new stage from the last one's checkpoint
         carry_optimizer_state(cfg.run.init_from, model, optimizer, world)
-    return Learner(model, optimizer, lr_schedule, world), state
+    return Learner(model, optimizer, lr_schedule, world), state, cfg
 
 
 class RunError(RuntimeError):

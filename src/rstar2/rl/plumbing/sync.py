@@ -219,9 +219,8 @@ async def publish(
     every process: rank 0's word holds); only when none took them does the step stop."""
     served = [e for e in engines if not e.local]
     # off the event loop (rollouts and tool calls of the next steps go on meanwhile), on this GPU
-    weights = (
-        None if in_place else await asyncio.to_thread(D.on_device(world, D.full_state_dict), model, world)
-    )
+    gather = not in_place or served  # a server loads what rank 0 writes of them, always
+    weights = await asyncio.to_thread(D.on_device(world, D.full_state_dict), model, world) if gather else None
     error: BaseException | None = None
     lost: list[str] = []
     try:
