@@ -42,7 +42,7 @@ VLLM_OPEN_UNDER = ("/v1/", "/v2/", "/inference/", "/cohere/", "/static/")  # its
 
 def vllm_route_open(path: str, opened: Iterable[str] = ()) -> bool:
     """Whether ``vllm_guard`` lets a key holder take ``path`` (a route without the root path)."""
-    return path.startswith(VLLM_OPEN_UNDER) or path in VLLM_OPEN or path in set(opened)
+    return path.startswith(VLLM_OPEN_UNDER) or path in VLLM_OPEN or path in {o for o in opened if o}
 
 
 def route(request: Any) -> str:

@@ -106,12 +106,14 @@ async def test_an_engine_refuses_weights_in_a_form_it_does_not_take(tiny):
     import copy
 
     from rstar2.engines.openai import OpenAIEngine
+    from rstar2.engines.vllm import VLLMEngine
 
-    local, served = HFEngine(copy.deepcopy(tiny[0])), OpenAIEngine("http://127.0.0.1:9")
+    local = HFEngine(copy.deepcopy(tiny[0]))
     with pytest.raises(ValueError, match="takes tensors, not a folder"):
         await local.load_weights(WeightUpdate(1, folder=Path("/runs/r/weights")))
-    with pytest.raises(ValueError, match="loads a folder, not tensors"):
-        await served.load_weights(WeightUpdate(1, tensors={}))
+    for served in (OpenAIEngine("http://127.0.0.1:9"), VLLMEngine("http://127.0.0.1:9")):
+        with pytest.raises(ValueError, match="loads a folder, not tensors"):
+            await served.load_weights(WeightUpdate(1, tensors={}))
+        await served.close()
     assert local.version == 0
     await local.close()
-    await served.close()

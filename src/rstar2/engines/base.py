@@ -88,7 +88,8 @@ class Engine(Protocol):
     async def load_weights(self, update: WeightUpdate) -> dict[str, Any]:
         """Hold the update's weights as policy ``update.version`` (requests in flight go on under
         them); the answer says what it now holds where it can (``weights_version``,
-        ``weights_fingerprint``, ``parameters_written``; ``exact``: checked equal to what was sent)."""
+        ``weights_fingerprint``, ``parameters_written``); weights in a form it does not take (a
+        folder for an engine in this process, tensors for a server) are a ``ValueError``."""
 
     async def counters(self) -> dict[str, Any] | None:
         """Work counted since it started (the trainer's ``engine/*`` metrics); None: it counts none."""

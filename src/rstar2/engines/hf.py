@@ -150,8 +150,7 @@ class HFEngine:
             self.in_flight -= 1
 
     async def load_weights(self, update: WeightUpdate) -> dict[str, Any]:
-        """The trainer's tensors, loaded off the event loop and then checked held exactly (``exact``);
-        none: it decodes the trainer's own model, written in place, and only says so (torch does not
+        """The trainer's tensors, loaded off the event loop and then checked held exactly; none: it decodes the trainer's own model, written in place, and only says so (torch does not
         count every kind of write, e.g. through ``param.data``)."""
         if update.folder is not None:
             raise ValueError(f"engine {self.name} runs in this process: it takes tensors, not a folder")
@@ -170,7 +169,7 @@ class HFEngine:
                 f"engine {self.name} holds other weights than the trainer sent as version "
                 f"{update.version} (largest difference {diff:g})"
             )
-        return {"weights_version": update.version, "exact": True}
+        return {"weights_version": update.version}
 
     def held_difference(self, sent: dict[str, torch.Tensor]) -> float:
         """0.0 when the engine holds exactly ``sent`` (one comparison a tensor, no temporaries); else

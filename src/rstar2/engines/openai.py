@@ -228,13 +228,18 @@ class OpenAIEngine:
         """The server's engine counters (``rstar2 serve``'s ``/health``), or None where it has none."""
         return await get_object(self._client, "/health", "engine")
 
+    def folder_of(self, update: WeightUpdate) -> str:
+        """The folder a server loads; an update of tensors is not one it can take."""
+        if update.folder is None:
+            raise ValueError(f"engine {self.name} is a server: it loads a folder, not tensors")
+        return str(update.folder)
+
     async def load_weights(self, update: WeightUpdate) -> dict[str, Any]:
         """The folder through SGLang's ``reload_path`` (``rstar2 serve`` has it too); a refusal (an
         error status, SGLang's ``"success": false``) is a ``ServerError``."""
-        if update.folder is None:
-            raise ValueError(f"engine {self.name} is a server: it loads a folder, not tensors")
-        what = f"{self.base_url}{self.reload_path} could not load {update.folder}"
-        body: dict[str, Any] = {"model_path": str(update.folder), "weight_version": str(update.version)}
+        folder = self.folder_of(update)
+        what = f"{self.base_url}{self.reload_path} could not load {folder}"
+        body: dict[str, Any] = {"model_path": folder, "weight_version": str(update.version)}
         answer = await self._call("POST", self.reload_path, what, json=body)
         if answer.get("success") is False:
             raise ServerError(f"{what}: {answer.get('message', answer)}")

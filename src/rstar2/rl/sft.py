@@ -44,9 +44,8 @@ def sft_step(
     sums = start_step(learner)
     for rows in plan(batch, max_tokens, learner.world):
         mb = take_rows(batch, rows)
-        logp, _ = forward_logprobs(
-            learner.model, mb, compute=compute, temperature=1.0
-        )  # the plain distribution
+        # SFT learns the plain distribution (temperature 1), not the rollouts' sampling one
+        logp, _ = forward_logprobs(learner.model, mb, compute=compute, temperature=1.0)
         accumulate(-(logp * mb.weights).sum(), {}, sums, learner.world)
     return finish_step(learner, sums, grad_clip)
 
