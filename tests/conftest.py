@@ -115,23 +115,28 @@ def chatml(tiny):
     return ChatFormat(tiny[1])
 
 
+def proc_status(pid: int | str, field: str) -> int | None:
+    """The first number of ``field`` (``Uid``, ``PPid``, ...) in /proc/PID/status; None: gone."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return next((int(line.split()[1]) for line in fh if line.startswith(f"{field}:")), None)
+    except OSError:
+        return None
+
+
 def sandbox_processes() -> list[int]:
     """PIDs of processes running as a sandbox uid: after a call, there must be none."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as fh:
-                for line in fh:
-                    if line.startswith("Uid:"):
-                        uid = int(line.split()[1])
-                        if UID_BASE <= uid < UID_BASE + 4096:
-                            pids.append(int(entry))
-                        break
-        except OSError:
-            continue
-    return pids
+    uids = range(UID_BASE, UID_BASE + 4096)
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and proc_status(e, "Uid") in uids]
+
+
+def descends_from(pid: int, root: int) -> bool:
+    """Whether ``root`` is ``pid`` or one of its ancestors."""
+    while pid > 1:
+        if pid == root:
+            return True
+        pid = proc_status(pid, "PPid") or 0
+    return False
 
 
 def wait_no_sandbox_processes(timeout: float = 10.0) -> list[int]:

@@ -496,8 +496,10 @@ async def test_a_request_whose_caller_stopped_waiting_leaves_running_or_queued(m
     await asyncio.sleep(0.05)
     queued.cancel()
     running.cancel()
+    at_cancel = engine.stats["row_steps"]
     answered = await engine.generate(prompt[:5], SamplingParams(max_new_tokens=4, seed=2))
     await engine.close()  # its thread ends only once no row is left
     assert len(answered.token_ids) == 4
-    assert engine.stats["row_steps"] < 100, engine.stats["row_steps"]  # not 400 decoded for nobody
+    after = engine.stats["row_steps"] - at_cancel  # a step or two of the cancelled row, then the 4
+    assert after < 100, after  # not the rest of 400 decoded for nobody
     assert engine.stats["abandoned"] == 2

@@ -441,13 +441,15 @@ def test_evaluation_filter_and_ladder_draw_as_told_else_by_one_default():
     tree["eval"] = {k: v for k, v in tree["eval"].items() if k not in ("samples", "temperature")}
     hard = next(s for s in tree["stages"] if s["name"] == "rl-hard")
     hard["filter"] = {"min_solved": 0}
+    hard["ladder"] = {"probes": 1, "samples": 3}
     hard["rollout"] = {**hard.get("rollout", {}), "samples": 12, "temperature": 0.9}
     recipe = parse_recipe(tree, check_paths=False)
     cli = inspect.signature(eval_cmd).parameters
     assert (recipe.eval.samples, recipe.eval.temperature) == (DEFAULT_EVAL.samples, DEFAULT_EVAL.temperature)
     assert cli["samples"].default.default == DEFAULT_EVAL.samples  # rstar2 eval's --samples
-    flt = next(s for s in recipe.stages if s.name == "rl-hard").filter
-    assert (flt.samples, flt.temperature) == (12, 0.9)
+    stage = next(s for s in recipe.stages if s.name == "rl-hard")
+    assert (stage.filter.samples, stage.filter.temperature) == (12, 0.9)
+    assert (stage.ladder.samples, stage.ladder.temperature) == (3, 0.9)  # given, and left open
     hard["filter"] = {"samples": 3, "max_solved": 4}
     with pytest.raises(
         ConfigError, match=r"stages.rl-hard.filter: need 0 <= min_solved <= max_solved <= samples \(3\)"

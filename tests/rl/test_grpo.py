@@ -192,7 +192,7 @@ def _rows(seqs, advantages, groups):
     ]
 
 
-def rl_config(**sections) -> RLConfig:
+def config_with(**sections) -> RLConfig:
     """A config holding ``sections`` (what the update reads of it), the rest defaults."""
     return RLConfig(model={"path": "-"}, data={"train": "-"}, **sections)
 
@@ -205,7 +205,7 @@ def _update(model, rows, loss, **kw):
 
     opt, sched = build_optimizer(model, OptimSection(lr=0.0, warmup_steps=0), total_steps=1)
     learner = Learner(model, opt, sched)
-    return update_on_rollouts(learner, rows, rows[0].trajectory, rl_config(loss=loss), pad_id=0, **kw)
+    return update_on_rollouts(learner, rows, rows[0].trajectory, config_with(loss=loss), pad_id=0, **kw)
 
 
 def _rows_and_a_moved_copy(model):
@@ -351,7 +351,7 @@ async def test_the_update_takes_logprobs_at_the_sampling_temperature(tiny, tempe
             Learner(m, opt, sched),
             rows,
             rows[0].trajectory,
-            rl_config(rollout={"temperature": at}),
+            config_with(rollout={"temperature": at}),
             pad_id=tok.pad_token_id or 0,
             compute="fp32",
         )
@@ -413,7 +413,7 @@ async def test_the_decoupled_weights_come_from_the_steps_own_pass_and_match_a_se
             U.Learner(m, opt, sched),
             rows,
             rows[0].trajectory,
-            rl_config(loss=LossSection(tis_cap=1.1), asynchronous={"max_staleness": 1}),
+            config_with(loss=LossSection(tis_cap=1.1), asynchronous={"max_staleness": 1}),
             pad_id=tok.pad_token_id or 0,
             compute="fp32",
         )

@@ -7,7 +7,7 @@ import pytest_asyncio
 
 from rstar2.sandbox import ExecRequest, IsolationConfig, Limits, LocalPool
 
-from ..conftest import sandbox_processes, wait_no_sandbox_processes_except
+from ..conftest import descends_from, sandbox_processes, wait_no_sandbox_processes_except
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -80,22 +80,6 @@ async def test_expired_and_evicted_sessions_get_a_clear_error():
         assert (await cell(pool, "s4", "name")).value == "'s4'"
 
 
-def _parent(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            return next(int(line.split()[1]) for line in fh if line.startswith("PPid:"))
-    except (OSError, StopIteration):
-        return 0
-
-
-def _descends_from(pid: int, root: int) -> bool:
-    while pid > 1:
-        if pid == root:
-            return True
-        pid = _parent(pid)
-    return False
-
-
 async def test_closing_a_pool_ends_its_sessions():
     """The pool's own sandbox processes (descendants of its worker: other pools on the machine, a
     recipe's or another test's, are not counted) are the two session holders, and none is left."""
@@ -104,7 +88,7 @@ async def test_closing_a_pool_ends_its_sessions():
         for sid in ("p1", "p2"):
             assert (await cell(pool, sid, "kept = 1")).status == "ok"
         worker = pool.handles[0].proc.pid
-        mine = {p for p in sandbox_processes() if _descends_from(p, worker)}
+        mine = {p for p in sandbox_processes() if descends_from(p, worker)}
         assert len(mine) == 2, mine  # the two holders
     assert set(wait_no_sandbox_processes_except(before)) & mine == set()
 
