@@ -276,5 +276,7 @@ def test_every_default_has_one_home():
     sections = set(RLConfig.model_fields) | set(SFTConfig.model_fields)
     assert set(SECTIONS) <= sections
     assert set(StageSpec.model_fields) == {"name", "kind", "data", "filter", "ladder", *SECTIONS}
-    assert not set(Recipe.model_fields) & (sections - {"model", "rollout"})
+    # (cluster: the same section, where the whole recipe runs; no stage has one of its own)
+    assert not set(Recipe.model_fields) & (sections - {"model", "rollout", "cluster"})
+    assert Recipe.model_fields["cluster"].annotation == RLConfig.model_fields["cluster"].annotation
     assert issubclass(ModelSpec, ModelSection)  # the recipe's model: is the config's, plus its source

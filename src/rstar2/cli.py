@@ -26,6 +26,7 @@ from .config import (
 )
 from .config_files import validate
 from .engines.vllm_launch import LORA_SLOTS
+from .launch import commands as launch_commands
 from .sandbox import commands as sandbox_commands
 
 app = typer.Typer(
@@ -41,6 +42,8 @@ model_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(model_app, name="model")
+app.command("launch")(launch_commands.launch)
+app.command("launch-node", hidden=True)(launch_commands.launch_node)
 console = Console(stderr=True)
 
 

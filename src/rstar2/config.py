@@ -369,6 +369,61 @@ class RunSection(_Section):
     health: HealthSection = Field(default_factory=HealthSection)  # RL only
 
 
+PORTS_PER_NODE = 16  # a node's share of the cluster's port band: services, rendezvous, an engine a GPU
+EPHEMERAL_START = 32768  # Linux's first ephemeral port: the band stays below, so no client takes its ports
+
+
+class SlurmSection(_Section):
+    """What the rendered sbatch script asks SLURM for, beyond the nodes (``rstar2 launch --on slurm``)."""
+
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None  # a limit SLURM reads, e.g. 24:00:00
+    sbatch: list[str] = Field(default_factory=list)  # more #SBATCH options, e.g. --exclusive
+    setup: list[str] = Field(default_factory=list)  # shell lines run first on every node (module load, ...)
+
+
+class ClusterSection(_Section):
+    """Where ``rstar2 launch`` runs a config or a recipe: the nodes and what each serves (``launch/``).
+    Node 0 is the head (Redis, the sandbox service, the trainer's first process); the last
+    ``engine_nodes`` nodes serve inference, the others train; every node runs a sandbox worker."""
+
+    nodes: int = Field(1, ge=1)
+    engine_nodes: int = Field(0, ge=0)  # 0: the trainer samples in its own process
+    engine: Literal["serve", "vllm"] = "serve"  # rstar2 serve, or rstar2 vllm
+    engine_args: list[str] = Field(default_factory=list)  # more options for each engine's command
+    gpus_per_node: int = Field(0, ge=0, le=PORTS_PER_NODE - 8)  # 0: CPUs (one engine, one trainer process a node)
+    sandbox_workers_per_node: int = Field(0, ge=0)  # 0: one per core
+    # the first port of the band: node i uses port_base + PORTS_PER_NODE * i onwards (fixed, never probed)
+    port_base: int = Field(20000, ge=1024, lt=EPHEMERAL_START)
+    run_dir: str | None = None  # the run folder (default: run.out of a config, runs/NAME of a recipe)
+    shared_fs: bool = True  # run_dir is visible to every node; false: weights travel over HTTP
+    start_timeout_s: float = Field(300.0, gt=0)  # each start-up check's deadline
+    grace_s: float = Field(60.0, ge=0)  # after SIGTERM, before SIGKILL: a checkpoint in flight finishes
+    engine_restarts: int = Field(3, ge=0)  # an engine that dies is started again (back on current weights)
+    slurm: SlurmSection = Field(default_factory=SlurmSection)
+
+    @model_validator(mode="after")
+    def _fits(self) -> ClusterSection:
+        if self.engine_nodes >= self.nodes:
+            raise ValueError(
+                f"cluster.engine_nodes ({self.engine_nodes}) must leave a node to train: at most nodes - 1 "
+                f"({self.nodes - 1})"
+            )
+        top = self.port_base + PORTS_PER_NODE * self.nodes
+        if top > EPHEMERAL_START:
+            raise ValueError(
+                f"cluster.port_base {self.port_base}: {self.nodes} nodes use ports up to {top - 1}, into the "
+                f"ephemeral range ({EPHEMERAL_START}-), where any client may take them: at most "
+                f"{EPHEMERAL_START - PORTS_PER_NODE * self.nodes}"
+            )
+        return self
+
+    @property
+    def trainer_nodes(self) -> int:
+        return self.nodes - self.engine_nodes
+
+
 # each section's defaults, for code that takes one of its settings as an argument: the default is
 # the section's, written once (tests/test_architecture.py checks no other module restates one)
 DEFAULT_CHAT, DEFAULT_ASYNC, DEFAULT_ROC = ChatSection(), AsyncSection(), RocSection()
@@ -388,6 +443,7 @@ class RLConfig(_Section):
     loss: LossSection = Field(default_factory=LossSection)
     optim: OptimSection = Field(default_factory=OptimSection)
     run: RunSection = Field(default_factory=RunSection)
+    cluster: ClusterSection | None = None  # where `rstar2 launch` runs it (`rstar2 train` ignores it)
 
     @model_validator(mode="after")
     def _check(self) -> RLConfig:
@@ -454,6 +510,7 @@ class SFTConfig(_Section):
     optim: OptimSection = Field(default_factory=lambda: OptimSection(lr=5e-6, schedule="cosine"))
     run: RunSection = Field(default_factory=lambda: RunSection(out="runs/sft"))
     chat: ChatSection = Field(default_factory=ChatSection)  # rendered as rollouts render it
+    cluster: ClusterSection | None = None  # where `rstar2 launch` runs it (`rstar2 train` ignores it)
 
     @model_validator(mode="after")
     def _conversations(self) -> SFTConfig:

@@ -224,6 +224,12 @@ def run_named(
     return "\n".join([table(state.get("evals", {})), *([gain] if gain else []), f"report: {report}"])
 
 
+def adapter_rank(recipe: Recipe) -> int | None:
+    """The largest adapter rank of the recipe's RL stages (what its engines load at run time)."""
+    stages = [parse_config(stage_tree(recipe, s, model_path="-", train="-", out="-")) for s in recipe.stages]
+    return max((s.model.lora.rank for s in stages if s.kind == "rl" and s.model.lora is not None), default=None)
+
+
 @contextmanager
 def on_local_vllm(recipe: Recipe, out: Path, log: Callable[[str], None]) -> Iterator[Recipe]:
     """The recipe as it samples: with ``vllm:``, on a vLLM server started for the run on its
@@ -243,9 +249,7 @@ def on_local_vllm(recipe: Recipe, out: Path, log: Callable[[str], None]) -> Iter
     model = prepare_model(recipe, out)
     log(f"[rstar2] starting vLLM on {model} (cores {spec.cores or 'all'}; its log: {out / 'vllm.log'})")
     options = spec.model_dump(exclude={"if_installed"})
-    stages = [parse_config(stage_tree(recipe, s, model_path="-", train="-", out="-")) for s in recipe.stages]
-    ranks = [s.model.lora.rank for s in stages if s.kind == "rl" and s.model.lora is not None]
-    options["lora_rank"] = max(ranks, default=None)  # its RL stages' adapters load at run time
+    options["lora_rank"] = adapter_rank(recipe)  # its RL stages' adapters load at run time
     with vllm_launch.local_server(model, out / "vllm.log", weights_from=[out, model], **options) as url:
         yield recipe.with_servers([url])
 

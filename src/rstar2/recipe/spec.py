@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from ..config import (
     DEFAULT_RUN,
     ChatSection,
+    ClusterSection,
     Columns,
     EvalSection,
     GymSection,
@@ -285,6 +286,7 @@ class Recipe(_Spec):
     # starting model into before it samples, and the RL trainer after every update
     rollout: dict[str, Any] = Field(default_factory=dict)
     vllm: LocalVLLM | None = None  # a local vLLM server started for the run instead of servers
+    cluster: ClusterSection | None = None  # where `rstar2 launch` runs it (`rstar2 train` ignores it)
     defaults: dict[Literal["sft", "rl"], dict[str, Any]] = Field(default_factory=dict)
     eval: EvalSpec = Field(default_factory=EvalSpec)
     stages: list[StageSpec]
