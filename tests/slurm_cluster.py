@@ -47,7 +47,9 @@ def need_slurm() -> None:
     """Raise FileNotFoundError naming what is missing (scripts/setup-slurm.sh installs it)."""
     missing = [b for b in BINARIES if _which(b) is None]
     if missing:
-        raise FileNotFoundError(f"SLURM is not installed ({', '.join(missing)} missing); run scripts/setup-slurm.sh")
+        raise FileNotFoundError(
+            f"SLURM is not installed ({', '.join(missing)} missing); run scripts/setup-slurm.sh"
+        )
 
 
 def _free_port() -> int:
@@ -85,7 +87,9 @@ class SlurmCluster:
 
     def run(self, *argv: str, check: bool = True, timeout: float = 60.0) -> subprocess.CompletedProcess:
         """A SLURM client command (``sinfo``, ``squeue``, ``srun`` ...) against this cluster."""
-        return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, check=check, timeout=timeout)
+        return subprocess.run(
+            list(argv), env=self.env, capture_output=True, text=True, check=check, timeout=timeout
+        )
 
     def diagnostics(self) -> str:
         return "".join(f"\n--- {p} (tail) ---\n{_tail(p)}" for p in self.logs)
@@ -117,7 +121,9 @@ class SlurmCluster:
         while True:
             for name, proc in self.daemons.items():
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {proc.returncode} during start-up{self.diagnostics()}")
+                    raise RuntimeError(
+                        f"{name} exited with {proc.returncode} during start-up{self.diagnostics()}"
+                    )
             r = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False, timeout=30)
             last = (r.stdout + r.stderr).strip()
             states = dict(line.split() for line in r.stdout.splitlines() if len(line.split()) == 2)
@@ -130,15 +136,21 @@ class SlurmCluster:
             time.sleep(0.1)
 
     def _cancel_all(self, grace_s: float = 15.0) -> None:
-        """Cancel every job (SIGTERM, then SIGKILL after KillWait), wait, SIGKILL what is left."""
+        """Cancel every job (SIGTERM, SIGKILL after KillWait), wait for the queue to empty, then
+        SIGKILL what is left: processes that left their step's process tree (a daemonized child,
+        reparented to init) escape proctrack/linuxproc and outlive their job."""
         ctld = self.daemons.get("slurmctld")
         if ctld is not None and ctld.poll() is None:
             self.run("scancel", "--partition", self.partition, check=False, timeout=30)
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline:
+            deadline, empty_since = time.monotonic() + grace_s, None
+            while time.monotonic() < deadline and self.processes():
                 queued = self.run("squeue", "-h", "-t", "PD,R,CG,S", check=False, timeout=30)
-                if not (queued.stdout.strip() or self.processes()) or queued.returncode != 0:
+                if queued.returncode != 0:
                     break
+                if not queued.stdout.strip():  # no job left: a moment for slurmstepd to exit
+                    empty_since = empty_since or time.monotonic()
+                    if time.monotonic() - empty_since > 1.0:
+                        break
                 time.sleep(0.1)
         for pid in self.processes():
             try:
@@ -218,7 +230,11 @@ def slurm_cluster(workdir: Path, nodes: int = 1, cpus: int = 4) -> Iterator[Slur
     conf = workdir / "slurm.conf"
     conf.write_text(_slurm_conf(workdir, sock, host, names, cpus, partition))
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SQUEUE_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SQUEUE_"))
+    }
     env["SLURM_CONF"] = str(conf)  # a test run inside a SLURM job must not reach that job's cluster
     cluster = SlurmCluster(workdir, conf, names, partition, env)
     cluster.logs = [log / "slurmctld.log", *(log / f"slurmd-{n}.log" for n in names)]
@@ -228,7 +244,9 @@ def slurm_cluster(workdir: Path, nodes: int = 1, cpus: int = 4) -> Iterator[Slur
         def start(name: str, argv: list[str]) -> subprocess.Popen:
             out = (log / f"{name}.out").open("ab")  # stderr: start-up errors before the log file opens
             stack.callback(out.close)
-            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+            )
             stack.callback(_stop, proc)  # in reverse: the slurmds, then slurmctld, then munged
             cluster.daemons[name] = proc
             cluster.logs.append(log / f"{name}.out")
@@ -252,7 +270,8 @@ def slurm_cluster(workdir: Path, nodes: int = 1, cpus: int = 4) -> Iterator[Slur
             if munged.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"munged did not start{cluster.diagnostics()}")
             time.sleep(0.02)
-        start("slurmctld", [_which("slurmctld") or "slurmctld", "-D", "-i", "-f", str(conf)])
+        # -c: no jobs or node states recovered from an earlier run in this workdir
+        start("slurmctld", [_which("slurmctld") or "slurmctld", "-D", "-c", "-f", str(conf)])
         for n in names:
             start(f"slurmd-{n}", [_which("slurmd") or "slurmd", "-D", "-N", n, "-f", str(conf)])
         cluster.wait_idle()

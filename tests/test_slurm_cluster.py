@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -36,4 +37,7 @@ def test_sbatch_wait_runs_both_ranks_on_two_nodes(tmp_path):
         assert job.returncode == 3, job.stderr + cluster.diagnostics()  # the script's own exit code
         lines = sorted(out.read_text().splitlines())
         assert lines == ["host=n1", "host=n2", "rank=0 node=n1", "rank=1 node=n2"], lines
+        deadline = time.monotonic() + 10  # slurmstepd may outlive the job's end by a moment
+        while cluster.processes() and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert cluster.processes() == []

@@ -134,6 +134,9 @@ class EngineSection(_Section):
     server_timeout_s: float = Field(600.0, gt=0)
     # new weights to remote servers after each update (training)
     reload_path: str = "/update_weights_from_disk"  # server endpoint that loads a checkpoint folder
+    # where servers fetch each load's folder: the trainer's weight service (``rstar2 launch`` with
+    # cluster.shared_fs: false); None: they read the folder itself (a shared filesystem)
+    weights_url: str | None = None
     reload_retries: int = Field(2, ge=0)  # a refused weight update is retried, then the run stops
     # After a reload, the engine's logprobs of a short sampled sequence must match the trainer's
     # (mean absolute difference, nats); None: only the server's own answer is checked.

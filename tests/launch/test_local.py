@@ -183,3 +183,37 @@ def test_an_engine_node_lost_mid_run_leaves_the_rotation_and_the_launcher_killed
     )
     last = [json.loads(x) for x in sorted((run / "samples").glob("*.jsonl"))[-1].read_text().splitlines()]
     assert {t["turns"][0]["engine"] for t in last} == {f"http://127.0.0.1:{port(cluster, 1, ENGINE)}"}
+
+
+def test_weights_over_http_reach_an_engine_node_that_shares_no_folder(tiny_dir, problems, tmp_path):
+    """shared_fs: false. Node 1 sees neither the run folder nor the starting model (tmpfs over both,
+    in a mount namespace of its own): it fetches the model from the head's weight service, and each
+    update's weights are mirrored onto its disk, checked, before it loads them."""
+    model = tmp_path / "model"
+    __import__("shutil").copytree(tiny_dir, model)
+    config = launch_config(model, problems, tmp_path, shared_fs=False)
+    plan, path = plan_file(config, tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    hide = f'mount -t tmpfs none "{run}" && mount -t tmpfs none "{model}" && exec "$@"'
+    apart = ["unshare", "--mount", "--propagation", "private", "sh", "-c", hide, "-"]
+    hosts, both = "127.0.0.1,127.0.0.1", secret_env(plan)
+    head = node(path, 0, hosts, env=both)
+    other = node(path, 1, hosts, prefix=apart, env=both)
+    out0, _ = head.communicate(timeout=300)
+    out1, _ = other.communicate(timeout=60)
+    assert head.returncode == 0, (
+        out0 + (run / "launch" / "attempt-1" / "node0-trainer.log").read_text()[-3000:]
+    )
+    assert other.returncode == 0, out1
+    assert not (run / "launch" / "canary").exists()
+    loads = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["sync/logprob_diff"] < 1e-3 for m in loads if "sync/logprob_diff" in m)
+    assert engines_sampled(run) == {f"http://127.0.0.1:{launch_port(config, 1)}"}
+    assert not none_left(plan.run_id)
+
+
+def launch_port(config, rank: int) -> int:
+    import yaml
+
+    return port(ClusterSection.model_validate(yaml.safe_load(config.read_text())["cluster"]), rank, ENGINE)

@@ -2,7 +2,8 @@
 the first kind in ``SERVED`` whose ``serves(url)`` says yes; a local model folder (or the trainer's
 own model) is decoded by ``IN_PROCESS``. A new engine is a file with a class keeping the ``Engine``
 contract (``engines/base.py``) and one line here. A server kind also answers ``serves(url)`` (a
-class method), is made as ``Kind(url, capacity_tokens=, timeout_s=, reload_path=)`` and asked
+class method), is made as ``Kind(url, capacity_tokens=, timeout_s=, reload_path=)`` (and ``weights_url=`` where the
+run sets one: its servers fetch new weights from the trainer over HTTP) and asked
 ``probe_capacity()``; the in-process kind is made over a loaded model (``Kind(model, name=, ...)``)
 or ``Kind.from_pretrained(folder, device=, dtype=, ...)``."""
 
@@ -36,11 +37,13 @@ async def connect(url: str, settings: EngineSection = DEFAULT_ROLLOUT.engine) ->
             break
     else:
         raise ValueError(f"no kind of engine in engines/kinds.py serves {url}")
+    fetch = {"weights_url": settings.weights_url} if settings.weights_url else {}
     engine = served(
         url,
         capacity_tokens=settings.capacity_tokens,
         timeout_s=settings.server_timeout_s,
         reload_path=settings.reload_path,
+        **fetch,
     )
     try:
         await engine.probe_capacity()

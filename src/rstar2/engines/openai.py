@@ -111,8 +111,10 @@ class OpenAIEngine:
         retries: int = 3,
         api_key: str | None = None,
         reload_path: str = DEFAULT_ROLLOUT.engine.reload_path,
+        weights_url: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.weights_url = weights_url  # the trainer's weight service, where the server fetches folders
         self.reload_path = reload_path  # the route that loads a model folder (SGLang's; rstar2 serve's)
         self.model = model
         self.name = name or self.base_url
@@ -228,16 +230,20 @@ class OpenAIEngine:
         """The server's engine counters (``rstar2 serve``'s ``/health``), or None where it has none."""
         return await get_object(self._client, "/health", "engine")
 
-    def folder_of(self, update: WeightUpdate) -> str:
-        """The folder a server loads; an update of tensors is not one it can take."""
+    async def folder_of(self, update: WeightUpdate) -> str:
+        """The folder a server loads (with ``weights_url``: first mirrored onto its disk from the
+        trainer's weight service); an update of tensors is not one it can take."""
         if update.folder is None:
             raise ValueError(f"engine {self.name} is a server: it loads a folder, not tensors")
+        if self.weights_url:
+            what = f"{self.base_url} could not fetch {update.folder} from {self.weights_url}"
+            await self._call("POST", "/mirror_weights", what, json={"source": self.weights_url, "folder": str(update.folder)})
         return str(update.folder)
 
     async def load_weights(self, update: WeightUpdate) -> dict[str, Any]:
         """The folder through SGLang's ``reload_path`` (``rstar2 serve`` has it too); a refusal (an
         error status, SGLang's ``"success": false``) is a ``ServerError``."""
-        folder = self.folder_of(update)
+        folder = await self.folder_of(update)
         what = f"{self.base_url}{self.reload_path} could not load {folder}"
         body: dict[str, Any] = {"model_path": folder, "weight_version": str(update.version)}
         answer = await self._call("POST", self.reload_path, what, json=body)

@@ -33,6 +33,11 @@ class _WeightsPath(BaseModel):
     weight_version: str | None = None
 
 
+class _Mirror(BaseModel):
+    source: str  # the trainer's weight service
+    folder: str  # the folder to mirror, the same path here
+
+
 BAN = -100  # OpenAI's logit bias that bans a token: the one value rstar2 serve's sampler takes
 
 
@@ -90,11 +95,17 @@ class Served:
     """What every route shares: the engine, its tokenizer and name, the weights held, where from."""
 
     def __init__(
-        self, engine: HFEngine, tokenizer: Any, model_name: str, weights_from: list[Path] | None = None
+        self,
+        engine: HFEngine,
+        tokenizer: Any,
+        model_name: str,
+        weights_from: list[Path] | None = None,
+        api_key: str | None = None,
     ) -> None:
         ensure_chat_template(tokenizer)
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
         self.weights_from = list(weights_from or [])
+        self.api_key = api_key  # also what it shows the trainer's weight service (a launch's one key)
         self.default_stops = end_of_turn_ids(tokenizer)
         self.dtype = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
         # loads so far, the last one's folder, the tensors it named and their fingerprint (None: not yet)
@@ -306,6 +317,19 @@ def server_routes(s: Served) -> APIRouter:
         held = await asyncio.to_thread(s.held_weights)
         return {"success": True, "message": f"loaded {loaded} tensors from {body.model_path}", **held}
 
+    @router.post("/mirror_weights")
+    async def mirror_weights(body: _Mirror) -> dict[str, Any]:
+        """A folder of the trainer's weight service copied here, checked, before it is loaded
+        (``weight_transfer``: engines without the trainer's filesystem)."""
+        from ..weight_transfer import MirrorError, mirror
+
+        try:
+            return await mirror(body.source, body.folder, s.weights_from, s.api_key)
+        except FolderRefused as exc:
+            raise HTTPException(403, str(exc)) from None
+        except MirrorError as exc:
+            raise HTTPException(502, str(exc)) from None
+
     @router.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": s.model_name, "object": "model", "owned_by": "rstar2"}]}
@@ -454,7 +478,7 @@ def create_app(
 ) -> FastAPI:
     """The server's routes over ``engine``; with ``api_key``, only for callers that send it; weight
     loads only from under ``weights_from``."""
-    served = Served(engine, tokenizer, model_name, weights_from)
+    served = Served(engine, tokenizer, model_name, weights_from, api_key)
     app = FastAPI(title="rstar2 serve", version="1")
     app.middleware("http")(key_guard(api_key))
     for routes in (server_routes, completion_routes, chat_routes):

@@ -159,7 +159,7 @@ class VLLMEngine(OpenAIEngine):
         ``ServerError``. The server resumes only after a whole load: after a failed one it stays
         paused (its weights may be half written; requests wait) until a later load succeeds, or the
         run stops."""
-        model_dir, version = self.folder_of(update), update.version
+        model_dir, version = await self.folder_of(update), update.version
         if is_adapter(model_dir):
             return await self.load_adapter(model_dir, version)
         what = f"{self.base_url} could not load {model_dir}"

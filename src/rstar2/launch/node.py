@@ -12,6 +12,7 @@ the trainer ends it says done with its exit status. Logs: ``RUN/launch/attempt-N
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -122,6 +123,19 @@ class Node:
     def port(self, offset: int) -> int:
         return P.port(self.cluster, self.rank, offset)
 
+    def wait(
+        self, what: str, seconds: float, check: Callable[[], Any], why: Callable[[], str] = lambda: ""
+    ) -> Any:
+        """``deadline``, but a role of this node that exits meanwhile is said at once."""
+
+        def checked() -> Any:
+            for role in self.roles:
+                if role.proc.poll() is not None and role.name != "trainer":
+                    raise NodeError(f"{self.where(role.name)}: exited ({role.proc.returncode}){role.tail()}")
+            return check()
+
+        return deadline(what, seconds, checked, why)
+
     def check_ports(self) -> None:
         """The ports this node's roles will bind are free (a fixed band, never probed and released)."""
         wanted = (
@@ -202,12 +216,26 @@ class Node:
             self.redis.set(self.key("canary"), canary)
         redis_url = P.redis_url(self.cluster, self.hosts)
         host = self.hosts[0]
-        self.start(
+        sandbox = [
             "sandbox",
-            self.rstar2(
-                "sandbox", "serve", "--host", host, "--port", str(self.port(P.SANDBOX)), "--redis", redis_url
-            ),
-        )
+            "serve",
+            "--host",
+            host,
+            "--port",
+            str(self.port(P.SANDBOX)),
+            "--redis",
+            redis_url,
+        ]
+        self.start("sandbox", self.rstar2(*sandbox))
+        if self.over_http:  # the run folder and the starting model, read-only, to the engine nodes
+            serve = ["-m", "rstar2.weight_transfer", "--host", host, "--port", str(self.port(P.WEIGHTS))]
+            roots = ["--root", str(self.run), "--root", self.starting_model]
+            self.start("weights", [self.plan.python, *serve, *roots])
+
+    @property
+    def over_http(self) -> bool:
+        """Weights travel over HTTP: engines that do not share the run folder."""
+        return not self.cluster.shared_fs and self.cluster.engine_nodes > 0
 
     def check_canary(self) -> None:
         """The run folder the head writes is the one this node reads (a shared filesystem)."""
@@ -219,7 +247,7 @@ class Node:
             except OSError:
                 return False
 
-        deadline(
+        self.wait(
             f"{self.where()}: the run folder is not shared with the head: {canary} does not hold the head's "
             "canary (cluster.shared_fs: true); share it, or set cluster.shared_fs: false (weights over HTTP)",
             self.cluster.start_timeout_s,
@@ -239,7 +267,7 @@ class Node:
 
     def model(self) -> str:
         """The starting model the engines serve (the head prepares a recipe's and names it)."""
-        found = deadline(
+        found = self.wait(
             f"{self.where()}: the head did not name the starting model",
             self.cluster.start_timeout_s,
             lambda: self.redis.get(self.key("model")),
@@ -248,6 +276,8 @@ class Node:
 
     def start_engines(self) -> None:
         model, host = self.model(), self.hosts[self.rank]
+        if self.over_http and not Path(model, "config.json").exists():  # the starting model, fetched first
+            self.fetch(model)
         devices = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
         rank = P.lora_rank(self.plan) if self.cluster.engine == "vllm" else None
         for g in range(P.engines_on(self.cluster)):
@@ -274,6 +304,19 @@ class Node:
             url = f"http://{host}:{self.port(P.ENGINE + g)}"
             self.wait_healthy(url, role)
 
+    def fetch(self, folder: str) -> None:
+        import asyncio
+
+        from ..weight_transfer import mirror
+
+        source = P.service_url(self.cluster, self.hosts, P.WEIGHTS)
+        try:
+            asyncio.run(mirror(source, folder, [Path(folder).resolve()], os.environ[KEY_ENV]))
+        except Exception as exc:  # noqa: BLE001 - said with where it happened
+            raise NodeError(
+                f"{self.where()}: could not fetch the starting model {folder} from {source}: {exc}"
+            ) from None
+
     def wait_healthy(self, url: str, role: Role) -> None:
         import httpx
 
@@ -287,7 +330,7 @@ class Node:
             except httpx.HTTPError:
                 return False
 
-        deadline(
+        self.wait(
             f"{self.where(role.name)}: {url} did not answer /health",
             self.cluster.start_timeout_s,
             up,
@@ -311,7 +354,7 @@ class Node:
             logs = ", ".join(str(self.logs / f"node{r}.log") for r in late)
             return f": node{'s' if len(late) > 1 else ''} {', '.join(map(str, late))} missing (logs: {logs})"
 
-        deadline("not every node joined", self.cluster.start_timeout_s, lambda: not missing(), why)
+        self.wait("not every node joined", self.cluster.start_timeout_s, lambda: not missing(), why)
 
     def check_services(self) -> None:
         """Every engine and the sandbox service answer from here, take the key and refuse a stranger;
@@ -334,6 +377,15 @@ class Node:
                     f"{self.where()}: {what} at {url} refused the launch's key ({keyed.status_code}: {keyed.text[:200]})"
                 )
 
+        if self.over_http:
+            weights = P.service_url(self.cluster, self.hosts, P.WEIGHTS)
+            self.wait_healthy(weights, next(r for r in self.roles if r.name == "weights"))
+            listed = {"folder": str(self.run)}
+            check(
+                weights,
+                "the weight service",
+                lambda h: httpx.get(f"{weights}/weights/manifest", params=listed, headers=h, timeout=30),
+            )
         for url in P.engine_urls(self.cluster, self.hosts):
             check(url, "engine", lambda h, u=url: httpx.get(u + "/v1/models", headers=h, timeout=30))
         sandbox = P.service_url(self.cluster, self.hosts, P.SANDBOX)
@@ -389,11 +441,11 @@ class Node:
             self.start_head()
         else:
             self.connect_redis()
-            if self.cluster.shared_fs:
+            if self.cluster.shared_fs:  # else weights travel over HTTP (or no engine reads the folder)
                 self.check_canary()
         self.start_worker()
         if self.kind == "head":
-            self.redis.set(self.key("model"), self.starting_model())
+            self.redis.set(self.key("model"), self.starting_model)
         if self.kind == "engine":
             self.start_engines()
         self.join()
@@ -402,13 +454,14 @@ class Node:
             self.check_services()
             self.redis.set(self.key("go"), "1")
         elif self.kind == "trainer":
-            deadline(
+            self.wait(
                 f"{self.where()}: the head did not finish its checks",
                 2 * self.cluster.start_timeout_s,
                 lambda: self.redis.get(self.key("go")),
             )
         return self.start_trainer() if self.kind != "engine" else None
 
+    @functools.cached_property
     def starting_model(self) -> str:
         if self.plan.kind == "recipe":
             from ..recipe.run import prepare_model
