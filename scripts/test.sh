@@ -4,5 +4,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
 bash "$ROOT/scripts/setup-vllm.sh"  # the tests that run rstar2 on vLLM
+bash "$ROOT/scripts/setup-slurm.sh"  # the tests that launch on a real (single-host) SLURM
 cd "$ROOT"
 exec "$ROOT/.venv/bin/python" -m pytest "$@"

@@ -52,15 +52,15 @@ def launch_config(tiny_dir: Path, problems: Path, folder: Path, steps: int = 2, 
     return path
 
 
-def env() -> dict[str, str]:
+def cli_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": _PATH}
 
 
-def launch(args: list[str], **kw) -> subprocess.Popen:
+def launch(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
     """``rstar2 launch ARGS`` in its own process, its output captured."""
     cmd = [sys.executable, "-m", "rstar2", "launch", *args]
     return subprocess.Popen(
-        cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw
+        cmd, cwd=ROOT, env=env or cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
 
 
@@ -104,3 +104,34 @@ def wait_for(check, timeout: float, what: str):
             raise AssertionError(f"{what} within {timeout} s")
         time.sleep(0.2)
     return found
+
+
+def launch_recipe(folder: Path, **cluster) -> Path:
+    """The miniature recipe (SFT, then one RL stage, evaluations between) with a cluster: section."""
+    from ..recipe.test_recipe import miniature
+
+    tree = miniature()
+    tree["stages"] = tree["stages"][:2]
+    tree["eval"]["entropy_trajectories"] = 0
+    tree["cluster"] = {
+        "nodes": 2,
+        "engine_nodes": 1,
+        "sandbox_workers_per_node": 1,
+        "port_base": band(),
+        "start_timeout_s": 120,
+        "grace_s": 5,
+        "run_dir": str(folder / "run"),
+        **cluster,
+    }
+    path = folder / "recipe.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def recipe_finished(run: Path, engine: str) -> None:
+    """Every stage trained and evaluated, every sample drawn from ``engine``."""
+    state = json.loads((run / "recipe_state.json").read_text())
+    assert list(state["evals"]) == ["start", "sft", "rl-64"]
+    assert (run / "report.md").exists()
+    sampled = [json.loads(x) for f in run.glob("*/**/trajectories.jsonl") for x in f.read_text().splitlines()]
+    assert sampled and {t["turns"][0]["engine"] for t in sampled} == {engine}

@@ -15,7 +15,7 @@ from rstar2.config import ClusterSection
 from rstar2.launch.plan import ENGINE, REDIS, port
 
 from ..conftest import ROOT
-from .conftest import env, finished, launch, launch_config, launched, none_left, run_id, wait_for
+from .conftest import cli_env, finished, launch, launch_config, launched, none_left, run_id, wait_for
 
 
 def engines_sampled(run) -> set[str]:
@@ -113,7 +113,7 @@ def secret_env(plan) -> dict[str, str]:
     from rstar2.launch.plan import RUN_ENV
     from rstar2.launch.roads import run_secrets
 
-    return {**env(), **run_secrets(), RUN_ENV: plan.run_id}
+    return {**cli_env(), **run_secrets(), RUN_ENV: plan.run_id}
 
 
 def test_a_node_that_never_joins_is_named_at_its_deadline(tiny_dir, problems, tmp_path):

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # paths and errors whole, never cut at a width
 
 
 class Road(str, Enum):

@@ -77,5 +77,8 @@ ENGINES=$!
 trap 'kill -TERM $TRAINERS $ENGINES 2>/dev/null; wait' TERM INT
 status=0
 wait $TRAINERS || status=$?
-[ -z "$ENGINES" ] || { kill -TERM $ENGINES 2>/dev/null; wait $ENGINES || true; }
+if [ -n "$ENGINES" ]; then  # the run is over: the engines too (they may have left already)
+    kill -TERM $ENGINES 2>/dev/null || true
+    wait $ENGINES || true
+fi
 exit $status
