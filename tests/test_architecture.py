@@ -24,6 +24,7 @@ GROUND = {
     "local_service",
     "plots",
     "auth",
+    "weight_transfer",
 }
 
 

@@ -337,9 +337,11 @@ def train_on_vllm(
     k: int,
     lora: dict | None = None,
     lr: float | None = None,
+    http: bool = False,
 ) -> None:
     """`rstar2 train` for 3 steps at staleness ``k`` on the module's vLLM, steps kept; its metrics
-    checked: every step once, vLLM sampling with the trainer's weights after every update."""
+    checked: every step once, vLLM sampling with the trainer's weights after every update. With
+    ``http``, vLLM fetches each load's folder from a weight service (``rstar2.weight_transfer``)."""
     tree = small_rl(model_dir, problems, run_dir, steps=3, top_k=0)
     tree["model"]["lora"] = lora
     if lr is not None:
@@ -349,7 +351,21 @@ def train_on_vllm(
     if k:
         tree["loss"] = {"tis_cap": 2.0}
     tree["run"]["keep_steps"] = True
-    ok(cli(["train", str(write_config(tree, run_dir.parent / "rl.yaml"))]))
+    service = None
+    if http:
+        port = free_port()
+        serve = ["-m", "rstar2.weight_transfer", "--root", str(run_dir.parent), "--port", str(port)]
+        service = subprocess.Popen([RSTAR2[0], *serve], cwd=ROOT, stderr=subprocess.PIPE)
+        wait_http(f"http://127.0.0.1:{port}", service)
+        tree["rollout"]["engine"]["weights_url"] = f"http://127.0.0.1:{port}"
+    try:
+        ok(cli(["train", str(write_config(tree, run_dir.parent / "rl.yaml"))]))
+        if service is not None:  # a manifest and its files for every load: the base, then 4 adapters
+            served = httpx.get(tree["rollout"]["engine"]["weights_url"] + "/health").json()["served"]
+            assert served["manifests"] == 5 and served["files"] >= 5 * 2, served
+    finally:
+        if service is not None:
+            stop(service)
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["sync/logprob_diff"] < TOL for r in rows), [r["sync/logprob_diff"] for r in rows]
@@ -379,16 +395,18 @@ def test_rl_on_vllm_trains_only_its_own_policys_tokens(vllm, model_dir, problems
     assert float((torch.tensor(gen.logprobs) - mine).abs().max()) < TOL
 
 
-@pytest.mark.parametrize("k", [0, 1], ids=["k=0", "k=1"])
-def test_rl_with_an_adapter_on_vllm_sends_it_the_adapter_alone(vllm, model_dir, problems, tmp_path, k):
+@pytest.mark.parametrize("k, http", [(0, False), (1, False), (0, True)], ids=["k=0", "k=1", "k=0-http"])
+def test_rl_with_an_adapter_on_vllm_sends_it_the_adapter_alone(vllm, model_dir, problems, tmp_path, k, http):
     """``model.lora`` on vLLM: the base in place once at the start, then each update's adapter
     loaded under a name of its own (``/v1/load_lora_adapter``); vLLM samples with the trainer's
-    adapted model after every update, each token's version is the adapter's that sampled it."""
+    adapted model after every update, each token's version is the adapter's that sampled it.
+    Over HTTP (``rstar2 launch`` without a shared filesystem), vLLM mirrors each folder first."""
     from rstar2.adapters import is_adapter
     from rstar2.engines.vllm_launch import LORA_SLOTS
 
     run_dir = tmp_path / "run"
-    train_on_vllm(vllm, model_dir, problems, run_dir, k, lora={"rank": 4, "alpha": 8}, lr=5e-2)
+    lora = {"rank": 4, "alpha": 8}
+    train_on_vllm(vllm, model_dir, problems, run_dir, k, lora=lora, lr=5e-2, http=http)
     assert_versions_in_bound(run_dir, k)
     ok(cli(["replay", str(run_dir), "--from", "1", "--to", "3"]))
     assert is_adapter(run_dir / "weights-latest")

@@ -33,7 +33,7 @@ VLLM_OPEN = frozenset(
         *("/tokenizer_info", "/tokenize", "/detokenize", "/invocations", "/pooling", "/classify"),
         *("/score", "/rerank"),
         *("/collective_rpc", "/pause", "/resume", "/update_weight_version", "/reset_prefix_cache"),
-        "/mirror_weights",  # rstar2's own: a folder from the trainer's weight service (weight_transfer)
+        "/mirror_weights",  # rstar2's own, behind this guard: a folder from the trainer (weight_transfer)
     }
 )
 
@@ -140,26 +140,7 @@ async def vllm_guard(request: Any, call_next: Handler) -> Any:
             return JSONResponse(
                 {"error": f"/collective_rpc may call only {sorted(RPC_ALLOWED)}"}, status_code=403
             )
-    handler = _mirror_weights if path == "/mirror_weights" else call_next
-    return await _guard_for(os.environ.get(KEY_ENV))(request, handler)
-
-
-async def _mirror_weights(request: Any) -> Any:
-    """``/mirror_weights`` inside vLLM's API server, after the key: as ``rstar2 serve`` answers it."""
-    from starlette.responses import JSONResponse
-
-    from .weight_transfer import MirrorError, mirror
-
-    try:
-        body = json.loads(await request.body() or b"{}")
-        roots = [Path(p) for p in os.environ.get(WEIGHTS_FROM_ENV, "").split(os.pathsep) if p]
-        return JSONResponse(await mirror(body["source"], body["folder"], roots, os.environ.get(KEY_ENV)))
-    except (ValueError, KeyError, TypeError) as exc:
-        return JSONResponse({"error": f"/mirror_weights: {exc}"}, status_code=400)
-    except FolderRefused as exc:
-        return JSONResponse({"error": f"/mirror_weights: {exc}"}, status_code=403)
-    except MirrorError as exc:
-        return JSONResponse({"error": f"/mirror_weights: {exc}"}, status_code=502)
+    return await _guard_for(os.environ.get(KEY_ENV))(request, call_next)
 
 
 def loopback(host: str) -> bool:

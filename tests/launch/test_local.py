@@ -13,6 +13,7 @@ import sys
 
 from rstar2.config import ClusterSection
 from rstar2.launch.plan import ENGINE, REDIS, port
+from rstar2.rl.plumbing.checkpoint import latest_checkpoint
 
 from ..conftest import ROOT
 from .conftest import cli_env, finished, launch, launch_config, launched, none_left, run_id, wait_for
@@ -154,11 +155,12 @@ def test_a_run_folder_that_is_not_shared_is_named_by_the_canary(tiny_dir, proble
     assert not none_left(plan.run_id)
 
 
-def test_an_engine_node_lost_mid_run_leaves_the_rotation_and_the_launcher_killed_leaves_nothing(
+def test_an_engine_node_lost_mid_run_the_launcher_stopped_and_the_run_resumed(
     tiny_dir, problems, tmp_path
 ):
     """Two engine nodes: one killed (its node process, SIGKILL) after the first step, the run goes
-    on on the other; then the launcher is stopped (SIGTERM) mid-run: every process of the launch ends."""
+    on on the other; then the launcher is stopped (SIGTERM) mid-run: every process of the launch
+    ends; launched again with --resume, the run goes on from its last checkpoint (attempt 2)."""
     config = launch_config(tiny_dir, problems, tmp_path, steps=40, nodes=3, engine_nodes=2)
     proc = launch([str(config), "--on", "local"])
     run = tmp_path / "run"
@@ -183,6 +185,14 @@ def test_an_engine_node_lost_mid_run_leaves_the_rotation_and_the_launcher_killed
     )
     last = [json.loads(x) for x in sorted((run / "samples").glob("*.jsonl"))[-1].read_text().splitlines()]
     assert {t["turns"][0]["engine"] for t in last} == {f"http://127.0.0.1:{port(cluster, 1, ENGINE)}"}
+    # launched again: refused without --resume, then on from the last checkpoint, as the next attempt
+    code, out = finished(launch([str(config), "--on", "local"]), 60)
+    assert code == 2 and "holds a run: pass --resume" in out, out
+    saved = int(latest_checkpoint(run).name.split("-")[-1])
+    code, out = finished(launch([str(config), "--on", "local", "--resume", "--set", f"run.steps={saved + 1}"]))
+    assert code == 0, out
+    assert "no checkpoint" not in (run / "launch" / "attempt-2" / "node0-trainer.log").read_text()
+    assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()][-1] == saved + 1
 
 
 def test_weights_over_http_reach_an_engine_node_that_shares_no_folder(tiny_dir, problems, tmp_path):
@@ -202,10 +212,7 @@ def test_weights_over_http_reach_an_engine_node_that_shares_no_folder(tiny_dir, 
     other = node(path, 1, hosts, prefix=apart, env=both)
     out0, _ = head.communicate(timeout=300)
     out1, _ = other.communicate(timeout=60)
-    assert head.returncode == 0, (
-        out0 + (run / "launch" / "attempt-1" / "node0-trainer.log").read_text()[-3000:]
-    )
-    assert other.returncode == 0, out1
+    assert head.returncode == 0 and other.returncode == 0, f"head: {out0}\nnode 1: {out1}"
     assert not (run / "launch" / "canary").exists()
     loads = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert all(m["sync/logprob_diff"] < 1e-3 for m in loads if "sync/logprob_diff" in m)
@@ -217,3 +224,28 @@ def launch_port(config, rank: int) -> int:
     import yaml
 
     return port(ClusterSection.model_validate(yaml.safe_load(config.read_text())["cluster"]), rank, ENGINE)
+
+
+def test_two_trainer_nodes_share_one_run_under_torchrun(tiny_dir, problems, tmp_path):
+    """Three nodes: two train (torchrun across them, its rendezvous on the head's port), one serves."""
+    config = launch_config(tiny_dir, problems, tmp_path, nodes=3, engine_nodes=1)
+    code, out = finished(launch([str(config), "--on", "local"]))
+    run = tmp_path / "run"
+    logs = run / "launch" / "attempt-1"
+    assert code == 0, out + (logs / "node1-trainer.log").read_text()[-3000:]
+    assert "node1-trainer.log" in os.listdir(logs) and "node2-engine-0.log" in os.listdir(logs)
+    assert (run / "checkpoints" / "step-000002").is_dir()
+    assert engines_sampled(run) == {f"http://127.0.0.1:{launch_port(config, 2)}"}
+    assert not none_left(run_id(run))
+
+
+def test_the_launcher_killed_outright_leaves_nothing(tiny_dir, problems, tmp_path):
+    """SIGKILL: the launcher says nothing to anyone, yet every node (its parent gone) stops its roles."""
+    config = launch_config(tiny_dir, problems, tmp_path, steps=40)
+    proc = launch([str(config), "--on", "local"])
+    run = tmp_path / "run"
+    wait_for(lambda: (run / "metrics.jsonl").exists(), 240, "the first step")
+    rid = run_id(run)
+    proc.kill()
+    proc.wait()
+    assert not none_left(rid, 60)

@@ -88,6 +88,8 @@ def test_a_recipe_and_a_config_make_plans(tmp_path, tiny_dir):
     assert plan.kind == "recipe" and plan.run_dir == str(tmp_path / "r")
     wired = P.run_tree(plan, ["127.0.0.1"] * 2)
     assert wired["rollout"]["engine"]["servers"] == ["http://127.0.0.1:20024"]
+    with pytest.raises(ValueError, match="a recipe trains in one process"):
+        P.new_plan(recipe, ["cluster.nodes=3", "cluster.engine_nodes=1"])
     config = tmp_path / "sft.yaml"
     config.write_text(
         yaml.safe_dump({"kind": "sft", "model": {"path": str(tiny_dir)}, "data": {"train": "x.jsonl"}})

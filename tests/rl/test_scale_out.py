@@ -449,6 +449,30 @@ def test_of_two_servers_one_crashes_the_run_goes_on_and_it_returns_on_current_we
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def test_of_two_servers_one_dead_at_the_start_the_run_goes_on_on_the_other(
+    tiny_dir, problems, tmp_path, tmp_path_factory
+):
+    """An engine node lost before a run (or a recipe's next stage) starts: the server that does not
+    take the first weights leaves the rotation, said; the other samples every step."""
+    a, b = RestartableServer.two(tiny_dir, tmp_path_factory.getbasetemp())
+    stop(a.proc)
+    out = tmp_path / "run"
+    tree = small_rl(tiny_dir, problems, out, steps=2, servers=[a.url, b.url])
+    tree["rollout"]["engine"]["reload_retries"] = 0
+    try:
+        run = cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))])
+    finally:
+        stop(b.proc)
+    said = " ".join(run.stderr.split())
+    assert run.returncode == 0, said[-3000:]
+    assert f"engine {a.url} failed (it did not take the weights of version 0" in said, said[-3000:]
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2]
+    sampled = [json.loads(x) for f in (out / "samples").glob("*.jsonl") for x in f.read_text().splitlines()]
+    assert {t["turns"][0]["engine"] for t in sampled} == {b.url}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_both_servers_dead_stops_the_step_naming_both(tiny_dir, problems, tmp_path, tmp_path_factory):
     a, b = RestartableServer.two(tiny_dir, tmp_path_factory.getbasetemp())
     out = tmp_path / "run"

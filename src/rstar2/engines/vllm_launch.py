@@ -24,6 +24,7 @@ SRC = Path(rstar2.__file__).resolve().parents[1]  # the folder holding the rstar
 EXTENSION = "rstar2.engines.vllm_worker.WorkerExtension"
 ENTRY = "vllm.entrypoints.launchers.api_server.entry"  # `vllm serve` without its console script
 GUARD = "rstar2.auth.vllm_guard"  # the API key on every route but /health
+MIRROR = "rstar2.weight_transfer.vllm_mirror"  # /mirror_weights, inside the guard (the last is outermost)
 GPU_SHARE = 0.4  # a recipe's vLLM on a GPU: its share of the GPU's memory, the trainer's beside it
 LORA_SLOTS = 4  # adapters a vLLM holds at once (model.lora): the newest, older ones unloaded
 
@@ -51,7 +52,7 @@ def command(
     """``lora_rank``: adapters up to that rank load at run time (``model.lora``), ``lora_slots`` of
     them held at once (the newest: requests in flight finish on the adapter they named)."""
     args = [python, "-m", ENTRY, "--model", model, "--host", host, "--port", str(port), "--dtype", dtype]
-    args += ["--enable-scale-out", "--worker-extension-cls", EXTENSION, "--middleware", GUARD]
+    args += ["--enable-scale-out", "--worker-extension-cls", EXTENSION, "--middleware", MIRROR, "--middleware", GUARD]
     args += ["--logprobs-mode", "processed_logprobs", "--scheduling-policy", "priority"]
     args += ["--max-model-len", str(max_model_len)] if max_model_len else []
     if lora_rank:

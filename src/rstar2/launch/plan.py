@@ -61,6 +61,11 @@ def new_plan(source: Path, overrides: list[str], python: str = sys.executable) -
         run = load_config(source, overrides)
         kind, default_dir = "config", run.run.out
     cluster = run.cluster or ClusterSection()
+    if kind == "recipe" and cluster.trainer_nodes > 1:
+        raise ValueError(
+            f"a recipe trains in one process, on the head: cluster.nodes ({cluster.nodes}) - engine_nodes "
+            f"({cluster.engine_nodes}) must be 1 (a stage's config.yaml launched alone trains on several)"
+        )
     if cluster.engine_nodes and (kind == "config" and run.kind == "sft"):
         raise ValueError("an SFT config samples nothing: cluster.engine_nodes must be 0")
     run_dir = Path(cluster.run_dir or default_dir).expanduser().resolve()

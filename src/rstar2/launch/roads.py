@@ -239,7 +239,9 @@ def run_ray(plan: P.Plan, attempt: int, address: str, say: Callable[[str], None]
         placed = placement_group_table(group)["bundles_to_node_id"]
         hosts = ",".join(ips[placed[r]] for r in range(cluster.nodes))
         secrets_env = {**run_secrets(), P.RUN_ENV: plan.run_id}
-        node = ray.remote(run_node_task)
+        # a task whose node dies fails at once (NodeDiedError), not retried: its bundle would wait to be
+        # placed again, which a STRICT_SPREAD group short of a node never is
+        node = ray.remote(max_retries=0)(run_node_task)
         refs, nodes = [], []
         for rank in range(cluster.nodes):
             strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank)
@@ -306,7 +308,8 @@ def run_node_task(plan_json: str, rank: int, hosts: str, attempt: int, env: dict
             stdin=subprocess.DEVNULL,
             env=child_env,
             cwd=plan.cwd if Path(plan.cwd).is_dir() else None,
-            preexec_fn=set_death_signal,
+            start_new_session=True,  # out of the worker's process group, killed outright on a cancel:
+            preexec_fn=set_death_signal,  # the worker's end is a SIGTERM, and the node stops in order
         )
     try:
         return proc.wait()

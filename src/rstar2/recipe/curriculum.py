@@ -61,10 +61,15 @@ async def sample(
     problems = write_jsonl(rows, out_dir / "problems.jsonl")
     engines = await open_engines(settings.engine, str(model_dir), recipe.model.device, recipe.model.dtype)
     try:
+        taking = engines
         if settings.engine.servers:
-            # version 0: the policy this sampling reads (an RL stage pushes its own start after)
-            await load_into_servers(engines, model_dir, settings.engine, version=0)
-        async with open_rollout(settings, tokenizer=str(model_dir), engines=engines, **services) as rollout:
+            # version 0: the policy this sampling reads (an RL stage pushes its own start after); a
+            # server that does not take it samples nothing here, while another did (else: stop)
+            failed = await load_into_servers(engines, model_dir, settings.engine, version=0, drop_failed=True)
+            for engine, why in failed:
+                run.log(f"[rstar2] engine {engine.name} left out of this sampling: {why}")
+            taking = [e for e in engines if e not in {f for f, _ in failed}]
+        async with open_rollout(settings, tokenizer=str(model_dir), engines=taking, **services) as rollout:
             summaries = await evaluate(
                 rollout, [str(problems)], out_dir, samples=samples, seed=seed, progress=run.progress
             )

@@ -208,7 +208,7 @@ class RLTrainer:
                     # every engine holds this run's weights and version before the first group starts (a
                     # server may hold another run's, or this one's past the checkpoint; a dead one fails here)
                     await self._publish(self.step_no)
-                    require_reported_versions(engines, self.cfg.asynchronous.max_staleness)
+                    require_reported_versions(self.engines.serving(), self.cfg.asynchronous.max_staleness)
                     self._counters = (time.perf_counter(), await self.engines.counters())
                     self.feed = GroupFeed(
                         self._launch_group,

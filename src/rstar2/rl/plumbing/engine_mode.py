@@ -81,6 +81,11 @@ class TrainerEngines:
         )
         return self.engines
 
+    def serving(self) -> list[Engine]:
+        """The engines in rotation (every one where no scheduler says otherwise)."""
+        rotation = self.scheduler
+        return [e for e in self.engines if rotation is None or rotation.in_rotation(e)]
+
     def attach(self, scheduler: Any) -> None:
         """Servers: the rollout's scheduler says which are in rotation and takes out those that do
         not take the weights; rank 0's brings them back (``revive``: rank 0 writes the weights, so
@@ -119,7 +124,9 @@ class TrainerEngines:
                 step=step,
                 compute=self.cfg.model.compute,
                 whole=whole,
-                on_lost=lost if started else None,
+                # at the start too: one that does not take them leaves the rotation while others did
+                # (an engine node lost before a stage starts); with none left the run stops
+                on_lost=lost if rotation is not None else None,
             )
             self.published = (whole_parts(model, folder), step)
             return metrics
@@ -133,6 +140,9 @@ class TrainerEngines:
             once = self.cfg.rollout.engine.model_copy(update={"reload_retries": 0})  # the scheduler retries
             for folder in folders:
                 await load_into_servers([engine], folder, once, version=version)
+            if engine.version_source is None:  # out since the start: never asked what it reports
+                await engine.probe_capacity()
+                require_reported_versions([engine], self.cfg.asynchronous.max_staleness)
             if self.scheduler is not None:  # in rotation before the next publish can pass it by
                 self.scheduler.restore(engine)
 
