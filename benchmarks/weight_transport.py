@@ -123,7 +123,8 @@ def main() -> None:
                 short = name.split()[0]
                 procs, urls = {}, {}
                 procs["folder"], urls["folder"] = start(cmd, root / f"{short}-folder.log")
-                procs["http"], urls["http"] = start([*apart(root, disk / short), *cmd], disk / f"{short}-http.log")
+                http = [*apart(root, disk / short), *cmd, "--fetch-from", weights_url]
+                procs["http"], urls["http"] = start(http, disk / f"{short}-http.log")
                 try:
                     rows[name] = asyncio.run(syncs(urls, weights_url, models, root / short, args.repeat))
                 finally:

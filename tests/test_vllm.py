@@ -86,7 +86,19 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
-def vllm(model_dir, tmp_path_factory, api_key):
+def weights_service(tmp_path_factory, api_key):
+    """A weight service over the session's folders (``rstar2.weight_transfer``), the one the module's
+    vLLM may fetch from (``--fetch-from``): the road without a shared filesystem."""
+    port = free_port()
+    serve = ["-m", "rstar2.weight_transfer", "--root", str(tmp_path_factory.getbasetemp()), "--port", str(port)]
+    proc = subprocess.Popen([RSTAR2[0], *serve], cwd=ROOT, stderr=subprocess.PIPE)
+    wait_http(f"http://127.0.0.1:{port}", proc)
+    yield f"http://127.0.0.1:{port}"
+    stop(proc)
+
+
+@pytest.fixture(scope="module")
+def vllm(model_dir, tmp_path_factory, api_key, weights_service):
     """``rstar2 vllm`` on the tiny model, started as a user would, with an API key and the tests'
     folders to load weights from, serving adapters up to rank 8 beside the whole model (one server
     for every test: whole-model requests on a LoRA-enabled vLLM are checked by the tests that make
@@ -104,6 +116,8 @@ def vllm(model_dir, tmp_path_factory, api_key):
         api_key,
         "--weights-from",
         str(tmp_path_factory.getbasetemp()),
+        "--fetch-from",
+        weights_service,
     ]
     args += ["--", "--root-path", "/api"]  # behind a proxy's prefix: the guard sees routes without it
     with log.open("wb") as fh:
@@ -337,11 +351,11 @@ def train_on_vllm(
     k: int,
     lora: dict | None = None,
     lr: float | None = None,
-    http: bool = False,
+    http: str | None = None,
 ) -> None:
     """`rstar2 train` for 3 steps at staleness ``k`` on the module's vLLM, steps kept; its metrics
     checked: every step once, vLLM sampling with the trainer's weights after every update. With
-    ``http``, vLLM fetches each load's folder from a weight service (``rstar2.weight_transfer``)."""
+    ``http`` (a weight service's URL), vLLM fetches each load's folder from it first."""
     tree = small_rl(model_dir, problems, run_dir, steps=3, top_k=0)
     tree["model"]["lora"] = lora
     if lr is not None:
@@ -351,21 +365,13 @@ def train_on_vllm(
     if k:
         tree["loss"] = {"tis_cap": 2.0}
     tree["run"]["keep_steps"] = True
-    service = None
     if http:
-        port = free_port()
-        serve = ["-m", "rstar2.weight_transfer", "--root", str(run_dir.parent), "--port", str(port)]
-        service = subprocess.Popen([RSTAR2[0], *serve], cwd=ROOT, stderr=subprocess.PIPE)
-        wait_http(f"http://127.0.0.1:{port}", service)
-        tree["rollout"]["engine"]["weights_url"] = f"http://127.0.0.1:{port}"
-    try:
-        ok(cli(["train", str(write_config(tree, run_dir.parent / "rl.yaml"))]))
-        if service is not None:  # a manifest and its files for every load: the base, then 4 adapters
-            served = httpx.get(tree["rollout"]["engine"]["weights_url"] + "/health").json()["served"]
-            assert served["manifests"] == 5 and served["files"] >= 5 * 2, served
-    finally:
-        if service is not None:
-            stop(service)
+        tree["rollout"]["engine"]["weights_url"] = http
+    before = httpx.get(http + "/health").json()["served"] if http else None
+    ok(cli(["train", str(write_config(tree, run_dir.parent / "rl.yaml"))]))
+    if http:  # a manifest for every load: the base, then 4 adapters
+        served = httpx.get(http + "/health").json()["served"]
+        assert served["manifests"] - before["manifests"] == 5, (before, served)
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["sync/logprob_diff"] < TOL for r in rows), [r["sync/logprob_diff"] for r in rows]
@@ -396,7 +402,9 @@ def test_rl_on_vllm_trains_only_its_own_policys_tokens(vllm, model_dir, problems
 
 
 @pytest.mark.parametrize("k, http", [(0, False), (1, False), (0, True)], ids=["k=0", "k=1", "k=0-http"])
-def test_rl_with_an_adapter_on_vllm_sends_it_the_adapter_alone(vllm, model_dir, problems, tmp_path, k, http):
+def test_rl_with_an_adapter_on_vllm_sends_it_the_adapter_alone(
+    vllm, model_dir, problems, tmp_path, k, http, weights_service
+):
     """``model.lora`` on vLLM: the base in place once at the start, then each update's adapter
     loaded under a name of its own (``/v1/load_lora_adapter``); vLLM samples with the trainer's
     adapted model after every update, each token's version is the adapter's that sampled it.
@@ -406,7 +414,12 @@ def test_rl_with_an_adapter_on_vllm_sends_it_the_adapter_alone(vllm, model_dir, 
 
     run_dir = tmp_path / "run"
     lora = {"rank": 4, "alpha": 8}
-    train_on_vllm(vllm, model_dir, problems, run_dir, k, lora=lora, lr=5e-2, http=http)
+    train_on_vllm(vllm, model_dir, problems, run_dir, k, lora=lora, lr=5e-2, http=weights_service if http else None)
+    if http:  # the route is behind the key, and fetches from its own service only
+        mirror = {"source": "http://127.0.0.1:9", "folder": str(run_dir / "weights-latest")}
+        assert httpx.post(vllm + "/mirror_weights", json=mirror).status_code == 401
+        refused = httpx.post(vllm + "/mirror_weights", json=mirror, headers=AUTH)
+        assert refused.status_code == 403 and "only from the service it was started with" in refused.text
     assert_versions_in_bound(run_dir, k)
     ok(cli(["replay", str(run_dir), "--from", "1", "--to", "3"]))
     assert is_adapter(run_dir / "weights-latest")

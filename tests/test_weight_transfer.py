@@ -70,7 +70,9 @@ def test_a_mirror_arrives_whole_once_and_keeps_sub_folders(run, tmp_path):
     (here / "old.safetensors").write_bytes(b"a file the folder no longer holds")
     with service([run.parent]) as url:
         first = _mirror(url, str(run), here, KEY)
-        assert first["fetched"] == first["bytes"] == (run / "model.safetensors").stat().st_size + len('{"n": 1}')
+        assert (
+            first["fetched"] == first["bytes"] == (run / "model.safetensors").stat().st_size + len('{"n": 1}')
+        )
         assert (here / "model.safetensors").read_bytes() == (run / "model.safetensors").read_bytes()
         assert not (here / "old.safetensors").exists() and not (here / "trainer_state.pt").exists()
         assert (here / "base" / "model.safetensors").exists()
@@ -80,7 +82,7 @@ def test_a_mirror_arrives_whole_once_and_keeps_sub_folders(run, tmp_path):
         assert json.loads((here / "config.json").read_text()) == {"n": 2}
         # the trainer's own folder (one disk): nothing fetched, nothing rewritten
         before = (run / "model.safetensors").stat().st_mtime_ns
-        assert asyncio.run(mirror(url, str(run), [run.parent], KEY))["fetched"] == 0
+        assert asyncio.run(mirror(url, str(run), [run.parent], KEY, pinned=url))["fetched"] == 0
         assert (run / "model.safetensors").stat().st_mtime_ns == before
 
 
@@ -106,6 +108,12 @@ def test_a_file_changed_on_the_way_is_refused_and_removed(run, tmp_path):
         _mirror(url, str(run), here, "a wrong key")
 
 
-def test_a_mirror_writes_only_under_the_servers_folders(run, tmp_path):
-    with pytest.raises(FolderRefused):
-        asyncio.run(mirror("http://127.0.0.1:9", str(run), [tmp_path / "elsewhere"], KEY))
+def test_a_mirror_writes_only_under_the_servers_folders_from_its_own_service(run, tmp_path):
+    pinned = "http://127.0.0.1:9"
+    with pytest.raises(FolderRefused, match="not under a folder"):
+        asyncio.run(mirror(pinned, str(run), [tmp_path / "elsewhere"], KEY, pinned=pinned))
+    with pytest.raises(FolderRefused, match="not under a folder"):  # a root itself: a starting model
+        asyncio.run(mirror(pinned, str(run), [run], KEY, pinned=pinned))
+    for other in (None, "http://127.0.0.1:10"):
+        with pytest.raises(FolderRefused, match="only from the service it was started with"):
+            asyncio.run(mirror(pinned, str(run), [run.parent], KEY, pinned=other))

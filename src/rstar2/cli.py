@@ -163,6 +163,12 @@ WEIGHTS_FROM = typer.Option(
     "--weights-from",
     help="A folder weight loads may come from (the trainer's run folders); repeat. None: no loads.",
 )
+FETCH_FROM = typer.Option(
+    None,
+    "--fetch-from",
+    help="The trainer's weight service (URL) whose folders /mirror_weights copies here before a load "
+    "(rstar2 launch, cluster.shared_fs: false). None: it fetches none.",
+)
 
 
 def required_key(api_key: str | None, host: str, what: str) -> str | None:
@@ -207,6 +213,7 @@ def serve(
     ),
     api_key: str | None = API_KEY,
     weights_from: list[Path] = WEIGHTS_FROM,
+    fetch_from: str | None = FETCH_FROM,
 ) -> None:
     """Serve a model over an OpenAI-compatible API (/v1/completions, /v1/chat/completions), and load
     a trainer's new weights in place (/update_weights_from_disk) from the --weights-from folders."""
@@ -218,6 +225,7 @@ def serve(
     access = {
         "api_key": required_key(api_key, host, "rstar2 serve"),
         "weights_from": weights_roots(weights_from),
+        "fetch_from": fetch_from,
     }
     serve_model(
         model, host, port, name=name, device=device, dtype=dtype, log=console.print, **access, **sizes
@@ -246,6 +254,7 @@ def vllm_cmd(
     ),
     api_key: str | None = API_KEY,
     weights_from: list[Path] = WEIGHTS_FROM,
+    fetch_from: str | None = FETCH_FROM,
     open_route: list[str] | None = typer.Option(
         None,
         help="Open one of vLLM's routes outside rstar2's road, closed by default because they may "
@@ -283,6 +292,7 @@ def vllm_cmd(
         "api_key": required_key(api_key, host, "rstar2 vllm"),
         "weights_from": weights_roots(weights_from),
         "open_routes": list(open_route or ()),
+        "fetch_from": fetch_from,
     }
     console.print(f"\\[rstar2] {' '.join(args)}")
     os.execve(exe, args, launch.environment(cores, kv_cache_gib, **access))  # signals reach vLLM itself

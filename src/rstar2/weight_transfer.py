@@ -13,12 +13,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 import time
 import zlib
 from pathlib import Path
 from typing import Any
 
-from .auth import KEY_ENV, WEIGHTS_FROM_ENV, FolderRefused, client_headers, route
+from .auth import KEY_ENV, WEIGHTS_FROM_ENV, FolderRefused, client_headers, exposed_warning, route
 
 CHUNK = 8 << 20
 LOADED = (".safetensors", ".json", ".jinja", ".txt", ".model")  # what a load reads (not optimizer state)
@@ -59,8 +60,23 @@ def loaded(path: Path) -> bool:
 
 
 def stamp(path: Path) -> dict[str, Any]:
+    """What tells a file's version, and which file it is: its device and inode on this boot of this
+    machine (another machine's are other numbers, whatever they are)."""
     stat = path.stat()
-    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "file": f"{stat.st_dev}:{stat.st_ino}"}
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "file": f"{BOOT}:{stat.st_dev}:{stat.st_ino}"}
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        import uuid
+
+        return uuid.uuid4().hex  # no boot id: no file here is ever taken for a served one
+
+
+BOOT = _boot_id()
+FETCH_FROM_ENV = "RSTAR2_FETCH_FROM"  # rstar2 vllm: --fetch-from, for /mirror_weights inside vLLM
 
 
 class WeightService:
@@ -136,9 +152,15 @@ class WeightService:
                 url = urlsplit(self.path)
                 query = {k: v[-1] for k, v in parse_qs(url.query).items()}
                 if url.path == "/health":
-                    return self.answer(200, {"status": "ok", "roots": [str(r) for r in service.roots], "served": service.served})
+                    return self.answer(
+                        200,
+                        {"status": "ok", "roots": [str(r) for r in service.roots], "served": service.served},
+                    )
                 if service.key and not authorized(self.headers.get("Authorization"), service.key):
-                    return self.answer(401, {"error": "unauthorized: send the service's API key as 'Authorization: Bearer KEY'"})
+                    return self.answer(
+                        401,
+                        {"error": "unauthorized: send the service's API key as 'Authorization: Bearer KEY'"},
+                    )
                 try:
                     folder = served_folder(service.roots, query.get("folder", ""))
                     if url.path == MANIFEST:
@@ -167,15 +189,25 @@ class MirrorError(RuntimeError):
 
 
 def target_folder(folder: str, roots: list[Path]) -> Path:
-    """Where a mirror writes: ``folder`` itself, which must lie under one of ``roots``."""
+    """Where a mirror writes: ``folder`` itself, which must lie under one of ``roots`` (a root's own
+    files are a server's starting model, never written over)."""
     path = Path(folder).resolve()
-    if not any(path.is_relative_to(r) for r in roots):
+    if not any(path.is_relative_to(r) and path != r for r in roots):
         raise FolderRefused(f"{folder} is not under a folder this server loads weights from (--weights-from)")
     return path
 
 
-async def mirror(source: str, folder: str, roots: list[Path], key: str | None = None) -> dict[str, Any]:
-    """``folder`` of the service at ``source`` into the same path here (off the event loop)."""
+async def mirror(
+    source: str, folder: str, roots: list[Path], key: str | None = None, *, pinned: str | None = None
+) -> dict[str, Any]:
+    """``folder`` of the service at ``source`` into the same path here (off the event loop). A
+    server mirrors only from the service it was started with (``pinned``: ``--fetch-from``), so a
+    caller cannot make it send its key elsewhere or write what another service lists."""
+    if pinned is None or source.rstrip("/") != pinned.rstrip("/"):
+        raise FolderRefused(
+            f"this server fetches weights only from the service it was started with (--fetch-from "
+            f"{pinned or 'none: it fetches none'}), not {source}"
+        )
     target = target_folder(folder, roots)
     return await asyncio.to_thread(_mirror, source, folder, target, key)
 
@@ -206,7 +238,9 @@ def _mirror(source: str, folder: str, target: Path, key: str | None) -> dict[str
                 raise MirrorError(f"{source} listed a file name that is not one: {name!r}")
             here = stamp(path) if path.is_file() else None
             kept = record.get(name, {})
-            if here and (here["file"] == entry["file"] or (kept.get("source") == entry and kept.get("here") == here)):
+            if here and (
+                here["file"] == entry["file"] or (kept.get("source") == entry and kept.get("here") == here)
+            ):
                 continue  # the trainer's own file, or this version fetched before
             part = target / f".{name}.part"
             if path.is_file():  # the last version's file, written over (see fetch)
@@ -216,7 +250,9 @@ def _mirror(source: str, folder: str, target: Path, key: str | None) -> dict[str
                 size, crc = service.fetch(folder, name, part)
                 status, body = service.get(CHECKSUM, folder=folder, name=name)
                 sent = json.loads(body) if status == 200 else {}
-                if (size, crc) != (entry["size"], sent.get("crc32")) or sent.get("mtime_ns") != entry["mtime_ns"]:
+                if (size, crc) != (entry["size"], sent.get("crc32")) or sent.get("mtime_ns") != entry[
+                    "mtime_ns"
+                ]:
                     raise MirrorError(
                         f"{folder}/{name} arrived as {size} bytes, CRC-32 {crc:#010x}; the service sent "
                         f"{entry['size']} bytes, CRC-32 {sent.get('crc32')} ({status}; a file rewritten meanwhile "
@@ -229,11 +265,18 @@ def _mirror(source: str, folder: str, target: Path, key: str | None) -> dict[str
             record[name] = {"source": entry, "here": stamp(path)}
             fetched += size
         names = {e["name"] for e in files}
-        for stale in (p for p in target.iterdir() if loaded(p) and p.name not in names):
+        for stale in (
+            p for p in target.iterdir() if loaded(p) and not p.is_symlink() and p.name not in names
+        ):
             stale.unlink()
         record_file.write_text(json.dumps({k: v for k, v in record.items() if k in names}))
     total = sum(e["size"] for e in files)
-    return {"files": len(files), "bytes": total, "fetched": fetched, "seconds": round(time.perf_counter() - start, 3)}
+    return {
+        "files": len(files),
+        "bytes": total,
+        "fetched": fetched,
+        "seconds": round(time.perf_counter() - start, 3),
+    }
 
 
 class _Service:
@@ -280,7 +323,9 @@ class _Service:
 
         resp = self.request(FILE, folder=folder, name=name)
         if resp.status != 200:
-            raise MirrorError(f"the weight service refused {folder}/{name} ({resp.status}: {resp.read()[:200]!r})")
+            raise MirrorError(
+                f"the weight service refused {folder}/{name} ({resp.status}: {resp.read()[:200]!r})"
+            )
         buffers, size, crc = self.buffers, 0, 0
 
         def put(chunk: memoryview, crc: int) -> int:
@@ -294,7 +339,11 @@ class _Service:
             try:
                 while n := resp.readinto(buffers[turn % 2]):
                     crc = pending.result() if pending is not None else crc
-                    pending, size, turn = self.writer.submit(put, buffers[turn % 2][:n], crc), size + n, turn + 1
+                    pending, size, turn = (
+                        self.writer.submit(put, buffers[turn % 2][:n], crc),
+                        size + n,
+                        turn + 1,
+                    )
                 crc = pending.result() if pending is not None else crc
             except (OSError, http.client.HTTPException) as exc:
                 raise MirrorError(f"{folder}/{name} was cut off after {size} bytes: {exc!r}") from None
@@ -317,7 +366,10 @@ async def vllm_mirror(request: Any, call_next: Any) -> Any:
     try:
         body = json.loads(await request.body() or b"{}")
         roots = [Path(p) for p in os.environ.get(WEIGHTS_FROM_ENV, "").split(os.pathsep) if p]
-        return JSONResponse(await mirror(body["source"], body["folder"], roots, os.environ.get(KEY_ENV)))
+        pinned = os.environ.get(FETCH_FROM_ENV) or None
+        return JSONResponse(
+            await mirror(body["source"], body["folder"], roots, os.environ.get(KEY_ENV), pinned=pinned)
+        )
     except (ValueError, KeyError, TypeError) as exc:
         return JSONResponse({"error": f"/mirror_weights: {exc}"}, status_code=400)
     except FolderRefused as exc:
@@ -333,7 +385,10 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8090)
     args = parser.parse_args()
-    service = WeightService(args.root, os.environ.get(KEY_ENV), args.host, args.port)
+    key = os.environ.get(KEY_ENV)
+    if said := exposed_warning(args.host, key, "the weight service"):
+        print(f"[rstar2] {said}", file=sys.stderr)
+    service = WeightService(args.root, key, args.host, args.port)
     try:
         service.serve_forever()
     except KeyboardInterrupt:

@@ -74,6 +74,9 @@ def test_a_port_taken_is_named_and_nothing_is_left(tiny_dir, problems, tmp_path)
     cluster = ClusterSection.model_validate(__import__("yaml").safe_load(config.read_text())["cluster"])
     taken = port(cluster, 0, REDIS)
     with socket.socket() as holder:
+        holder.setsockopt(
+            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+        )  # a TIME_WAIT of an earlier run is no owner
         holder.bind(("127.0.0.1", taken))
         holder.listen()
         code, out = finished(launch([str(config), "--on", "local"]), 120)
@@ -155,9 +158,7 @@ def test_a_run_folder_that_is_not_shared_is_named_by_the_canary(tiny_dir, proble
     assert not none_left(plan.run_id)
 
 
-def test_an_engine_node_lost_mid_run_the_launcher_stopped_and_the_run_resumed(
-    tiny_dir, problems, tmp_path
-):
+def test_an_engine_node_lost_mid_run_the_launcher_stopped_and_the_run_resumed(tiny_dir, problems, tmp_path):
     """Two engine nodes: one killed (its node process, SIGKILL) after the first step, the run goes
     on on the other; then the launcher is stopped (SIGTERM) mid-run: every process of the launch
     ends; launched again with --resume, the run goes on from its last checkpoint (attempt 2)."""
@@ -189,7 +190,9 @@ def test_an_engine_node_lost_mid_run_the_launcher_stopped_and_the_run_resumed(
     code, out = finished(launch([str(config), "--on", "local"]), 60)
     assert code == 2 and "holds a run: pass --resume" in out, out
     saved = int(latest_checkpoint(run).name.split("-")[-1])
-    code, out = finished(launch([str(config), "--on", "local", "--resume", "--set", f"run.steps={saved + 1}"]))
+    code, out = finished(
+        launch([str(config), "--on", "local", "--resume", "--set", f"run.steps={saved + 1}"])
+    )
     assert code == 0, out
     assert "no checkpoint" not in (run / "launch" / "attempt-2" / "node0-trainer.log").read_text()
     assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()][-1] == saved + 1

@@ -48,7 +48,11 @@ def test_the_run_is_wired_to_the_cluster():
     apart = P.run_tree(plan_of(RL, nodes=2, engine_nodes=1, port_base=30000, shared_fs=False), ["a", "b"])
     assert apart["rollout"]["engine"]["weights_url"] == "http://a:30002"
     alone = P.run_tree(plan_of(RL, nodes=2), ["a", "b"])
-    assert alone["rollout"]["engine"]["servers"] == []  # no engine node: the trainer samples itself
+    assert "servers" not in alone["rollout"]["engine"]  # no engine node: the trainer samples itself
+    own = {**RL, "rollout": {"engine": {"servers": ["http://mine:8000"]}}}
+    assert P.run_tree(plan_of(own, nodes=2), ["a", "b"])["rollout"]["engine"]["servers"] == [
+        "http://mine:8000"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -88,6 +92,11 @@ def test_a_recipe_and_a_config_make_plans(tmp_path, tiny_dir):
     assert plan.kind == "recipe" and plan.run_dir == str(tmp_path / "r")
     wired = P.run_tree(plan, ["127.0.0.1"] * 2)
     assert wired["rollout"]["engine"]["servers"] == ["http://127.0.0.1:20024"]
+    with pytest.raises(ValueError, match="share one run folder"):
+        P.new_plan(
+            config_file(tmp_path, tiny_dir),
+            ["cluster.nodes=3", "cluster.engine_nodes=1", "cluster.shared_fs=false"],
+        )
     with pytest.raises(ValueError, match="a recipe trains in one process"):
         P.new_plan(recipe, ["cluster.nodes=3", "cluster.engine_nodes=1"])
     config = tmp_path / "sft.yaml"
@@ -96,3 +105,14 @@ def test_a_recipe_and_a_config_make_plans(tmp_path, tiny_dir):
     )
     with pytest.raises(ValueError, match="engine_nodes must be 0"):
         P.new_plan(config, ["cluster.nodes=2", "cluster.engine_nodes=1"])
+
+
+def config_file(folder: Path, model: Path) -> Path:
+    (folder / "train.jsonl").write_text('{"problem": "1+1?", "answer": "2"}\n')
+    path = folder / "rl.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {"kind": "rl", "model": {"path": str(model)}, "data": {"train": str(folder / "train.jsonl")}}
+        )
+    )
+    return path

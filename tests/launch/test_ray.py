@@ -5,6 +5,8 @@ node lost mid-run; a cluster too small for the run, said at its deadline."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 import yaml
 
@@ -35,11 +37,14 @@ def on_ray(cluster) -> dict[str, str]:
 
 def test_a_recipe_on_ray_one_engine_node_lost(ray, tmp_path):
     """Node 2 (an engine node) is killed whole once the run has sampled: the run goes on on node 1."""
-    recipe = launch_recipe(tmp_path, nodes=3, engine_nodes=2, gpus_per_node=1, engine_args=["--device", "cpu"])
+    recipe = launch_recipe(
+        tmp_path, nodes=3, engine_nodes=2, gpus_per_node=1, engine_args=["--device", "cpu"]
+    )
     proc = launch([str(recipe), "--on", "ray", "--address", ray.address], env=on_ray(ray))
     run = tmp_path / "run"
     wait_for(lambda: any(run.glob("*/**/trajectories.jsonl")), 300, "the first evaluation")
-    ray.kill_node(2)
+    rank2 = int(subprocess.check_output(["pgrep", "-f", "launch-node --rank 2"], text=True).split()[0])
+    ray.kill_node(next(i for i in range(len(NODES)) if rank2 in ray.pids(i)))  # the Ray node Ray placed it on
     code, out = finished(proc, 900)
     logs = "\n".join(f"== {p.name}\n{p.read_text()[-1500:]}" for p in sorted((run / "launch").rglob("*.log")))
     assert code == 0, out[-2000:] + logs
@@ -48,7 +53,9 @@ def test_a_recipe_on_ray_one_engine_node_lost(ray, tmp_path):
     state = (run / "recipe_state.json").read_text()
     assert '"rl-64"' in state and (run / "report.md").exists()
     after = [p for p in run.glob("02-*/samples/*.jsonl")]  # the RL stage ran after the loss
-    engines = {__import__("json").loads(x)["turns"][0]["engine"] for p in after for x in p.read_text().splitlines()}
+    engines = {
+        __import__("json").loads(x)["turns"][0]["engine"] for p in after for x in p.read_text().splitlines()
+    }
     assert engines == {f"http://127.0.0.1:{port(cluster, 1, ENGINE)}"}, engines
     assert not none_left(run_id(run))
 

@@ -12,7 +12,17 @@ from rstar2.config import ClusterSection
 from rstar2.launch.plan import ENGINE, port
 
 from ..slurm_cluster import need_slurm, slurm_cluster
-from .conftest import cli_env, finished, launch, launch_recipe, launched, none_left, recipe_finished, wait_for
+from .conftest import (
+    cli_env,
+    finished,
+    launch,
+    launch_recipe,
+    launched,
+    none_left,
+    recipe_finished,
+    run_id,
+    wait_for,
+)
 
 
 @pytest.fixture
@@ -48,13 +58,7 @@ def test_a_recipe_on_slurm_trains_evaluates_and_leaves_nothing(slurm, tmp_path):
         "node1-engine-0.log",
         "node1-worker.log",
     }
-    assert not slurm.processes() and not none_left(run_id_of(run))
-
-
-def run_id_of(run) -> str:
-    return __import__("json").loads(
-        (run / "launch" / "launch.sbatch").read_text().split("<<'PLAN'\n", 1)[1].split("\nPLAN", 1)[0]
-    )["run_id"]
+    assert not slurm.processes() and not none_left(run_id(run))
 
 
 def test_the_launcher_stopped_cancels_the_job(slurm, tmp_path):
@@ -64,9 +68,10 @@ def test_the_launcher_stopped_cancels_the_job(slurm, tmp_path):
     wait_for(
         lambda: (run / "launch" / "attempt-1" / "node0-trainer.log").exists(), 240, "the trainer started"
     )
-    rid = run_id_of(run)
+    rid = run_id(run)
     assert launched(rid)
     proc.send_signal(signal.SIGTERM)
     code, out = finished(proc, 120)
     assert code == 130, out
-    assert not none_left(rid, 60) and not slurm.processes()
+    assert not none_left(rid, 60)
+    wait_for(lambda: not slurm.processes(), 60, "the job's last processes gone")

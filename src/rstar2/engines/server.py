@@ -101,11 +101,13 @@ class Served:
         model_name: str,
         weights_from: list[Path] | None = None,
         api_key: str | None = None,
+        fetch_from: str | None = None,
     ) -> None:
         ensure_chat_template(tokenizer)
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
         self.weights_from = list(weights_from or [])
         self.api_key = api_key  # also what it shows the trainer's weight service (a launch's one key)
+        self.fetch_from = fetch_from  # the one weight service /mirror_weights fetches from
         self.default_stops = end_of_turn_ids(tokenizer)
         self.dtype = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
         # loads so far, the last one's folder, the tensors it named and their fingerprint (None: not yet)
@@ -324,7 +326,7 @@ def server_routes(s: Served) -> APIRouter:
         from ..weight_transfer import MirrorError, mirror
 
         try:
-            return await mirror(body.source, body.folder, s.weights_from, s.api_key)
+            return await mirror(body.source, body.folder, s.weights_from, s.api_key, pinned=s.fetch_from)
         except FolderRefused as exc:
             raise HTTPException(403, str(exc)) from None
         except MirrorError as exc:
@@ -475,10 +477,11 @@ def create_app(
     *,
     api_key: str | None = None,
     weights_from: list[Path] | None = None,
+    fetch_from: str | None = None,
 ) -> FastAPI:
     """The server's routes over ``engine``; with ``api_key``, only for callers that send it; weight
     loads only from under ``weights_from``."""
-    served = Served(engine, tokenizer, model_name, weights_from, api_key)
+    served = Served(engine, tokenizer, model_name, weights_from, api_key, fetch_from)
     app = FastAPI(title="rstar2 serve", version="1")
     app.middleware("http")(key_guard(api_key))
     for routes in (server_routes, completion_routes, chat_routes):
@@ -497,6 +500,7 @@ def serve(
     log: Any = print,
     api_key: str | None = None,
     weights_from: list[Path] | None = None,
+    fetch_from: str | None = None,
     **sizes: Any,
 ) -> None:
     """``rstar2 serve``: the model in an ``HFEngine`` (``sizes``: its batch and KV budget), served."""
@@ -509,6 +513,6 @@ def serve(
     engine.version = -1
     model_name = name or model_dir.name
     log(f"serving {model_name} on http://{host}:{port}/v1 ({engine.model.device})")
-    access = {"api_key": api_key, "weights_from": weights_from}
+    access = {"api_key": api_key, "weights_from": weights_from, "fetch_from": fetch_from}
     app = create_app(engine, AutoTokenizer.from_pretrained(str(model_dir)), model_name, **access)
     uvicorn.run(app, host=host, port=port, log_level="warning")

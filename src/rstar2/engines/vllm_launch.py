@@ -19,6 +19,7 @@ from pathlib import Path
 import rstar2
 
 from ..auth import KEY_ENV, OPEN_ROUTES_ENV, WEIGHTS_FROM_ENV
+from ..weight_transfer import FETCH_FROM_ENV
 
 SRC = Path(rstar2.__file__).resolve().parents[1]  # the folder holding the rstar2 package
 EXTENSION = "rstar2.engines.vllm_worker.WorkerExtension"
@@ -68,6 +69,7 @@ def environment(
     api_key: str | None = None,
     weights_from: list[Path] | None = None,
     open_routes: list[str] | None = None,
+    fetch_from: str | None = None,
 ) -> dict[str, str]:
     env = dict(os.environ)
     env[OPEN_ROUTES_ENV] = ",".join(open_routes or ())
@@ -76,6 +78,7 @@ def environment(
     if api_key:  # in the environment, not on the command line where `ps` shows it
         env[KEY_ENV] = api_key
     env[WEIGHTS_FROM_ENV] = os.pathsep.join(str(p) for p in weights_from or ())
+    env[FETCH_FROM_ENV] = fetch_from or ""  # /mirror_weights: the one weight service it fetches from
     # idle connections kept a while (vLLM's default, 5 s, closes the trainer's between its steps)
     env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "300")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)

@@ -77,12 +77,15 @@ def launch(
     elif dry_run:
         console.print(plan.to_json(), markup=False)
         return
+    logs = run_dir / "launch" / f"attempt-{attempt}"
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / "plan.json").write_text(plan.to_json())  # what this attempt ran (the secrets are in no file)
     roads.stopped_by_signals()
     try:
         if on is Road.local:
             roads.run_local(plan, attempt, say=_say)
         elif on is Road.slurm:
-            roads.run_slurm(plan, script, say=_say)
+            roads.run_slurm(plan, script, attempt, say=_say)
         else:
             where = address or os.environ.get("RAY_ADDRESS")
             if not where:

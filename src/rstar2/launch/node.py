@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,10 +26,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..auth import KEY_ENV
 from ..sandbox.redis_queue import PASSWORD_ENV
 from . import checks as C
 from . import plan as P
 from .checks import NodeError
+
+DONE_WAIT_S = 10.0
 
 
 def set_death_signal(sig: int = signal.SIGTERM) -> None:
@@ -144,6 +148,7 @@ class Node:
         )
         self.start("redis", ["redis-server", str(conf)])
         self.connect()
+        shutil.rmtree(conf_dir)  # read at its start: the password lives on in no file
         if self.cluster.shared_fs:
             canary = secrets.token_hex(16)
             (self.run / "launch" / "canary").write_text(canary)
@@ -199,20 +204,17 @@ class Node:
         ).decode()
         if self.over_http and not Path(model, "config.json").exists():
             self.fetch(model)
-        host, devices = self.hosts[self.rank], os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+        host, devices = self.hosts[self.rank], P.visible_gpus() if self.cluster.gpus_per_node else []
         adapters = P.lora_rank(self.plan) if self.cluster.engine == "vllm" else None
         engines = []
         for g in range(P.engines_on(self.cluster)):
             args = ["--model", model, "--host", host, "--port", str(self.port(P.ENGINE + g))]
             args += ["--weights-from", str(self.run), "--weights-from", model]
+            args += ["--fetch-from", self.url(P.WEIGHTS)] if self.over_http else []
             if self.cluster.engine == "serve":
                 args += ["--device", "cuda" if self.cluster.gpus_per_node else "cpu"]
             args += ["--lora-rank", str(adapters)] if adapters else []
-            gpu = (
-                {"CUDA_VISIBLE_DEVICES": devices[g]}
-                if self.cluster.gpus_per_node and g < len(devices)
-                else {}
-            )
+            gpu = {"CUDA_VISIBLE_DEVICES": devices[g]} if g < len(devices) else {}
             engines.append(
                 self.start(
                     f"engine-{g}", self.rstar2(self.cluster.engine, *args, *self.cluster.engine_args), **gpu
@@ -228,7 +230,7 @@ class Node:
 
         source = self.url(P.WEIGHTS)
         try:
-            asyncio.run(mirror(source, folder, [Path(folder).resolve()]))
+            asyncio.run(mirror(source, folder, [Path(folder).resolve().parent], pinned=source))
         except Exception as exc:  # noqa: BLE001 - said with where it happened
             raise NodeError(
                 f"{self.where()}: could not fetch the starting model {folder} from {source}: {exc}"
@@ -354,6 +356,8 @@ class Node:
                 if role is trainer:
                     if self.kind == "head":
                         self.done(code)
+                    else:
+                        self.redis.hdel(self.key("joined"), str(self.rank))
                     return code
                 if role.name.startswith("engine-") and role.restarts < self.cluster.engine_restarts:
                     role.restarts += 1
@@ -377,9 +381,10 @@ class Node:
             time.sleep(C.POLL_S)
 
     def done(self, code: int) -> None:
-        """The trainer's status to every node; Redis kept until they have left (``grace_s`` at most)."""
+        """The trainer's status to every node; Redis kept until the others have seen it (they look
+        twice a second; a node lost or already gone is not waited for past ``DONE_WAIT_S``)."""
         self.redis.set(self.key("done"), str(code))
-        end = time.monotonic() + self.cluster.grace_s
+        end = time.monotonic() + DONE_WAIT_S
         while self.redis.hlen(self.key("joined")) > 1 and time.monotonic() < end:
             time.sleep(C.POLL_S)
 
@@ -404,24 +409,34 @@ class Stopped(NodeError):
 
 
 def run_node(plan: P.Plan, rank: int, hosts: list[str], attempt: int) -> int:
-    """This node's part of the launch, start to end; the exit status (a NodeError said on stderr)."""
+    """This node's part of the launch, start to end; the exit status (an error said on stderr)."""
     set_death_signal()
     os.environ[P.RUN_ENV] = plan.run_id  # every process of the launch carries it
-    node = Node(plan, rank, hosts, attempt)
+    node: Node | None = None
 
     def stop(signum: int, frame: Any) -> None:
-        raise Stopped(f"{node.where()}: stopped by signal {signum}")
+        for sig in (signal.SIGTERM, signal.SIGINT):  # a second signal does not cut the stop short
+            signal.signal(sig, signal.SIG_IGN)
+        raise Stopped(f"stopped by signal {signum}")
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
+        missing = [name for name in (KEY_ENV, PASSWORD_ENV) if not os.environ.get(name)]
+        if missing:
+            raise NodeError(
+                f"node {rank}: ${' and $'.join(missing)} not set: the launch gives them (sbatch exports them)"
+            )
+        node = Node(plan, rank, hosts, attempt)
         return node.watch(node.up())
     except Stopped:
         return 143
-    except NodeError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+    except Exception as exc:  # noqa: BLE001 - a node's failure is one line, its cause named
+        said = str(exc) if isinstance(exc, NodeError) else f"node {rank}: {type(exc).__name__}: {exc}"
+        print(f"error: {said}", file=sys.stderr, flush=True)
         return 1
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
-        node.stop()
+        if node is not None:
+            node.stop()

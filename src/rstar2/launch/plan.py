@@ -66,6 +66,12 @@ def new_plan(source: Path, overrides: list[str], python: str = sys.executable) -
             f"a recipe trains in one process, on the head: cluster.nodes ({cluster.nodes}) - engine_nodes "
             f"({cluster.engine_nodes}) must be 1 (a stage's config.yaml launched alone trains on several)"
         )
+    if not cluster.shared_fs and cluster.trainer_nodes > 1:
+        raise ValueError(
+            "cluster.shared_fs: false sends weights to engines over HTTP, but the trainer's processes on "
+            f"{cluster.trainer_nodes} nodes share one run folder (its checkpoints): give them a shared one, "
+            "or train on one node (nodes - engine_nodes = 1)"
+        )
     if cluster.engine_nodes and (kind == "config" and run.kind == "sft"):
         raise ValueError("an SFT config samples nothing: cluster.engine_nodes must be 0")
     run_dir = Path(cluster.run_dir or default_dir).expanduser().resolve()
@@ -118,10 +124,11 @@ def run_tree(plan: Plan, hosts: list[str]) -> dict[str, Any]:
             return tree
     rollout = tree.setdefault("rollout", {})
     engine = rollout.setdefault("engine", {})
-    engine["servers"] = engine_urls(cluster, hosts)
     rollout["sandbox"] = service_url(cluster, hosts, SANDBOX)
-    if not cluster.shared_fs and cluster.engine_nodes:
-        engine["weights_url"] = service_url(cluster, hosts, WEIGHTS)
+    if cluster.engine_nodes:  # else: the run's own servers, or the trainer samples itself
+        engine["servers"] = engine_urls(cluster, hosts)
+        if not cluster.shared_fs:
+            engine["weights_url"] = service_url(cluster, hosts, WEIGHTS)
     return tree
 
 
@@ -134,3 +141,15 @@ def lora_rank(plan: Plan) -> int | None:
         return adapter_rank(parse_recipe(plan.tree, check_paths=False))
     lora = plan.tree["model"].get("lora")
     return lora["rank"] if lora else None
+
+
+def visible_gpus() -> list[str]:
+    """This machine's GPUs as ``CUDA_VISIBLE_DEVICES`` names them (every one where it is unset)."""
+    import os
+
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is not None:
+        return [g for g in given.split(",") if g]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]

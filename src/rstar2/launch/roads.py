@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,34 +70,40 @@ class NodeHandle:
     rank: int
     kind: str
     poll: Callable[[], int | None]
-    stop: Callable[[], None]
+    stop: Callable[[], None]  # asks it to stop
+    join: Callable[[], None]  # waits until it has
     log: Path
 
 
 def supervise(nodes: list[NodeHandle], say: Callable[[str], None]) -> int:
-    """Until the head ends (its status), or a node that is not an engine node ends first."""
-    lost: set[int] = set()
+    """Until the head ends (its status): another trainer node that fails ends the launch; one that
+    ends well (its share done) or an engine node lost (the others serve on) does not."""
+    ended: set[int] = set()
     try:
         while True:
             for node in nodes:
                 code = node.poll()
-                if code is None or node.rank in lost:
+                if code is None or node.rank in ended:
                     continue
                 if node.rank == 0:
                     if code:
                         raise LaunchError(f"node 0 (head) ended ({code}): {said_error(node.log)}")
                     return 0
-                if node.kind == "engine":
-                    lost.add(node.rank)
+                if code and node.kind != "engine":
+                    raise LaunchError(
+                        f"node {node.rank} ({node.kind}) ended ({code}): {said_error(node.log)}"
+                    )
+                ended.add(node.rank)
+                if code:  # an engine node (0: it left as the run ended)
                     say(
                         f"[rstar2] node {node.rank} (engine) was lost ({code}): the run goes on on the other engines"
                     )
-                    continue
-                raise LaunchError(f"node {node.rank} ({node.kind}) ended ({code}): {said_error(node.log)}")
             time.sleep(0.5)
-    finally:
+    finally:  # every node told at once, then waited for: each gives its roles grace_s
         for node in nodes:
             node.stop()
+        for node in nodes:
+            node.join()
 
 
 def stopped_by_signals() -> None:
@@ -112,11 +120,10 @@ def run_local(plan: P.Plan, attempt: int, say: Callable[[str], None]) -> int:
     """Every node a process of this machine on 127.0.0.1 (a workstation's GPUs shared out in order)."""
     cluster, logs = plan.cluster, Path(plan.run_dir) / "launch" / f"attempt-{attempt}"
     logs.mkdir(parents=True, exist_ok=True)
-    plan_file = logs / "plan.json"
-    plan_file.write_text(plan.to_json())
+    plan_file = logs / "plan.json"  # written by the command, for every road
     hosts = ",".join(["127.0.0.1"] * cluster.nodes)
     env = {**os.environ, **run_secrets(), P.RUN_ENV: plan.run_id}
-    gpus = env.get("CUDA_VISIBLE_DEVICES", "").split(",") if cluster.gpus_per_node else []
+    gpus = P.visible_gpus() if cluster.gpus_per_node else []
     nodes = []
     for rank in range(cluster.nodes):
         mine = gpus[rank * cluster.gpus_per_node : (rank + 1) * cluster.gpus_per_node]
@@ -133,23 +140,21 @@ def run_local(plan: P.Plan, attempt: int, say: Callable[[str], None]) -> int:
                 preexec_fn=set_death_signal,
             )
         nodes.append(
-            NodeHandle(rank, P.node_kind(cluster, rank), proc.poll, stopper(proc, cluster.grace_s), log)
+            NodeHandle(rank, P.node_kind(cluster, rank), proc.poll, *stopper(proc, cluster.grace_s), log)
         )
     say(f"[rstar2] {cluster.nodes} nodes on this machine; logs in {logs}")
     return supervise(nodes, say)
 
 
-def stopper(proc: subprocess.Popen, grace_s: float) -> Callable[[], None]:
-    def stop() -> None:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(grace_s + 15)  # the node gives its roles grace_s, then kills them
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+def stopper(proc: subprocess.Popen, grace_s: float) -> tuple[Callable[[], None], Callable[[], None]]:
+    def join() -> None:
+        try:
+            proc.wait(grace_s + 15)  # the node gives its roles grace_s, then kills them
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
-    return stop
+    return (lambda: proc.poll() is None and proc.terminate()), join
 
 
 # -- SLURM ----------------------------------------------------------------------------------------
@@ -168,16 +173,18 @@ def sbatch_script(plan: P.Plan, attempt: int) -> str:
         )
         for r in range(cluster.nodes)
     ]
-    template = jinja2.Template(
-        TEMPLATE.read_text(), keep_trailing_newline=True, undefined=jinja2.StrictUndefined
-    )
+    shell = jinja2.Environment(keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
+    shell.filters["q"] = shlex.quote
+    template = shell.from_string(TEMPLATE.read_text())
     return template.render(
         plan=plan,
         cluster=cluster,
         roles=roles,
         attempt=attempt,
         logs=f"{plan.run_dir}/launch",
-        node=" ".join(node_args(plan, None, "$RANK", '"$HOSTS"', '"$ATTEMPT"')),
+        node=" ".join(
+            [shlex.quote(plan.python), *node_args(plan, None, "$RANK", '"$HOSTS"', '"$ATTEMPT"')[1:]]
+        ),
         plan_env=P.PLAN_ENV,
         run_env=P.RUN_ENV,
     )
@@ -190,29 +197,53 @@ def write_sbatch(plan: P.Plan, attempt: int) -> Path:
     return path
 
 
-def run_slurm(plan: P.Plan, script: Path, say: Callable[[str], None]) -> int:
+def run_slurm(plan: P.Plan, script: Path, attempt: int, say: Callable[[str], None]) -> int:
     """Submit with the cluster's own ``sbatch --wait``; the launcher's end (Ctrl-C, SIGTERM) cancels
-    the job, whose tasks get SIGTERM and SLURM's KillWait before SIGKILL."""
+    the job: SIGTERM to every task (each node gives its roles ``grace_s``, within SLURM's KillWait),
+    then, after ``grace_s``, a plain ``scancel`` (a job still queued, or still running)."""
     env = {**os.environ, **run_secrets(), P.RUN_ENV: plan.run_id}  # sbatch exports them to the job
     proc = subprocess.Popen(
         ["sbatch", "--parsable", "--wait", str(script)], stdout=subprocess.PIPE, text=True, env=env
     )
-    job = (proc.stdout.readline() if proc.stdout else "").strip().split(";")[0]
-    say(f"[rstar2] SLURM job {job}: {script}; logs in {Path(plan.run_dir) / 'launch'}")
+    job = ""
     try:
+        job = (proc.stdout.readline() if proc.stdout else "").strip().split(";")[0]
+        say(f"[rstar2] SLURM job {job}: {script}; logs in {log_of(plan, attempt, 0).parent}")
         code = proc.wait()
     except KeyboardInterrupt:
         if job:
-            subprocess.run(["scancel", "--signal=TERM", "--full", job], env=env, check=False)
-        proc.wait()
+            cancel(job, plan.cluster.grace_s, proc, env)
+        if proc.poll() is None:
+            proc.kill()  # sbatch --wait only waits
+            proc.wait()
         raise
     if code:
-        logs = sorted((Path(plan.run_dir) / "launch").glob("attempt-*/node*.log"))
+        logs = sorted(
+            log_of(plan, attempt, 0).parent.glob("node*.log")
+        )  # this attempt's (a requeue's: later)
         said = [
             f"{log.name}: {said_error(log)}" for log in logs if "error:" in log.read_text(errors="replace")
         ]
         raise LaunchError(f"SLURM job {job} ended ({code})" + (": " + "; ".join(said) if said else ""))
     return 0
+
+
+def cancel(job: str, grace_s: float, waiting: subprocess.Popen, env: dict[str, str]) -> None:
+    """A queued job removed; a running one's tasks sent SIGTERM (each node stops its roles, the
+    trainer first with ``grace_s``, then the others, then Redis), then removed if still there."""
+    state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=env, capture_output=True, text=True)
+    if state.stdout.strip() not in ("PENDING", ""):
+        subprocess.run(["scancel", "--signal=TERM", "--full", job], env=env, check=False)
+        try:
+            waiting.wait(3 * grace_s + 30)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    subprocess.run(["scancel", job], env=env, check=False)
+    try:
+        waiting.wait(60)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 # -- Ray ------------------------------------------------------------------------------------------
@@ -253,7 +284,7 @@ def run_ray(plan: P.Plan, attempt: int, address: str, say: Callable[[str], None]
                     rank,
                     P.node_kind(cluster, rank),
                     ray_poll(ref),
-                    ray_stop(ref),
+                    *ray_stoppers(ref, cluster.grace_s),
                     log_of(plan, attempt, rank),
                 )
             )
@@ -285,13 +316,17 @@ def ray_poll(ref) -> Callable[[], int | None]:
     return poll
 
 
-def ray_stop(ref) -> Callable[[], None]:
+def ray_stoppers(ref, grace_s: float) -> tuple[Callable[[], None], Callable[[], None]]:
+    """Cancel the task (its node process is told SIGTERM and stops its roles), then wait; a task
+    still there after ``grace_s`` is killed with its worker."""
     import ray
 
-    def stop() -> None:
-        ray.cancel(ref, force=True)  # its worker process ends; the node process gets SIGTERM (death signal)
+    def join() -> None:
+        done, _ = ray.wait([ref], timeout=grace_s + 15)
+        if not done:
+            ray.cancel(ref, force=True)
 
-    return stop
+    return (lambda: ray.cancel(ref)), join
 
 
 def run_node_task(plan_json: str, rank: int, hosts: str, attempt: int, env: dict[str, str]) -> int:
@@ -302,7 +337,10 @@ def run_node_task(plan_json: str, rank: int, hosts: str, attempt: int, env: dict
     child_env = {**os.environ, **env, P.PLAN_ENV: plan_json}
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            node_args(plan, None, str(rank), hosts, str(attempt)),
+            [
+                sys.executable,
+                *node_args(plan, None, str(rank), hosts, str(attempt))[1:],
+            ],  # this node's Python
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -10,7 +10,9 @@
 #SBATCH --requeue
 #SBATCH --no-kill
 set -euo pipefail
-cd /work
+: "${RSTAR2_API_KEY:?set it (and RSTAR2_REDIS_PASSWORD) in the submitting environment: a fresh secret each}"
+: "${RSTAR2_REDIS_PASSWORD:?set it in the submitting environment: a fresh secret}"
+cd /work 2>/dev/null || cd /tmp  # where the run's relative paths are read, where a node has it
 export RSTAR2_LAUNCH_RUN=r1
 # a requeued job is the next attempt: every node resumes from the run's last checkpoint
 ATTEMPT=$(( 1 + ${SLURM_RESTART_COUNT:-0} ))
@@ -61,7 +63,7 @@ export RSTAR2_LAUNCH_PLAN=$(cat <<'PLAN'
 }
 PLAN
 )
-export HOSTS ATTEMPT LOGS="/runs/x/launch/attempt-$ATTEMPT"
+export HOSTS ATTEMPT LOGS=/runs/x/launch/attempt-$ATTEMPT
 srun --ntasks-per-node=1 mkdir -p "$LOGS"
 # a task a node, its rank SLURM_PROCID after the step's first node. The trainer's nodes: any that
 # fails ends the step, and the step's end ends the job. The engine nodes: one lost is left out of
