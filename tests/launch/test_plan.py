@@ -116,3 +116,25 @@ def config_file(folder: Path, model: Path) -> Path:
         )
     )
     return path
+
+
+def test_the_command_says_what_is_wrong_before_anything_starts(tmp_path, tiny_dir):
+    from typer.testing import CliRunner
+
+    from rstar2.cli import app
+
+    def said(*args: str) -> tuple[int, str]:
+        result = CliRunner().invoke(app, ["launch", *args])
+        return result.exit_code, " ".join(result.output.split())
+
+    code, out = said("--recipe", "nosuch", "--on", "local")
+    assert code == 2 and "no recipe 'nosuch'" in out
+    config = config_file(tmp_path, tiny_dir)
+    code, out = said(str(config), "--on", "ray")
+    assert code == 2 and "--on ray needs the cluster's address" in out
+    code, out = said(str(config), "--on", "local", "--set", "cluster.engine_nodes=1")
+    assert code == 2 and "must leave a node to train" in out
+    code, out = said(
+        str(config), "--on", "slurm", "--dry-run", "--set", f"cluster.run_dir={tmp_path / 'run'}"
+    )
+    assert code == 0 and (tmp_path / "run" / "launch" / "launch.sbatch").is_file()

@@ -56,10 +56,13 @@ def launch(
 
     if (config is None) == (recipe is None):
         raise _fail("give a CONFIG file or --recipe (not both)")
-    source = config if config is not None else find_recipe(recipe)  # type: ignore[arg-type]
-    if not Path(source).is_file():
-        raise _fail(f"{source}: no such file")
+    where = address or os.environ.get("RAY_ADDRESS")
+    if on is Road.ray and not where and not dry_run:
+        raise _fail("--on ray needs the cluster's address: --address HOST:PORT (or $RAY_ADDRESS)")
     try:
+        source = config if config is not None else find_recipe(recipe)  # type: ignore[arg-type]
+        if not Path(source).is_file():
+            raise FileNotFoundError(f"{source}: no such file")
         plan = new_plan(Path(source), list(set_))
     except (ValueError, OSError) as exc:
         raise _fail(str(exc)) from None
@@ -87,10 +90,7 @@ def launch(
         elif on is Road.slurm:
             roads.run_slurm(plan, script, attempt, say=_say)
         else:
-            where = address or os.environ.get("RAY_ADDRESS")
-            if not where:
-                raise _fail("--on ray needs the cluster's address: --address HOST:PORT (or $RAY_ADDRESS)")
-            roads.run_ray(plan, attempt, where, say=_say)
+            roads.run_ray(plan, attempt, where, say=_say)  # type: ignore[arg-type]
     except roads.LaunchError as exc:
         raise _fail(str(exc), 1) from None
     except ImportError as exc:

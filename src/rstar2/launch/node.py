@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..auth import KEY_ENV
+from ..auth import KEY_ENV, loopback
 from ..sandbox.redis_queue import PASSWORD_ENV
 from . import checks as C
 from . import plan as P
@@ -298,7 +298,13 @@ class Node:
         torchrun += ["--node-rank", str(self.rank), "--master-addr", self.hosts[0]]
         torchrun += ["--master-port", str(self.port(P.RENDEZVOUS, rank=0))]
         train = ["-m", "rstar2", "train", str(path), "--resume", "--no-progress"]
-        return self.start("trainer", [self.plan.python, "-m", "torch.distributed.run", *torchrun, *train])
+        # nodes on this machine: the collectives on loopback too (else they take the hostname's address)
+        lo = (
+            {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"} if all(map(loopback, self.hosts)) else {}
+        )
+        return self.start(
+            "trainer", [self.plan.python, "-m", "torch.distributed.run", *torchrun, *train], **lo
+        )
 
     # -- the whole node -------------------------------------------------------------------------------
     def up(self) -> Role | None:
