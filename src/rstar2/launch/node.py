@@ -130,6 +130,13 @@ class Node:
         self.wait(f"{self.where(role.name)}: {url} did not answer /health", lambda: C.healthy(url), role.tail)
 
     @property
+    def bind(self) -> str:
+        """The address this node's services bind: its own on loopback (the tests, one machine); every
+        interface on a cluster, where a node's name may resolve to 127.0.1.1 on the node itself (each
+        service asks for the key, Redis for its password)."""
+        return self.hosts[self.rank] if loopback(self.hosts[self.rank]) else "0.0.0.0"
+
+    @property
     def over_http(self) -> bool:
         """Weights travel over HTTP: engine nodes that do not share the run folder."""
         return not self.cluster.shared_fs and self.cluster.engine_nodes > 0
@@ -138,7 +145,7 @@ class Node:
     def start_head(self) -> None:
         """Redis (the password in a file only this user reads), the sandbox service over it, the
         weight service where engines fetch the weights, the canary where they read the folder."""
-        host = self.hosts[0]
+        host = self.bind
         conf_dir = Path(tempfile.mkdtemp(prefix="rstar2-redis-"))
         conf = conf_dir / "redis.conf"
         conf.touch(mode=0o600)
@@ -204,7 +211,7 @@ class Node:
         ).decode()
         if self.over_http and not Path(model, "config.json").exists():
             self.fetch(model)
-        host, devices = self.hosts[self.rank], P.visible_gpus() if self.cluster.gpus_per_node else []
+        host, devices = self.bind, P.visible_gpus() if self.cluster.gpus_per_node else []
         adapters = P.lora_rank(self.plan) if self.cluster.engine == "vllm" else None
         engines = []
         for g in range(P.engines_on(self.cluster)):
@@ -221,7 +228,7 @@ class Node:
                 )
             )
         for g, role in enumerate(engines):
-            self.wait_healthy(f"http://{host}:{self.port(P.ENGINE + g)}", role)
+            self.wait_healthy(f"http://{self.hosts[self.rank]}:{self.port(P.ENGINE + g)}", role)
 
     def fetch(self, folder: str) -> None:
         import asyncio
@@ -316,7 +323,7 @@ class Node:
         )
         if self.kind == "head":
             ports = {P.REDIS: "redis", P.SANDBOX: "sandbox", P.WEIGHTS: "weights", P.RENDEZVOUS: "rendezvous"}
-        C.ports_free(self.hosts[self.rank], {self.port(o): role for o, role in ports.items()}, self.where())
+        C.ports_free(self.bind, {self.port(o): role for o, role in ports.items()}, self.where())
         if self.kind == "head":
             self.start_head()
         else:
