@@ -544,7 +544,7 @@ def model_merge(
     checkpoint = latest_checkpoint(source) or source  # a run folder, or a checkpoint itself
     try:
         written = merge_folder(checkpoint, out)
-    except (ImportError, FileNotFoundError, ValueError) as exc:
+    except (ImportError, OSError, ValueError) as exc:  # OSError: a tokenizer or a base not found
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     console.print(f"{checkpoint}'s adapter merged into its base model: {written}", markup=False)

@@ -204,6 +204,56 @@ def test_model_merge_writes_a_whole_model_from_a_run_or_refuses_a_whole_model(ti
     assert refused.returncode == 2 and "holds no adapter" in " ".join(refused.stderr.split())
 
 
+def test_a_merge_into_a_bf16_base_keeps_a_small_update(tiny_dir, tmp_path):
+    """A rank-8 adapter whose update is mostly below bf16's spacing: merged (and written) in fp32 it
+    computes what the unmerged adapter computes in fp32; added into bf16 weights it would lose a
+    good part of its effect. ``--out`` a file, a source that is not there: refused, nothing written."""
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    base = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(tiny_dir).to(torch.bfloat16).save_pretrained(base)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_dir / name, base)
+    adapted = load_model(base, dtype=torch.float32, lora=LoraSection(rank=8, alpha=16))
+    with torch.no_grad():
+        for n, p in adapted.named_parameters():
+            if "lora_B" in n:
+                p.copy_(2e-4 * torch.randn_like(p))
+    ckpt = save_adapter(adapted, tmp_path / "ckpt")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_dir / name, ckpt)
+    want, start = logits(adapted), logits(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32))
+
+    def kept(got: torch.Tensor) -> float:  # the share of the adapter's effect on the logits kept
+        return 1 - float((got - want).norm() / (want - start).norm())
+
+    merged = AutoModelForCausalLM.from_pretrained(merge_folder(ckpt, tmp_path / "merged"))
+    assert kept(logits(merged)) > 0.999
+    in_bf16 = load_model(ckpt, dtype=torch.bfloat16).float()  # what a merge in the base's precision keeps
+    assert kept(logits(in_bf16)) < 0.9
+    cli = [sys.executable, "-m", "rstar2", "model", "merge", str(ckpt), "--out"]
+    (tmp_path / "a-file").write_text("x")
+    for out, words in ((tmp_path / "a-file", "a file"), (tmp_path / "merged", "not empty")):
+        done = subprocess.run([*cli, str(out)], capture_output=True, text=True)
+        assert done.returncode == 2 and words in " ".join(done.stderr.split()), done.stderr
+    gone = subprocess.run(
+        [*cli[:-2], str(tmp_path / "gone"), "--out", str(tmp_path / "m")], capture_output=True, text=True
+    )
+    assert (
+        gone.returncode == 2
+        and "no such folder" in " ".join(gone.stderr.split())
+        and not (tmp_path / "m").exists()
+    )
+    (ckpt / "tokenizer.json").unlink()  # a merge that fails half way leaves nothing
+    (ckpt / "tokenizer_config.json").unlink()
+    failed = subprocess.run([*cli, str(tmp_path / "m")], capture_output=True, text=True)
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr
+    assert not (tmp_path / "m").exists() and not list(tmp_path.glob(".m.partial*"))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_recipe_trains_adapters_in_its_rl_stages_through_the_cli(tmp_path):
