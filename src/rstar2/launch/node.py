@@ -332,6 +332,8 @@ class Node:
                 self.check_canary()
         self.start_worker()
         if self.kind == "head":
+            if self.over_http:  # engine nodes fetch the model as soon as it is named: serve it first
+                self.wait_healthy(self.url(P.WEIGHTS), next(r for r in self.roles if r.name == "weights"))
             self.redis.set(self.key("model"), self.starting_model)
         if self.kind == "engine":
             self.start_engines()
