@@ -68,10 +68,6 @@ def redis_client(host: str, port: int, password: str, seconds: float, where: str
     return found
 
 
-def missing_nodes(joined: set[int], nodes: int) -> list[int]:
-    return [r for r in range(nodes) if r not in joined]
-
-
 def services_answer(services: list[tuple[str, str, Callable[[dict[str, str]], Any]]], where: str) -> None:
     """Each (what, url, ask) answers ``ask`` from here: 200 with the key, 401 without it."""
     import httpx

@@ -45,8 +45,24 @@ def set_death_signal(sig: int = signal.SIGTERM) -> None:
         pass
 
 
+def spawn(args: list[str], log: Path, env: dict[str, str], cwd: str | None = None) -> subprocess.Popen:
+    """A process of the launch: its output appended to ``log``, in a session of its own (so it and
+    its children are stopped as one), and told SIGTERM when its parent dies (nothing outlives it)."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=set_death_signal,
+        )
+
+
 class Role:
-    """One process of this node, in its own session, its output in its log."""
+    """One process of this node (``spawn``), started again where it is an engine that died."""
 
     def __init__(self, name: str, args: list[str], log: Path, env: dict[str, str]) -> None:
         self.name, self.args, self.log, self.env = name, args, log, env
@@ -54,16 +70,7 @@ class Role:
         self.proc = self.start()
 
     def start(self) -> subprocess.Popen:
-        with open(self.log, "ab") as out:
-            return subprocess.Popen(
-                self.args,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self.env,
-                start_new_session=True,
-                preexec_fn=set_death_signal,
-            )
+        return spawn(self.args, self.log, self.env)
 
     def signal(self, sig: int) -> None:
         try:
@@ -341,9 +348,8 @@ class Node:
         if self.kind == "head":
 
             def missing() -> list[int]:
-                return C.missing_nodes(
-                    {int(k) for k in self.redis.hkeys(self.key("joined"))}, self.cluster.nodes
-                )
+                joined = {int(k) for k in self.redis.hkeys(self.key("joined"))}
+                return [r for r in range(self.cluster.nodes) if r not in joined]
 
             def why() -> str:
                 late = missing()

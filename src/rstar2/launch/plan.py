@@ -4,6 +4,7 @@ the same plan and node addresses give every node the same answers, so no node as
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import sys
@@ -27,7 +28,7 @@ class Plan:
     tree: dict[str, Any]  # the validated config or recipe, every default written out
     python: str  # the Python every node runs rstar2 with
 
-    @property
+    @functools.cached_property
     def cluster(self) -> ClusterSection:
         return ClusterSection.model_validate(self.tree.get("cluster") or {})
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from ..auth import KEY_ENV
 from ..sandbox.redis_queue import PASSWORD_ENV
 from . import plan as P
-from .node import set_death_signal
+from .node import spawn
 
 TEMPLATE = Path(__file__).with_name("sbatch.sh.j2")
 
@@ -129,16 +129,7 @@ def run_local(plan: P.Plan, attempt: int, say: Callable[[str], None]) -> int:
         mine = gpus[rank * cluster.gpus_per_node : (rank + 1) * cluster.gpus_per_node]
         node_env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(mine)} if mine else env
         log = logs / f"node{rank}.log"
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(
-                node_args(plan, str(plan_file), str(rank), hosts, str(attempt)),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=node_env,
-                cwd=plan.cwd,
-                preexec_fn=set_death_signal,
-            )
+        proc = spawn(node_args(plan, str(plan_file), str(rank), hosts, str(attempt)), log, node_env, plan.cwd)
         nodes.append(
             NodeHandle(rank, P.node_kind(cluster, rank), proc.poll, *stopper(proc, cluster.grace_s), log)
         )
@@ -283,7 +274,7 @@ def run_ray(plan: P.Plan, attempt: int, address: str, say: Callable[[str], None]
                 NodeHandle(
                     rank,
                     P.node_kind(cluster, rank),
-                    ray_poll(ref),
+                    ray_poll(ref, log_of(plan, attempt, rank)),
                     *ray_stoppers(ref, cluster.grace_s),
                     log_of(plan, attempt, rank),
                 )
@@ -301,7 +292,9 @@ def log_of(plan: P.Plan, attempt: int, rank: int) -> Path:
     return Path(plan.run_dir) / "launch" / f"attempt-{attempt}" / f"node{rank}.log"
 
 
-def ray_poll(ref) -> Callable[[], int | None]:
+def ray_poll(ref, log: Path) -> Callable[[], int | None]:
+    """The node task's exit status; where Ray says why it ended (a node lost, a task killed), that
+    reason is written to the node's log as its error, as a node says its own."""
     import ray
 
     def poll() -> int | None:
@@ -310,7 +303,12 @@ def ray_poll(ref) -> Callable[[], int | None]:
             return None
         try:
             return int(ray.get(ref))
-        except Exception:  # noqa: BLE001 - a lost node or a killed task: its own log says more
+        except Exception as exc:  # noqa: BLE001 - Ray's words kept: the node could not say them
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "a") as out:
+                out.write(
+                    f"error: Ray: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}\n"
+                )
             return -1
 
     return poll
@@ -335,20 +333,10 @@ def run_node_task(plan_json: str, rank: int, hosts: str, attempt: int, env: dict
     log = log_of(plan, attempt, rank)
     log.parent.mkdir(parents=True, exist_ok=True)
     child_env = {**os.environ, **env, P.PLAN_ENV: plan_json}
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                *node_args(plan, None, str(rank), hosts, str(attempt))[1:],
-            ],  # this node's Python
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=child_env,
-            cwd=plan.cwd if Path(plan.cwd).is_dir() else None,
-            start_new_session=True,  # out of the worker's process group, killed outright on a cancel:
-            preexec_fn=set_death_signal,  # the worker's end is a SIGTERM, and the node stops in order
-        )
+    # this node's Python; its own session, out of the worker's process group (killed outright on a
+    # force cancel): the worker's end is a SIGTERM, and the node stops its roles in order
+    args = [sys.executable, *node_args(plan, None, str(rank), hosts, str(attempt))[1:]]
+    proc = spawn(args, log, child_env, plan.cwd if Path(plan.cwd).is_dir() else None)
     try:
         return proc.wait()
     finally:
