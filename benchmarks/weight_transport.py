@@ -57,7 +57,9 @@ def start(args: list[str], log: Path) -> tuple[subprocess.Popen, str]:
     return proc, url
 
 
-async def syncs(urls: dict[str, str], weights: str, models: dict[str, torch.nn.Module], root: Path, repeat: int) -> dict:
+async def syncs(
+    urls: dict[str, str], weights: str, models: dict[str, torch.nn.Module], root: Path, repeat: int
+) -> dict:
     engines = {
         "folder": await connect(urls["folder"]),
         "http": await connect(urls["http"], EngineSection(weights_url=weights)),
@@ -87,7 +89,10 @@ async def syncs(urls: dict[str, str], weights: str, models: dict[str, torch.nn.M
     finally:
         for e in engines.values():
             await e.close()
-    return {**{k: statistics.median(v) for k, v in seconds.items()}, **{f"{k}_bytes": v for k, v in sizes.items()}}
+    return {
+        **{k: statistics.median(v) for k, v in seconds.items()},
+        **{f"{k}_bytes": v for k, v in sizes.items()},
+    }
 
 
 def main() -> None:
@@ -105,13 +110,20 @@ def main() -> None:
     models = {
         "whole": AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32),
         "adapter": attach(
-            AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32), LoraSection(rank=args.rank), args.model
+            AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32),
+            LoraSection(rank=args.rank),
+            args.model,
         ),
     }
     rows = {}
-    with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp, tempfile.TemporaryDirectory(dir=Path.cwd()) as other:
+    with (
+        tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp,
+        tempfile.TemporaryDirectory(dir=Path.cwd()) as other,
+    ):
         root, disk = Path(tmp), Path(other)
-        weights, weights_url = start([sys.executable, "-m", "rstar2.weight_transfer", "--root", str(root)], root / "weights.log")
+        weights, weights_url = start(
+            [sys.executable, "-m", "rstar2.weight_transfer", "--root", str(root)], root / "weights.log"
+        )
         rstar2 = [sys.executable, "-m", "rstar2"]
         servers = {"rstar2 serve": [*rstar2, "serve", "--model", str(args.model), "--device", "cpu"]}
         if installed():
@@ -135,15 +147,21 @@ def main() -> None:
             weights.terminate()
             weights.wait(30)
     cpu = torch.backends.cpu.get_cpu_capability()
-    print(f"\nOne sync of {args.model} (write + load), folder road against HTTP; CPU {cpu}, median of {args.repeat}\n")
+    print(
+        f"\nOne sync of {args.model} (write + load), folder road against HTTP; CPU {cpu}, median of {args.repeat}\n"
+    )
     print("| engine | weights | MiB | folder s | HTTP s | HTTP / folder |")
     print("|---|---|---:|---:|---:|---:|")
     for name, r in rows.items():
         for kind, label in (("whole", "whole model"), ("adapter", f"rank-{args.rank} adapter")):
             folder, http = r[f"{kind}_folder"], r[f"{kind}_http"]
-            print(f"| {name} | {label} | {r[f'{kind}_bytes'] / 2**20:.1f} | {folder:.3f} | {http:.3f} | {http / folder:.2f}x |")
+            print(
+                f"| {name} | {label} | {r[f'{kind}_bytes'] / 2**20:.1f} | {folder:.3f} | {http:.3f} | {http / folder:.2f}x |"
+            )
     if args.json:
-        args.json.write_text(json.dumps({"cpu": cpu, "model": str(args.model), "rank": args.rank, "rows": rows}, indent=2))
+        args.json.write_text(
+            json.dumps({"cpu": cpu, "model": str(args.model), "rank": args.rank, "rows": rows}, indent=2)
+        )
 
 
 if __name__ == "__main__":

@@ -90,7 +90,14 @@ def weights_service(tmp_path_factory, api_key):
     """A weight service over the session's folders (``rstar2.weight_transfer``), the one the module's
     vLLM may fetch from (``--fetch-from``): the road without a shared filesystem."""
     port = free_port()
-    serve = ["-m", "rstar2.weight_transfer", "--root", str(tmp_path_factory.getbasetemp()), "--port", str(port)]
+    serve = [
+        "-m",
+        "rstar2.weight_transfer",
+        "--root",
+        str(tmp_path_factory.getbasetemp()),
+        "--port",
+        str(port),
+    ]
     proc = subprocess.Popen([RSTAR2[0], *serve], cwd=ROOT, stderr=subprocess.PIPE)
     wait_http(f"http://127.0.0.1:{port}", proc)
     yield f"http://127.0.0.1:{port}"
@@ -294,6 +301,15 @@ def test_vllm_refuses_a_stranger_and_a_folder_outside_its_own(vllm, model_dir, t
     adapter = {"lora_name": "x", "lora_path": str(linked)}
     r = httpx.post(vllm + "/v1/load_lora_adapter", json=adapter, headers=AUTH, timeout=60)
     assert r.status_code == 403 and "links to a file that is not under" in r.text
+    # a hard link to that file: no path says it lies outside, so a file with other links is refused
+    # (with the status the trainer does not retry); load_inplace would relabel a loaded adapter
+    (linked / "model.safetensors").unlink()
+    os.link(outside / "model.safetensors", linked / "model.safetensors")
+    answer = httpx.post(vllm + "/collective_rpc", json=load, headers=AUTH, timeout=60).json()
+    assert "other hard links" in answer["results"][0]["error"] and answer["results"][0]["status"] == 403
+    inplace = {"lora_name": "x", "lora_path": str(model_dir), "load_inplace": True}
+    r = httpx.post(vllm + "/v1/load_lora_adapter", json=inplace, headers=AUTH, timeout=60)
+    assert r.status_code == 403 and "load_inplace is refused" in r.text
     # under --root-path /api the route is asked for with its prefix: refused all the same
     assert httpx.post(vllm + "/api/collective_rpc", json=theirs, headers=AUTH, timeout=60).status_code == 403
     # vLLM's routes that change or free the weights outside rstar2's versioned loads, key or not
@@ -414,7 +430,9 @@ def test_rl_with_an_adapter_on_vllm_sends_it_the_adapter_alone(
 
     run_dir = tmp_path / "run"
     lora = {"rank": 4, "alpha": 8}
-    train_on_vllm(vllm, model_dir, problems, run_dir, k, lora=lora, lr=5e-2, http=weights_service if http else None)
+    train_on_vllm(
+        vllm, model_dir, problems, run_dir, k, lora=lora, lr=5e-2, http=weights_service if http else None
+    )
     if http:  # the route is behind the key, and fetches from its own service only
         mirror = {"source": "http://127.0.0.1:9", "folder": str(run_dir / "weights-latest")}
         assert httpx.post(vllm + "/mirror_weights", json=mirror).status_code == 401

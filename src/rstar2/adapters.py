@@ -219,6 +219,8 @@ def merge_folder(source: str | Path, out: str | Path) -> Path:
 
     from transformers import AutoTokenizer
 
+    from .auth import follow_umask
+
     source, out = Path(source), Path(out)
     if not source.is_dir():
         raise FileNotFoundError(f"{source}: no such folder (give an adapter checkpoint or a run folder)")
@@ -232,6 +234,7 @@ def merge_folder(source: str | Path, out: str | Path) -> Path:
     try:
         model.save_pretrained(str(partial))
         AutoTokenizer.from_pretrained(str(source)).save_pretrained(str(partial))
+        follow_umask(partial)  # safetensors writes 0o600; this folder is for other tools, other users
         if out.exists():
             out.rmdir()
         partial.replace(out)

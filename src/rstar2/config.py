@@ -45,7 +45,7 @@ class ModelSection(_Section):
     # (warned: far slower on an AVX2-only CPU); fp32 = never. The in-process engine decodes in fp32 on a CPU.
     compute: Compute = "auto"
     gradient_checkpointing: bool = False
-    threads: int | None = None  # torch CPU threads (None: torch's default)
+    threads: int | None = Field(None, ge=1)  # torch CPU threads (None: torch's default)
     lora: LoraSection | None = None  # None: every weight trained
 
 
@@ -74,7 +74,7 @@ class GymSection(_Section):
 
     tasks: list[GymTask] = Field(min_length=1)
     size: int = Field(500, ge=1)
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     score: Literal["auto", "task", "math"] = "auto"
 
     @model_validator(mode="before")
@@ -93,7 +93,7 @@ class DataSection(_Section):
     train: str | None = None
     columns: Columns = Field(default_factory=Columns)  # RL: which columns hold problem and answer
     gym: GymSection | None = None  # RL: a mixture of reasoning-gym tasks, instead of train
-    limit: int | None = None
+    limit: int | None = Field(None, ge=1)  # the first N problems (None: all)
     shuffle: bool = True
 
     @model_validator(mode="after")
@@ -112,9 +112,9 @@ class ChatSection(_Section):
     user_prefix: str | None = None  # None: rstar2's default words before the problem
     tools_in_prompt: bool = True  # False: no tool schemas in the prompt (small SFT'd models)
     stateful: bool = False  # also offer python_session (variables persist between calls)
-    tool_limit_chars: int = DEFAULT_LIMIT_CHARS  # a longer tool output is cut in the middle
-    tool_limit_tokens: int | None = None  # the same cut, counted in tokens
-    tool_traceback_lines: int = TRACEBACK_LINES  # the end of a traceback shown to the model
+    tool_limit_chars: int = Field(DEFAULT_LIMIT_CHARS, ge=1)  # a longer tool output is cut in the middle
+    tool_limit_tokens: int | None = Field(None, ge=1)  # the same cut, counted in tokens
+    tool_traceback_lines: int = Field(TRACEBACK_LINES, ge=1)  # the end of a traceback shown to the model
 
 
 class EngineSection(_Section):
@@ -123,7 +123,7 @@ class EngineSection(_Section):
     servers: list[str] = Field(default_factory=list)  # OpenAI-compatible servers; empty: in-process
     max_batch_size: int = Field(64, ge=1)  # in-process engine: requests generated together
     # KV tokens per engine; None: what each server reports, CAPACITY_HELP for the in-process engine
-    capacity_tokens: int | None = None
+    capacity_tokens: int | None = Field(None, ge=1)
     # in-process engine: KV tokens kept for trajectories' next turns (None: KEEP_HELP; 0: none); they
     # come out of the capacity the scheduler grants
     keep_tokens: int | None = Field(None, ge=0)
@@ -138,16 +138,18 @@ class EngineSection(_Section):
     # cluster.shared_fs: false); None: they read the folder itself (a shared filesystem)
     weights_url: str | None = None
     reload_retries: int = Field(2, ge=0)  # a refused weight update is retried, then the run stops
-    # After a reload, the engine's logprobs of a short sampled sequence must match the trainer's
-    # (mean absolute difference, nats); None: only the server's own answer is checked.
-    weight_check_tol: float | None = Field(0.1, ge=0)
+    # After each load, what an engine computes is checked against the trainer's new and previous
+    # policy (rl/plumbing/content_check.py), within a tolerance from its own gap at the run's first
+    # load; this is the most that gap may be (mean |logprob difference|, nats): an engine further
+    # away at the start computes another model. None: only the server's own answer is checked.
+    weight_check_tol: float | None = Field(0.1, gt=0)
 
 
 class SchedulerSection(_Section):
     """Which engine serves each turn (``rollout/scheduler.py``)."""
 
     policy: Literal["kv", "least_requests", "static"] = "kv"
-    grant_tokens: int | None = None  # kv: new tokens per admitted request (None: GRANT_HELP)
+    grant_tokens: int | None = Field(None, ge=1)  # kv: new tokens per admitted request (None: GRANT_HELP)
     retries: int = Field(2, ge=0)  # a turn whose engine failed is retried on another
     # RL: a failed engine is out until it holds the current weights again (loaded by the trainer,
     # tried with back-off); after this long it is out for good, and with none left the step stops
@@ -198,7 +200,7 @@ class RolloutSection(ChatSection):
     samples: int = Field(16, ge=1)  # 2G: rollouts sampled per problem (training)
     max_turns: int = Field(10, ge=1)
     max_response_tokens: int = Field(8192, ge=1)  # model and tool tokens together
-    max_tokens_per_turn: int | None = None
+    max_tokens_per_turn: int | None = Field(None, ge=1)
     max_calls_per_turn: int = Field(1, ge=1)  # further calls in one turn are answered "not run"
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -206,9 +208,9 @@ class RolloutSection(ChatSection):
     banned_tokens: list[str] = Field(default_factory=list)  # never sampled (e.g. pad)
     stop_tokens: list[str] | None = None  # None: the tokenizer's end-of-turn tokens
     # code environment and reward
-    tool_timeout_s: float | None = None  # None: the code environment's default
+    tool_timeout_s: float | None = Field(None, gt=0)  # None: the code environment's default
     sandbox: str | None = None  # URL of `rstar2 sandbox serve`; None: a local pool in this process
-    sandbox_workers: int | None = None  # local pool size (None: one per core)
+    sandbox_workers: int | None = Field(None, ge=1)  # local pool size (None: one per core)
     verifier_workers: int = Field(2, ge=1)
     verify_mode: Literal["strict", "lenient"] = "strict"  # lenient: any final answer, not only <answer>
     engine: EngineSection = Field(default_factory=EngineSection)
@@ -253,7 +255,9 @@ def engine_budget(
     ``capacity_tokens`` in all (default CAPACITY_HELP), ``keep_tokens`` kept (default KEEP_HELP)."""
     total = capacity_tokens or max_batch_size * min(context, CONTEXT_CAP)
     keep = total // 4 if keep_tokens is None else keep_tokens
-    return max(1, total - keep), keep
+    if keep >= total:  # nothing left to grant: every request would wait forever
+        raise ValueError(f"keep_tokens ({keep}) must leave room in the engine's {total} KV tokens")
+    return total - keep, keep
 
 
 class EvalSection(_Section):
@@ -295,17 +299,18 @@ class RocSection(_Section):
 
 
 class LossSection(_Section):
-    clip_low: float = 0.2
-    clip_high: float = 0.28
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.28, ge=0)
     aggregation: Literal["token-mean", "group-token-mean"] = "token-mean"
-    adv_eps: float = 1e-6
+    adv_eps: float = Field(1e-6, gt=0)
     scale_by_std: bool = True
-    kl_coef: float = 0.0  # >0: k3 KL to a frozen reference, the policy this run (stage) started from
+    # >0: k3 KL to a frozen reference, the policy this run (stage) started from
+    kl_coef: float = Field(0.0, ge=0)
     entropy_coef: float = 0.0
     # With asynchronous.max_staleness > 0 the loss clips against the proximal policy (the weights at the
     # update's start) and weighs each token by pi_prox/mu truncated here (the decoupled objective).
     # Written as null, stale tokens train as if on-policy: only to measure the correction (AReaL collapsed).
-    tis_cap: float | None = None
+    tis_cap: float | None = Field(None, gt=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -314,16 +319,17 @@ class LossSection(_Section):
 
 
 class OptimSection(_Section):
-    lr: float = 1e-6
-    warmup_steps: int = 20
+    lr: float = Field(1e-6, ge=0)  # 0: a what-if without an update (rstar2 replay --set)
+    warmup_steps: int = Field(20, ge=0)
     schedule: Literal["constant", "cosine"] = "constant"
-    min_lr_ratio: float = 0.1  # cosine floor, as a share of lr
-    weight_decay: float = 0.01
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)  # cosine floor, as a share of lr
+    weight_decay: float = Field(0.01, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = 1.0
-    micro_batch_tokens: int = 16384  # padded tokens per forward/backward (lowered at start where the logits would not fit half the free memory)
-    mini_batches: int = 1  # optimizer steps per RL step (1 = on-policy)
-    epochs: int = 1  # passes over the kept rollouts per RL step
+    grad_clip: float = Field(1.0, gt=0)
+    # padded tokens per forward/backward (lowered at start where the logits would not fit half the free memory)
+    micro_batch_tokens: int = Field(16384, ge=1)
+    mini_batches: int = Field(1, ge=1)  # optimizer steps per RL step (1 = on-policy)
+    epochs: int = Field(1, ge=1)  # passes over the kept rollouts per RL step
     # A run starting from run.init_from (a checkpoint of the previous stage) carries its AdamW
     # moments unless this is set (the paper resets them for its last stage); resuming never resets.
     reset_optimizer: bool = False
@@ -344,11 +350,11 @@ class HealthSection(_Section):
 
 class RunSection(_Section):
     out: str = "runs/rl"
-    steps: int = 100
-    batch_size: int = 16  # problems per step (RL) or sequences per step (SFT)
-    seed: int = 0
-    save_every: int = 10
-    keep_checkpoints: int = 2
+    steps: int = Field(100, ge=1)
+    batch_size: int = Field(16, ge=1)  # problems per step (RL) or sequences per step (SFT)
+    seed: int = Field(0, ge=0)
+    save_every: int = Field(10, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
     tensorboard: bool = True
     # a Weights & Biases project to log the metrics to as well (RUN/wandb/, offline unless WANDB_MODE
     # says otherwise; needs rstar2[wandb])
@@ -359,7 +365,7 @@ class RunSection(_Section):
     # the update; a step where they are more than this share of all rollouts stops the run
     max_fault_share: float = Field(0.5, ge=0, le=1)
     # RL: trajectories (whole groups) written to samples/ each step, for `rstar2 view`
-    samples_per_step: int = 64
+    samples_per_step: int = Field(64, ge=0)  # 0: none
     # RL: keep everything each step's update consumed and a fingerprint of what it made (kept/, a
     # file a step), so `rstar2 replay RUN --step N` can redo any step from the checkpoint before it
     keep_steps: bool = False
@@ -395,7 +401,9 @@ class ClusterSection(_Section):
     engine_nodes: int = Field(0, ge=0)  # 0: the trainer samples in its own process
     engine: Literal["serve", "vllm"] = "serve"  # rstar2 serve, or rstar2 vllm
     engine_args: list[str] = Field(default_factory=list)  # more options for each engine's command
-    gpus_per_node: int = Field(0, ge=0, le=PORTS_PER_NODE - 8)  # 0: CPUs (one engine, one trainer process a node)
+    gpus_per_node: int = Field(
+        0, ge=0, le=PORTS_PER_NODE - 8
+    )  # 0: CPUs (one engine, one trainer process a node)
     sandbox_workers_per_node: int = Field(0, ge=0)  # 0: one per core
     # the first port of the band: node i uses port_base + PORTS_PER_NODE * i onwards (fixed, never probed)
     port_base: int = Field(20000, ge=1024, lt=EPHEMERAL_START)
@@ -486,12 +494,12 @@ class RLConfig(_Section):
 
 
 class SFTSection(_Section):
-    max_length: int = 4096  # longer examples are dropped (and counted)
-    epochs: float | None = None  # overrides run.steps when set
+    max_length: int = Field(4096, ge=1)  # longer examples are dropped (and counted)
+    epochs: float | None = Field(None, gt=0)  # overrides run.steps when set
     # Stop once the mean loss of the last ``stop_window`` steps is below this (a tiny model learns to
     # copy numbers suddenly, at a step that depends on the seed).
-    stop_loss: float | None = None
-    stop_window: int = 20
+    stop_loss: float | None = Field(None, gt=0)
+    stop_window: int = Field(20, ge=1)
     # Stop once a skill is measured, not inferred from the loss: every ``probe_every`` steps the
     # ``probe/exact`` of the ``probe`` conversations (rl/sft.py's exact_probability) is logged.
     probe: str | None = None

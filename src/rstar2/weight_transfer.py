@@ -383,12 +383,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, action="append", required=True, help="A folder served (repeat).")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8090)
+    parser.add_argument("--port", type=int, default=8090, help="0: any free port (the one said).")
     args = parser.parse_args()
     key = os.environ.get(KEY_ENV)
     if said := exposed_warning(args.host, key, "the weight service"):
         print(f"[rstar2] {said}", file=sys.stderr)
-    service = WeightService(args.root, key, args.host, args.port)
+    try:
+        service = WeightService(args.root, key, args.host, args.port)
+    except OSError as exc:  # a port taken: one line, no traceback
+        sys.exit(f"error: the weight service cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
+    host = service.httpd.server_address[0]  # what it is bound to, not what was asked
+    print(f"[rstar2] weight service on http://{host}:{service.port}", file=sys.stderr, flush=True)
     try:
         service.serve_forever()
     except KeyboardInterrupt:

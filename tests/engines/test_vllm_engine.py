@@ -123,3 +123,30 @@ def test_a_recipes_vllm_on_a_gpu_takes_a_memory_share_and_the_models_dtype(tmp_p
         tmp_path, 8000, gpu=True, weights_from=[tmp_path], gpu_share=0.25, dtype="bfloat16"
     )
     assert shared[shared.index("--dtype") + 1] == "bfloat16" and shared[-1] == "0.25"
+
+
+async def test_the_adapter_slots_are_the_servers_and_bound_max_staleness():
+    """The client keeps as many adapter names as the server holds (``rstar2 vllm --lora-slots``:
+    vLLM's max_loras and max_cpu_loras), not a constant; a run whose max_staleness k needs more
+    (k + 1: a request decodes under the adapter that was newest as it started, while up to k newer
+    load) is refused at its start, as is a server started without --lora-rank."""
+    from rstar2.rl.algorithm.staleness import StalenessError
+    from rstar2.rl.plumbing.engine_mode import require_adapter_slots
+
+    config = {"device_config": {"device": "cpu"}, "lora_config": {"max_loras": 2, "max_cpu_loras": 2}}
+    routes = {"/v1/models": {"data": []}, "/v1/load_lora_adapter": {}, "/v1/unload_lora_adapter": {}}
+    engine, asked = vllm_answering(config, routes)
+    await engine.probe_capacity()
+    assert engine.adapter_slots == 2
+    for version in range(1, 6):
+        await engine.load_adapter("/runs/r/weights-latest", version)
+    assert list(engine.adapters.values()) == [4, 5] and asked.count("/v1/unload_lora_adapter") == 3
+    require_adapter_slots([engine], 1)
+    with pytest.raises(StalenessError, match="holds 2 adapters at once.*--lora-slots 3"):
+        require_adapter_slots([engine], 2)
+    await engine.close()
+    engine, _ = vllm_answering({"device_config": {"device": "cpu"}, "lora_config": None})
+    await engine.probe_capacity()
+    with pytest.raises(StalenessError, match="started without --lora-rank"):
+        require_adapter_slots([engine], 0)
+    await engine.close()

@@ -337,6 +337,61 @@ def test_a_stream_whose_client_goes_away_stops_its_generation(server):
     assert now["engine"]["row_steps"] - before["row_steps"] < 1000  # not 1,500 decoded for nobody
 
 
+async def test_a_whole_answers_client_that_goes_away_stops_its_generation_too(server, tiny):
+    """A client waiting for a whole answer (not streamed, as ``OpenAIEngine``) that goes away frees
+    the engine as a stream's does: closed connections and a client's own timeout
+    (``server_timeout_s``) take their rows out of the batch (``running``, ``abandoned``) instead of
+    decoding the rest of ``max_tokens`` for nobody, and the server answers the next request."""
+    from rstar2.chat.format import end_of_turn_ids
+
+    async def health(client: httpx.AsyncClient) -> dict:
+        return (await client.get(server + "/health")).json()
+
+    async def until(client: httpx.AsyncClient, done) -> dict:
+        deadline = asyncio.get_running_loop().time() + 120  # a hang's guard, not a speed asked
+        while not done(now := await health(client)):
+            assert asyncio.get_running_loop().time() < deadline, now
+            await asyncio.sleep(0.05)
+        return now
+
+    budget = 2000
+    completion = {"prompt": "hello there", "max_tokens": budget, "ignore_eos": True}
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": budget, "ignore_eos": True}
+    async with httpx.AsyncClient(timeout=60) as watch:
+        before = (await health(watch))["engine"]
+        async with httpx.AsyncClient(timeout=60) as caller:  # 3 completions and a chat, then closed
+            asked = [caller.post(server + "/v1/completions", json=completion) for _ in range(3)]
+            asked.append(caller.post(server + "/v1/chat/completions", json=chat))
+            waiting = [asyncio.ensure_future(a) for a in asked]
+            await until(watch, lambda h: h["running"] == 4)  # all four rows decoding
+            for w in waiting:
+                w.cancel()
+            await asyncio.gather(*waiting, return_exceptions=True)
+        now = await until(watch, lambda h: h["engine"]["abandoned"] == before["abandoned"] + 4)
+        now = await until(watch, lambda h: h["running"] == 0 and h["in_flight"] == 0)
+        assert now["engine"]["abandoned"] == before["abandoned"] + 4  # none finished: each left
+        assert now["engine"]["generated_tokens"] == before["generated_tokens"]  # none answered
+        assert now["engine"]["row_steps"] - before["row_steps"] < 4 * budget
+
+        # the trainer's client, its timeout fired: its request leaves too (never finished)
+        stops = tuple(end_of_turn_ids(tiny[1]))
+        engine = OpenAIEngine(server, timeout_s=1.0, retries=0)
+        try:
+            with pytest.raises(ServerError, match="ReadTimeout"):
+                await engine.generate(
+                    [5, 6, 7], SamplingParams(max_new_tokens=budget, banned_token_ids=stops)
+                )
+        finally:
+            await engine.close()
+        now = await until(watch, lambda h: h["engine"]["abandoned"] == before["abandoned"] + 5)
+        now = await until(watch, lambda h: h["running"] == 0 and h["in_flight"] == 0)
+        assert now["engine"]["generated_tokens"] == before["generated_tokens"]
+
+        # and it serves on
+        answer = await watch.post(server + "/v1/completions", json={**completion, "max_tokens": 4})
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
+
+
 def test_streamed_text_keeps_back_a_tool_calls_opening_and_waits_for_whole_characters():
     from rstar2.engines.streaming import TextDeltas
 

@@ -34,7 +34,7 @@ class Request:
 
     @property
     def abandoned(self) -> bool:
-        """Its caller stopped waiting (cancelled: a stream whose client went away): nobody reads it."""
+        """Its caller stopped waiting (cancelled: its client went away, streamed or not): nobody reads it."""
         return self.future.cancelled()
 
     def settle(self, result: Generation | BaseException) -> None:

@@ -84,6 +84,7 @@ class HFEngine:
         self.in_flight = 0
         self._thread: threading.Thread | None = None
         self.static_decode: Any = None  # its batch's ``StaticDecode`` once its thread starts, if used
+        self._batch: RunningBatch | None = None  # its running batch once its thread starts
         self._closed = False
         self.broken: str | None = None  # why the weights are not whole (a load failed half way)
         self._weight_writes = 0  # weight writes told to the engine (update_weights, invalidate)
@@ -104,7 +105,7 @@ class HFEngine:
             "shared_tokens": 0,  # prompt tokens not prefilled: an identical prompt in the same admission
             "queue_wait_s": 0.0,  # summed over requests: arrival to admission
             "reprefills": 0,  # running rows prefilled again after new weights
-            "abandoned": 0,  # requests whose caller stopped waiting (a stream's client gone): dropped
+            "abandoned": 0,  # requests whose caller stopped waiting (its client gone, streamed or not): dropped
             "prefill_s": 0.0,  # of busy_s: admissions (prefill, joining the batch)
         }
 
@@ -237,6 +238,12 @@ class HFEngine:
         with self._gate, self.lock:
             yield
 
+    @property
+    def running(self) -> int:
+        """Rows in the running batch now (a gauge; ``in_flight`` also counts the queued, and drops
+        as soon as a caller stops waiting, before its row has left)."""
+        return len(self._batch.rows) if self._batch is not None else 0
+
     async def counters(self) -> dict[str, Any]:
         return {**self.stats, "evictions": self.store.evicted, "rows": self.max_batch_size}
 
@@ -298,7 +305,7 @@ class HFEngine:
         batch = RunningBatch(
             self.model, device, self.max_batch_size, self.pad_token_id, store, self.stats, cuda_graphs
         )
-        self.static_decode = batch.static_decode
+        self.static_decode, self._batch = batch.static_decode, batch
         own = applied = torch.get_num_threads()
         while True:
             new = self._admit(self.max_batch_size - len(batch.rows), wait=not batch.rows)

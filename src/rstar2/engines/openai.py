@@ -16,7 +16,9 @@ from .base import Generation, SamplingParams, WeightUpdate
 
 
 class ServerError(RuntimeError):
-    pass
+    def __init__(self, *args: Any, status: int | None = None) -> None:
+        super().__init__(*args)
+        self.status = status  # the HTTP status the server answered (None: it gave none)
 
 
 class RequestRefused(ServerError, ValueError):
@@ -237,7 +239,12 @@ class OpenAIEngine:
             raise ValueError(f"engine {self.name} is a server: it loads a folder, not tensors")
         if self.weights_url:
             what = f"{self.base_url} could not fetch {update.folder} from {self.weights_url}"
-            await self._call("POST", "/mirror_weights", what, json={"source": self.weights_url, "folder": str(update.folder)})
+            await self._call(
+                "POST",
+                "/mirror_weights",
+                what,
+                json={"source": self.weights_url, "folder": str(update.folder)},
+            )
         return str(update.folder)
 
     async def load_weights(self, update: WeightUpdate) -> dict[str, Any]:
@@ -275,9 +282,11 @@ class OpenAIEngine:
                 if resp.status_code == 200:
                     break
                 if resp.status_code < 500:
-                    raise RequestRefused(f"{what}: answered {resp.status_code}: {resp.text[:500]}")
+                    said = f"{what}: answered {resp.status_code}: {resp.text[:500]}"
+                    raise RequestRefused(said, status=resp.status_code)
                 if attempt == retries:
-                    raise ServerError(f"{what}: answered {resp.status_code}: {resp.text[:500]}")
+                    said = f"{what}: answered {resp.status_code}: {resp.text[:500]}"
+                    raise ServerError(said, status=resp.status_code)
             await asyncio.sleep(delay)
             delay *= 2
         try:

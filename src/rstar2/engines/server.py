@@ -7,24 +7,30 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, HTTPException
+from fastapi import APIRouter, FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..adapters import adapter_weights, base_names, is_adapter
-from ..auth import FolderRefused, allowed_folder, key_guard
+from ..auth import FolderRefused, allowed_folder, key_guard, opened_folder
 from ..chat.format import end_of_turn_ids, ensure_chat_template
 from ..chat.tags import TOOL_CALL_OPEN
 from ..chat.tools import ToolCall, parse_tool_calls
 from ..config import DEFAULT_ROLLOUT
 from .base import Generation, SamplingParams, weights_fingerprint
 from .hf import HFEngine
-from .streaming import TextDeltas, answered, stream
+from .streaming import TextDeltas, stream, while_there
+
+# For tests alone: from this load on (1: the first), a load is answered as done, with the version
+# and the fingerprint of the tensors sent, while the model keeps its weights: the server that says
+# and does not do, which the trainer's content check must catch (tests/rl/test_content_check.py).
+PRETEND_LOADS_FROM = "RSTAR2_TEST_PRETEND_LOADS_FROM"
 
 
 class _WeightsPath(BaseModel):
@@ -138,9 +144,8 @@ class Served:
         """The safetensors of ``folder`` written into the model as policy ``version``; how many
         tensors. A folder outside ``--weights-from`` is refused before anything is read (403); one
         whose tensors do not fit, from their headers, before their data is (400); a load that fails
-        half way (500) leaves the engine refusing requests until one succeeds."""
-        from safetensors.torch import load_file
-
+        half way (500) leaves the engine refusing requests until one succeeds. The files read are
+        those checked: each opened once and checked open (``auth.opened_folder``)."""
         try:
             folder = str(allowed_folder(folder, self.weights_from))
         except FolderRefused as exc:
@@ -151,11 +156,23 @@ class Served:
                 f"weight_version {version!r}: give the policy version of these weights "
                 '(a count of updates, e.g. "0"): every token sampled says which version sampled it',
             )
-        if is_adapter(folder):  # an adapter over the base weights held (model.lora)
+        if self.weights["loads"] + 1 >= int(os.environ.get(PRETEND_LOADS_FROM) or 1 << 62):
+            return await asyncio.to_thread(self.pretend_load, folder, int(version))
+        try:
+            with opened_folder(Path(folder), self.weights_from) as private:
+                return await self.load_opened(folder, private, int(version))
+        except FolderRefused as exc:
+            raise HTTPException(403, str(exc)) from exc
+
+    async def load_opened(self, folder: str, private: Path, version: int) -> int:
+        """``load`` from ``private``, the folder of ``folder``'s files opened and checked."""
+        from safetensors.torch import load_file
+
+        if is_adapter(private):  # an adapter over the base weights held (model.lora)
             try:
-                loaded = await asyncio.to_thread(self.engine.update_adapter, folder, int(version))
+                loaded = await asyncio.to_thread(self.engine.update_adapter, private, version)
             except ValueError as exc:  # nothing was written
-                raise HTTPException(400, str(exc)) from exc
+                raise HTTPException(400, f"{folder}: {exc}; nothing was loaded") from exc
             except Exception as exc:
                 self.weights.update(fingerprint=None, keys=None)
                 raise HTTPException(500, f"{folder}: {exc}") from exc
@@ -163,7 +180,7 @@ class Served:
                 loads=self.weights["loads"] + 1, path=folder, fingerprint=None, keys=None, adapter=True
             )
             return loaded
-        files = sorted(Path(folder).glob("*.safetensors"))
+        files = sorted(private.glob("*.safetensors"))
         if not files:
             raise HTTPException(400, f"no *.safetensors files in {folder}")
         misfits = await asyncio.to_thread(self.misfits, files)
@@ -175,7 +192,7 @@ class Served:
         for f in files:
             state.update(await asyncio.to_thread(load_file, str(f)))
         try:
-            await asyncio.to_thread(self.engine.update_weights, state, int(version))
+            await asyncio.to_thread(self.engine.update_weights, state, version)
         except ValueError as exc:  # nothing was written
             raise HTTPException(400, f"{folder}: {exc}") from exc
         except Exception as exc:  # written in part: what it holds is no longer what was fingerprinted
@@ -185,6 +202,24 @@ class Served:
             loads=self.weights["loads"] + 1, path=folder, fingerprint=None, keys=list(state), adapter=False
         )
         return len(state)
+
+    def pretend_load(self, folder: str, version: int) -> int:
+        """For tests alone (``PRETEND_LOADS_FROM``): the answer of a load, with the version and the
+        fingerprint of the tensors sent, while the model keeps its weights."""
+        from safetensors.torch import load_file
+
+        sent = {
+            k: v for f in sorted(Path(folder).glob("*.safetensors")) for k, v in load_file(str(f)).items()
+        }
+        self.engine.invalidate(version)
+        self.weights.update(
+            loads=self.weights["loads"] + 1,
+            path=folder,
+            fingerprint=weights_fingerprint(sent, self.dtype),
+            keys=list(sent),
+            adapter=is_adapter(folder),
+        )
+        return len(sent)
 
     def misfits(self, files: list[Path]) -> list[str]:
         """The tensors of ``files`` the model has not, or has in another shape (from their headers)."""
@@ -232,9 +267,10 @@ class Served:
             )
         )
 
-    async def generate(self, prompt_ids: list[int], req: _Sampling) -> list[Generation]:
-        """``req.n`` whole generations; a request the engine refuses is a 400."""
-        return await answered(self.start(prompt_ids, req))
+    async def generate(self, prompt_ids: list[int], req: _Sampling, client: Request) -> list[Generation]:
+        """``req.n`` whole generations; a request the engine refuses is a 400; stopped if the client
+        goes away first (``while_there``)."""
+        return await while_there(self.start(prompt_ids, req), client.receive)
 
     async def streamed(
         self,
@@ -300,6 +336,7 @@ def server_routes(s: Served) -> APIRouter:
             "status": "ok",
             "model": s.model_name,
             "in_flight": s.engine.in_flight,
+            "running": s.engine.running,  # rows in the batch now
             "busy_s": s.engine.stats["busy_s"],  # seconds spent generating (idle share = 1 - busy/wall)
             "generated_tokens": s.engine.stats["generated_tokens"],
             "engine": await s.engine.counters(),  # decode steps, rows, joins, evictions (the trainer's engine/*)
@@ -344,7 +381,7 @@ def completion_routes(s: Served) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/completions")
-    async def completions(req: CompletionRequest) -> Any:
+    async def completions(req: CompletionRequest, client: Request) -> Any:
         tok = s.tokenizer
         prompt_ids = (
             req.prompt if isinstance(req.prompt, list) else tok.encode(req.prompt, add_special_tokens=False)
@@ -382,7 +419,7 @@ def completion_routes(s: Served) -> APIRouter:
                 return {"text": deltas[i].rest(whole), "logprobs": None, "finish_reason": g.finish_reason}
 
             return await s.streamed(list(prompt_ids), req, "text_completion", on_token, last)
-        gens = await s.generate(list(prompt_ids), req)
+        gens = await s.generate(list(prompt_ids), req, client)
         choices = []
         for i, g in enumerate(gens):
             choice: dict[str, Any] = {
@@ -413,7 +450,7 @@ def chat_routes(s: Served) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/chat/completions")
-    async def chat(req: ChatRequest) -> Any:
+    async def chat(req: ChatRequest, client: Request) -> Any:
         try:
             text = s.tokenizer.apply_chat_template(
                 req.messages, tools=req.tools, tokenize=False, add_generation_prompt=True
@@ -439,7 +476,7 @@ def chat_routes(s: Served) -> APIRouter:
 
             opening = {"delta": {"role": "assistant", "content": ""}, "finish_reason": None}
             return await s.streamed(prompt_ids, req, "chat.completion.chunk", on_token, last, opening)
-        gens = await s.generate(prompt_ids, req)
+        gens = await s.generate(prompt_ids, req, client)
         choices = []
         for i, g in enumerate(gens):
             message, finish = _assistant_message(s.text_of(g.token_ids, s.default_stops, False), names)
@@ -503,16 +540,56 @@ def serve(
     fetch_from: str | None = None,
     **sizes: Any,
 ) -> None:
-    """``rstar2 serve``: the model in an ``HFEngine`` (``sizes``: its batch and KV budget), served."""
+    """``rstar2 serve``: the model in an ``HFEngine`` (``sizes``: its batch and KV budget), served.
+    Its port is bound first (``listen``: a port taken is a ``CannotListen`` before minutes of
+    loading) and answers 503 until the model is loaded (``Loading``); a load that fails stops it
+    and is raised here."""
+    import threading
+
     import uvicorn
     from transformers import AutoTokenizer
 
-    engine = HFEngine.from_pretrained(model_dir, device=device, dtype=dtype, **sizes)
-    # no policy version until a trainer loads its weights: what it samples before is never trained on
-    # (a server restarted mid-run serves its starting weights, not the trainer's)
-    engine.version = -1
-    model_name = name or model_dir.name
-    log(f"serving {model_name} on http://{host}:{port}/v1 ({engine.model.device})")
-    access = {"api_key": api_key, "weights_from": weights_from, "fetch_from": fetch_from}
-    app = create_app(engine, AutoTokenizer.from_pretrained(str(model_dir)), model_name, **access)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    from ..local_service import address, listen
+
+    sock = listen(host, port)
+    url = f"{address(sock)}/v1"
+    log(f"rstar2 serve: listening on {url}; loading {model_dir}")
+    app = Loading()
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    failed: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            engine = HFEngine.from_pretrained(model_dir, device=device, dtype=dtype, **sizes)
+            # no policy version until a trainer loads its weights: what it samples before is never
+            # trained on (a server restarted mid-run serves its starting weights, not the trainer's)
+            engine.version = -1
+            model_name = name or model_dir.name
+            access = {"api_key": api_key, "weights_from": weights_from, "fetch_from": fetch_from}
+            app.app = create_app(engine, AutoTokenizer.from_pretrained(str(model_dir)), model_name, **access)
+            log(f"serving {model_name} on {url} ({engine.model.device})")
+        except BaseException as exc:  # noqa: BLE001 - raised in the main thread, once the server stopped
+            failed.append(exc)
+            server.should_exit = True
+
+    threading.Thread(target=load, name="load-model", daemon=True).start()
+    server.run(sockets=[sock])
+    if failed:
+        raise failed[0]
+
+
+class Loading:
+    """The ASGI app of ``rstar2 serve`` while its model loads, its port already bound: every request,
+    ``GET /health`` too, is a 503 (``Retry-After``) until ``app`` is set, so whoever waits for the
+    server (``wait_healthy``) reads 200 only once it can generate."""
+
+    def __init__(self) -> None:
+        self.app: Any = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if self.app is not None:
+            return await self.app(scope, receive, send)
+        from starlette.responses import JSONResponse
+
+        said = {"status": "loading", "error": "rstar2 serve is loading its model: try again shortly"}
+        await JSONResponse(said, status_code=503, headers={"Retry-After": "5"})(scope, receive, send)

@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi import HTTPException
 from fastapi.responses import StreamingResponse
+from starlette.types import Receive
 
 from .base import Generation
 
@@ -93,6 +94,32 @@ async def stream(
             done.cancel()  # a client that went away: nothing left to send to
 
     return StreamingResponse(body(), media_type="text/event-stream")
+
+
+async def while_there(gens: Awaitable[list[Generation]], receive: Receive) -> list[Generation]:
+    """``answered(gens)`` for a client waiting for the whole answer, cancelled if it goes away first
+    (ASGI's ``http.disconnect``: it closed the connection, or its own timeout fired, as
+    ``OpenAIEngine``'s ``server_timeout_s`` does): the rows leave the batch at the next step, as a
+    stream's do, instead of decoding the rest of ``max_tokens`` for nobody. The server goes on as
+    before: uvicorn does not cancel a request whose client left."""
+    done = asyncio.ensure_future(gens)
+    gone = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait((done, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when this request is cancelled (the server stops)
+        gone.cancel()
+        left = not done.done()
+        if left:
+            done.cancel()
+    if left:
+        raise HTTPException(499, "the client went away before the answer")  # nginx's code: read by nobody
+    return await answered(done)
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns when the client has gone: the body was read, so the next message is the disconnect."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def answered(gens: Awaitable[list[Generation]]) -> list[Generation]:

@@ -66,7 +66,8 @@ class VLLMEngine(OpenAIEngine):
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
-        self.adapters: dict[str, int] = {}  # adapter name → policy version, the newest LORA_SLOTS loaded
+        self.adapters: dict[str, int] = {}  # adapter name → policy version, the newest adapter_slots loaded
+        self.adapter_slots: int | None = None  # adapters the server holds at once (0: it serves none)
 
     async def probe_capacity(self) -> int:
         """Its KV capacity (blocks × block size, unless the config set one), and whether it samples
@@ -88,6 +89,10 @@ class VLLMEngine(OpenAIEngine):
         if self.capacity_source == "default" and cache.get("num_gpu_blocks"):
             self.capacity_tokens = int(cache["num_gpu_blocks"]) * int(cache["block_size"])
             self.capacity_source = "server info"
+        # its adapter slots: vLLM keeps max_cpu_loras adapters (max_loras of them in one batch) and
+        # reads an adapter pushed out again from its folder when a request names it
+        lora = config.get("lora_config") or {}
+        self.adapter_slots = min(int(lora.get("max_loras") or 0), int(lora.get("max_cpu_loras") or 1 << 30))
         self.send_priority = (config.get("scheduler_config") or {}).get("policy") == "priority"
         self.send_seed = (config.get("device_config") or {}).get("device") != "cpu"
         if not self.send_seed and self.base_url not in _WARNED_UNSEEDED:
@@ -130,11 +135,13 @@ class VLLMEngine(OpenAIEngine):
     async def load_adapter(self, folder: str, version: int) -> dict[str, Any]:
         """The adapter in ``folder`` as policy ``version``, under a name never used before (a name
         loaded again would let vLLM serve prefixes cached under the old adapter: vLLM #42125); the
-        oldest beyond ``LORA_SLOTS`` unloaded, and at this engine's first load those of earlier runs."""
+        oldest beyond the server's ``adapter_slots`` unloaded, and at this engine's first load those
+        of earlier runs."""
         import secrets
 
         from .vllm_launch import LORA_SLOTS
 
+        slots = self.adapter_slots or LORA_SLOTS  # not probed (a test's engine): rstar2 vllm's default
         what = f"{self.base_url} could not load the adapter in {folder}"
         if not self.adapters:  # this engine's first: the adapters earlier runs left go
             listed = (await self._call("GET", "/v1/models", what)).get("data") or []
@@ -144,7 +151,7 @@ class VLLMEngine(OpenAIEngine):
         name = f"{ADAPTER_PREFIX}{version}-{secrets.token_hex(4)}"
         await self._call("POST", "/v1/load_lora_adapter", what, json={"lora_name": name, "lora_path": folder})
         self.adapters[name] = version
-        for old in list(self.adapters)[:-LORA_SLOTS]:
+        for old in list(self.adapters)[:-slots]:
             del self.adapters[old]
             await self._unload(old, what)
         return {"adapter": name}
@@ -171,8 +178,9 @@ class VLLMEngine(OpenAIEngine):
         if not answers or not all(isinstance(a, dict) for a in answers):
             raise ServerError(f"{what}: no worker answered rstar2_load ({answers}); {HOW_TO_START}")
         for a in answers:  # a parameter may stay zero only where the folder holds zeros
-            if a.get("error"):
-                raise ServerError(f"{what}: {a['error']}")
+            if a.get("error"):  # with a status: refused before anything was written
+                refused = RequestRefused if a.get("status") else ServerError
+                raise refused(f"{what}: {a['error']}", status=a.get("status"))
             if a["missing"] or len(a["unwritten"]) > a["zero_in_folder"]:
                 raise ServerError(
                     f"{what}: parameters not loaded {a['missing'][:4]} ({len(a['missing'])}), "

@@ -53,13 +53,28 @@ def command(
     """``lora_rank``: adapters up to that rank load at run time (``model.lora``), ``lora_slots`` of
     them held at once (the newest: requests in flight finish on the adapter they named)."""
     args = [python, "-m", ENTRY, "--model", model, "--host", host, "--port", str(port), "--dtype", dtype]
-    args += ["--enable-scale-out", "--worker-extension-cls", EXTENSION, "--middleware", MIRROR, "--middleware", GUARD]
+    args += [
+        "--enable-scale-out",
+        "--worker-extension-cls",
+        EXTENSION,
+        "--middleware",
+        MIRROR,
+        "--middleware",
+        GUARD,
+    ]
     args += ["--logprobs-mode", "processed_logprobs", "--scheduling-policy", "priority"]
     args += ["--max-model-len", str(max_model_len)] if max_model_len else []
     if lora_rank:
         args += ["--enable-lora", "--max-lora-rank", str(lora_rank)]
         args += ["--max-loras", str(lora_slots), "--max-cpu-loras", str(lora_slots)]
     return args + (["--enforce-eager"] if eager else []) + list(extra)
+
+
+def port_free(host: str, port: int) -> None:
+    """Raises ``CannotListen``, naming the port, when ``host:port`` is taken: said before vLLM starts."""
+    from ..local_service import listen
+
+    listen(host, port).close()
 
 
 def environment(

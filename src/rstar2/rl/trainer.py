@@ -31,6 +31,7 @@ from .algorithm.roc import GroupChoice, Scored, roc_counts
 from .algorithm.select import Row, Selection, seed_of, select_rows
 from .algorithm.staleness import StalenessError, check_versions, staleness_metrics
 from .plumbing import distributed as D
+from .plumbing.content_check import untrue_turn
 from .plumbing.data import DataStream
 from .plumbing.engine_mode import PROBE_PROBLEM, TrainerEngines, require_reported_versions
 from .plumbing.feed import GroupFeed
@@ -311,6 +312,9 @@ class RLTrainer:
         own, sampled = await self.rollouts()  # this process's groups, started up to k updates ago
         trajs = [t for g in sampled for t in g]
         rollout_s = time.perf_counter() - t0
+        for t in trajs:  # tokens of a server that says it took weights it does not compute: none trains
+            if t.fault is None and (why := untrue_turn(t, self.engines.untrue)):
+                t.fault, t.verdict = "engine", why
         check_faults(trajs, cfg, self.world)  # a lost engine, or too many spoiled: no step
 
         # RoC keeps G of each group's 2G, then group-normalised advantages; faults reach neither

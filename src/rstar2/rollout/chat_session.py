@@ -40,14 +40,21 @@ def chat(
     problem: str | None,
     out: Any,
 ) -> None:
-    """Solve ``problem``, or each problem typed at the prompt until an empty line or EOF."""
+    """Solve ``problem``, or each problem typed at the prompt until an empty line or EOF. A rollout
+    that failed (its server refused or is not there) is a ``ServerError``: no answer to show."""
+    from ..engines.openai import ServerError
+
     check_engine_choice(model, settings, tokenizer)
 
+    async def solve(rollout: Any, text: str) -> None:
+        t = await rollout.run(text, None, on_event=partial(show_event, out))
+        if t.finish_reason == "error":
+            raise ServerError(t.verdict)
+
     async def session() -> None:
-        show = partial(show_event, out)
         async with open_rollout(settings, model=model, tokenizer=tokenizer, device=device) as rollout:
             if problem:
-                await rollout.run(problem, None, on_event=show)
+                await solve(rollout, problem)
                 return
             while True:
                 try:
@@ -56,6 +63,6 @@ def chat(
                     return
                 if q.strip() in ("", "exit", "quit"):
                     return
-                await rollout.run(q, None, on_event=show)
+                await solve(rollout, q)
 
     asyncio.run(session())

@@ -402,18 +402,27 @@ class Scheduler:
             print(f"[rstar2] engine {engine.name} is back, holding the current weights", file=sys.stderr)
             return
         self._reviving.pop(i, None)
+        self._out_for_good(i, f"did not come back within {self.revive_for_s:.0f} s", why)
+
+    def retire(self, engine: Engine, why: str) -> None:
+        """``engine`` is out for good, not to be revived: it does not compute the weights it says it
+        holds, and loading them again would be taken at its word again."""
+        i = self._index[id(engine)]
+        if i in self._gone:
+            return
+        task = self._reviving.pop(i, None)
+        if task is not None:
+            task.cancel()
+        self.policy.remove_engine(i)
+        self._out_for_good(i, "does not serve the weights it says it holds", why)
+
+    def _out_for_good(self, i: int, what: str, why: str) -> None:
+        """Engine ``i`` gone; once none is left or coming back, every waiting request fails."""
         self._gone[i] = why
-        print(
-            f"[rstar2] engine {engine.name} did not come back within {self.revive_for_s:.0f} s: out for "
-            f"good ({why[:300]})",
-            file=sys.stderr,
-        )
+        print(f"[rstar2] engine {self.engines[i].name} {what}: out for good ({why[:300]})", file=sys.stderr)
         if not self.policy.live() and not self._reviving:
             each = "; ".join(f"{self.engines[j].name} ({w[:300]})" for j, w in sorted(self._gone.items()))
-            self.down = (
-                f"every engine failed and none came back holding the current weights within "
-                f"{self.revive_for_s:.0f} s: {each}"
-            )
+            self.down = f"every engine failed and none came back holding the current weights: {each}"
             for fut in self._waiting.values():
                 if not fut.done():
                     fut.set_exception(EngineDown(self.down))

@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .request import ExecRequest, Limits
+from ..bounds import above
+from .request import MAX_MEMORY_MB, MAX_TIMEOUT_S, MIN_MEMORY_MB, ExecRequest, Limits
 from .result import ExecResult
 from .zygote import PRELOAD
 
@@ -29,6 +30,12 @@ API_KEY = typer.Option(
     help="Callers must send it as 'Authorization: Bearer KEY' (default: $RSTAR2_API_KEY; none: open).",
     show_default=False,
 )
+# a call's limits, within what the service accepts of a call (``service.RunBody``)
+TIMEOUT = above(0, MAX_TIMEOUT_S)
+MEMORY = {"min": MIN_MEMORY_MB, "max": MAX_MEMORY_MB}
+# worker k runs calls as uid UID_BASE + k (isolation.py): these stay below 65534 (nobody)
+WORKERS = {"min": 0, "max": 4096}
+PORT = {"min": 1, "max": 65535}
 
 
 def parse_preload(text: str | None) -> list[str] | None:
@@ -90,11 +97,20 @@ def serve(
     api_key: str | None = None,
 ) -> None:
     """The HTTP service over a local pool, or over Redis worker nodes (``redis``); with
-    ``api_key``, only for callers that send it."""
+    ``api_key``, only for callers that send it. Its port is bound before the workers start: a port
+    taken is said at once (exit 2), and the address said is read from the socket it listens on; a
+    request that comes meanwhile waits for the workers."""
     import uvicorn
 
+    from ..local_service import CannotListen, address, listen
     from .service import create_app
 
+    try:
+        sock = listen(host, port)
+    except CannotListen as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None
+    console.print(f"rstar2 sandbox serve: listening on {address(sock)}", highlight=False)
     if redis:
         from .redis_queue import RedisBackend
 
@@ -103,7 +119,7 @@ def serve(
         from .local_pool import LocalPool
 
         backend = LocalPool(workers=workers, limits=limits, preload=preload)
-    uvicorn.run(create_app(backend, api_key), host=host, port=port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(create_app(backend, api_key), log_level="warning")).run(sockets=[sock])
 
 
 def run_worker_node(
@@ -145,9 +161,11 @@ PRELOAD_HELP = (
 def sandbox_run(
     file: str = typer.Argument(..., help="Python file to run, or - for standard input."),
     input: str = typer.Option("", "--input", "-i", help="Text given to the code on its standard input."),
-    input_file: Path | None = typer.Option(None, help="File whose content is the code's standard input."),
-    timeout_s: float = typer.Option(10.0, "--timeout", help="Wall-clock limit in seconds."),
-    memory_mb: int = typer.Option(1024, "--memory-mb", help="Memory limit in MiB."),
+    input_file: Path | None = typer.Option(
+        None, exists=True, dir_okay=False, help="File whose content is the code's standard input."
+    ),
+    timeout_s: float = typer.Option(10.0, "--timeout", **TIMEOUT, help="Wall-clock limit in seconds."),
+    memory_mb: int = typer.Option(1024, "--memory-mb", **MEMORY, help="Memory limit in MiB."),
     as_json: bool = typer.Option(False, "--json", help="Print the whole result as JSON."),
     url: str | None = typer.Option(None, help="Run on a sandbox service at this URL instead of locally."),
 ) -> None:
@@ -190,9 +208,9 @@ def sandbox_serve(
     host: str = typer.Option(
         "127.0.0.1", help="Address to bind. It runs untrusted code: keep it on loopback."
     ),
-    port: int = typer.Option(8088, help="Port."),
+    port: int = typer.Option(8088, **PORT, help="Port."),
     workers: int = typer.Option(
-        0, help="Local sandbox workers (0 = one per CPU core). Ignored with --redis."
+        0, **WORKERS, help="Local sandbox workers (0 = one per CPU core). Ignored with --redis."
     ),
     redis: str | None = typer.Option(
         None,
@@ -200,9 +218,11 @@ def sandbox_serve(
         help="Enqueue calls to Redis worker nodes at this URL: redis://:PASSWORD@HOST:6379/0 "
         "(or $RSTAR2_REDIS_PASSWORD; rediss:// for TLS).",
     ),
-    timeout_s: float = typer.Option(10.0, "--timeout", help="Default wall-clock limit per call."),
-    memory_mb: int = typer.Option(1024, "--memory-mb", help="Default memory limit per call."),
-    deadline_s: float = typer.Option(600.0, help="Redis mode: a call gets a failure after this long."),
+    timeout_s: float = typer.Option(10.0, "--timeout", **TIMEOUT, help="Default wall-clock limit per call."),
+    memory_mb: int = typer.Option(1024, "--memory-mb", **MEMORY, help="Default memory limit per call."),
+    deadline_s: float = typer.Option(
+        600.0, **above(0), help="Redis mode: a call gets a failure after this long."
+    ),
     preload: str | None = typer.Option(None, help=PRELOAD_HELP),
     api_key: str | None = API_KEY,
 ) -> None:
@@ -233,10 +253,12 @@ def sandbox_worker(
         "--redis",
         help="Redis URL, e.g. redis://:PASSWORD@head-node:6379/0 (or $RSTAR2_REDIS_PASSWORD; rediss:// for TLS).",
     ),
-    workers: int = typer.Option(0, help="Local sandbox workers (0 = one per CPU core)."),
-    lease_s: float = typer.Option(60.0, help="A task held this long by a silent worker is given to another."),
-    timeout_s: float = typer.Option(10.0, "--timeout", help="Default wall-clock limit per call."),
-    memory_mb: int = typer.Option(1024, "--memory-mb", help="Default memory limit per call."),
+    workers: int = typer.Option(0, **WORKERS, help="Local sandbox workers (0 = one per CPU core)."),
+    lease_s: float = typer.Option(
+        60.0, **above(0), help="A task held this long by a silent worker is given to another."
+    ),
+    timeout_s: float = typer.Option(10.0, "--timeout", **TIMEOUT, help="Default wall-clock limit per call."),
+    memory_mb: int = typer.Option(1024, "--memory-mb", **MEMORY, help="Default memory limit per call."),
     preload: str | None = typer.Option(None, help=PRELOAD_HELP),
     name: str | None = typer.Option(None, help="Consumer name in Redis (default: host-pid-random)."),
 ) -> None:

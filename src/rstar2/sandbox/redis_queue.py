@@ -32,7 +32,13 @@ import uuid
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
-from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    InvalidResponse,
+    NoPermissionError,
+    RedisError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -294,6 +300,8 @@ class RedisWorker:
                         delay = 0.1
                 except _REFUSED as exc:  # retrying would never succeed: the worker stops, saying why
                     raise refused(self.url, exc) from None
+                except InvalidResponse as exc:  # another protocol (an HTTP port): neither would it
+                    raise RedisRefused(f"{shown(self.url)} is not a Redis server: {exc}") from None
                 except _CONN_ERRORS as exc:
                     log.warning("Redis unavailable at %s (%s); retrying", shown(self.url), exc)
                     await asyncio.sleep(delay)

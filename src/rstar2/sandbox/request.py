@@ -6,6 +6,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+# what one call may ask for (the service refuses more; the CLI's defaults stay within)
+MAX_TIMEOUT_S = 120.0
+MIN_MEMORY_MB, MAX_MEMORY_MB = 32, 16 * 1024
+
 
 @dataclass(frozen=True)
 class Limits:

@@ -27,14 +27,12 @@ from prometheus_client import (
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..auth import key_guard
-from .request import ExecRequest
+from .request import MAX_MEMORY_MB, MAX_TIMEOUT_S, MIN_MEMORY_MB, ExecRequest
 from .result import STATUSES, ExecResult
 
 MAX_CODE_CHARS = 256 * 1024
 MAX_INPUT_CHARS = 1024 * 1024
 MAX_BATCH = 50_000
-MAX_TIMEOUT_S = 120.0
-MAX_MEMORY_MB = 16 * 1024
 
 
 class Backend(Protocol):
@@ -55,7 +53,8 @@ class RunBody(BaseModel):
     code: str = Field(max_length=MAX_CODE_CHARS)
     input: str = Field(default="", max_length=MAX_INPUT_CHARS)
     timeout_s: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
-    memory_mb: int | None = Field(default=None, ge=32, le=MAX_MEMORY_MB)
+    memory_mb: int | None = Field(default=None, ge=MIN_MEMORY_MB, le=MAX_MEMORY_MB)
+
     session_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
 
     def to_request(self) -> ExecRequest:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ...adapters import adapted, save_adapter
+from ...auth import follow_umask
 from .distributed import LOCAL, World, barrier, full_state_dict
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -75,6 +76,7 @@ def save_checkpoint(
         blob = {"optimizer": optim_state, "scheduler": lr_schedule.state_dict(), "rng": rng}
         torch.save(blob, tmp / "trainer_state.pt")
         (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=2))
+        follow_umask(tmp)  # safetensors writes 0o600: a server running as another user loads these too
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:

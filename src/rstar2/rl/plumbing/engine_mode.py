@@ -20,6 +20,7 @@ from ...device import engine_dtype
 from ...engines.base import Engine
 from ..algorithm.staleness import StalenessError
 from . import distributed as D
+from .content_check import ContentCheck
 from .launch import quietly
 from .sync import WeightSyncError, load_into_servers, publish, whole_parts
 
@@ -44,6 +45,25 @@ def require_reported_versions(engines: Sequence[Engine], max_staleness: int) -> 
             )
 
 
+def require_adapter_slots(engines: Sequence[Engine], max_staleness: int) -> None:
+    """Every engine that holds adapters by name (vLLM) must hold ``max_staleness + 1`` at once. A
+    request names the newest adapter when it starts; its group belongs to a step at most k + 1
+    ahead of that adapter's version, and that step's update publishes only once the group has
+    finished, so while it decodes at most k newer adapters load: it needs its own and those k.
+    With fewer, vLLM drops the adapter it decodes under, and reads it again from a folder since
+    written over (or its load fails) while the request runs (docs/adapters.md)."""
+    for e in engines:
+        slots = getattr(e, "adapter_slots", None)
+        if slots is not None and slots < max_staleness + 1:
+            raise StalenessError(
+                f"engine {e.name} holds {slots} adapters at once: with asynchronous.max_staleness="
+                f"{max_staleness} a request may decode under an adapter {max_staleness} updates older "
+                f"than the newest, so it needs {max_staleness + 1}; start it with rstar2 vllm "
+                f"--lora-slots {max_staleness + 1} (or more), or lower max_staleness"
+                + (" (it was started without --lora-rank: it serves no adapter)" if not slots else "")
+            )
+
+
 class TrainerEngines:
     """The engines of one RL run and how they get its weights (``mode``)."""
 
@@ -59,6 +79,11 @@ class TrainerEngines:
         self.published: tuple[list[Path], int] | None = None
         self._sending: asyncio.Lock | None = None  # a publish and a revive, one at a time
         self.scheduler: Any = None  # servers: the rollout's (``attach``)
+        cap = cfg.rollout.engine.weight_check_tol
+        self.content = ContentCheck(cap) if cap is not None else None
+        # servers found not to serve the weights they said they took, and the first version they
+        # did not serve: none of their tokens of that version or later is trained (``untrue_turn``)
+        self.untrue: dict[str, int] = {}
 
     def adopt(self, model: torch.nn.Module) -> None:
         """The trainer's full model, before it is sharded: shared, or copied in the engine's dtype."""
@@ -79,6 +104,8 @@ class TrainerEngines:
             compute=cfg.model.compute,
             keep_stale_kv=cfg.asynchronous.keep_stale_kv,
         )
+        if cfg.model.lora is not None:  # refused before any load (the caller closes the engines)
+            require_adapter_slots(self.engines, cfg.asynchronous.max_staleness)
         return self.engines
 
     def serving(self) -> list[Engine]:
@@ -112,6 +139,10 @@ class TrainerEngines:
             def lost(engine: Any, why: str) -> None:
                 rotation.fail(engine, f"it did not take the weights of version {step}: {why}")
 
+            def untrue(engine: Any, why: str) -> None:
+                self.untrue[engine.name] = step
+                rotation.retire(engine, f"with the weights of version {step}: {why}")
+
             metrics = await publish(
                 model,
                 engines,
@@ -124,6 +155,8 @@ class TrainerEngines:
                 step=step,
                 compute=self.cfg.model.compute,
                 whole=whole,
+                check=self.content,
+                on_untrue=untrue if rotation is not None else None,
                 # at the start too: one that does not take them leaves the rotation while others did
                 # (an engine node lost before a stage starts); with none left the run stops
                 on_lost=lost if rotation is not None else None,

@@ -3,9 +3,8 @@ them; off the event loop, so later steps' rollouts go on meanwhile. Each engine 
 (``Engine.load_weights``): one in the trainer's process from tensors, checked exactly; servers from
 a model folder rank 0 writes, all at once, retried; one that has not taken it stops the run (or,
 once it runs, leaves the rotation), so no step trains on tokens from servers on different versions.
-What a server states it holds must be what was sent, and a sampled probe's logprobs must match the
-trainer's within ``weight_check_tol`` (another model is caught, one small update missed is not: a
-server without a fingerprint is warned about).
+What a server states it holds must be what was sent, and what it computes must be the new policy
+(``content_check``: its sampled probe's log-probs against the trainer's new and previous policy).
 """
 
 from __future__ import annotations
@@ -19,14 +18,17 @@ from typing import Any
 import torch
 
 from ...adapters import adapted, adapter_weights, base_weights, save_adapter
+from ...auth import follow_umask
 from ...config import EngineSection
 from ...engines.base import Engine, SamplingParams, WeightUpdate, weights_fingerprint
 from ..algorithm.batch import collate
 from . import distributed as D
+from .content_check import ContentCheck, Probe
 from .passes import logprobs_of
 
 PROBE_TOKENS = 16
 PROBE_TEMPERATURE = 1.0  # the probe samples the plain distribution, and the trainer scores it so
+PROBE_SEED = 0  # the same every load: an engine still on its old weights samples the same tokens
 BASE = "base"  # an adapter's publish folder: the base model's tensors, written on a whole publish
 
 
@@ -34,13 +36,23 @@ class WeightSyncError(RuntimeError):
     """An engine did not take, or does not serve, the trainer's new weights."""
 
 
+def permanent(exc: BaseException) -> bool:
+    """A refusal that asking again cannot change: the key (401), the folder (403: outside the
+    server's ``--weights-from``), or weights that do not fit the served model (a 400 that says
+    nothing was loaded). Anything else may pass: a server restarting or busy, a folder a shared
+    filesystem does not show yet."""
+    status = getattr(exc, "status", None)
+    return status in (401, 403) or (status == 400 and "nothing was loaded" in str(exc))
+
+
 async def reload_server(engine: Engine, path: Path, settings: EngineSection, version: int) -> dict[str, Any]:
-    """One server loads ``path`` as ``version``, retried with back-off, else a ``WeightSyncError``."""
+    """One server loads ``path`` as ``version``, retried with back-off (a ``permanent`` refusal not),
+    else a ``WeightSyncError``."""
     for attempt in range(settings.reload_retries + 1):
         try:
             return await engine.load_weights(WeightUpdate(version, folder=path.resolve()))
         except Exception as exc:
-            if attempt == settings.reload_retries:
+            if attempt == settings.reload_retries or permanent(exc):
                 raise WeightSyncError(
                     f"engine {engine.name} refused the new weights ({attempt + 1} tries): {exc}"
                 ) from exc
@@ -106,9 +118,8 @@ async def load_into_servers(
             elif answer.get("parameters_written") is None and e.name not in _UNVERIFIED:
                 _UNVERIFIED.add(e.name)
                 print(
-                    f"[rstar2] warning: engine {e.name} states no fingerprint of the weights it holds: "
-                    "after each load only a sampled probe checks it, which sees other weights but "
-                    "not one small update missed",
+                    f"[rstar2] engine {e.name} states no fingerprint of the weights it holds: after each "
+                    "load what it computes is checked alone (rollout.engine.weight_check_tol)",
                     file=sys.stderr,
                 )
         except Exception as exc:  # noqa: BLE001 - every server's outcome is said together
@@ -132,15 +143,14 @@ async def probe_engines(
     world: D.World,
     *,
     pad_id: int,
-    seed: int,
     compute: str = "auto",
-) -> list[float | str]:
-    """Mean |engine - trainer logprob| over ``PROBE_TOKENS`` sampled tokens, per engine (why, for
-    one that did not answer); every process calls it with its own engines (a forward under FSDP
-    is a collective, so a failed engine leaves only its row out)."""
+) -> list[Probe | str]:
+    """Each engine's ``PROBE_TOKENS`` sampled tokens, its log-probs and the trainer's (why, for one
+    that did not answer); every process calls it with its own engines (a forward under FSDP is a
+    collective, so a failed engine leaves only its row out)."""
     # ahead of every queued rollout: the trainer waits on it
     params = SamplingParams(
-        max_new_tokens=PROBE_TOKENS, temperature=PROBE_TEMPERATURE, seed=seed, priority=-(2**31)
+        max_new_tokens=PROBE_TOKENS, temperature=PROBE_TEMPERATURE, seed=PROBE_SEED, priority=-(2**31)
     )
     answers: list[Any] = []
     for e in engines:
@@ -159,9 +169,12 @@ async def probe_engines(
         model, batch, max_tokens=1 << 20, world=world, compute=compute, temperature=PROBE_TEMPERATURE
     ).cpu()
     model.train(was_training)
-    mask, gap = batch.mask.cpu().bool(), (batch.engine_logp.cpu() - trainers).abs()
-    diffs = iter([float(gap[row][mask[row]].mean()) if mask[row].any() else 0.0 for row in range(len(gens))])
-    return [a if isinstance(a, str) else next(diffs) for a in answers]
+    mask = batch.mask.cpu().bool()
+    probes = iter(
+        Probe(list(g.token_ids), list(g.logprobs), trainers[row][mask[row]].tolist())
+        for row, g in enumerate(gens)
+    )
+    return [a if isinstance(a, str) else next(probes) for a in answers]
 
 
 def write_parts(
@@ -169,7 +182,8 @@ def write_parts(
 ) -> list[tuple[Path, dict[str, torch.Tensor]]]:
     """What servers load, in order, written under ``folder``: each folder with the tensors it holds.
     A whole model: ``folder`` itself. An adapter: ``folder`` holds it alone (megabytes, where the
-    model is gigabytes), after ``folder/base`` (the frozen base's tensors) when ``whole``."""
+    model is gigabytes), after ``folder/base`` (the frozen base's tensors) when ``whole``. Their
+    files take the trainer's umask (``auth.follow_umask``): servers may run as another user."""
 
     def on_cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
@@ -177,6 +191,7 @@ def write_parts(
     if not adapted(model):
         state = on_cpu(state)
         model.save_pretrained(folder, state_dict=state, safe_serialization=True)
+        follow_umask(folder)
         return [(folder, state)]
     adapter = on_cpu(adapter_weights(model, state))
     parts = [(save_adapter(model, folder, state), adapter)]
@@ -187,6 +202,8 @@ def write_parts(
         model.config.save_pretrained(folder / BASE)  # vLLM's load checks the sizes in config.json
         save_file(base, str(folder / BASE / "model.safetensors"), metadata={"format": "pt"})
         parts.insert(0, (folder / BASE, base))
+    for part, _ in parts:
+        follow_umask(part)
     return parts
 
 
@@ -208,15 +225,18 @@ async def publish(
     step: int,
     compute: str = "auto",
     whole: bool = True,
+    check: ContentCheck | None = None,
     on_lost: Callable[[Any, str], None] | None = None,
+    on_untrue: Callable[[Any, str], None] | None = None,
 ) -> dict[str, float]:
     """The trainer's weights as policy version ``step`` to ``engines``, checked; ``sync/*``. An
     engine in this process (``Engine.local``) loads the tensors and checks them exactly (``in_place``:
     it decodes the trainer's own model, which the update wrote, and only learns the version); rank 0
     writes a folder every server loads (a model with an adapter: the adapter alone, after its base
-    when ``whole``), checked by what each states and a sampled probe. With ``on_lost``, a server that
-    does not take them is handed to it (out of rotation, to be revived) and the others go on (on
-    every process: rank 0's word holds); only when none took them does the step stop."""
+    when ``whole``), checked by what each states and by what it computes (``check``). With
+    ``on_lost``, a server that does not take them is handed to it (out of rotation, to be revived),
+    one that says it did and computes otherwise to ``on_untrue``, and the others go on (on every
+    process: rank 0's word holds); only when none serves them does the step stop."""
     served = [e for e in engines if not e.local]
     # off the event loop (rollouts and tool calls of the next steps go on meanwhile), on this GPU
     gather = not in_place or served  # a server loads what rank 0 writes of them, always
@@ -256,22 +276,24 @@ async def publish(
         for e in served:
             if e.name not in told[0][1]:
                 on_lost(e, f"it did not take the weights of version {step}")
-    diffs = await probe_engines(live, model, probe_prompt, world, pad_id=pad_id, seed=step, compute=compute)
-    named = [(e.name, d) for e, d in zip(live, diffs, strict=True)]
-    every = [x for part in D.all_gather_objects(named, world) for x in part]  # the same on every rank
+    probes = await probe_engines(live, model, probe_prompt, world, pad_id=pad_id, compute=compute)
+    judged = [
+        (e.name, p if isinstance(p, str) else (p.gap, check.judge(e.name, p) if check else None))
+        for e, p in zip(live, probes, strict=True)
+    ]
+    every = [x for part in D.all_gather_objects(judged, world) for x in part]  # the same on every rank
     silent = {name: d for name, d in every if isinstance(d, str)}
-    if silent and (on_lost is None or len(silent) == len(live)):
+    untrue = {name: why for name, d in every if not isinstance(d, str) and (why := d[1])}
+    stopped = on_lost is None or len(silent) + len(untrue) == len(every)
+    if silent and stopped:
         raise WeightSyncError(f"with the weights of version {step}: " + "; ".join(silent.values()))
+    if untrue and stopped:
+        name, why = next(iter(untrue.items()))
+        raise WeightSyncError(f"with the weights of version {step}, engine {name} does not serve them: {why}")
     for e in live if on_lost is not None else ():
         if e.name in silent:
             on_lost(e, silent[e.name])
-    every = [(name, d) for name, d in every if name not in silent]
-    tol = settings.weight_check_tol
-    bad = [(name, d) for name, d in every if tol is not None and d > tol]
-    if bad:
-        raise WeightSyncError(
-            f"with the weights of version {step}, engine {bad[0][0]} samples with other weights than "
-            f"the trainer's: mean |logprob difference| {bad[0][1]:.4f} > "
-            f"rollout.engine.weight_check_tol {tol}"
-        )
-    return {"sync/logprob_diff": max((d for _, d in every), default=0.0)}
+        elif e.name in untrue:
+            (on_untrue or on_lost)(e, untrue[e.name])
+    gaps = [d[0] for name, d in every if name not in silent and name not in untrue]
+    return {"sync/logprob_diff": max(gaps, default=0.0)}
