@@ -63,18 +63,21 @@ def serve(model_dir, weights_from, pretend_from: int | None = None):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("k", [0, 1])
-def test_a_server_that_says_it_loaded_and_did_not_leaves_the_run_untrained_on(k, tiny_dir, tmp_path):
-    """Server b takes the run's first weights (load 1, version 0) and the first update (load 2) and
-    pretends from load 3 (version 2) on; a serves honestly."""
-    (a, pa), (b, pb) = serve(tiny_dir, tmp_path), serve(tiny_dir, tmp_path, pretend_from=3)
+@pytest.mark.parametrize("k, lora", [(0, False), (1, False), (1, True)], ids=["k=0", "k=1", "k=1-adapter"])
+def test_a_server_that_says_it_loaded_and_did_not_leaves_the_run_untrained_on(k, lora, tiny_dir, tmp_path):
+    """Server b takes the run's first weights (version 0) and the first update and pretends from
+    version 2 on (load 3; with an adapter, load 4: the base goes first); a serves honestly."""
+    pretend_from = 4 if lora else 3
+    (a, pa), (b, pb) = serve(tiny_dir, tmp_path), serve(tiny_dir, tmp_path, pretend_from=pretend_from)
     out = tmp_path / "run"
     problems = tmp_path / "train.jsonl"
     rows = [{"problem": f"What is {i} * {i + 1}?", "answer": str(i * (i + 1))} for i in range(12)]
     problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tree = small_rl(tiny_dir, problems, out, steps=4, servers=[a, b], max_staleness=k)
     # an update small enough that the fixed 0.1-nat tolerance of old would not see it missed
-    tree["optim"]["lr"] = 1e-4
+    tree["optim"]["lr"] = 1e-3 if lora else 1e-4
+    if lora:
+        tree["model"]["lora"] = {"rank": 4, "alpha": 8}
     if k:
         tree["loss"] = {"tis_cap": 2.0}
         tree["rollout"]["top_k"] = 0  # the correction's mu is the untruncated distribution
