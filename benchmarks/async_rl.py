@@ -329,7 +329,7 @@ def run_arm(model: Path, data: Path, out: Path, arm: str, a) -> dict:
         "update_s": statistics.fmean(m["time/update_s"] for m in counted),
         "sync_s": statistics.fmean(m["time/sync_s"] for m in counted),
         "wait_s": statistics.fmean(m["time/rollout_s"] for m in counted),
-        # the trainer's per-step engine metrics (rstar2.rl.plumbing.step_metrics.engine_metrics), counted steps
+        # the trainer's per-step engine metrics (rstar2.rl.run.step_metrics.engine_metrics), counted steps
         "occupancy": statistics.fmean(m.get("engine/occupancy", float("nan")) for m in counted),
         "join_share": statistics.fmean(m.get("engine/join_share", float("nan")) for m in counted),
         "busy_share": statistics.fmean(m.get("engine/busy_share", float("nan")) for m in counted),

@@ -4,7 +4,7 @@ trainer writes and the seconds a served engine takes to load them, on `rstar2 se
     python benchmarks/lora_sync.py MODEL_DIR [--rank 16] [--repeat 3] [--json out.json]
 
 Both servers start on ``MODEL_DIR`` (`rstar2 serve`; `rstar2 vllm --lora-rank R` where vLLM is
-installed). Each sync is what the trainer does after an update (``rl/plumbing/sync.py``'s
+installed). Each sync is what the trainer does after an update (``rl/run/sync.py``'s
 ``write_parts`` then the engine's ``load_weights``): the whole model written and loaded in
 place, against the adapter alone (after its base once, not timed: a run's first sync), ``--repeat``
 times each, alternating. Median seconds.
@@ -29,8 +29,8 @@ from rstar2.config import LoraSection
 from rstar2.engines.base import WeightUpdate
 from rstar2.engines.kinds import connect
 from rstar2.local_service import free_port, wait_healthy
-from rstar2.rl.plumbing.distributed import LOCAL, full_state_dict
-from rstar2.rl.plumbing.sync import write_parts
+from rstar2.rl.run.distributed import LOCAL, full_state_dict
+from rstar2.rl.run.sync import write_parts
 
 
 def start(args: list[str], log: Path) -> tuple[subprocess.Popen, str]:

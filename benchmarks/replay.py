@@ -29,8 +29,8 @@ from rich.console import Console
 from rich.table import Table
 
 from rstar2.config_files import load_config
-from rstar2.rl.plumbing.keep import kept_path, kept_steps, read_kept
-from rstar2.rl.plumbing.metrics_log import read_metrics
+from rstar2.rl.run.keep import kept_path, kept_steps, read_kept
+from rstar2.rl.run.metrics_log import read_metrics
 from rstar2.rl.trainer import RLTrainer
 
 

@@ -29,8 +29,8 @@ from rich.table import Table
 from rstar2.local_service import free_port, wait_healthy
 from rstar2.recipe.run import prepare_model, run_recipe
 from rstar2.recipe.spec import find_recipe, parse_recipe
-from rstar2.rl.plumbing.keep import kept_steps
 from rstar2.rl.replay import replay
+from rstar2.rl.run.keep import kept_steps
 
 CUT_EVALS = {"before": False, "plain_before": False, "heldout_at": [], "entropy_trajectories": 0, "count": 32}
 

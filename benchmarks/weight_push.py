@@ -1,7 +1,7 @@
 """What keeping servers on the trainer's policy costs a step: the weight push and its checks.
 
 Starts ``--servers`` ``rstar2 serve`` processes on ``--model`` and publishes the model's weights to
-them as the trainer does after each update (``rl/plumbing/sync.py``'s ``publish``: the model folder written
+them as the trainer does after each update (``rl/run/sync.py``'s ``publish``: the model folder written
 off the event loop, every server loading it as the new version, each server's stated version and
 fingerprint checked, then the sampled probe), ``--repeat`` times. The baseline, in the same run,
 is the push as it was before issue 21: the servers told one after another, the folder written on
@@ -32,8 +32,8 @@ from rich.table import Table
 from rstar2.config import EngineSection
 from rstar2.engines.openai import OpenAIEngine
 from rstar2.rl.algorithm.staleness import check_versions
-from rstar2.rl.plumbing import distributed as D
-from rstar2.rl.plumbing.sync import (
+from rstar2.rl.run import distributed as D
+from rstar2.rl.run.sync import (
     check_fingerprint,
     load_into_servers,
     probe_engines,

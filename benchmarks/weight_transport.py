@@ -35,8 +35,8 @@ from rstar2.config import EngineSection, LoraSection
 from rstar2.engines.base import WeightUpdate
 from rstar2.engines.kinds import connect
 from rstar2.local_service import free_port, wait_healthy
-from rstar2.rl.plumbing.distributed import LOCAL, full_state_dict
-from rstar2.rl.plumbing.sync import write_parts
+from rstar2.rl.run.distributed import LOCAL, full_state_dict
+from rstar2.rl.run.sync import write_parts
 
 ROADS = ("folder", "http")
 

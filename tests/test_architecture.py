@@ -137,7 +137,7 @@ def test_no_module_imports_itself_through_others():
     a sign that one module holds two concepts: the trainers' dispatch sat in the module both
     trainers start from)."""
     graph = _module_imports()
-    assert ("rl", "plumbing", "launch") in graph[("rl", "sft")]  # relative imports are read
+    assert ("rl", "run", "launch") in graph[("rl", "sft")]  # relative imports are read
     circles = []
     for start in sorted(graph):
         stack = [(start, [start])]
@@ -151,7 +151,7 @@ def test_no_module_imports_itself_through_others():
     assert not circles, "import circles:\n" + "\n".join(circles)
 
 
-def test_the_algorithm_stands_apart_from_its_plumbing():
+def test_the_algorithm_stands_apart_from_the_run_machinery():
     """``rl/algorithm/`` (advantages, RoC, the loss, batches, the staleness rules) imports nothing
     of the rest of ``rl/``: it reads and tests without processes, engines or files."""
     graph = _module_imports()
@@ -281,3 +281,57 @@ def test_every_default_has_one_home():
     assert not set(Recipe.model_fields) & (sections - {"model", "rollout", "cluster"})
     assert Recipe.model_fields["cluster"].annotation == RLConfig.model_fields["cluster"].annotation
     assert issubclass(ModelSpec, ModelSection)  # the recipe's model: is the config's, plus its source
+
+
+# the sandbox's parameters by the home they take their default from (sandbox/defaults.py's names)
+SANDBOX_ALIASES = {"idle_s": "session_idle_s", "max_sessions": "sessions_per_worker"}
+
+
+def _sandbox_homes() -> dict[str, object]:
+    """The sandbox's defaults by name: a call's limits (``Limits``'s fields) and its services'
+    (``sandbox/defaults.py``)."""
+    import dataclasses
+
+    from rstar2.sandbox import defaults
+    from rstar2.sandbox.request import Limits
+
+    homes = {f.name: f.default for f in dataclasses.fields(Limits)}
+    homes.update({k.lower(): v for k, v in vars(defaults).items() if k.isupper()})
+    return homes
+
+
+def _looked_up_defaults(tree: ast.AST):
+    """(key, default node) of every ``x.get("key", default)``: a setting read with a fallback."""
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", "") == "get"
+            and len(node.args) == 2
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            yield node.args[0].value, node.args[1]
+
+
+def test_every_sandbox_default_has_one_home():
+    """The sandbox's defaults (a call's timeout and memory, the Redis deadline and lease, the port,
+    the sessions' cap and idle time) are written once, in ``Limits`` or ``sandbox/defaults.py``
+    (the sandbox reads nothing of config.py): a command's option, a parameter, a field or a lookup
+    elsewhere in the package that takes one refers to it, never retypes the number."""
+    homes = _sandbox_homes()
+    assert {"timeout_s", "memory_mb", "deadline_s", "lease_s", "port", "session_idle_s"} <= set(homes)
+    restated = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel == "sandbox/defaults.py":
+            continue
+        tree = ast.parse(path.read_text())
+        if rel == "sandbox/request.py":  # Limits' own fields are the home of a call's limits
+            tree.body = [n for n in tree.body if not (isinstance(n, ast.ClassDef) and n.name == "Limits")]
+        for name, node in [*_written_defaults(tree), *_looked_up_defaults(tree)]:
+            home = SANDBOX_ALIASES.get(name, name)
+            if not isinstance(node, ast.Constant) or home not in homes or isinstance(node.value, bool):
+                continue
+            if node.value == homes[home]:
+                restated.append(f"{rel}:{node.lineno} {name}={node.value!r}: use the sandbox's default")
+    assert not restated, "\n".join(restated)

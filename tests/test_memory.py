@@ -59,8 +59,8 @@ def test_a_micro_batch_too_large_for_the_memory_is_lowered_to_a_power_of_two_tha
 
 def test_training_lowers_the_micro_batch_where_memory_is_short_and_says_so(tmp_path, capsys, monkeypatch):
     from rstar2.config_files import parse_config
-    from rstar2.rl.plumbing import launch
-    from rstar2.rl.plumbing.distributed import LOCAL
+    from rstar2.rl.run import launch
+    from rstar2.rl.run.distributed import LOCAL
 
     cfg = parse_config(
         {"kind": "sft", "model": {"path": "x"}, "data": {"train": "x"}, "run": {"out": str(tmp_path)}}

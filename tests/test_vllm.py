@@ -26,7 +26,7 @@ from rstar2.engines.kinds import connect
 from rstar2.engines.openai import ServerError
 from rstar2.engines.vllm_launch import installed, vllm_python
 from rstar2.recipe.tiny_model import build_model, build_tokenizer, save_pretrained
-from rstar2.rl.plumbing.metrics_log import read_metrics
+from rstar2.rl.run.metrics_log import read_metrics
 
 from .conftest import CORPUS, ROOT, RSTAR2, free_port, stop, wait_http
 from .rl.test_async import assert_versions_in_bound

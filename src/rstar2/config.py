@@ -121,10 +121,13 @@ class EngineSection(_Section):
     """Where a rollout's tokens come from: servers, or the in-process engine and its KV budget."""
 
     servers: list[str] = Field(default_factory=list)  # OpenAI-compatible servers; empty: in-process
+    # the in-process engine's kind: rstar2's "hf", or one an installed package declares
+    # (engines/kinds.py: the ``rstar2.engines`` entry points)
+    kind: str = "hf"
     max_batch_size: int = Field(64, ge=1)  # in-process engine: requests generated together
-    # KV tokens per engine; None: what each server reports, CAPACITY_HELP for the in-process engine
+    # KV tokens per engine; None: what each server reports, engines/budget.py's for the in-process engine
     capacity_tokens: int | None = Field(None, ge=1)
-    # in-process engine: KV tokens kept for trajectories' next turns (None: KEEP_HELP; 0: none); they
+    # in-process engine: KV tokens kept for trajectories' next turns (None: engines/budget.py's; 0: none); they
     # come out of the capacity the scheduler grants
     keep_tokens: int | None = Field(None, ge=0)
     # in-process engine: replay its decode step as CUDA graphs (engines/graphs.py); None: on a GPU
@@ -139,7 +142,7 @@ class EngineSection(_Section):
     weights_url: str | None = None
     reload_retries: int = Field(2, ge=0)  # a refused weight update is retried, then the run stops
     # After each load, what an engine computes is checked against the trainer's new and previous
-    # policy (rl/plumbing/content_check.py), within a tolerance from its own gap at the run's first
+    # policy (rl/run/content_check.py), within a tolerance from its own gap at the run's first
     # load; this is the most that gap may be (mean |logprob difference|, nats): an engine further
     # away at the start computes another model. None: only the server's own answer is checked.
     weight_check_tol: float | None = Field(0.1, gt=0)
@@ -149,7 +152,8 @@ class SchedulerSection(_Section):
     """Which engine serves each turn (``rollout/scheduler.py``)."""
 
     policy: Literal["kv", "least_requests", "static"] = "kv"
-    grant_tokens: int | None = Field(None, ge=1)  # kv: new tokens per admitted request (None: GRANT_HELP)
+    # kv: new tokens per admitted request (None: rollout/scheduler.py's GRANT_HELP)
+    grant_tokens: int | None = Field(None, ge=1)
     retries: int = Field(2, ge=0)  # a turn whose engine failed is retried on another
     # RL: a failed engine is out until it holds the current weights again (loaded by the trainer,
     # tried with back-off); after this long it is out for good, and with none left the step stops
@@ -176,23 +180,6 @@ class AsyncSection(_Section):
         return self.max_staleness > 0
 
 
-def refuse_moved(tree: Any, section: str, moved: dict[str, str]) -> Any:
-    """A config written before a key moved: an error that names where it lives now."""
-    old = [k for k in moved if isinstance(tree, dict) and k in tree]
-    if old:
-        raise ValueError("; ".join(f"{section}.{k} is now {moved[k]}" for k in old))
-    return tree
-
-
-# keys of rollout: that moved, and where to (a string under scheduler: is the old policy key)
-MOVED_FROM_ROLLOUT = {
-    **{k: f"rollout.engine.{k}" for k in EngineSection.model_fields},
-    "grant_tokens": "rollout.scheduler.grant_tokens",
-    "engine_retries": "rollout.scheduler.retries",
-    **{k: f"asynchronous.{k}" for k in AsyncSection.model_fields},
-}
-
-
 class RolloutSection(ChatSection):
     """Every setting of a rollout: the one source for training, recipes and ``eval``/``chat``."""
 
@@ -216,63 +203,40 @@ class RolloutSection(ChatSection):
     engine: EngineSection = Field(default_factory=EngineSection)
     scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _moved(cls, tree: Any) -> Any:
-        if isinstance(tree, dict) and isinstance(tree.get("scheduler"), str):
-            refuse_moved(tree, "rollout", {"scheduler": "rollout.scheduler.policy"})
-        return refuse_moved(tree, "rollout", MOVED_FROM_ROLLOUT)
-
 
 DEFAULT_ROLLOUT = RolloutSection()
 DEFAULT_SCHEDULER = DEFAULT_ROLLOUT.scheduler
 
-# The kv policy's grant when ``rollout.scheduler.grant_tokens`` leaves it open (``grant_budget``)
-GRANT_TOKENS, GRANT_SHARE = 512, 64
-GRANT_HELP = (
-    f"{GRANT_TOKENS} new tokens, or 1/{GRANT_SHARE} of the smallest engine's capacity so that many "
-    "requests fit; whole turns where no engine keeps a prefix cache (a continued turn prefills again)"
-)
-
-
-def grant_budget(capacities: list[int], prefix_cache: bool = True) -> int:
-    """New tokens the kv policy grants an admitted request when the settings leave it open."""
-    if not prefix_cache:
-        return max(capacities)
-    return max(1, min(GRANT_TOKENS, min(capacities) // GRANT_SHARE))
-
-
-# The in-process engine's KV budget when the settings leave it open (``engine_budget``)
-CONTEXT_CAP = 4096  # tokens a row is budgeted at most, whatever the model's context
-CAPACITY_HELP = f"batch size × min(model context, {CONTEXT_CAP})"
-KEEP_HELP = "a quarter of the capacity"
-
-
-def engine_budget(
-    max_batch_size: int, context: int, capacity_tokens: int | None = None, keep_tokens: int | None = None
-) -> tuple[int, int]:
-    """(tokens the scheduler may grant, tokens kept for next turns) of an in-process engine:
-    ``capacity_tokens`` in all (default CAPACITY_HELP), ``keep_tokens`` kept (default KEEP_HELP)."""
-    total = capacity_tokens or max_batch_size * min(context, CONTEXT_CAP)
-    keep = total // 4 if keep_tokens is None else keep_tokens
-    if keep >= total:  # nothing left to grant: every request would wait forever
-        raise ValueError(f"keep_tokens ({keep}) must leave room in the engine's {total} KV tokens")
-    return total - keep, keep
-
 
 class EvalSection(_Section):
-    """How an evaluation draws, over the rollout settings it runs with: ``rstar2 eval`` and a recipe's
-    ``eval:`` alike (the paper's, P §5.1, unless told otherwise); ``rstar2 chat`` at its temperature."""
+    """How an evaluation draws and what it may spend, over the rollout settings it runs with (their
+    format, engines and code environment): ``rstar2 eval`` and a recipe's ``eval:`` alike, the
+    paper's protocol (P §5.1) unless told otherwise. The budget is the evaluation's, not the last
+    training stage's: a score then measures the model under one protocol, comparable across runs,
+    recipes and the command; a recipe on a CPU gives its ``eval:`` a smaller one."""
 
     samples: int = Field(16, ge=1)  # rollouts a problem: avg pass@1 over them (P §5.1: 16)
     temperature: float = Field(0.6, ge=0)
+    max_turns: int = Field(30, ge=1)  # P §5.1: 30 turns
+    max_response_tokens: int = Field(30000, ge=1)  # P §5.1: up to 30K tokens, model and tool
+
+    def over_rollout(self) -> dict[str, Any]:
+        """The rollout settings an evaluation sets over those it runs with: both roads take them here."""
+        return self.model_dump(include={"temperature", "max_turns", "max_response_tokens"})
 
 
 DEFAULT_EVAL = EvalSection()
-# `rstar2 eval`'s budget (P §5.1: 30 turns, 30K tokens); a recipe's evaluation takes its last RL
-# stage's, and `rstar2 chat` the rollout's tokens
-EVAL_ROLLOUT = {"temperature": DEFAULT_EVAL.temperature, "max_response_tokens": 30000, "max_turns": 30}
-CHAT_ROLLOUT = {**EVAL_ROLLOUT, "max_response_tokens": DEFAULT_ROLLOUT.max_response_tokens}
+# Each road's defaults over RolloutSection's (settings too, so they live here): what `rstar2 eval`
+# and `rstar2 chat` sample with unless a file or an option says otherwise.
+EVAL_ROLLOUT = DEFAULT_EVAL.over_rollout()
+# chat: an evaluation's draw, the rollout's response budget, and a batch of 8 rows: it samples one
+# conversation at a time, and the in-process engine sizes its KV budget (rows × context) and its
+# CUDA graphs by the batch
+CHAT_ROLLOUT = {
+    **EVAL_ROLLOUT,
+    "max_response_tokens": DEFAULT_ROLLOUT.max_response_tokens,
+    "engine": {"max_batch_size": 8},
+}
 
 
 # A model never taught the tool format, evaluated fairly: the bare problem, no tool schemas, one turn
@@ -311,11 +275,6 @@ class LossSection(_Section):
     # update's start) and weighs each token by pi_prox/mu truncated here (the decoupled objective).
     # Written as null, stale tokens train as if on-policy: only to measure the correction (AReaL collapsed).
     tis_cap: float | None = Field(None, gt=0)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _moved(cls, tree: Any) -> Any:
-        return refuse_moved(tree, "loss", {"correction": "loss.tis_cap (a number: on; null: off)"})
 
 
 class OptimSection(_Section):

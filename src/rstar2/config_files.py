@@ -58,6 +58,8 @@ def validate(cls: type[BaseModel], tree: dict[str, Any], what: str) -> Any:
         lines = []
         for e in exc.errors():
             where, msg = ".".join(str(x) for x in e["loc"]), e["msg"].removeprefix("Value error, ")
+            if e["type"] == "extra_forbidden":  # a typo, or a key written where it does not live
+                msg = "unknown key"
             lines.append(f"  {where}: {msg}" if where else f"  {msg}")
         raise ConfigError(f"invalid {what}:\n" + "\n".join(lines)) from None
 
@@ -110,7 +112,7 @@ def rollout_settings(
 ) -> RolloutSection:
     """One ``RolloutSection`` from, in rising priority: its defaults, ``preset`` (no file given), a
     file's settings, ``NO_TOOLS``, ``--set`` values, the command's options (dotted keys; None: unset)."""
-    tree = copy.deepcopy(file_tree) if file_tree is not None else dict(preset)
+    tree = copy.deepcopy(file_tree if file_tree is not None else preset)  # a preset's sections stay its own
     if no_tools:  # a model without tool use: the bare problem, one turn, nothing run, lenient
         tree.update(NO_TOOLS)
     for item in sets:

@@ -51,7 +51,7 @@ def test_an_rl_run_on_cuda_trains_and_checkpoints(tiny_dir, tmp_path):
     import yaml
     from safetensors.torch import load_file
 
-    from rstar2.rl.plumbing.checkpoint import latest_checkpoint
+    from rstar2.rl.run.checkpoint import latest_checkpoint
 
     from ..rl.test_scale_out import cli, ok
     from ..rl.test_trainer import rl_config

@@ -1,93 +1,100 @@
-"""A new kind of engine is one file and one line in ``engines/kinds.py``'s table: ``ToyEngine``,
-written here and nowhere else, is connected by its URL, samples an RL run's rollouts, takes each
-version of the trainer's weights through ``load_weights`` and passes the trainer's checks (the
-versions its tokens carry, the probe after each load) with no other change to rstar2."""
+"""An engine of a user's own, from outside rstar2: ``tests/engines/plugin/`` is a package of its
+own, installed here as a user installs theirs, whose ``ToyEngine`` is declared under the
+``rstar2.engines`` entry point group. With no change to rstar2 it is connected by its URL, samples
+an RL run's rollouts through the real CLI, takes the trainer's weights through ``load_weights``
+(an adapter run's base, then its adapters) and passes the trainer's checks (the versions its
+tokens carry, what it computes after each load)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+import yaml
 
-from rstar2.config import DEFAULT_ROLLOUT
-from rstar2.engines import kinds
-from rstar2.engines.base import Engine, Generation, SamplingParams, WeightUpdate
+from rstar2.engines.base import WeightUpdate
 from rstar2.engines.hf import HFEngine
+from rstar2.rl.run.metrics_log import read_metrics
 
-from ..rl.test_async import _config, _train
+from ..conftest import ROOT
+from ..rl.test_trainer import place, rl_config
 
-LOADS: list[tuple[str, int]] = []  # (folder, version): what the trainer asked every ToyEngine to load
+PLUGIN = Path(__file__).parent / "plugin"
 
 
-class ToyEngine:
-    """``toy://MODEL_DIR``: a model folder decoded in this process, yet given new weights as a
-    server is, from the folder the trainer writes (a stand-in for a user's own inference server)."""
-
-    local = False
-    version_source = "tokens"
-
-    @classmethod
-    async def serves(cls, url: str) -> bool:
-        return url.startswith("toy://")
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        capacity_tokens: int | None = None,
-        timeout_s: float = DEFAULT_ROLLOUT.engine.server_timeout_s,
-        reload_path: str = "",
-    ) -> None:
-        self.name = url
-        self.decoder = HFEngine.from_pretrained(
-            url.removeprefix("toy://"), device="cpu", dtype="float32", capacity_tokens=capacity_tokens
-        )
-        self.capacity_tokens = self.decoder.capacity_tokens
-
-    @property
-    def in_flight(self) -> int:
-        return self.decoder.in_flight
-
-    async def probe_capacity(self) -> int:
-        return self.capacity_tokens
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        return await self.decoder.generate(prompt_ids, params)
-
-    async def load_weights(self, update: WeightUpdate) -> dict[str, Any]:
-        from safetensors.torch import load_file
-
-        assert update.folder is not None
-        tensors = {
-            k: v for f in sorted(Path(update.folder).glob("*.safetensors")) for k, v in load_file(f).items()
-        }
-        await asyncio.to_thread(self.decoder.update_weights, tensors, update.version)
-        LOADS.append((str(update.folder), update.version))
-        return {"weights_version": update.version}
-
-    async def counters(self) -> dict[str, Any] | None:
-        return await self.decoder.counters()
-
-    async def close(self) -> None:
-        await self.decoder.close()
+def install(target: Path) -> Path:
+    """The plugin package installed into ``target`` (offline: its build backend is this venv's)."""
+    source = shutil.copytree(PLUGIN, target / "src")  # the build writes beside its sources
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
+    subprocess.run([*pip, "--target", str(target / "site"), str(source)], check=True, timeout=300)
+    return target / "site"
 
 
 @pytest.mark.slow
-def test_an_engine_in_one_file_and_one_table_line_serves_an_rl_run(tiny_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(kinds, "SERVED", [f"{__name__}:ToyEngine", *kinds.SERVED])  # the one line
+@pytest.mark.timeout(600)
+def test_an_engine_from_an_installed_package_serves_an_rl_run_with_adapters(tiny_dir, tmp_path):
+    site = install(tmp_path / "plugin")
     rows = [{"problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(8)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    LOADS.clear()
-    history = _train(_config(tiny_dir, tmp_path, "run", steps=2, servers=[f"toy://{tiny_dir}"]))
-    assert isinstance(ToyEngine("toy://" + str(tiny_dir)), Engine)  # the contract's names, all there
-    assert [v for _, v in LOADS] == [0, 1, 2]  # the run's start, then each update
-    assert all(Path(folder).is_relative_to(tmp_path / "run") for folder, _ in LOADS)
-    assert len(history) == 2
-    # after each load it samples as the trainer does (the probe: its log-probs are the trainer's)
-    assert all(m["sync/logprob_diff"] < 1e-4 for m in history)
+    tree = place(
+        rl_config(tiny_dir, tmp_path / "train.jsonl", tmp_path / "run"), servers=[f"toy://{tiny_dir}"]
+    )
+    tree["run"].update(steps=2, save_every=2)
+    tree["model"]["lora"] = {"rank": 4, "alpha": 8}
+    (tmp_path / "rl.yaml").write_text(yaml.safe_dump(tree))
+    loads = tmp_path / "loads.jsonl"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "src")]),
+        "TOY_ENGINE_LOADS": str(loads),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "rstar2", "train", str(tmp_path / "rl.yaml")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = [json.loads(x) for x in loads.read_text().splitlines()]
+    # the base, then the adapter as version 0 at the run's start; then the adapter alone after each update
+    assert [(x["adapter"], x["version"]) for x in seen] == [(False, 0), (True, 0), (True, 1), (True, 2)], seen
+    assert Path(seen[0]["folder"]).name == "base"
+    metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in metrics] == [1, 2]
+    assert all(r["sync/logprob_diff"] < 1e-4 for r in metrics)  # it samples what the trainer computes
+    sampled = [
+        json.loads(x)
+        for f in (tmp_path / "run" / "samples").glob("*.jsonl")
+        for x in f.read_text().splitlines()
+    ]
+    assert {t["turns"][0]["engine"] for t in sampled} == {f"toy://{tiny_dir}"}
+
+
+async def test_an_in_process_kind_from_an_installed_package_is_chosen_by_its_name(
+    tiny_dir, tmp_path, monkeypatch
+):
+    from rstar2.config import EngineSection
+    from rstar2.engines import kinds
+
+    monkeypatch.syspath_prepend(str(install(tmp_path / "plugin")))
+    kinds.installed.cache_clear()
+    try:
+        (engine,) = await kinds.open_engines(
+            EngineSection(kind="toy-local"), model=str(tiny_dir), device="cpu"
+        )
+        assert type(engine).__name__ == "ToyLocal" and engine.local
+        await engine.close()
+        with pytest.raises(ValueError, match="no in-process engine kind 'toy'.*known: hf, toy-local"):
+            kinds.in_process_kind("toy")  # a served kind is not one
+    finally:
+        kinds.installed.cache_clear()
 
 
 async def test_an_engine_refuses_weights_in_a_form_it_does_not_take(tiny):

@@ -131,7 +131,7 @@ async def test_the_adapter_slots_are_the_servers_and_bound_max_staleness():
     (k + 1: a request decodes under the adapter that was newest as it started, while up to k newer
     load) is refused at its start, as is a server started without --lora-rank."""
     from rstar2.rl.algorithm.staleness import StalenessError
-    from rstar2.rl.plumbing.engine_mode import require_adapter_slots
+    from rstar2.rl.run.engine_mode import require_adapter_slots
 
     config = {"device_config": {"device": "cpu"}, "lora_config": {"max_loras": 2, "max_cpu_loras": 2}}
     routes = {"/v1/models": {"data": []}, "/v1/load_lora_adapter": {}, "/v1/unload_lora_adapter": {}}

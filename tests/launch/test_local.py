@@ -13,7 +13,7 @@ import sys
 
 from rstar2.config import ClusterSection
 from rstar2.launch.plan import ENGINE, REDIS, port
-from rstar2.rl.plumbing.checkpoint import latest_checkpoint
+from rstar2.rl.run.checkpoint import latest_checkpoint
 
 from ..conftest import ROOT
 from .conftest import cli_env, finished, launch, launch_config, launched, none_left, run_id, wait_for

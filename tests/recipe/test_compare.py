@@ -18,7 +18,7 @@ from rstar2.recipe.compare import DEFAULT_VARIANTS, arm_tree, arms, parse_lever,
 from rstar2.recipe.report_card import eval_dir, sampled_trajectories
 from rstar2.recipe.run import run_recipe
 from rstar2.recipe.spec import parse_recipe
-from rstar2.rl.plumbing.metrics_log import read_metrics
+from rstar2.rl.run.metrics_log import read_metrics
 from rstar2.rollout.stats import code_lines
 from rstar2.rollout.trajectory import read_trajectories
 

@@ -25,7 +25,7 @@ def miniature() -> dict:
     """The tiny recipe's shape at a size that runs in seconds: 2 SFT steps, 1-2 RL steps a stage."""
     tree = yaml.safe_load(find_recipe("tiny").read_text())
     tree["model"].update(vocab=320, hidden=32, layers=1, heads=2, mlp=64)
-    tree["eval"].update(count=3, samples=1, before=True)
+    tree["eval"].update(count=3, samples=1, before=True, max_turns=2, max_response_tokens=40)
     tree["defaults"]["sft"]["run"].update(batch_size=8)
     tree["rollout"].update(samples=4, max_turns=2)
     tree["defaults"]["rl"]["roc"].update(keep=2)
@@ -166,7 +166,7 @@ def test_a_miniature_recipe_runs_every_stage_and_writes_its_report(tmp_path):
     )
     # the programs: each RL stage's share of tool calls of two or more lines, first and last step
     from rstar2.recipe.report_card import percent
-    from rstar2.rl.plumbing.metrics_log import read_metrics
+    from rstar2.rl.run.metrics_log import read_metrics
 
     for n, name in enumerate(("rl-64", "rl-128", "rl-hard"), 2):
         rows = read_metrics(out / f"{n:02d}-{name}" / "metrics.jsonl")
@@ -237,7 +237,7 @@ def test_evaluation_points_default_to_every_stage_and_the_other_sets_to_start_an
 
 
 def test_filters_and_evaluations_take_the_stage_rollout_settings():
-    from rstar2.recipe.spec import stage_rollout
+    from rstar2.recipe.spec import eval_rollout, stage_rollout
 
     recipe = parse_recipe(miniature())
     rl = recipe.stages[1]
@@ -246,8 +246,9 @@ def test_filters_and_evaluations_take_the_stage_rollout_settings():
     assert settings.temperature == 0.5 and settings.max_response_tokens == 40 and settings.max_turns == 2
     assert settings.system_prompt == "" and settings.tools_in_prompt is False
     assert settings.tool_limit_chars == 120 and settings.sandbox_workers == 2
-    held_out = stage_rollout(recipe)  # evaluations: the last RL stage's
-    assert held_out.banned_tokens == tree_banned(recipe) and held_out.max_response_tokens == 40
+    held_out = eval_rollout(recipe)  # evaluations: the last RL stage's, under eval:'s draw and budget
+    assert held_out.banned_tokens == tree_banned(recipe) and held_out.tool_limit_chars == 120
+    assert (held_out.temperature, held_out.max_turns, held_out.max_response_tokens) == (1.0, 2, 40)
 
 
 @pytest.mark.slow
@@ -314,11 +315,13 @@ def test_a_miniature_recipe_on_a_remote_engine(tmp_path):
             "no/such/file.jsonl does not exist",
         ),
         (lambda t: t["stages"][0].update(roc={"keep": 4}), "roc: not a setting of sft stages"),
-        # a key that moved: its one name now
-        (lambda t: t["stages"][1].update(steps=3), "stages.rl-64.steps is now stages.rl-64.run.steps"),
-        (lambda t: t.update(servers=["http://x:1"]), "recipe.servers is now recipe.rollout.engine.servers"),
-        (lambda t: t.update(chat={"user_prefix": ""}), "recipe.chat is now recipe.rollout"),
-        (lambda t: t["defaults"]["rl"].update(rollout={}), "defaults.rl.rollout is now recipe.rollout"),
+        # a key written where it does not live (where it lived before): an unknown key, named
+        (lambda t: t["stages"][1].update(steps=3), "stages.1.steps: unknown key"),
+        (lambda t: t.update(servers=["http://x:1"]), "servers: unknown key"),
+        (lambda t: t.update(chat={"user_prefix": ""}), "chat: unknown key"),
+        (lambda t: t["defaults"]["rl"].update(rollout={}), "defaults.rl.rollout: unknown key"),
+        (lambda t: t["defaults"]["sft"].update(chat={}), "defaults.sft.chat: unknown key"),
+        (lambda t: t["defaults"]["rl"].update(model={"path": "m"}), "defaults.rl.model.path: unknown key"),
         (
             lambda t: t["stages"][1]["data"]["generator"].update(families=["integrals"]),
             "unknown task families",
@@ -417,7 +420,7 @@ def test_a_run_folders_recipe_from_before_the_keys_moved_is_read_with_each_key_a
             stage["max_response_tokens"] = stage.pop("rollout")["max_response_tokens"]
     sft = old["stages"][0]
     sft["probe"], sft["stop_skill"] = sft["sft"].pop("probe"), sft["sft"].pop("stop_skill")
-    with pytest.raises(ConfigError, match="is now"):
+    with pytest.raises(ConfigError, match="unknown key"):
         parse_recipe(old)
 
     def stages(recipe):
@@ -428,17 +431,20 @@ def test_a_run_folders_recipe_from_before_the_keys_moved_is_read_with_each_key_a
     assert stages(parse_recipe(moved_home(old))) == stages(parse_recipe(new))
 
 
-def test_evaluation_filter_and_ladder_draw_as_told_else_by_one_default():
-    """A recipe's evaluation draws as ``rstar2 eval`` does (``config.EvalSection``) unless the recipe says
-    otherwise; a filter or a ladder left open draws as its stage's rollouts; a filter's range is
-    checked against the samples it resolves to."""
+def test_evaluation_filter_and_ladder_draw_as_told_else_by_one_default(tmp_path):
+    """A recipe's evaluation draws and budgets as ``rstar2 eval`` does (``config.EvalSection``), not
+    as its last RL stage, unless the recipe says otherwise; ``rstar2 eval --config RECIPE`` samples
+    as its evaluations do; a filter or a ladder left open draws as its stage's rollouts; a filter's
+    range is checked against the samples it resolves to."""
     import inspect
 
     from rstar2.cli import eval_cmd
-    from rstar2.config import DEFAULT_EVAL
+    from rstar2.config import DEFAULT_EVAL, EVAL_ROLLOUT
+    from rstar2.recipe.spec import eval_rollout, rollout_from_file, stage_rollout
 
     tree = yaml.safe_load(find_recipe("tiny").read_text())
-    tree["eval"] = {k: v for k, v in tree["eval"].items() if k not in ("samples", "temperature")}
+    drawn = ("samples", "temperature", "max_turns", "max_response_tokens")
+    tree["eval"] = {k: v for k, v in tree["eval"].items() if k not in drawn}
     hard = next(s for s in tree["stages"] if s["name"] == "rl-hard")
     hard["filter"] = {"min_solved": 0}
     hard["ladder"] = {"probes": 1, "samples": 3}
@@ -447,6 +453,19 @@ def test_evaluation_filter_and_ladder_draw_as_told_else_by_one_default():
     cli = inspect.signature(eval_cmd).parameters
     assert (recipe.eval.samples, recipe.eval.temperature) == (DEFAULT_EVAL.samples, DEFAULT_EVAL.temperature)
     assert cli["samples"].default.default == DEFAULT_EVAL.samples  # rstar2 eval's --samples
+    evaluation, last = eval_rollout(recipe), stage_rollout(recipe)
+    budget = {k: getattr(evaluation, k) for k in EVAL_ROLLOUT}
+    assert budget == EVAL_ROLLOUT == DEFAULT_EVAL.over_rollout()  # rstar2 eval's own preset
+    assert (last.max_turns, last.max_response_tokens) != (
+        evaluation.max_turns,
+        evaluation.max_response_tokens,
+    )
+    assert evaluation.banned_tokens == last.banned_tokens  # the rest is the stage's
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(tree))
+    assert rollout_from_file(tmp_path / "r.yaml") == evaluation.model_dump()
+    tree["eval"].update(max_turns=3)  # a recipe's own
+    assert eval_rollout(parse_recipe(tree, check_paths=False)).max_turns == 3
+    del tree["eval"]["max_turns"]
     stage = next(s for s in recipe.stages if s.name == "rl-hard")
     assert (stage.filter.samples, stage.filter.temperature) == (12, 0.9)
     assert (stage.ladder.samples, stage.ladder.temperature) == (3, 0.9)  # given, and left open

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from rstar2.rl.plumbing.checkpoint import latest_checkpoint
+from rstar2.rl.run.checkpoint import latest_checkpoint
 
 
 @pytest.fixture(scope="session")

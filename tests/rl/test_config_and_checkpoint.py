@@ -11,10 +11,10 @@ import torch
 
 from rstar2.config import RLConfig
 from rstar2.config_files import ConfigError, load_config, parse_config
-from rstar2.rl.plumbing.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
-from rstar2.rl.plumbing.data import DataStream
-from rstar2.rl.plumbing.metrics_log import MetricsLog, read_metrics
-from rstar2.rl.plumbing.optim import build_optimizer, lr_factor
+from rstar2.rl.optim import build_optimizer, lr_factor
+from rstar2.rl.run.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from rstar2.rl.run.data import DataStream
+from rstar2.rl.run.metrics_log import MetricsLog, read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = {"model": {"path": "m"}, "data": {"train": "d.jsonl"}}
@@ -135,7 +135,7 @@ def test_a_new_stage_carries_the_optimizer_moments_but_keeps_its_own_settings(ti
     import copy
 
     from rstar2.config import OptimSection
-    from rstar2.rl.plumbing.checkpoint import carry_optimizer_state
+    from rstar2.rl.run.checkpoint import carry_optimizer_state
 
     model = copy.deepcopy(tiny[0])
     opt, sched = build_optimizer(model, OptimSection(lr=1e-2, warmup_steps=0), 10)

@@ -1,4 +1,4 @@
-"""The check of what an engine computes after each load (rl/plumbing/content_check.py): the verdict
+"""The check of what an engine computes after each load (rl/run/content_check.py): the verdict
 on hand-made numbers, and whole runs beside a real `rstar2 serve` that answers every load from the
 second on as done (its version and the fingerprint of the tensors sent) but keeps its weights
 (``PRETEND_LOADS_FROM``): at k = 0 and k = 1 it leaves the run, said, and none of its tokens labelled
@@ -11,7 +11,7 @@ import json
 import pytest
 
 from rstar2.engines.server import PRETEND_LOADS_FROM
-from rstar2.rl.plumbing.content_check import FLOOR, MARGIN, ContentCheck, Probe, tolerance, verdict
+from rstar2.rl.run.content_check import FLOOR, MARGIN, ContentCheck, Probe, tolerance, verdict
 
 from ..conftest import free_port, start_cli, stop, wait_http
 from .test_scale_out import cli, env, small_rl, write_config
@@ -107,7 +107,7 @@ def _on(traj: dict, engine: str) -> bool:
 
 
 def test_a_rollout_is_spoiled_only_by_tokens_of_the_untrue_engine_at_or_after_its_version():
-    from rstar2.rl.plumbing.content_check import untrue_turn
+    from rstar2.rl.run.content_check import untrue_turn
     from rstar2.rollout.trajectory import Trajectory, Turn
 
     traj = Trajectory("p", "1", [1, 2])

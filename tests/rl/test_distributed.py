@@ -56,7 +56,7 @@ def test_two_processes_end_the_step_with_the_parameters_of_one(tiny_dir, tmp_pat
 def test_one_process_on_cuda_names_its_device_by_number(monkeypatch):
     """``torch.cuda.set_device`` (the update's worker thread: ``on_device``) refuses a bare ``cuda``:
     a one-process world names the current device by number, as torchrun's ``cuda:N`` does."""
-    from rstar2.rl.plumbing.distributed import World, init_world, on_device
+    from rstar2.rl.run.distributed import World, init_world, on_device
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

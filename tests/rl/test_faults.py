@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from rstar2.config_files import parse_config
-from rstar2.rl.plumbing.launch import RunError
-from rstar2.rl.plumbing.metrics_log import read_metrics
-from rstar2.rl.plumbing.step_metrics import step_metrics
+from rstar2.rl.run.launch import RunError
+from rstar2.rl.run.metrics_log import read_metrics
+from rstar2.rl.run.step_metrics import step_metrics
 from rstar2.rl.trainer import RLTrainer
 from rstar2.sandbox.result import ExecResult
 

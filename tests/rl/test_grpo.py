@@ -200,7 +200,7 @@ def config_with(**sections) -> RLConfig:
 def _update(model, rows, loss, **kw):
     """One update of ``model`` at lr 0 on ``rows`` (the loss and metrics, no change to the weights)."""
     from rstar2.config import OptimSection
-    from rstar2.rl.plumbing.optim import Learner, build_optimizer
+    from rstar2.rl.optim import Learner, build_optimizer
     from rstar2.rl.update import update_on_rollouts
 
     opt, sched = build_optimizer(model, OptimSection(lr=0.0, warmup_steps=0), total_steps=1)
@@ -325,7 +325,7 @@ async def test_the_update_takes_logprobs_at_the_sampling_temperature(tiny, tempe
     from rstar2.engines.base import SamplingParams
     from rstar2.engines.hf import HFEngine
     from rstar2.rl.algorithm.select import Row
-    from rstar2.rl.plumbing.optim import build_optimizer
+    from rstar2.rl.optim import build_optimizer
     from rstar2.rl.update import Learner, update_on_rollouts
     from rstar2.rollout.trajectory import Trajectory
 
@@ -372,7 +372,7 @@ async def test_the_decoupled_weights_come_from_the_steps_own_pass_and_match_a_se
     from rstar2.engines.base import SamplingParams
     from rstar2.engines.hf import HFEngine
     from rstar2.rl import update as U
-    from rstar2.rl.plumbing.optim import build_optimizer
+    from rstar2.rl.optim import build_optimizer
     from rstar2.rollout.trajectory import Trajectory
 
     model, tok = tiny

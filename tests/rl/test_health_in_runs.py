@@ -16,8 +16,8 @@ import torch
 import yaml
 
 from rstar2.config_files import parse_config
-from rstar2.rl.plumbing.checkpoint import latest_checkpoint
-from rstar2.rl.plumbing.metrics_log import read_metrics
+from rstar2.rl.run.checkpoint import latest_checkpoint
+from rstar2.rl.run.metrics_log import read_metrics
 from rstar2.rl.trainer import RLTrainer
 from rstar2.rollout.health import read_warnings
 

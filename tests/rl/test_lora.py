@@ -25,8 +25,8 @@ from rstar2.adapters import (
 )
 from rstar2.config import LoraSection
 from rstar2.config_files import parse_config
-from rstar2.rl.plumbing.checkpoint import latest_checkpoint
-from rstar2.rl.plumbing.metrics_log import read_metrics
+from rstar2.rl.run.checkpoint import latest_checkpoint
+from rstar2.rl.run.metrics_log import read_metrics
 
 from ..conftest import proxy
 from .test_health_in_runs import train
@@ -157,7 +157,7 @@ def test_sft_trains_an_adapter_that_the_next_stage_trains_on(tiny_dir, tmp_path)
     """An SFT stage with an adapter learns (its loss falls), saves the adapter alone; an RL stage
     started from that checkpoint (``run.init_from``) trains the same adapter on, with its moments:
     its learner computes what SFT's checkpoint does."""
-    from rstar2.rl.plumbing.launch import begin, load_learner
+    from rstar2.rl.run.launch import begin, load_learner
 
     from .test_sft import sft_run
 

@@ -15,8 +15,8 @@ import torch
 from typer.testing import CliRunner
 
 from rstar2.cli import app
-from rstar2.rl.plumbing.keep import kept_path, kept_steps, read_kept
 from rstar2.rl.replay import config_of, replay
+from rstar2.rl.run.keep import kept_path, kept_steps, read_kept
 
 from .test_async import _config, _train
 

@@ -21,8 +21,8 @@ import yaml
 from safetensors.torch import load_file
 
 from rstar2.engines.base import weights_fingerprint
-from rstar2.rl.plumbing.checkpoint import latest_checkpoint
-from rstar2.rl.plumbing.metrics_log import read_metrics
+from rstar2.rl.run.checkpoint import latest_checkpoint
+from rstar2.rl.run.metrics_log import read_metrics
 
 from ..conftest import ROOT, free_port, proxy, start_cli, stop, wait_http
 from .test_async import assert_versions_in_bound
@@ -533,7 +533,7 @@ def test_a_server_that_loads_no_weights_stops_the_run_with_its_own_words(tiny_di
 def test_a_dead_engine_stops_the_run_naming_it(tiny_dir, problems, tmp_path):
     dead = f"http://127.0.0.1:{free_port()}"
     out = tmp_path / "run"
-    tree = small_rl(tiny_dir, problems, out, servers=[dead], engine_retries=0)
+    tree = small_rl(tiny_dir, problems, out, servers=[dead], retries=0)
     run = cli(["train", str(write_config(tree, tmp_path / "rl.yaml"))])
     assert run.returncode == 1, run.stderr[-3000:]
     said = " ".join(run.stderr.split())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rstar2.rl.algorithm.roc import Scored
-from rstar2.rl.plumbing.step_metrics import rollout_record, step_metrics
+from rstar2.rl.run.step_metrics import rollout_record, step_metrics
 from rstar2.rl.trainer import task_of
 from rstar2.rollout.stats import code_lines
 from rstar2.rollout.trajectory import ToolCallRecord, Trajectory, Turn

@@ -1,4 +1,4 @@
-"""The checks that an engine holds the trainer's weights (``rl/plumbing/sync.py``): sensitive enough that one
+"""The checks that an engine holds the trainer's weights (``rl/run/sync.py``): sensitive enough that one
 update at the smallest learning rate a shipped recipe uses cannot pass unnoticed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rstar2.engines.base import weights_fingerprint
-from rstar2.rl.plumbing.sync import WeightSyncError, check_fingerprint
+from rstar2.rl.run.sync import WeightSyncError, check_fingerprint
 
 SMALLEST_LR = 1e-6  # recipes/qwen3-14b.yaml's RL stages (the paper's)
 
@@ -60,7 +60,7 @@ async def test_a_push_that_one_server_refuses_stops_the_run_naming_it(tmp_path):
     error names it and the version, so the run stops before training on tokens from servers on
     different versions. A server that states another version than the one sent is refused too."""
     from rstar2.config import EngineSection
-    from rstar2.rl.plumbing.sync import load_into_servers
+    from rstar2.rl.run.sync import load_into_servers
 
     settings = EngineSection(reload_retries=0)
     good, bad = _Server("http://a:1"), _Server("http://b:2", refuses=True)
@@ -84,8 +84,8 @@ async def test_a_server_that_takes_the_weights_then_fails_the_probe_leaves_the_r
     (no ``on_lost``), or with none left, the step stops naming it."""
     from rstar2.config import EngineSection
     from rstar2.engines.base import Generation
-    from rstar2.rl.plumbing import distributed as D
-    from rstar2.rl.plumbing.sync import publish
+    from rstar2.rl.run import distributed as D
+    from rstar2.rl.run.sync import publish
 
     class _Answering(_Server):
         def __init__(self, name, answers=True):

@@ -1,4 +1,4 @@
-"""What the trainer writes for servers and how it takes their refusals (``rl/plumbing/sync.py``):
+"""What the trainer writes for servers and how it takes their refusals (``rl/run/sync.py``):
 a refusal that asking again cannot change is not retried, and the weight files are readable by the
 user the umask lets read them (a server may run as another user on a shared filesystem)."""
 
@@ -15,8 +15,8 @@ from rstar2.adapters import load_model
 from rstar2.config import DEFAULT_ROLLOUT, LoraSection
 from rstar2.engines.openai import OpenAIEngine, RequestRefused, ServerError
 from rstar2.engines.vllm import VLLMEngine
-from rstar2.rl.plumbing import sync
-from rstar2.rl.plumbing.sync import WeightSyncError, reload_server, write_parts
+from rstar2.rl.run import sync
+from rstar2.rl.run.sync import WeightSyncError, reload_server, write_parts
 
 
 class _Refusing:

@@ -17,10 +17,10 @@ import pytest
 import torch
 import yaml
 
-from rstar2.config import MOVED_FROM_ROLLOUT
+from rstar2.config import AsyncSection, EngineSection, SchedulerSection
 from rstar2.config_files import parse_config, put
-from rstar2.rl.plumbing.checkpoint import latest_checkpoint
-from rstar2.rl.plumbing.metrics_log import read_metrics
+from rstar2.rl.run.checkpoint import latest_checkpoint
+from rstar2.rl.run.metrics_log import read_metrics
 from rstar2.rl.trainer import RLTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,11 +34,19 @@ STEPS = 6
 FP32 = {"compute": "fp32"}
 
 
+# where a rollout setting lives, by its own name: in its section (rollout.engine.servers,
+# rollout.scheduler.retries, asynchronous.max_staleness, ...), else right under rollout
+HOMES = {
+    **{k: f"rollout.engine.{k}" for k in EngineSection.model_fields},
+    **{k: f"rollout.scheduler.{k}" for k in SchedulerSection.model_fields},
+    **{k: f"asynchronous.{k}" for k in AsyncSection.model_fields},
+}
+
+
 def place(tree: dict, **settings) -> dict:
-    """Rollout settings by their own names, put where they live (rollout.engine.servers,
-    asynchronous.max_staleness, ...: ``config.MOVED_FROM_ROLLOUT``), else under rollout."""
+    """Rollout settings by their own names (``servers=``, ``max_staleness=``), put where they live."""
     for key, value in settings.items():
-        put(tree, MOVED_FROM_ROLLOUT.get(key, f"rollout.{key}"), value)
+        put(tree, HOMES.get(key, f"rollout.{key}"), value)
     return tree
 
 

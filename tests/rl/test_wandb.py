@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rstar2.rl.plumbing.metrics_log import MetricsLog, read_metrics
+from rstar2.rl.run.metrics_log import MetricsLog, read_metrics
 
 from .test_async import _config, _train
 

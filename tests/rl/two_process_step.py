@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 from rstar2.config import OptimSection, RLConfig
 from rstar2.rl.algorithm.grpo import group_advantages
 from rstar2.rl.algorithm.select import Row
-from rstar2.rl.plumbing import distributed as D
+from rstar2.rl.run import distributed as D
 from rstar2.rl.update import Learner, update_on_rollouts
 from rstar2.rollout.trajectory import Trajectory
 

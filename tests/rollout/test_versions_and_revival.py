@@ -17,8 +17,8 @@ from rstar2.config import RolloutSection, SchedulerSection
 from rstar2.engines.base import Generation, SamplingParams
 from rstar2.engines.openai import OpenAIEngine
 from rstar2.rl.algorithm.staleness import StalenessError, check_versions
-from rstar2.rl.plumbing import distributed as D
-from rstar2.rl.plumbing.engine_mode import require_reported_versions
+from rstar2.rl.run import distributed as D
+from rstar2.rl.run.engine_mode import require_reported_versions
 from rstar2.rl.trainer import check_faults
 from rstar2.rollout import Rollout, Trajectory
 from rstar2.rollout.trajectory import Turn

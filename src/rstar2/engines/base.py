@@ -59,8 +59,14 @@ class UnversionedTokens(RuntimeError):
 class WeightUpdate:
     """The trainer's weights as policy ``version``, as the engine takes them: an engine in the
     trainer's process (``Engine.local``) gets ``tensors`` (None: it decodes the trainer's own
-    model, which the update wrote in place); a server gets ``folder``, a model or an adapter
-    folder rank 0 wrote."""
+    model, which the update wrote in place); a server gets ``folder``, which rank 0 wrote.
+
+    A run that trains every weight sends a model folder (``*.safetensors`` under the names of a
+    Hugging Face model, and its ``config.json``) at its start and after each update. A run that
+    trains an adapter (``model.lora``) sends, at its start, the base model as a model folder (its
+    ``base/``), then the adapter (``adapter_model.safetensors`` and ``adapter_config.json``, PEFT's
+    layout: ``rstar2.adapters``) as the same ``version``; after each update only the adapter. An
+    engine applies an adapter over the base it holds, or refuses it (a ``ValueError``)."""
 
     version: int
     tensors: dict[str, Any] | None = None
@@ -71,7 +77,8 @@ class WeightUpdate:
 class Engine(Protocol):
     """The contract every engine keeps: what the rollout asks of it (``generate``, its capacity)
     and what the trainer asks (new weights, the version each token was sampled by). A new engine
-    is a class keeping it and one line in ``engines/kinds.py``."""
+    is a class keeping it, named in ``engines/kinds.py``'s table or declared by its own package
+    (an ``rstar2.engines`` entry point)."""
 
     name: str
     capacity_tokens: int  # KV-cache tokens the engine can hold at once (capacity-aware scheduling)
@@ -82,6 +89,9 @@ class Engine(Protocol):
     # in the trainer's process (each process its own, loaded from tensors and checked exactly), or a
     # server (shared by every process, loaded from a folder by rank 0, checked by a sampled probe)
     local: bool
+    # whether a prompt's prefix cached for one request serves the next (the kv scheduler then
+    # grants turns smaller shares of the capacity: rollout/scheduler.py's grant_budget)
+    prefix_cache: bool
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
 
@@ -97,14 +107,43 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
+class ServedEngine(Engine, Protocol):
+    """A server's engine (``local = False``), made as ``Kind(url, capacity_tokens=, timeout_s=,
+    reload_path=)`` (and ``weights_url=`` where the run sets one)."""
+
+    @classmethod
+    async def serves(cls, url: str) -> bool:
+        """Whether the server at ``url`` is one of this kind (asked in ``engines/kinds.py``'s order)."""
+
+    async def probe_capacity(self) -> int:
+        """Ask the server what it is (its KV capacity, its versions): called once, before use."""
+
+
 class LocalEngine(Engine, Protocol):
-    """An engine in the trainer's process, decoding a torch model (``HFEngine``)."""
+    """An engine in the trainer's process, decoding a torch model (``HFEngine``), made over a
+    loaded model (``Kind(model, name=, max_batch_size=, capacity_tokens=, keep_tokens=, ...)``) or
+    ``Kind.from_pretrained(folder, device=, dtype=, ...)``; ``rstar2 serve`` serves one too, and
+    writes a server's weight loads into it (``update_weights``, ``update_adapter``)."""
 
     model: Any  # the torch module it decodes: the trainer's own, or its copy
     threads: int | None  # torch threads of its decoding (None: the process's)
+    version: int  # the policy version of the weights it holds (-1: none a trainer sent)
+    running: int  # rows in its batch now
+    stats: dict[str, Any]  # busy_s (seconds generating) and generated_tokens, since it started
 
     def paused(self) -> AbstractContextManager[None]:
         """Hold the engine between two decoding steps (to read or write its weights whole)."""
+
+    def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Write these tensors (a model's, by its own names) as ``version``; a ``ValueError`` when they
+        do not fit, before anything is written."""
+
+    def update_adapter(self, folder: str | Path, version: int) -> int:
+        """Apply the adapter in ``folder`` over the base held, as ``version``; how many tensors."""
+
+    def invalidate(self, version: int) -> None:
+        """Drop what it cached under the old weights (their KV) and hold ``version``."""
 
 
 def weights_fingerprint(tensors: dict, dtype: str | None = None) -> float:

@@ -20,10 +20,11 @@ from typing import Any
 import torch
 
 from ..adapters import adapted, base_names, load_adapter_into, load_model, unload
-from ..config import DEFAULT_ASYNC, DEFAULT_ROLLOUT, engine_budget
+from ..config import DEFAULT_ASYNC, DEFAULT_ROLLOUT
 from ..device import decode_compute, engine_dtype, max_positions, pick_device, resolve_precision
 from .base import Generation, SamplingParams, WeightUpdate
 from .batch import Request, Row, RunningBatch
+from .budget import engine_budget
 from .kv import PrefixStore
 
 

@@ -1,25 +1,34 @@
 """The kinds of engine, in one table, and the one place engines are opened. A server at a URL is
-the first kind in ``SERVED`` whose ``serves(url)`` says yes; a local model folder (or the trainer's
-own model) is decoded by ``IN_PROCESS``. A new engine is a file with a class keeping the ``Engine``
-contract (``engines/base.py``) and one line here. A server kind also answers ``serves(url)`` (a
-class method), is made as ``Kind(url, capacity_tokens=, timeout_s=, reload_path=)`` (and ``weights_url=`` where the
-run sets one: its servers fetch new weights from the trainer over HTTP) and asked
-``probe_capacity()``; the in-process kind is made over a loaded model (``Kind(model, name=, ...)``)
-or ``Kind.from_pretrained(folder, device=, dtype=, ...)``."""
+the first served kind whose ``serves(url)`` says yes; a local model folder (or the trainer's own
+model) is decoded by the in-process kind ``rollout.engine.kind`` names (``hf`` by default).
+
+The table is rstar2's own kinds plus those other installed packages declare under the entry point
+group ``rstar2.engines`` (``name = "module:Class"`` in their ``pyproject.toml``): an engine of a
+user's own is registered without editing rstar2. A class with ``local = False`` is a served kind
+(tried before rstar2's, so that it can claim its own URLs before the OpenAI-compatible kind, which
+says yes to every URL); one with ``local = True`` an in-process kind, chosen by its name. What a
+kind keeps is the ``Engine`` contract (``engines/base.py``, and docs/engines.md's "your own
+engine"): a served kind is made as ``Kind(url, capacity_tokens=, timeout_s=, reload_path=)`` (and
+``weights_url=`` where the run sets one), answers ``serves(url)`` and is asked ``probe_capacity()``;
+an in-process kind is made over a loaded model (``Kind(model, name=, ...)``) or
+``Kind.from_pretrained(folder, device=, dtype=, ...)``."""
 
 from __future__ import annotations
 
+from functools import cache
 from importlib import import_module
+from importlib.metadata import entry_points
 from typing import Any
 
 from ..config import DEFAULT_ASYNC, DEFAULT_ROLLOUT, EngineSection
 from .base import Engine
 
+ENTRY_POINTS = "rstar2.engines"
 SERVED = [  # tried in order: the last, any OpenAI-compatible server, says yes to every URL
     "rstar2.engines.vllm:VLLMEngine",
     "rstar2.engines.openai:OpenAIEngine",
 ]
-IN_PROCESS = "rstar2.engines.hf:HFEngine"
+IN_PROCESS = {"hf": "rstar2.engines.hf:HFEngine"}
 
 
 def kind(path: str) -> Any:
@@ -28,15 +37,39 @@ def kind(path: str) -> Any:
     return getattr(import_module(module), name)
 
 
+@cache
+def installed() -> dict[str, Any]:
+    """The engine kinds other packages declare (``rstar2.engines`` entry points), by name."""
+    return {ep.name: ep.load() for ep in entry_points(group=ENTRY_POINTS)}
+
+
+def served_kinds() -> list[Any]:
+    """The served kinds in the order they are tried: installed ones first, then rstar2's."""
+    return [k for k in installed().values() if not k.local] + [kind(path) for path in SERVED]
+
+
+def in_process_kind(name: str) -> Any:
+    """The in-process kind called ``name``: rstar2's own (``hf``) or an installed one."""
+    if name in IN_PROCESS:
+        return kind(IN_PROCESS[name])
+    found = installed().get(name)
+    if found is None or not found.local:
+        known = sorted([*IN_PROCESS, *(n for n, k in installed().items() if k.local)])
+        raise ValueError(
+            f"no in-process engine kind {name!r} (known: {', '.join(known)}; a package adds one as an "
+            f"entry point in the group {ENTRY_POINTS!r})"
+        )
+    return found
+
+
 async def connect(url: str, settings: EngineSection = DEFAULT_ROLLOUT.engine) -> Engine:
     """The engine of the server at ``url``, of the first kind that serves it, once it has asked
     the server for its KV capacity (``settings.capacity_tokens`` where given)."""
-    for path in SERVED:
-        served = kind(path)
+    for served in served_kinds():
         if await served.serves(url):
             break
     else:
-        raise ValueError(f"no kind of engine in engines/kinds.py serves {url}")
+        raise ValueError(f"no kind of engine serves {url}")
     fetch = {"weights_url": settings.weights_url} if settings.weights_url else {}
     engine = served(
         url,
@@ -77,7 +110,7 @@ async def open_engines(
                 await e.close()
             raise
         return engines
-    local = kind(IN_PROCESS)
+    local = in_process_kind(settings.kind)
     sizes = {
         "max_batch_size": settings.max_batch_size,
         "capacity_tokens": settings.capacity_tokens,

@@ -538,9 +538,12 @@ def serve(
     api_key: str | None = None,
     weights_from: list[Path] | None = None,
     fetch_from: str | None = None,
+    kind: str = DEFAULT_ROLLOUT.engine.kind,
     **sizes: Any,
 ) -> None:
-    """``rstar2 serve``: the model in an ``HFEngine`` (``sizes``: its batch and KV budget), served.
+    """``rstar2 serve``: the model in the in-process engine ``kind`` names (``engines/kinds.py``:
+    ``HFEngine``, or an installed package's, keeping ``LocalEngine``; ``sizes``: its batch and KV
+    budget), served.
     Its port is bound first (``listen``: a port taken is a ``CannotListen`` before minutes of
     loading) and answers 503 until the model is loaded (``Loading``); a load that fails stops it
     and is raised here."""
@@ -550,6 +553,7 @@ def serve(
     from transformers import AutoTokenizer
 
     from ..local_service import address, listen
+    from .kinds import in_process_kind
 
     sock = listen(host, port)
     url = f"{address(sock)}/v1"
@@ -560,7 +564,7 @@ def serve(
 
     def load() -> None:
         try:
-            engine = HFEngine.from_pretrained(model_dir, device=device, dtype=dtype, **sizes)
+            engine = in_process_kind(kind).from_pretrained(model_dir, device=device, dtype=dtype, **sizes)
             # no policy version until a trainer loads its weights: what it samples before is never
             # trained on (a server restarted mid-run serves its starting weights, not the trainer's)
             engine.version = -1

@@ -53,7 +53,7 @@ async def sample(
     recipe's servers once they have loaded ``model_dir``."""
     from ..engines.kinds import open_engines
     from ..eval.harness import evaluate
-    from ..rl.plumbing.sync import load_into_servers
+    from ..rl.run.sync import load_into_servers
     from ..rollout.build import open_rollout
 
     recipe, services = run.recipe, run.services

@@ -10,7 +10,7 @@ from typing import Any
 from ..eval.metrics import mean_ci95, per_problem_accuracy
 from ..plots import pyplot, save_figure
 from ..problems import source_name
-from ..rl.plumbing.metrics_log import read_metrics
+from ..rl.run.metrics_log import read_metrics
 from ..rollout.health import SIGNS, read_warnings
 from ..rollout.trajectory import read_trajectories
 

@@ -26,6 +26,7 @@ from .spec import (
     DataSpec,
     Recipe,
     StageSpec,
+    eval_rollout,
     stage_rollout,
     stage_tree,
 )
@@ -116,16 +117,12 @@ def eval_rows(recipe: Recipe) -> list[dict[str, Any]]:
 async def evaluate_model(
     run: RecipeRun, model_dir: Path, rows: list[dict], out_dir: Path, plain: bool = False
 ) -> dict:
-    """``plain``: the zero-shot baseline without the tool format (``config.NO_TOOLS``)."""
-    recipe, spec = run.recipe, run.recipe.eval
-    # over the last RL stage's rollout settings (the recipe's rollout: without one): held-out scores
-    # as training samples; the budget is theirs unless eval: gives one
-    budget = {
-        k: getattr(spec, k) for k in ("max_turns", "max_response_tokens") if getattr(spec, k) is not None
-    }
-    overrides = {"temperature": spec.temperature, **budget, **(NO_TOOLS if plain else {})}
-    settings = stage_rollout(recipe, **overrides)
-    return await sample(run, settings, model_dir, rows, out_dir, samples=spec.samples, seed=recipe.seed + 1)
+    """``model_dir`` on ``rows`` as ``eval_rollout`` says (``rstar2 eval``'s rule); ``plain``: the
+    zero-shot baseline without the tool format (``config.NO_TOOLS``)."""
+    recipe = run.recipe
+    settings = eval_rollout(recipe, **(NO_TOOLS if plain else {}))
+    samples = recipe.eval.samples
+    return await sample(run, settings, model_dir, rows, out_dir, samples=samples, seed=recipe.seed + 1)
 
 
 async def _evaluate(
@@ -183,7 +180,7 @@ def run_recipe(
     of the recipe (the traceback in ``error.txt``); the folder keeps every finished stage."""
     from transformers.utils import logging as hf_logging
 
-    from ..rl.plumbing.launch import RunError, write_error
+    from ..rl.run.launch import RunError, write_error
 
     hf_logging.disable_progress_bar()  # one bar per weight load would drown the stage bars
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -293,7 +290,7 @@ async def _stages(run: RecipeRun, resume: bool) -> Path:
 
 async def _train(run: RecipeRun, n: int, current: Path, resume: bool) -> Path:
     """Stage ``n``: its data, then its trainer from ``current``; its last checkpoint, recorded."""
-    from ..rl.plumbing.checkpoint import latest_checkpoint
+    from ..rl.run.checkpoint import latest_checkpoint
 
     recipe, stage = run.recipe, run.recipe.stages[n - 1]
     stage_dir = run.out / f"{n:02d}-{stage.name}"

@@ -1,6 +1,6 @@
 """The recipe file: one YAML for a whole run, a thin layer over the config's sections (a stage's are
 a ``kind: sft``/``kind: rl`` config's, merged over the recipe's ``defaults``). Everything is
-validated before anything runs: a bad or moved key, a missing data file, a stage keeping more
+validated before anything runs: an unknown key, a missing data file, a stage keeping more
 rollouts than it samples is an error naming the key."""
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from ..config import (
     RLConfig,
     RolloutSection,
     SFTConfig,
-    refuse_moved,
 )
 from ..config_files import ConfigError, parse_config, read_yaml, validate
 from ..engines.vllm_launch import GPU_SHARE
@@ -149,15 +148,15 @@ class LadderSpec(Drawing):
 
 
 class EvalSpec(EvalSection):
+    """The recipe's evaluations: ``rstar2 eval``'s draw and budget (``EvalSection``, which may be
+    set here), over the last RL stage's rollout settings (``eval_rollout``), and what is evaluated
+    where."""
+
     data: DataSpec | None = None  # default: held-out problems of the first RL stage's generator
     count: int = Field(128, ge=1)  # held-out problems drawn from that generator
     seed: int | None = Field(
         None, ge=0
     )  # their seed (default: the recipe's); fixed, every seed's run is scored alike
-    max_turns: int | None = Field(
-        None, ge=1
-    )  # default: the last RL stage's (the recipe's rollout: without one)
-    max_response_tokens: int | None = Field(None, ge=1)
     before: bool = True  # also evaluate the starting model
     # and once more plain: the bare problem, no tools, one turn, lenient answer checking (the
     # zero-shot baseline of a model never taught this format)
@@ -178,8 +177,12 @@ class EvalSpec(EvalSection):
 
 SECTIONS = ("model", "rollout", "asynchronous", "roc", "loss", "optim", "run", "sft")
 STAGE_MODEL_KEYS = {"lora"}  # of model:, what a stage (or defaults.KIND) may set for itself
+# what defaults.KIND sets for the stages of a kind: a stage's sections but rollout:, which the
+# recipe's rollout: already is for every stage (one place for it, the chat keys SFT's too)
+DEFAULTS_SECTIONS = tuple(s for s in SECTIONS if s != "rollout")
 PROBE_FILE = "probe.jsonl"  # an SFT stage's probe conversations, in its folder
-# stage keys that had a second name, and their one name now (under stages.NAME.)
+# stage keys that had a second name, and their one name now (under stages.NAME.): ``moved_home``
+# reads an old run folder's recipe.yaml with them; a recipe written with them gets "unknown key"
 MOVED_FROM_STAGE = {
     "steps": "run.steps",
     "batch_size": "run.batch_size",
@@ -211,14 +214,6 @@ class StageSpec(_Spec):
     optim: dict[str, Any] = Field(default_factory=dict)
     run: dict[str, Any] = Field(default_factory=dict)
     sft: dict[str, Any] = Field(default_factory=dict)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _moved(cls, tree: Any) -> Any:
-        if not isinstance(tree, dict):
-            return tree
-        at = f"stages.{tree.get('name', '?')}"
-        return refuse_moved(tree, at, {k: f"{at}.{v}" for k, v in MOVED_FROM_STAGE.items()})
 
     @property
     def probe(self) -> DataSpec | None:
@@ -270,7 +265,7 @@ class LocalVLLM(_Spec):
     if_installed: bool = False  # without vLLM (scripts/setup-vllm.sh), run in-process instead of failing
 
 
-# recipe keys that moved, and where to
+# recipe keys that moved, and where to (``moved_home``, as MOVED_FROM_STAGE)
 MOVED_FROM_RECIPE = {
     "chat": "rollout (its chat keys are every stage's, SFT's included)",
     "servers": "rollout.engine.servers",
@@ -295,23 +290,17 @@ class Recipe(_Spec):
     eval: EvalSpec = Field(default_factory=EvalSpec)
     stages: list[StageSpec]
 
-    @model_validator(mode="before")
-    @classmethod
-    def _moved(cls, tree: Any) -> Any:
-        refuse_moved(tree, "recipe", {k: f"recipe.{v}" for k, v in MOVED_FROM_RECIPE.items()})
-        defaults = tree.get("defaults") if isinstance(tree, dict) else None
-        if isinstance(defaults, dict):
-            for kind, own in (("rl", "rollout"), ("sft", "chat")):
-                moved = {own: "recipe.rollout", "model": "recipe.model"}
-                if set((defaults.get(kind) or {}).get("model") or {}) <= STAGE_MODEL_KEYS:
-                    moved.pop("model")  # model.lora for the stages of one kind
-                refuse_moved(defaults.get(kind), f"defaults.{kind}", moved)
-        return tree
-
     @model_validator(mode="after")
     def _stages(self) -> Recipe:
         if not self.stages:
             raise ValueError("a recipe needs at least one stage")
+        for kind, own in self.defaults.items():  # a stage's sections, but rollout: is the recipe's own
+            unknown = sorted(set(own) - set(DEFAULTS_SECTIONS))
+            unknown += sorted(f"model.{k}" for k in set(own.get("model") or {}) - STAGE_MODEL_KEYS)
+            if unknown:
+                raise ValueError(
+                    f"defaults.{kind}.{unknown[0]}: unknown key (rollout: and model: are the recipe's)"
+                )
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"stage names must be distinct, got {names}")
@@ -412,6 +401,13 @@ def stage_rollout(recipe: Recipe, stage: StageSpec | None = None, **overrides: A
     return validate(RolloutSection, {**tree, **overrides}, "rollout settings")
 
 
+def eval_rollout(recipe: Recipe, **overrides: Any) -> RolloutSection:
+    """What the recipe's evaluations sample with: the last RL stage's rollout settings (its format,
+    engines, banned tokens) under the evaluation's draw and budget (``EvalSection.over_rollout``,
+    the rule ``rstar2 eval`` follows), then ``overrides``."""
+    return stage_rollout(recipe, **{**recipe.eval.over_rollout(), **overrides})
+
+
 def _named(f: str) -> bool:
     """A source that is not a path relative to the recipe: a shipped benchmark, gym:TASK, or a path that exists."""
     from ..problems import ALIASES, BENCHMARKS, gym
@@ -446,7 +442,7 @@ def check_stage(recipe: Recipe, stage: StageSpec, check_paths: bool = True) -> N
 def moved_home(tree: dict[str, Any]) -> dict[str, Any]:
     """A run folder's ``recipe.yaml`` written before the recipe became a layer over the config's
     sections (it writes every key, so its old ones are there even unset), with each key where it
-    lives now; a user's file gets the refusal naming the new place instead."""
+    lives now; a user's file with an old key gets "unknown key" instead."""
     t = copy.deepcopy(tree)
     defaults = t.get("defaults") or {}
     rollout = {**(t.pop("chat", None) or {}), **(defaults.get("rl", {}).pop("rollout", None) or {})}
@@ -517,9 +513,9 @@ def find_recipe(name: str) -> Path:
 
 
 def rollout_from_file(path: Path) -> dict[str, Any]:
-    """The rollout settings of an RL config, or of a recipe's last RL stage (its evaluations'), as a
-    tree; an SFT config has none."""
+    """The rollout settings of an RL config, or those a recipe's evaluations sample with
+    (``eval_rollout``), as a tree; an SFT config has none."""
     tree = read_yaml(path, "config")
     if "stages" in tree:
-        return stage_rollout(parse_recipe(tree, path.parent, check_paths=False)).model_dump()
+        return eval_rollout(parse_recipe(tree, path.parent, check_paths=False)).model_dump()
     return parse_config(tree).rollout.model_dump() if tree.get("kind", "rl") == "rl" else {}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..config import DEFAULT_ROLLOUT
-from ..sandbox.request import ExecRequest
+from ..sandbox.request import DEFAULT_LIMITS, ExecRequest
 from ..sandbox.result import ExecResult
 from .equivalence import Verdict, check_answer, triage
 from .extract import Mode
@@ -55,7 +55,7 @@ class SandboxVerifier:
 
     sandbox: Sandbox
     timeout_s: float = DEFAULT_TIMEOUT_S
-    memory_mb: int = 1024
+    memory_mb: int = DEFAULT_LIMITS.memory_mb
     mode: Mode = DEFAULT_ROLLOUT.verify_mode
 
     async def check(self, reference: str, response: str, *, extracted: bool = False) -> Verdict:

@@ -28,12 +28,12 @@ from ..device import resolve_precision
 from ..rollout.trajectory import Trajectory
 from .algorithm.batch import Batch
 from .algorithm.select import Selection, select_rows
-from .plumbing import distributed as D
-from .plumbing.checkpoint import list_checkpoints
-from .plumbing.keep import KeptStep, fingerprints, kept_steps, read_kept, set_rng_state
-from .plumbing.launch import Start, load_learner, param_dtype
-from .plumbing.optim import Learner, build_optimizer
-from .plumbing.passes import logprobs_of
+from .optim import Learner, build_optimizer
+from .passes import logprobs_of
+from .run import distributed as D
+from .run.checkpoint import list_checkpoints
+from .run.keep import KeptStep, fingerprints, kept_steps, read_kept, set_rng_state
+from .run.launch import Start, load_learner, param_dtype
 from .update import optimizer_steps, rows_batch, stand_in, update_on_rollouts
 
 REPLAY_DIR = "replay"

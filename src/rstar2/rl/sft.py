@@ -14,11 +14,11 @@ from ..config import SFTConfig
 from ..jsonl import iter_jsonl
 from ..memory import resident_gib, trim_heap
 from .algorithm.batch import Batch, collate, take_rows, with_weights
-from .plumbing import distributed as D
-from .plumbing.data import DataStream
-from .plumbing.launch import begin, load_training, run_steps
-from .plumbing.optim import Learner, accumulate, finish_step, start_step
-from .plumbing.passes import forward_logprobs, logprobs_of, plan
+from .optim import Learner, accumulate, finish_step, start_step
+from .passes import forward_logprobs, logprobs_of, plan
+from .run import distributed as D
+from .run.data import DataStream
+from .run.launch import begin, load_training, run_steps
 
 
 def read_conversations(path: str | Path) -> list[list[dict[str, Any]]]:

@@ -25,22 +25,20 @@ from ..jsonl import write_jsonl
 from ..memory import resident_gib, trim_heap
 from ..problems import training_problems
 from ..rollout import health
-from ..rollout.multi_turn import CodeEnvironment, Verifier
+from ..rollout.multi_turn import CodeEnvironment, RewardFn, Verifier
 from ..rollout.trajectory import Trajectory
 from .algorithm.roc import GroupChoice, Scored, roc_counts
 from .algorithm.select import Row, Selection, seed_of, select_rows
 from .algorithm.staleness import StalenessError, check_versions, staleness_metrics
-from .plumbing import distributed as D
-from .plumbing.content_check import untrue_turn
-from .plumbing.data import DataStream
-from .plumbing.engine_mode import PROBE_PROBLEM, TrainerEngines, require_reported_versions
-from .plumbing.feed import GroupFeed
-from .plumbing.keep import KeptStep, keeping
-from .plumbing.launch import RunError, Steps, begin, load_training, param_dtype, run_steps
-from .plumbing.step_metrics import engine_metrics, rollout_record, step_metrics
+from .run import distributed as D
+from .run.content_check import untrue_turn
+from .run.data import DataStream
+from .run.engine_mode import PROBE_PROBLEM, TrainerEngines, require_reported_versions
+from .run.feed import GroupFeed
+from .run.keep import KeptStep, keeping
+from .run.launch import RunError, Steps, begin, load_training, param_dtype, run_steps
+from .run.step_metrics import engine_metrics, rollout_record, step_metrics
 from .update import optimizer_steps, stand_in, update_on_rollouts
-
-RewardFn = Callable[[Trajectory], float]
 
 
 def load_reward(spec: str) -> RewardFn:
@@ -198,13 +196,16 @@ class RLTrainer:
             try:
                 engines = await self.engines.open()
                 async with open_rollout(
-                    self.cfg.rollout, tokenizer=self.tokenizer, engines=engines, **self.services
+                    self.cfg.rollout,
+                    tokenizer=self.tokenizer,
+                    engines=engines,
+                    reward=self.reward_fn,
+                    **self.services,
                 ) as rollout:
                     self.rollout = rollout
                     # a token without a reported version fails its engine, which serves again only
                     # once it holds the current weights (a server restarted mid-run holds its first)
                     rollout.require_versions = True
-                    rollout.reward = self.reward_fn
                     self.engines.attach(rollout.scheduler)
                     # every engine holds this run's weights and version before the first group starts (a
                     # server may hold another run's, or this one's past the checkpoint; a dead one fails here)
@@ -347,7 +348,7 @@ class RLTrainer:
     def _keeping(
         self, step: int, sampled: list[list[Trajectory]], own: list[int], chosen: Selection
     ) -> Callable:
-        """``update_on_rollouts`` that keeps what it consumed and made (``run.keep_steps``; plumbing/keep.py)."""
+        """``update_on_rollouts`` that keeps what it consumed and made (``run.keep_steps``; run/keep.py)."""
         kept = KeptStep(
             step=step,
             cwd=os.getcwd(),  # where the config's relative paths start

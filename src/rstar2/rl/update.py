@@ -16,9 +16,9 @@ from ..config import RLConfig
 from .algorithm.batch import Batch, collate, take_rows, with_weights
 from .algorithm.grpo import policy_loss, weight_units
 from .algorithm.select import Row
-from .plumbing.distributed import LOCAL, World, all_max, all_sum
-from .plumbing.optim import Learner, accumulate, finish_step, start_step
-from .plumbing.passes import forward_logprobs, logprobs_of, plan
+from .optim import Learner, accumulate, finish_step, start_step
+from .passes import forward_logprobs, logprobs_of, plan
+from .run.distributed import LOCAL, World, all_max, all_sum
 
 if TYPE_CHECKING:
     from ..rollout.trajectory import Trajectory

@@ -12,7 +12,7 @@ from typing import Any
 from ..chat.format import ChatFormat
 from ..config import RolloutSection
 from ..engines.kinds import open_engines
-from .multi_turn import CodeEnvironment, Rollout, Verifier
+from .multi_turn import CodeEnvironment, RewardFn, Rollout, Verifier
 
 
 def check_engine_choice(model: str | None, settings: RolloutSection, tokenizer: str | None) -> None:
@@ -66,11 +66,13 @@ async def open_rollout(
     engines: Sequence[Any] | None = None,
     code_env: CodeEnvironment | None = None,
     verifier: Verifier | None = None,
+    reward: RewardFn | None = None,
 ) -> AsyncIterator[Rollout]:
     """A ready ``Rollout``. ``model``: a local model directory for the in-process engine (and the
     tokenizer's default); ``tokenizer``: a directory or a loaded tokenizer. ``engines`` given by
     the caller (the trainer, whose engine shares its model) replace those of the settings; so do a
-    running ``code_env`` and ``verifier`` (a recipe shares them by stage), which stay open."""
+    running ``code_env`` and ``verifier`` (a recipe shares them by stage), which stay open.
+    ``reward``: a custom reward (the RL trainer's ``reward:``), scoring in the verifier's place."""
     if tokenizer is None and model is None:
         raise ValueError("with --servers, give --tokenizer PATH (the served model's tokenizer directory)")
     if tokenizer is None or isinstance(tokenizer, str):
@@ -82,7 +84,13 @@ async def open_rollout(
     engines = await open_engines(settings.engine, model, device, dtype) if own else list(engines)
     try:
         async with open_services(settings, code_env, verifier) as services:
-            yield Rollout(engines, fmt, services["code_env"], services["verifier"], settings)
+            rollout = Rollout(
+                engines, fmt, services["code_env"], services["verifier"], settings, reward=reward
+            )
+            try:
+                yield rollout
+            finally:
+                rollout.close()
     finally:
         for e in engines if own else []:
             await e.close()

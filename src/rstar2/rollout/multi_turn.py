@@ -8,6 +8,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -26,6 +27,9 @@ TURNS_SPAN = 1000  # request priority = trajectory priority x this - turn: a nex
 # Verdicts the verifier's service caused, not the answer: its workers could not run the check
 # ("error"), or the machine starved it past its wall-clock backstop ("stalled").
 VERIFIER_FAULT_PATHS = ("error", "stalled")
+# A custom reward (``reward:`` in a config): the trajectory's reward, in the verifier's place.
+RewardFn = Callable[[Trajectory], float]
+REWARD_THREADS = 8  # custom rewards computed at once, each in a thread (``Rollout._custom_reward``)
 
 
 class CodeEnvironment(Protocol):
@@ -76,8 +80,13 @@ class Rollout:
         verifier: Verifier | None = None,
         config: RolloutSection | None = None,
         scheduler: Scheduler | None = None,
+        *,
+        reward: RewardFn | None = None,
     ) -> None:
-        """``config``'s chat fields are ``fmt``'s business; its engine and sandbox ``open_rollout``'s."""
+        """``config``'s chat fields are ``fmt``'s business; its engine and sandbox ``open_rollout``'s.
+        ``reward``: a custom reward (the RL trainer's ``reward:``) that scores every trajectory in the
+        verifier's place; given here, with everything else the rollout needs, so that no rollout
+        ever starts before its reward is known."""
         engines = [engines] if not isinstance(engines, Sequence) else list(engines)
         self.fmt = fmt
         self.code_env = code_env
@@ -96,9 +105,8 @@ class Rollout:
         self._prompts: dict[str, list[int]] = {}
         # the RL trainer's: a token whose version the engine does not report is a failure of that engine
         self.require_versions = False
-        # the RL trainer's custom reward (``reward:`` in a config), in the verifier's place: the one
-        # place a rollout's reward is set, whoever sets it
-        self.reward: Callable[[Trajectory], float] | None = None
+        self.reward = reward
+        self._reward_threads: ThreadPoolExecutor | None = None  # made at the first custom reward
 
     def _prompt_ids(self, problem: str) -> list[int]:
         """The rendered prompt, once per problem: its 2G samples (or K eval samples) share it."""
@@ -292,7 +300,7 @@ class Rollout:
 
     async def _score(self, traj: Trajectory, gym: dict[str, Any] | None) -> None:
         if self.reward is not None:  # a config's own reward (``reward:``): it sees every rollout
-            traj.reward = float(self.reward(traj))
+            traj.reward = float(await self._custom_reward(traj))
             return
         if traj.reference is None or self.verifier is None or traj.finish_reason in ("max_length", "error"):
             return  # a truncated trajectory keeps reward 0
@@ -308,6 +316,25 @@ class Rollout:
         traj.reward = 1.0 if verdict else 0.0
         traj.answer = getattr(verdict, "answer", None)
         traj.verdict = getattr(verdict, "reason", "")
+
+    async def _custom_reward(self, traj: Trajectory) -> Any:
+        """The custom reward of a finished trajectory, computed in a thread: on the event loop a slow
+        one would stall every rollout in flight (their turns, tool calls and rewards), not just its
+        own. The threads are the rollout's own, not asyncio's default ones, which the trainer's update
+        and checkpoints use: slow rewards never queue those. Up to ``REWARD_THREADS`` run at once, so
+        a custom reward must be safe to call from several threads. What it raises is raised here, as
+        when it ran on the loop: ``run`` fails (a broken reward is the config's error, not a fault
+        of the system that one rollout could absorb)."""
+        if self._reward_threads is None:
+            self._reward_threads = ThreadPoolExecutor(REWARD_THREADS, thread_name_prefix="rstar2-reward")
+        return await asyncio.get_running_loop().run_in_executor(self._reward_threads, self.reward, traj)
+
+    def close(self) -> None:
+        """Let the custom reward's threads go (``open_rollout`` does, on leaving); a reward still
+        running finishes in its thread, unawaited."""
+        if self._reward_threads is not None:
+            self._reward_threads.shutdown(wait=False, cancel_futures=True)
+            self._reward_threads = None
 
     async def run_many(
         self,

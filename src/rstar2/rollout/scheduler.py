@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..config import DEFAULT_SCHEDULER, grant_budget
+from ..config import DEFAULT_SCHEDULER
 from ..engines.base import Engine
 
 
@@ -21,6 +21,22 @@ class NoEngineError(RuntimeError):
 
 
 REVIVE_BACKOFF_S = 10.0  # the longest wait between two tries to bring a failed engine back (RL)
+
+# The kv policy's grant when ``rollout.scheduler.grant_tokens`` leaves it open (``grant_budget``)
+GRANT_TOKENS, GRANT_SHARE = 512, 64
+GRANT_HELP = (
+    f"{GRANT_TOKENS} new tokens, or 1/{GRANT_SHARE} of the smallest engine's capacity so that many "
+    "requests fit; whole turns where no engine keeps a prefix cache (a continued turn prefills again)"
+)
+
+
+def grant_budget(capacities: Sequence[int], prefix_cache: bool = True) -> int:
+    """New tokens the kv policy grants an admitted request when the settings leave it open: a
+    turn in slices, so that many requests share the KV, where an engine keeps each slice's prefix
+    for the next; where none does, a slice would prefill the whole turn again, so it is granted whole."""
+    if not prefix_cache:
+        return max(capacities)
+    return max(1, min(GRANT_TOKENS, min(capacities) // GRANT_SHARE))
 
 
 class EngineDown(RuntimeError):
@@ -280,7 +296,7 @@ class Scheduler:
         revive_after_s: float | None = 60.0,
         revive_for_s: float = DEFAULT_SCHEDULER.revive_for_s,
     ) -> None:
-        """``grant_tokens`` is for ``kv`` (ignored by the others; None: ``config.GRANT_HELP``).
+        """``grant_tokens`` is for ``kv`` (ignored by the others; None: ``GRANT_HELP``).
         ``revive``, set by the RL trainer, brings a failed engine back: it must load the current
         weights into it, or raise."""
         self.engines = list(engines)

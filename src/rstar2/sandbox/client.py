@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 import httpx
 
 from ..auth import client_headers
+from .defaults import PORT
 from .request import ExecRequest
 from .result import ExecResult
 
 
 @dataclass(eq=False)
 class Client:
-    url: str = "http://127.0.0.1:8088"
+    url: str = f"http://127.0.0.1:{PORT}"
     batch_size: int = 64
     linger_s: float = 0.002
     concurrency: int = 16

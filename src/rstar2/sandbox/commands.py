@@ -17,7 +17,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..bounds import above
-from .request import MAX_MEMORY_MB, MAX_TIMEOUT_S, MIN_MEMORY_MB, ExecRequest, Limits
+from .defaults import DEADLINE_S, LEASE_S
+from .defaults import PORT as DEFAULT_PORT
+from .request import DEFAULT_LIMITS, MAX_MEMORY_MB, MAX_TIMEOUT_S, MIN_MEMORY_MB, ExecRequest, Limits
 from .result import ExecResult
 from .zygote import PRELOAD
 
@@ -33,6 +35,13 @@ API_KEY = typer.Option(
 # a call's limits, within what the service accepts of a call (``service.RunBody``)
 TIMEOUT = above(0, MAX_TIMEOUT_S)
 MEMORY = {"min": MIN_MEMORY_MB, "max": MAX_MEMORY_MB}
+# serve's and worker's: the default limits a call gets there
+TIMEOUT_OPTION = typer.Option(
+    DEFAULT_LIMITS.timeout_s, "--timeout", **TIMEOUT, help="Default wall-clock limit per call."
+)
+MEMORY_OPTION = typer.Option(
+    DEFAULT_LIMITS.memory_mb, "--memory-mb", **MEMORY, help="Default memory limit per call."
+)
 # worker k runs calls as uid UID_BASE + k (isolation.py): these stay below 65534 (nobody)
 WORKERS = {"min": 0, "max": 4096}
 PORT = {"min": 1, "max": 65535}
@@ -164,8 +173,12 @@ def sandbox_run(
     input_file: Path | None = typer.Option(
         None, exists=True, dir_okay=False, help="File whose content is the code's standard input."
     ),
-    timeout_s: float = typer.Option(10.0, "--timeout", **TIMEOUT, help="Wall-clock limit in seconds."),
-    memory_mb: int = typer.Option(1024, "--memory-mb", **MEMORY, help="Memory limit in MiB."),
+    timeout_s: float = typer.Option(
+        DEFAULT_LIMITS.timeout_s, "--timeout", **TIMEOUT, help="Wall-clock limit in seconds."
+    ),
+    memory_mb: int = typer.Option(
+        DEFAULT_LIMITS.memory_mb, "--memory-mb", **MEMORY, help="Memory limit in MiB."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the whole result as JSON."),
     url: str | None = typer.Option(None, help="Run on a sandbox service at this URL instead of locally."),
 ) -> None:
@@ -208,7 +221,7 @@ def sandbox_serve(
     host: str = typer.Option(
         "127.0.0.1", help="Address to bind. It runs untrusted code: keep it on loopback."
     ),
-    port: int = typer.Option(8088, **PORT, help="Port."),
+    port: int = typer.Option(DEFAULT_PORT, **PORT, help="Port."),
     workers: int = typer.Option(
         0, **WORKERS, help="Local sandbox workers (0 = one per CPU core). Ignored with --redis."
     ),
@@ -218,10 +231,10 @@ def sandbox_serve(
         help="Enqueue calls to Redis worker nodes at this URL: redis://:PASSWORD@HOST:6379/0 "
         "(or $RSTAR2_REDIS_PASSWORD; rediss:// for TLS).",
     ),
-    timeout_s: float = typer.Option(10.0, "--timeout", **TIMEOUT, help="Default wall-clock limit per call."),
-    memory_mb: int = typer.Option(1024, "--memory-mb", **MEMORY, help="Default memory limit per call."),
+    timeout_s: float = TIMEOUT_OPTION,
+    memory_mb: int = MEMORY_OPTION,
     deadline_s: float = typer.Option(
-        600.0, **above(0), help="Redis mode: a call gets a failure after this long."
+        DEADLINE_S, **above(0), help="Redis mode: a call gets a failure after this long."
     ),
     preload: str | None = typer.Option(None, help=PRELOAD_HELP),
     api_key: str | None = API_KEY,
@@ -255,10 +268,10 @@ def sandbox_worker(
     ),
     workers: int = typer.Option(0, **WORKERS, help="Local sandbox workers (0 = one per CPU core)."),
     lease_s: float = typer.Option(
-        60.0, **above(0), help="A task held this long by a silent worker is given to another."
+        LEASE_S, **above(0), help="A task held this long by a silent worker is given to another."
     ),
-    timeout_s: float = typer.Option(10.0, "--timeout", **TIMEOUT, help="Default wall-clock limit per call."),
-    memory_mb: int = typer.Option(1024, "--memory-mb", **MEMORY, help="Default memory limit per call."),
+    timeout_s: float = TIMEOUT_OPTION,
+    memory_mb: int = MEMORY_OPTION,
     preload: str | None = typer.Option(None, help=PRELOAD_HELP),
     name: str | None = typer.Option(None, help="Consumer name in Redis (default: host-pid-random)."),
 ) -> None:

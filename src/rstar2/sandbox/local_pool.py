@@ -9,6 +9,7 @@ import itertools
 import os
 import zlib
 
+from .defaults import SESSION_IDLE_S
 from .isolation import IsolationConfig
 from .request import ExecRequest, Limits
 from .result import ExecResult
@@ -27,8 +28,8 @@ class LocalPool:
         isolation: IsolationConfig | None = None,
         queue_size: int = 65536,
         preload: list[str] | None = None,
-        max_sessions: int = 256,
-        session_idle_s: float = 600.0,
+        max_sessions: int = 256,  # in all, shared out among the workers
+        session_idle_s: float = SESSION_IDLE_S,
     ) -> None:
         self.size = workers or os.cpu_count() or 1
         self.limits = limits or Limits()

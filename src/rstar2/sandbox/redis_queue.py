@@ -43,6 +43,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..auth import loopback
+from .defaults import DEADLINE_S, LEASE_S
 from .local_pool import LocalPool
 from .request import ExecRequest
 from .result import ExecResult
@@ -113,7 +114,7 @@ class RedisBackend:
     tasks_key = TASKS
     STREAM_MAXLEN = 1_000_000  # the stream is trimmed (approximately) to this many calls
 
-    def __init__(self, url: str, deadline_s: float = 600.0) -> None:
+    def __init__(self, url: str, deadline_s: float = DEADLINE_S) -> None:
         self.url, self.deadline_s = url, deadline_s
         self.id = uuid.uuid4().hex[:12]
         self.reply_key = f"{PREFIX}:replies:{self.id}"
@@ -253,7 +254,7 @@ class RedisWorker:
     MAX_DELIVERIES = 3
     REPLY_TTL_S = 3600  # a reply list nobody reads (its backend is gone) is dropped after this
 
-    def __init__(self, url: str, pool: LocalPool, lease_s: float = 60.0, name: str | None = None) -> None:
+    def __init__(self, url: str, pool: LocalPool, lease_s: float = LEASE_S, name: str | None = None) -> None:
         self.url, self.pool, self.lease_s = url, pool, lease_s
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.slots = asyncio.Semaphore(pool.size * 2)

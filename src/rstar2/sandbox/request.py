@@ -63,3 +63,6 @@ class ExecRequest:
 
 
 _LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(Limits))
+# the limits a call gets unless told, for code that takes one of them as an argument (the commands'
+# options): each is written once, in ``Limits``
+DEFAULT_LIMITS = Limits()

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from . import linux
 from .capture import CallOutput
+from .defaults import SESSION_IDLE_S, SESSIONS_PER_WORKER
 from .interpreter import run_code
 from .isolation import WorkerIsolation, apply_rlimits, rlimit_values
 from .outcome import INTERNAL_EXIT, to_result
@@ -195,7 +196,7 @@ class SessionHandle:
 class SessionTable:
     """Live sessions of one worker: idle expiry, LRU eviction, a cap, and memory of what expired."""
 
-    def __init__(self, max_sessions: int = 64, idle_s: float = 600.0) -> None:
+    def __init__(self, max_sessions: int = SESSIONS_PER_WORKER, idle_s: float = SESSION_IDLE_S) -> None:
         self.max_sessions, self.idle_s = max_sessions, idle_s
         self.live: OrderedDict[str, SessionHandle] = OrderedDict()
         self.gone: OrderedDict[str, str] = OrderedDict()  # id -> why it ended (bounded)

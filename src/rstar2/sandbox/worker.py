@@ -25,6 +25,7 @@ import time
 from . import linux
 from .capture import CallOutput
 from .cgroups import reap_ready
+from .defaults import SESSION_IDLE_S, SESSIONS_PER_WORKER
 from .framing import send_msg
 from .inbox import Inbox
 from .isolation import IsolationConfig, WorkerIsolation
@@ -243,7 +244,9 @@ def main(argv: list[str]) -> int:
     except OSError:
         proc_fd = None
     iso.setup()
-    sessions = SessionTable(int(cfg.get("max_sessions", 64)), float(cfg.get("session_idle_s", 600)))
+    sessions = SessionTable(
+        int(cfg.get("max_sessions", SESSIONS_PER_WORKER)), float(cfg.get("session_idle_s", SESSION_IDLE_S))
+    )
     modules = list(cfg.get("preload", PRELOAD))
     inbox = Inbox(rfd, wfd)
     worker = Worker(iso, Limits.from_dict(cfg.get("limits", {})), sessions, modules, proc_fd, inbox)

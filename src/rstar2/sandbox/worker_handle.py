@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .cgroups import remove_cgroups
+from .defaults import SESSION_IDLE_S, SESSIONS_PER_WORKER
 from .framing import encode, read_msg
 from .isolation import IsolationConfig
 from .request import ExecRequest, Limits
@@ -62,8 +63,8 @@ class WorkerHandle:
     limits: Limits
     isolation: IsolationConfig
     preload: list[str] | None = None
-    max_sessions: int = 64
-    session_idle_s: float = 600.0
+    max_sessions: int = SESSIONS_PER_WORKER
+    session_idle_s: float = SESSION_IDLE_S
     hello: dict = field(default_factory=dict, init=False)
     restarts: int = field(default=0, init=False)
     _ids: Iterator[int] = field(default_factory=itertools.count, init=False, repr=False)

@@ -18,10 +18,10 @@ from ...adapters import load_model
 from ...config import TrainConfig
 from ...config_files import dump_config
 from ...device import Precision, record, resolve_precision
+from ..optim import Learner, build_optimizer
 from . import distributed as D
 from .checkpoint import carry_optimizer_state, latest_checkpoint, load_trainer_state, save_checkpoint
 from .metrics_log import MetricsLog
-from .optim import Learner, build_optimizer
 
 
 @dataclass

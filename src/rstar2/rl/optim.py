@@ -9,8 +9,8 @@ from typing import NamedTuple
 import torch
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
-from ...config import DEFAULT_OPTIM
-from .distributed import LOCAL, World, all_sum
+from ..config import DEFAULT_OPTIM
+from .run.distributed import LOCAL, World, all_sum
 
 
 class Learner(NamedTuple):

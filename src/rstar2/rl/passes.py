@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 import torch
 
-from ...device import compute_precision
-from ..algorithm.batch import Batch, plan_micro_batches, take_rows
-from ..algorithm.grpo import token_logprobs
-from .distributed import LOCAL, World, all_max
+from ..device import compute_precision
+from .algorithm.batch import Batch, plan_micro_batches, take_rows
+from .algorithm.grpo import token_logprobs
+from .run.distributed import LOCAL, World, all_max
 
 
 def forward_logprobs(

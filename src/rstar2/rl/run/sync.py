@@ -22,9 +22,9 @@ from ...auth import follow_umask
 from ...config import EngineSection
 from ...engines.base import Engine, SamplingParams, WeightUpdate, weights_fingerprint
 from ..algorithm.batch import collate
+from ..passes import logprobs_of
 from . import distributed as D
 from .content_check import ContentCheck, Probe
-from .passes import logprobs_of
 
 PROBE_TOKENS = 16
 PROBE_TEMPERATURE = 1.0  # the probe samples the plain distribution, and the trainer scores it so
