@@ -114,3 +114,31 @@ async def test_an_engine_refuses_weights_in_a_form_it_does_not_take(tiny):
         await served.close()
     assert local.version == 0
     await local.close()
+
+
+def test_rstar2_serve_opens_its_engine_through_the_table(tiny_dir):
+    """`rstar2 serve --kind` names the in-process kind as `rollout.engine.kind` does: one it does not
+    know is said (exit 2), with the kinds it knows."""
+    from ..conftest import free_port
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rstar2",
+            "serve",
+            "--model",
+            str(tiny_dir),
+            "--port",
+            str(free_port()),
+            "--kind",
+            "nope",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    said = " ".join(done.stdout.replace("│", " ").split() + done.stderr.replace("│", " ").split())
+    assert done.returncode == 2 and "no in-process engine kind 'nope' (known: hf" in said, said[-2000:]
+    assert "Traceback" not in said
