@@ -296,6 +296,21 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+def serve_model(model_dir: Path, *options: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """``rstar2 serve --model MODEL_DIR OPTIONS`` in its own process on a free port: yields its URL once
+    it answers, stops it after (``yield from`` it in a fixture)."""
+    port = free_port()
+    proc = start_cli(
+        ["serve", "--model", str(model_dir), "--port", str(port), *options], **({"env": env} if env else {})
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url, proc, timeout=180)
+        yield url
+    finally:
+        stop(proc)
+
+
 @pytest.fixture(scope="session")
 def verifier():
     """Two checking processes shared by the tests (the CAS under a 10 s time box: generous

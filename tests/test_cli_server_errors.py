@@ -12,23 +12,14 @@ import threading
 
 import pytest
 
-from .conftest import ROOT, RSTAR2, free_port, proxy, start_cli, stop, wait_http
+from .conftest import ROOT, RSTAR2, free_port, proxy, serve_model
 
 KEY = "key-for-these-tests"
 
 
 @pytest.fixture(scope="module")
 def keyed(tiny_dir):
-    port = free_port()
-    proc = start_cli(
-        ["serve", "--model", str(tiny_dir), "--port", str(port), "--device", "cpu", "--api-key", KEY]
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url, proc, timeout=180)
-        yield url
-    finally:
-        stop(proc)
+    yield from serve_model(tiny_dir, "--device", "cpu", "--api-key", KEY)
 
 
 def error_lines(run: subprocess.CompletedProcess) -> int:

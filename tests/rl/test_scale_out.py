@@ -24,7 +24,7 @@ from rstar2.engines.base import weights_fingerprint
 from rstar2.rl.run.checkpoint import latest_checkpoint
 from rstar2.rl.run.metrics_log import read_metrics
 
-from ..conftest import ROOT, free_port, proxy, start_cli, stop, wait_http
+from ..conftest import ROOT, free_port, proxy, serve_model, start_cli, stop, wait_http
 from .test_async import assert_versions_in_bound
 from .test_trainer import FP32, place, rl_config
 
@@ -105,15 +105,7 @@ def other_weights(tiny, tmp_path_factory) -> Path:
 def serve_tiny(model_dir: Path, weights_from: Path):
     """``rstar2 serve`` on ``model_dir`` in its own process, loading weights from under
     ``weights_from``: yields its URL, stops it after."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    args = ["serve", "--model", str(model_dir), "--port", str(port), "--device", "cpu"]
-    proc = start_cli([*args, "--weights-from", str(weights_from)], env=env())
-    try:
-        wait_http(url, proc)
-        yield url
-    finally:
-        stop(proc)
+    yield from serve_model(model_dir, "--device", "cpu", "--weights-from", str(weights_from), env=env())
 
 
 @pytest.fixture

@@ -17,20 +17,14 @@ from rstar2.engines.hf import HFEngine
 from rstar2.engines.kinds import open_engines
 from rstar2.engines.openai import OpenAIEngine, ServerError, capacity_from_vllm_metrics
 
-from ..conftest import ROOT, RSTAR2, free_port, start_cli, stop, wait_http
+from ..conftest import ROOT, RSTAR2, serve_model
 
 
 @pytest.fixture(scope="module")
 def server(tiny_dir, tmp_path_factory):
-    port = free_port()
-    args = ["serve", "--model", str(tiny_dir), "--port", str(port), "--max-batch-size", "8"]
-    proc = start_cli([*args, "--weights-from", str(tmp_path_factory.getbasetemp())])
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url, proc, timeout=180)
-        yield url
-    finally:
-        stop(proc)
+    yield from serve_model(
+        tiny_dir, "--max-batch-size", "8", "--weights-from", str(tmp_path_factory.getbasetemp())
+    )
 
 
 async def test_openai_engine_on_rstar2_serve_matches_the_local_engine(server, tiny):

@@ -106,6 +106,8 @@ def untrue_turn(traj: Any, untrue: dict[str, int]) -> str | None:
     """Why ``traj`` holds tokens an engine sampled after a load it said it took and did not serve
     (``untrue``: engine name → the version it did not serve; its tokens are labelled with it or a
     later one: at k > 0 some are sampled while the probe runs), or None."""
+    if not untrue:
+        return None
     end = 0
     for turn in traj.turns:
         start, end = end, end + turn.model_tokens
