@@ -13,7 +13,17 @@ from ..bounds import setting
 from ..config import DEFAULT_ROLLOUT, EngineSection, LoraSection
 from ..engines.budget import CAPACITY_HELP, KEEP_HELP
 from ..engines.vllm_launch import LORA_SLOTS
-from .shared import API_KEY, FETCH_FROM, MODEL_HELP, PORT, WEIGHTS_FROM, console, failures
+from .shared import (
+    ANY_PORT,
+    API_KEY,
+    FETCH_FROM,
+    MODEL_HELP,
+    PORT,
+    PORT_HELP,
+    WEIGHTS_FROM,
+    console,
+    failures,
+)
 
 
 def required_key(api_key: str | None, host: str, what: str) -> str | None:
@@ -38,7 +48,7 @@ def weights_roots(folders: list[Path]) -> list[Path]:
 def serve(
     model: Path = typer.Option(..., "--model", exists=True, file_okay=False, help=MODEL_HELP),
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
-    port: int = typer.Option(8000, **PORT, help="Port."),
+    port: int = typer.Option(8000, **ANY_PORT, help=PORT_HELP),
     device: str = typer.Option("auto", help="cpu, cuda, cuda:1, ... (auto: CUDA when present)."),
     dtype: str = typer.Option(
         "auto", help="Weights: auto (bf16 on a GPU that computes it, else fp32), float32, bfloat16."

@@ -71,6 +71,7 @@ PROGRESS = typer.Option(True, "--progress/--no-progress", help="Progress bars.",
 
 # the servers' options (`serve`, `vllm`): the key and port are the sandbox service's own
 API_KEY, PORT = sandbox_commands.API_KEY, sandbox_commands.PORT
+ANY_PORT, PORT_HELP = sandbox_commands.ANY_PORT, sandbox_commands.PORT_HELP
 WEIGHTS_FROM = typer.Option(
     [],
     "--weights-from",

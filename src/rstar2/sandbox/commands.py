@@ -45,6 +45,8 @@ MEMORY_OPTION = typer.Option(
 # worker k runs calls as uid UID_BASE + k (isolation.py): these stay below 65534 (nobody)
 WORKERS = {"min": 0, "max": 4096}
 PORT = {"min": 1, "max": 65535}
+ANY_PORT = {"min": 0, "max": 65535}  # a service that says the port it bound: 0 takes any free one
+PORT_HELP = "Port (0: any free one; the one bound is said on start)."
 
 
 def parse_preload(text: str | None) -> list[str] | None:
@@ -221,7 +223,7 @@ def sandbox_serve(
     host: str = typer.Option(
         "127.0.0.1", help="Address to bind. It runs untrusted code: keep it on loopback."
     ),
-    port: int = typer.Option(DEFAULT_PORT, **PORT, help="Port."),
+    port: int = typer.Option(DEFAULT_PORT, **ANY_PORT, help=PORT_HELP),
     workers: int = typer.Option(
         0, **WORKERS, help="Local sandbox workers (0 = one per CPU core). Ignored with --redis."
     ),
