@@ -78,9 +78,8 @@ def problems(root: Path, n: int) -> Path:
 
 
 def tiny_model(root: Path) -> Path:
-    from rstar2.recipe.corpus import tiny_corpus
     from rstar2.recipe.spec import find_recipe, load_recipe
-    from rstar2.recipe.tiny_model import build_model, build_tokenizer, save_pretrained
+    from rstar2.recipe.tiny_model import build_model, build_tokenizer, save_pretrained, tiny_corpus
 
     recipe = load_recipe(find_recipe("tiny"))
     m = recipe.model

@@ -28,9 +28,8 @@ PACKAGE = Path(rstar2.__file__).resolve().parent
 
 
 def build_model(root: Path) -> Path:
-    from rstar2.recipe.corpus import tiny_corpus
     from rstar2.recipe.spec import find_recipe, load_recipe
-    from rstar2.recipe.tiny_model import build_model, build_tokenizer, save_pretrained
+    from rstar2.recipe.tiny_model import build_model, build_tokenizer, save_pretrained, tiny_corpus
 
     recipe = load_recipe(find_recipe("tiny"))
     tok = build_tokenizer(tiny_corpus(recipe), 320)

@@ -22,9 +22,8 @@ from pathlib import Path
 import torch
 
 from rstar2.config import OptimSection
-from rstar2.recipe.corpus import tiny_corpus
 from rstar2.recipe.spec import find_recipe, load_recipe
-from rstar2.recipe.tiny_model import build_model, build_tokenizer
+from rstar2.recipe.tiny_model import build_model, build_tokenizer, tiny_corpus
 from rstar2.rl.optim import Learner, build_optimizer
 from rstar2.rl.sft import sft_batch, sft_step
 

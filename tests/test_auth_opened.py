@@ -138,35 +138,36 @@ def test_vllms_adapter_route_gets_the_folder_checked_and_refuses_load_inplace(ro
 
 
 def test_rstar2_serve_loads_the_files_it_opened_and_checked(tiny, roots, monkeypatch):
-    """``Served.load`` reads each file through the descriptor it checked: a file replaced after it
-    was opened is not read, and a hard link in the folder is refused (403) before anything is read."""
+    """``ServedWeights.load`` reads each file through the descriptor it checked: a file replaced
+    after it was opened is not read, and a hard link in the folder is refused (403) before anything
+    is read."""
     from safetensors.torch import save_file
 
-    from rstar2.engines import server
     from rstar2.engines.hf import HFEngine
+    from rstar2.engines.served_weights import ServedWeights
 
-    model, tok = tiny
+    model, _ = tiny
     root, outside = roots
-    served = server.Served(HFEngine(copy.deepcopy(model)), tok, "tiny", [root])
+    served = ServedWeights(HFEngine(copy.deepcopy(model)), [root])
     state = {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
     checked = {k: v + 0.5 for k, v in state.items()}
     weights = root / "run" / "weights"
     save_file(checked, str(weights / "model.safetensors"))
     save_file({k: v - 0.5 for k, v in state.items()}, str(outside / "other.safetensors"))
-    opened = server.Served.load_opened
+    opened = ServedWeights.load_opened
 
     async def swapped_after_opening(self, folder, private, version):
         (weights / "model.safetensors").unlink()
         (weights / "model.safetensors").symlink_to(outside / "other.safetensors")
         return await opened(self, folder, private, version)
 
-    monkeypatch.setattr(server.Served, "load_opened", swapped_after_opening)
+    monkeypatch.setattr(ServedWeights, "load_opened", swapped_after_opening)
     assert asyncio.run(served.load(str(weights), "3")) == len(checked)
     held = served.engine.model.state_dict()
     assert all(torch.equal(held[k], v) for k, v in checked.items())
-    assert served.held_weights()["weights_path"] == str(weights)
+    assert served.held()["weights_path"] == str(weights)
 
-    monkeypatch.setattr(server.Served, "load_opened", opened)
+    monkeypatch.setattr(ServedWeights, "load_opened", opened)
     (weights / "model.safetensors").unlink()
     os.link(outside / "other.safetensors", weights / "model.safetensors")
     with pytest.raises(HTTPException) as refused:

@@ -11,11 +11,14 @@ an engine, the reference of the KL)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 
+from .auth import follow_umask
 from .config import DEFAULT_RUN, LoraSection
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -52,25 +55,23 @@ def _peft() -> Any:
     return peft
 
 
-def lora_config(lora: LoraSection, base: str | Path) -> Any:
-    return _peft().LoraConfig(
-        r=lora.rank,
-        lora_alpha=lora.alpha,
-        target_modules=lora.targets,
-        lora_dropout=lora.dropout,
-        base_model_name_or_path=str(Path(base).resolve()),
-    )
-
-
 def attach(
     model: torch.nn.Module, lora: LoraSection, base: str | Path, seed: int = DEFAULT_RUN.seed
 ) -> torch.nn.Module:
     """A new adapter on ``model`` (loaded from the folder ``base``): the base weights frozen, the
     adapter's B zero (PEFT's initialisation), so the model computes exactly what it did. Its random
     A comes from ``seed`` alone (the global generator untouched), so ``rstar2 replay`` draws it again."""
+    peft = _peft()
+    config = peft.LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        target_modules=lora.targets,
+        lora_dropout=lora.dropout,
+        base_model_name_or_path=str(Path(base).resolve()),
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return _peft().inject_adapter_in_model(lora_config(lora, base), model)
+        return peft.inject_adapter_in_model(config, model)
 
 
 def adapter_weights(
@@ -85,8 +86,6 @@ def save_adapter(
     model: torch.nn.Module, folder: str | Path, state: dict[str, torch.Tensor] | None = None
 ) -> Path:
     """``folder`` gains the adapter's weights and config (nothing of the base model)."""
-    from safetensors.torch import save_file
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     weights = {k: v.detach().to("cpu").contiguous() for k, v in adapter_weights(model, state).items()}
@@ -116,7 +115,7 @@ def load_model(
         )
     model = AutoModelForCausalLM.from_pretrained(base_of(path), dtype=dtype)
     load_adapter_into(model, path, lora)
-    return model if lora is not None else merge(model)
+    return model if lora is not None else unload(model, merged=True)
 
 
 def base_names(model: torch.nn.Module) -> dict[str, str]:
@@ -135,8 +134,6 @@ def load_adapter_into(model: torch.nn.Module, folder: str | Path, trained: LoraS
     """``model`` takes the adapter in ``folder`` (injected on the first load, its tensors replaced on
     later ones: an engine's); names, shapes and rank are checked before anything is written (a
     ``ValueError`` then). ``trained``: the adapter trains on, with its dropout. How many tensors."""
-    from safetensors.torch import load_file
-
     peft, folder = _peft(), Path(folder)
     config = peft.LoraConfig.from_pretrained(str(folder))
     tensors = load_file(str(folder / ADAPTER_WEIGHTS))
@@ -188,14 +185,9 @@ def base_reference(policy: torch.nn.Module, start: str | Path) -> BaseOf | None:
     return BaseOf(policy) if adapted(policy) and not is_adapter(start) else None
 
 
-def merge(model: torch.nn.Module) -> torch.nn.Module:
-    """The adapter added into the base weights and removed (in place): a plain model, decoding as
-    fast as one never adapted, computing what the adapted one did (to float rounding)."""
-    return unload(model, merged=True)
-
-
 def unload(model: torch.nn.Module, merged: bool = False) -> torch.nn.Module:
-    """The adapter removed (in place; ``merged``: added into the base weights first): a plain model."""
+    """The adapter removed (in place): a plain model, decoding as fast as one never adapted;
+    ``merged``: added into the base weights first, computing what the adapted one did (to float rounding)."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     for name, module in list(model.named_modules()):
@@ -213,17 +205,11 @@ def merge_folder(source: str | Path, out: str | Path) -> Path:
     """``rstar2 model merge``: an adapter checkpoint (or a run: its last checkpoint) written as one
     Hugging Face model folder, with its tokenizer, that any engine loads. Merged and written in
     fp32 whatever the base's precision: added into bf16 weights, an update smaller than bf16's
-    spacing is rounded away (a rank-8 adapter lost ~30% of its effect on a bf16 copy of a small
-    model). Written to a temporary folder first: a failed merge leaves no half-written one."""
-    import shutil
-
+    spacing is rounded away. Written to a temporary folder first: a failed merge leaves no
+    half-written one."""
     from transformers import AutoTokenizer
 
-    from .auth import follow_umask
-
     source, out = Path(source), Path(out)
-    if not source.is_dir():
-        raise FileNotFoundError(f"{source}: no such folder (give an adapter checkpoint or a run folder)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"--out {out}: {'a file' if not out.is_dir() else 'not empty'}; give a new folder")
     if not is_adapter(source):

@@ -6,15 +6,17 @@ disk. Imports only the standard library and Starlette: it also runs inside vLLM'
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import ipaddress
 import json
 import os
 import secrets
+import shutil
 import stat
-from collections.abc import Awaitable, Callable, Iterable, Iterator
-from contextlib import contextmanager
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,38 +25,24 @@ WEIGHTS_FROM_ENV = "RSTAR2_WEIGHTS_FROM"  # rstar2 vllm: --weights-from for its 
 OPEN_ROUTES_ENV = "RSTAR2_VLLM_OPEN_ROUTES"  # rstar2 vllm: --open-route, closed routes an operator opens
 OPEN_PATHS = frozenset({"/health"})
 # vLLM's routes a caller with the key may take: its APIs (/v1, /v2, /inference, ...), the other inference and
-# information routes, and the development routes of rstar2's road (an in-place load through
-# /collective_rpc's rstar2_load, the version, pausing around a load). Any other (/sleep, /wake_up,
-# /weight_checker, /update_weights, ...: they change or free the weights outside rstar2's versioned
-# loads, and a newer vLLM's routes too) answers 403 unless the operator opens it.
+# information routes, the development routes of rstar2's road (an in-place load through /collective_rpc's
+# rstar2_load, the version, pausing around a load), and rstar2's own /mirror_weights (weight_transfer). Any
+# other (/sleep, /wake_up, /weight_checker, /update_weights, ...: they change or free the weights outside
+# rstar2's versioned loads, and a newer vLLM's routes too) answers 403 unless the operator opens it.
 VLLM_OPEN = frozenset(
-    {
-        *("/health", "/ping", "/ready", "/readyz", "/metrics", "/version", "/load"),
-        *("/docs", "/openapi.json", "/redoc", "/fault_tolerance/status", "/kv_event_sources"),
-        *("/server_info", "/weight_info", "/is_sleeping", "/is_paused", "/get_world_size"),
-        *("/tokenizer_info", "/tokenize", "/detokenize", "/invocations", "/pooling", "/classify"),
-        *("/score", "/rerank"),
-        *("/collective_rpc", "/pause", "/resume", "/update_weight_version", "/reset_prefix_cache"),
-        "/mirror_weights",  # rstar2's own, behind this guard: a folder from the trainer (weight_transfer)
-    }
+    """/health /ping /ready /readyz /metrics /version /load /docs /openapi.json /redoc
+    /fault_tolerance/status /kv_event_sources /server_info /weight_info /is_sleeping /is_paused
+    /get_world_size /tokenizer_info /tokenize /detokenize /invocations /pooling /classify /score /rerank
+    /collective_rpc /pause /resume /update_weight_version /reset_prefix_cache /mirror_weights""".split()
 )
 
-
 VLLM_OPEN_UNDER = ("/v1/", "/v2/", "/inference/", "/cohere/", "/static/")  # its APIs, its docs' files
-
-
-def vllm_route_open(path: str, opened: Iterable[str] = ()) -> bool:
-    """Whether ``vllm_guard`` lets a key holder take ``path`` (a route without the root path)."""
-    return path.startswith(VLLM_OPEN_UNDER) or path in VLLM_OPEN or path in {o for o in opened if o}
 
 
 def route(request: Any) -> str:
     """The route a request asks for, without the server's root path (``--root-path /api``:
     ``/api/collective_rpc`` is ``/collective_rpc``) and without a trailing slash."""
-    path, root = request.url.path, request.scope.get("root_path") or ""
-    if root and path.startswith(root):
-        path = path[len(root) :]
-    return "/" + path.strip("/")
+    return "/" + request.url.path.removeprefix(request.scope.get("root_path") or "").strip("/")
 
 
 def service_key(given: str | None, host: str, what: str) -> tuple[str | None, str | None]:
@@ -89,11 +77,8 @@ def key_guard(key: str | None) -> Callable[[Any, Handler], Awaitable[Any]]:
     from starlette.responses import JSONResponse
 
     async def guard(request: Any, call_next: Handler) -> Any:
-        if (
-            key
-            and route(request) not in OPEN_PATHS
-            and not authorized(request.headers.get("authorization"), key)
-        ):
+        header = request.headers.get("authorization")
+        if key and route(request) not in OPEN_PATHS and not authorized(header, key):
             return JSONResponse(
                 {"error": "unauthorized: send the server's API key as 'Authorization: Bearer KEY'"},
                 status_code=401,
@@ -116,15 +101,15 @@ async def vllm_guard(request: Any, call_next: Handler) -> Any:
     answers 403 unless opened (``rstar2 vllm --open-route``)."""
     from starlette.responses import JSONResponse
 
+    def refused(error: str) -> Any:
+        return JSONResponse({"error": error}, status_code=403)
+
     path = route(request)
-    if not vllm_route_open(path, os.environ.get(OPEN_ROUTES_ENV, "").split(",")):
-        return JSONResponse(
-            {
-                "error": f"{path} is not a route of rstar2's road (it may change or free the weights "
-                "served outside rstar2's versioned loads): closed; an operator opens it with "
-                "rstar2 vllm --open-route"
-            },
-            status_code=403,
+    opened = {o for o in os.environ.get(OPEN_ROUTES_ENV, "").split(",") if o}
+    if not (path.startswith(VLLM_OPEN_UNDER) or path in VLLM_OPEN or path in opened):
+        return refused(
+            f"{path} is not a route of rstar2's road (it may change or free the weights served outside "
+            "rstar2's versioned loads): closed; an operator opens it with rstar2 vllm --open-route"
         )
     if path == "/v1/load_lora_adapter":
         try:
@@ -143,16 +128,14 @@ async def vllm_guard(request: Any, call_next: Handler) -> Any:
             body["lora_path"] = str(allowed_folder(body["lora_path"], roots))
             request._body = json.dumps(body).encode()  # what the route reads (Starlette's cached body)
         except (ValueError, AttributeError, TypeError, FolderRefused) as exc:
-            return JSONResponse({"error": f"/v1/load_lora_adapter: {exc}"}, status_code=403)
+            return refused(f"/v1/load_lora_adapter: {exc}")
     if path == "/collective_rpc":
         try:
             method = json.loads(await request.body() or b"{}").get("method")
         except (ValueError, AttributeError):
             method = None
         if method not in RPC_ALLOWED:
-            return JSONResponse(
-                {"error": f"/collective_rpc may call only {sorted(RPC_ALLOWED)}"}, status_code=403
-            )
+            return refused(f"/collective_rpc may call only {sorted(RPC_ALLOWED)}")
     return await _guard_for(os.environ.get(KEY_ENV))(request, call_next)
 
 
@@ -169,31 +152,18 @@ def exposed_warning(host: str, key: str | None, what: str) -> str | None:
     """The warning a service says at start on a non-loopback address: without a key, that anyone
     who reaches it can use it; the sandbox, key or not, that it runs untrusted code."""
     runs_code = "sandbox" in what
-    if loopback(host):
+    if loopback(host) or (key and not runs_code):
         return None
     if key:
         return (
             f"warning: binding {host}: this service runs untrusted code; never expose it to a network "
             "you do not control"
-            if runs_code
-            else None
         )
     return (
         f"warning: {what} binds {host} without an API key: anyone who reaches this port can "
         f"{'run code on this machine' if runs_code else 'replace the weights it serves'}; "
         f"give --api-key (or ${KEY_ENV}) and the same key to its clients"
     )
-
-
-def weights_roots(given: Iterable[str | Path]) -> list[Path]:
-    """The folders weight loads may come from, resolved (a missing one is an error at start)."""
-    roots = []
-    for folder in given:
-        path = Path(folder).expanduser()
-        if not path.is_dir():
-            raise ValueError(f"--weights-from {folder}: no such directory")
-        roots.append(path.resolve())
-    return roots
 
 
 class FolderRefused(PermissionError):
@@ -224,15 +194,16 @@ def allowed_folder(folder: str, roots: list[Path]) -> Path:
                 break
         else:
             raise FolderRefused(outside)
-        for entry in _entries(path):
-            target = entry.resolve()
-            if not target.is_relative_to(root):
-                raise FolderRefused(
-                    f"{folder}: {entry.relative_to(path)} links to a file that is not under a folder this "
-                    "server loads weights from (--weights-from); nothing was read"
-                )
-            if target.exists() and _hard_linked(os.stat(target)):
-                raise FolderRefused(f"{folder}: {entry.relative_to(path)}: {HARD_LINKED}")
+        for top, dirs, files in os.walk(path):  # links not followed: a load may read any of these
+            for entry in (Path(top) / name for name in (*dirs, *files)):
+                target = entry.resolve()
+                if not target.is_relative_to(root):
+                    raise FolderRefused(
+                        f"{folder}: {entry.relative_to(path)} links to a file that is not under a folder "
+                        "this server loads weights from (--weights-from); nothing was read"
+                    )
+                if target.is_file() and target.stat().st_nlink > 1:
+                    raise FolderRefused(f"{folder}: {entry.relative_to(path)}: {HARD_LINKED}")
     except FolderRefused:
         raise
     except (OSError, RuntimeError) as exc:  # a link loop, a folder it may not list
@@ -244,10 +215,6 @@ HARD_LINKED = (
     "a file with other hard links, which may lie outside the --weights-from folders (no path tells): "
     "refused, nothing was read; copy it to a file of its own"
 )
-
-
-def _hard_linked(st: os.stat_result) -> bool:
-    return stat.S_ISREG(st.st_mode) and st.st_nlink > 1
 
 
 def open_under(path: Path, roots: list[Path]) -> int:
@@ -286,16 +253,13 @@ def open_under(path: Path, roots: list[Path]) -> int:
     return file
 
 
-@contextmanager
+@contextlib.contextmanager
 def opened_folder(folder: Path, roots: list[Path]) -> Iterator[Path]:
     """A private folder standing for ``folder`` (checked by ``allowed_folder``) while a load reads it:
     each of its files opened once (``open_under``) and linked there as ``/proc/self/fd/N``, so a
     library handed a folder (safetensors, PEFT, vLLM's loader, all in this process) reads the files
     checked, not what the path names by the time it reads. Its sub-folders are left out: a load
     reads a folder's own files (an adapter's ``base/`` is a folder of its own). Linux's ``/proc``."""
-    import shutil
-    import tempfile
-
     private = Path(tempfile.mkdtemp(prefix="rstar2-load-"))
     opened: list[int] = []
     try:
@@ -316,12 +280,10 @@ def opened_folder(folder: Path, roots: list[Path]) -> Iterator[Path]:
 
 def umask() -> int:
     """This process's umask, read without changing it (``os.umask`` sets it, for every thread)."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
@@ -336,13 +298,3 @@ def follow_umask(folder: Path) -> None:
     for entry in folder.iterdir():
         if entry.is_file() and not entry.is_symlink():
             entry.chmod(mode)
-
-
-def _entries(folder: Path) -> list[Path]:
-    """Every file and folder under ``folder``, links not followed (a load may read any of them)."""
-    if not folder.is_dir():
-        return []
-    found = []
-    for top, dirs, files in os.walk(folder):
-        found += [Path(top) / name for name in (*dirs, *files)]
-    return found

@@ -30,10 +30,10 @@ class Above:
         return f"{self.low:g}<x" + ("" if self.high is None else f"<={self.high:g}")
 
 
-def above(low: float = 0.0, high: float | None = None) -> dict[str, Any]:
+def above(low: float = 0.0, high: float | None = None, kind: type = float) -> dict[str, Any]:
     """``typer.Option(..., **above(0))``: a float option that must be above ``low``."""
-    bound = Above(low, high)
-    return {"parser": bound, "metavar": f"FLOAT [{bound}]"}
+    bound = Above(low, high, kind)
+    return {"parser": bound, "metavar": f"{kind.__name__.upper()} [{bound}]"}
 
 
 def setting(section: type[BaseModel], name: str) -> dict[str, Any]:
@@ -42,10 +42,9 @@ def setting(section: type[BaseModel], name: str) -> dict[str, Any]:
     field = section.model_fields[name]
     kind = float if float in (field.annotation, *get_args(field.annotation)) else int
     bounds = {type(m): m for m in field.metadata if isinstance(m, Ge | Gt | Le | Lt)}
-    if Gt in bounds or Lt in bounds:
-        if Lt in bounds:
-            raise NotImplementedError(f"{section.__name__}.{name}: an open upper bound")
-        high = bounds[Le].le if Le in bounds else None
-        bound = Above(bounds[Gt].gt, high, kind)
-        return {"parser": bound, "metavar": f"{kind.__name__.upper()} [{bound}]"}
-    return {"min": bounds[Ge].ge if Ge in bounds else None, "max": bounds[Le].le if Le in bounds else None}
+    if Lt in bounds:
+        raise NotImplementedError(f"{section.__name__}.{name}: an open upper bound")
+    high = bounds[Le].le if Le in bounds else None
+    if Gt in bounds:
+        return above(bounds[Gt].gt, high, kind)
+    return {"min": bounds[Ge].ge if Ge in bounds else None, "max": high}

@@ -19,10 +19,6 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-# what the passes compute in (``rstar2.device.resolve_precision``)
-Compute = Literal["auto", "bf16", "fp32"]
-
-
 class LoraSection(_Section):
     """A low-rank adapter trained instead of every weight (PEFT's LoRA; ``rstar2.adapters``): the
     checkpoints hold the adapter and its optimizer state, the engines decode the model with it."""
@@ -40,10 +36,9 @@ class ModelSection(_Section):
     tokenizer: str | None = None  # default: the model directory
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # parameters: auto (fp32), float32, bfloat16
-    # the passes' precision: auto = bf16 autocast where the hardware computes bf16 (CUDA with bf16,
-    # a CPU with AVX512-BF16 or AMX), fp32 elsewhere; bf16 = autocast even where it is emulated
-    # (warned: far slower on an AVX2-only CPU); fp32 = never. The in-process engine decodes in fp32 on a CPU.
-    compute: Compute = "auto"
+    # the passes' precision (device.py): auto = bf16 autocast where the hardware computes bf16, fp32
+    # elsewhere; bf16 = autocast even where it is emulated (warned: far slower); fp32 = never
+    compute: Literal["auto", "bf16", "fp32"] = "auto"
     gradient_checkpointing: bool = False
     threads: int | None = Field(None, ge=1)  # torch CPU threads (None: torch's default)
     lora: LoraSection | None = None  # None: every weight trained
@@ -141,10 +136,8 @@ class EngineSection(_Section):
     # cluster.shared_fs: false); None: they read the folder itself (a shared filesystem)
     weights_url: str | None = None
     reload_retries: int = Field(2, ge=0)  # a refused weight update is retried, then the run stops
-    # After each load, what an engine computes is checked against the trainer's new and previous
-    # policy (rl/run/content_check.py), within a tolerance from its own gap at the run's first
-    # load; this is the most that gap may be (mean |logprob difference|, nats): an engine further
-    # away at the start computes another model. None: only the server's own answer is checked.
+    # the most an engine's gap to the trainer (mean |logprob difference|, nats) may be at the run's first
+    # load (rl/run/content_check.py checks every load); None: only the server's own answer is checked
     weight_check_tol: float | None = Field(0.1, gt=0)
 
 
@@ -251,10 +244,8 @@ class RocSection(_Section):
     mode: Literal["lowest", "weighted", "uniform"] = "lowest"
     min_per_class: int = Field(2, ge=0)  # keep at least this many of each class where present
     drop_equal_reward_groups: bool = True
-    # RL at the policy's frontier (DAPO's dynamic sampling): a group whose rewards are all equal
-    # teaches nothing, so fresh problems are sampled, up to this many extra groups a step, until
-    # run.batch_size groups have a spread (pass rate strictly between 0 and 1 under the current
-    # policy); 0: off
+    # DAPO's dynamic sampling: up to this many extra groups a step, drawn until run.batch_size groups
+    # have a reward spread (an all-equal group teaches nothing; rl/trainer.py); 0: off
     refill_groups: int = Field(0, ge=0)
     error_penalty: bool = True
     format_penalty: bool = True
@@ -271,9 +262,9 @@ class LossSection(_Section):
     # >0: k3 KL to a frozen reference, the policy this run (stage) started from
     kl_coef: float = Field(0.0, ge=0)
     entropy_coef: float = 0.0
-    # With asynchronous.max_staleness > 0 the loss clips against the proximal policy (the weights at the
-    # update's start) and weighs each token by pi_prox/mu truncated here (the decoupled objective).
-    # Written as null, stale tokens train as if on-policy: only to measure the correction (AReaL collapsed).
+    # asynchronous.max_staleness > 0: the cap on each token's pi_prox/mu (the decoupled objective,
+    # clipped against the weights at the update's start); null: stale tokens as if on-policy, only
+    # to measure the correction (AReaL collapsed)
     tis_cap: float | None = Field(None, gt=0)
 
 
@@ -360,9 +351,8 @@ class ClusterSection(_Section):
     engine_nodes: int = Field(0, ge=0)  # 0: the trainer samples in its own process
     engine: Literal["serve", "vllm"] = "serve"  # rstar2 serve, or rstar2 vllm
     engine_args: list[str] = Field(default_factory=list)  # more options for each engine's command
-    gpus_per_node: int = Field(
-        0, ge=0, le=PORTS_PER_NODE - 8
-    )  # 0: CPUs (one engine, one trainer process a node)
+    # 0: CPUs (one engine, one trainer process a node)
+    gpus_per_node: int = Field(0, ge=0, le=PORTS_PER_NODE - 8)
     sandbox_workers_per_node: int = Field(0, ge=0)  # 0: one per core
     # the first port of the band: node i uses port_base + PORTS_PER_NODE * i onwards (fixed, never probed)
     port_base: int = Field(20000, ge=1024, lt=EPHEMERAL_START)

@@ -4,14 +4,13 @@ each bad key."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .config import NO_TOOLS, RLConfig, RolloutSection, SFTConfig, TrainConfig
+from .config import RLConfig, SFTConfig, TrainConfig
 
 
 class ConfigError(ValueError):
@@ -37,10 +36,9 @@ def put(tree: dict[str, Any], key: str, value: Any) -> None:
     parts = key.strip().split(".")
     for i, p in enumerate(parts[:-1]):
         if isinstance(node, list):
-            match = [x for x in node if isinstance(x, dict) and x.get("name") == p]
-            if not match:
+            node = next((x for x in node if isinstance(x, dict) and x.get("name") == p), None)
+            if node is None:
                 raise ConfigError(f"--set {key}: no {parts[i - 1].removesuffix('s')} named {p!r}")
-            node = match[0]
             continue
         node = node.setdefault(p, {})
         if not isinstance(node, (dict, list)):
@@ -101,23 +99,3 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 def dump_config(cfg: BaseModel) -> str:
     """A config (or a recipe) as YAML, every default written out."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
-
-
-def rollout_settings(
-    file_tree: dict[str, Any] | None,
-    sets: list[str],
-    preset: dict[str, Any],
-    no_tools: bool = False,
-    **options: Any,
-) -> RolloutSection:
-    """One ``RolloutSection`` from, in rising priority: its defaults, ``preset`` (no file given), a
-    file's settings, ``NO_TOOLS``, ``--set`` values, the command's options (dotted keys; None: unset)."""
-    tree = copy.deepcopy(file_tree if file_tree is not None else preset)  # a preset's sections stay its own
-    if no_tools:  # a model without tool use: the bare problem, one turn, nothing run, lenient
-        tree.update(NO_TOOLS)
-    for item in sets:
-        set_value(tree, item.removeprefix("rollout."))
-    for key, value in options.items():
-        if value is not None and value != []:
-            put(tree, key, value)
-    return validate(RolloutSection, tree, "rollout settings")

@@ -24,9 +24,6 @@ _ONEDNN_BF16_ISAS = frozenset(
     "AVX10_1_512_AMX AVX10_1_512_AMX_FP16 AVX10_2_512 AVX10_2_512_AMX_2 ALL DEFAULT".split()
 )
 
-# what the warning tells a user who asks for emulated bf16 (the figure is in benchmarks/RESULTS.md)
-EMULATED_SLOWDOWN = "73x slower than fp32 on an AVX2-only CPU"
-
 
 class PrecisionWarning(UserWarning):
     """bf16 asked for where the hardware only emulates it."""
@@ -58,8 +55,17 @@ def _cpu_has(flag: str) -> bool:
     return bool(probe()) if probe is not None else False
 
 
-def cpu_bf16() -> tuple[bool, str]:
-    """Whether this CPU computes bf16 natively, and why in words (for the start-up line)."""
+def native_bf16(device: torch.device) -> tuple[bool, str]:
+    """Whether ``device`` computes bf16 natively, and why in words (for the start-up line)."""
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return False, "no CUDA device"
+        name = torch.cuda.get_device_name(device)
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            return True, f"{name} with bf16"
+        return False, f"{name} without bf16"
+    if device.type != "cpu":
+        return False, f"{device.type}: bf16 not measured there"
     capability = cpu_capability()
     if _cpu_has("amx_bf16"):
         hardware = "AMX"
@@ -73,20 +79,6 @@ def cpu_bf16() -> tuple[bool, str]:
     if not capability.upper().startswith(("AVX512", "AMX")):
         return False, f"CPU {capability} with {hardware}, limited by ATEN_CPU_CAPABILITY"
     return True, f"CPU {capability} with {hardware}"
-
-
-def native_bf16(device: torch.device) -> tuple[bool, str]:
-    """Whether ``device`` computes bf16 natively, and why in words."""
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            return False, "no CUDA device"
-        name = torch.cuda.get_device_name(device)
-        if torch.cuda.is_bf16_supported(including_emulation=False):
-            return True, f"{name} with bf16"
-        return False, f"{name} without bf16"
-    if device.type == "cpu":
-        return cpu_bf16()
-    return False, f"{device.type}: bf16 not measured there"
 
 
 @dataclass(frozen=True)
@@ -119,10 +111,10 @@ def resolve_precision(device: torch.device | str, compute: str = "auto") -> Prec
         return Precision("auto", "bf16" if native else "fp32", str(device), why)
     if not native and (str(device), why) not in _warned:
         _warned.add((str(device), why))
-        warnings.warn(
+        warnings.warn(  # the figure: benchmarks/RESULTS.md
             f"model.compute is bf16, but this machine has no native bf16 ({device}: {why}), so every "
-            f"bf16 matrix product is emulated: measured {EMULATED_SLOWDOWN}. Set model.compute: auto "
-            f"(fp32 here, bf16 where the hardware computes it).",
+            "bf16 matrix product is emulated: measured 73x slower than fp32 on an AVX2-only CPU. Set "
+            "model.compute: auto (fp32 here, bf16 where the hardware computes it).",
             PrecisionWarning,
             stacklevel=2,
         )

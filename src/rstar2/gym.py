@@ -41,8 +41,7 @@ def parse_source(source: str) -> GymSection:
     options: dict[str, Any] = {}
     config: dict[str, Any] = {}
     try:
-        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
-        for key, raw in pairs:
+        for key, raw in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
             (options if key in ("size", "seed", "score") else config)[key] = yaml.safe_load(raw)
     except (ValueError, yaml.YAMLError) as exc:
         raise ConfigError(f"problem source {source!r}: write it as gym:TASK?KEY=VALUE&... ({exc})") from None

@@ -53,36 +53,25 @@ def resolve_source(source: str) -> tuple[Path, str | None]:
     return path, ggufs[0]
 
 
-def load_source(folder: Path, gguf: str | None) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    kw = {"gguf_file": gguf} if gguf else {}
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), **kw)
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype="float32", **kw)
-    except ImportError as exc:  # gguf (or accelerate) missing
-        raise ImportError(f"{exc}; install the extra: pip install 'rstar2[models]'") from exc
-    return model.eval(), tokenizer
-
-
 def max_logit_diff(a: Any, b: Any, tokenizer: Any) -> float:
     import torch
 
-    worst = 0.0
     with torch.no_grad():
-        for prompt in CHECK_PROMPTS:
-            ids = torch.tensor([tokenizer.encode(prompt)])
-            diff = (a(input_ids=ids).logits - b(input_ids=ids).logits).abs().max()
-            worst = max(worst, float(diff))
-    return worst
+        inputs = [torch.tensor([tokenizer.encode(prompt)]) for prompt in CHECK_PROMPTS]
+        return max(float((a(input_ids=ids).logits - b(input_ids=ids).logits).abs().max()) for ids in inputs)
 
 
 def import_model(source: str, out: str | Path, *, tolerance: float = 1e-4) -> ImportReport:
     """Write ``source`` as a plain model folder at ``out`` (``import.json`` records the check)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, gguf = resolve_source(source)
-    model, tokenizer = load_source(folder, gguf)
+    kw = {"gguf_file": gguf} if gguf else {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), **kw)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype="float32", **kw).eval()
+    except ImportError as exc:  # gguf (or accelerate) missing
+        raise ImportError(f"{exc}; install the extra: pip install 'rstar2[models]'") from exc
     config = copy.deepcopy(model.config)
     for key in ("quantization_config", "_model_name_or_path"):  # GGUF origin: would mark it unsavable
         if hasattr(config, key):

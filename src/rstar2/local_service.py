@@ -50,17 +50,22 @@ def wait_healthy(
 ) -> None:
     """Return once ``url`` answers ``/health`` with 200; raise if ``proc`` exits first or
     ``timeout_s`` passes (``detail()`` ends the message: a log's tail, the process's stderr)."""
-    import httpx
-
     deadline = time.monotonic() + timeout_s
     while True:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"{what} at {url} exited during start-up{detail()}")
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what} at {url} did not answer within {timeout_s:.0f} s{detail()}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
+        if healthy(url):
+            return
         time.sleep(0.2)
+
+
+def healthy(url: str) -> bool:
+    """Whether ``url`` answers ``GET /health`` with 200 now."""
+    import httpx
+
+    try:
+        return httpx.get(url + "/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

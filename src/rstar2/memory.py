@@ -6,16 +6,15 @@ bounded (``KERNEL_CACHES``). Also here: peak and free memory, and the micro-batc
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import os
 from functools import cache
 
-# oneDNN, and ideep (PyTorch's layer over it), keep a compiled kernel with its own scratch buffers for
-# every shape they meet, 1024 of each by default. Micro-batches of varying length meet new shapes at
-# every step, so under bf16 the resident memory grew at every step of a run, trimmed heap or not;
-# 64 of each keep the shapes of the pass at hand (a pass reuses its kernels across the layers) at the
-# same speed (benchmarks/kernel_caches.py, RESULTS.md).
+# oneDNN and ideep (PyTorch's layer over it) keep a compiled kernel and its scratch buffers for every
+# shape they meet, 1024 of each by default: micro-batches of varying length grew the resident memory at
+# every step under bf16; 64 keep a pass's shapes, at the same speed (benchmarks/kernel_caches.py).
 KERNEL_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
 
 
@@ -38,8 +37,7 @@ def _libc() -> ctypes.CDLL | None:
 
 def trim_heap() -> bool:
     """Return the heap's free pages to the OS; whether this C library can (glibc only)."""
-    libc = _libc()
-    if libc is None:
+    if (libc := _libc()) is None:
         return False
     libc.malloc_trim(0)
     return True
@@ -65,13 +63,10 @@ def reset_peak() -> bool:
 
 def _proc_bytes(path: str, key: str) -> int | None:
     """A ``key: N kB`` line of a /proc file, in bytes; None where it cannot be read."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(key):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open(path) as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
     return None
 
 

@@ -5,6 +5,7 @@ when a file names them otherwise (verl's layout is found without being told)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ BENCHMARKS = ("aime2024", "aime2025", "hmmt_feb_2025", "math500", "amc2023", "pa
 ALIASES = {"aime24": "aime2024", "aime25": "aime2025", "hmmt25": "hmmt_feb_2025", "amc23": "amc2023"}
 PROBLEM_COLUMNS = ("problem", "question", "prompt")
 ANSWER_COLUMNS = ("answer", "ground_truth", "reward_model.ground_truth")
+A_LIST = "a .json file of problems holds a list of rows"
 FORMATS = "a .jsonl, .json or .parquet file, a `datasets` folder (save_to_disk), or gym:TASK"
 
 
@@ -94,15 +96,11 @@ def _read(path: Path, split: str | None) -> list[tuple[int | str, Any]]:
             rows = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             said = (
-                "an empty file"
-                if not exc.doc.strip()
-                else f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+                f"{exc.msg} at line {exc.lineno} column {exc.colno}" if exc.doc.strip() else "an empty file"
             )
-            raise ValueError(
-                f"{path}: not valid JSON ({said}); a .json file of problems holds a list of rows"
-            ) from None
+            raise ValueError(f"{path}: not valid JSON ({said}); {A_LIST}") from None
         if not isinstance(rows, list):
-            raise ValueError(f"{path}: a .json file of problems holds a list of rows")
+            raise ValueError(f"{path}: {A_LIST}")
         return list(enumerate(rows, start=1))
     return list(iter_jsonl(path))
 
@@ -143,10 +141,8 @@ def _column(
     path: Path, where: int | str, row: dict[str, Any], given: str | None, defaults: tuple, role: str
 ) -> Any:
     for name in [given] if given else defaults:
-        try:
+        with contextlib.suppress(KeyError):
             return _get(row, name)
-        except KeyError:
-            continue
     shown = f"column {given!r}" if given else f"column named {' or '.join(map(repr, defaults))}"
     raise ValueError(
         f"{path} (row {where}): no {shown} for the {role}; it has {', '.join(map(repr, row))}: "

@@ -12,14 +12,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import http.client
+import json
 import os
 import sys
 import time
+import uuid
 import zlib
+from concurrent.futures import ThreadPoolExecutor, wait
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
 
-from .auth import KEY_ENV, WEIGHTS_FROM_ENV, FolderRefused, client_headers, exposed_warning, route
+from .auth import KEY_ENV, WEIGHTS_FROM_ENV, FolderRefused, authorized, client_headers, exposed_warning, route
 
 CHUNK = 8 << 20
 LOADED = (".safetensors", ".json", ".jinja", ".txt", ".model")  # what a load reads (not optimizer state)
@@ -50,13 +57,15 @@ def served_folder(roots: list[Path], folder: str) -> Path:
 def manifest(folder: Path) -> dict[str, Any]:
     """The folder's own files a load reads (not its sub-folders, links or optimizer state), each with
     what tells its version: size, modification time and which file it is (device and inode)."""
-    files = sorted(p for p in folder.iterdir() if loaded(p) and not p.is_symlink())
+    files = sorted(p for p in folder.iterdir() if loaded(p))
     return {"files": [{"name": p.name, **stamp(p)} for p in files]}
 
 
 def loaded(path: Path) -> bool:
-    """A file of a model folder that a load reads (not a mirror's own notes, ``.mirrored.json``)."""
-    return path.suffix in LOADED and not path.name.startswith(".") and path.is_file()
+    """A file of a model folder that a load reads (not a link, nor a mirror's own notes, ``.mirrored.json``)."""
+    return (
+        path.suffix in LOADED and not path.name.startswith(".") and path.is_file() and not path.is_symlink()
+    )
 
 
 def stamp(path: Path) -> dict[str, Any]:
@@ -66,44 +75,33 @@ def stamp(path: Path) -> dict[str, Any]:
     return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "file": f"{BOOT}:{stat.st_dev}:{stat.st_ino}"}
 
 
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        import uuid
-
-        return uuid.uuid4().hex  # no boot id: no file here is ever taken for a served one
-
-
-BOOT = _boot_id()
+try:
+    BOOT = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+except OSError:
+    BOOT = uuid.uuid4().hex  # no boot id: no file here is ever taken for a served one
 FETCH_FROM_ENV = "RSTAR2_FETCH_FROM"  # rstar2 vllm: --fetch-from, for /mirror_weights inside vLLM
 
 
-class WeightService:
+class WeightService(ThreadingHTTPServer):
     """The trainer's side, on the standard library's threaded HTTP server: ``GET /weights/manifest?
     folder=``, ``/weights/file?folder=&name=`` (sent with ``sendfile``: no copy through Python) and
     ``/weights/checksum?folder=&name=`` (each file's CRC-32, begun in the background when its
     manifest is asked, so it is ready when the file has arrived); ``/health`` open, the rest only
     with the key."""
 
-    def __init__(self, roots: list[Path], key: str | None, host: str = "127.0.0.1", port: int = 0) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-        from http.server import ThreadingHTTPServer
+    daemon_threads = True
 
+    def __init__(self, roots: list[Path], key: str | None, host: str = "127.0.0.1", port: int = 0) -> None:
         self.roots, self.key = [r.resolve() for r in roots], key
         self.served = {"manifests": 0, "files": 0, "bytes": 0}  # what it sent, for whoever watches the run
         self.checksums = ThreadPoolExecutor(1)
         self.pending: dict[str, Any] = {}
-        self.httpd = ThreadingHTTPServer((host, port), self._handler())
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-
-    def serve_forever(self) -> None:
-        self.httpd.serve_forever()
+        super().__init__((host, port), _Handler)
+        self.port = self.server_address[1]
 
     def shutdown(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().shutdown()
+        self.server_close()
         self.checksums.shutdown(wait=False)
 
     def send_file(self, handler: Any, path: Path) -> None:
@@ -118,83 +116,63 @@ class WeightService:
         self.served["files"] += 1
         self.served["bytes"] += size
 
-    def checksum(self, path: Path) -> int:
-        ahead = self.pending.get(str(path))
-        return ahead.result() if ahead is not None else checksum(path)
 
-    def _handler(self) -> type:
-        import json
-        from http.server import BaseHTTPRequestHandler
-        from urllib.parse import parse_qs, urlsplit
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # one connection for a mirror's requests
+    disable_nagle_algorithm = True  # an answer's head and body apart met delayed ACKs: 40 ms each
 
-        from .auth import authorized
+    def log_message(self, *args: Any) -> None:  # quiet: a request a file and a load
+        pass
 
-        service = self
+    def answer(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if status == 401:
+            self.send_header("WWW-Authenticate", "Bearer")
+        self.end_headers()
+        self.wfile.write(data)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # one connection for a mirror's requests
-            disable_nagle_algorithm = True  # an answer's head and body apart met delayed ACKs: 40 ms each
-
-            def log_message(self, *args: Any) -> None:  # quiet: a request a file and a load
-                pass
-
-            def answer(self, status: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                if status == 401:
-                    self.send_header("WWW-Authenticate", "Bearer")
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:  # noqa: N802 - the standard library's name
-                url = urlsplit(self.path)
-                query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-                if url.path == "/health":
-                    return self.answer(
-                        200,
-                        {"status": "ok", "roots": [str(r) for r in service.roots], "served": service.served},
-                    )
-                if service.key and not authorized(self.headers.get("Authorization"), service.key):
-                    return self.answer(
-                        401,
-                        {"error": "unauthorized: send the service's API key as 'Authorization: Bearer KEY'"},
-                    )
-                try:
-                    folder = served_folder(service.roots, query.get("folder", ""))
-                    if url.path == MANIFEST:
-                        listed = manifest(folder)
-                        for entry in listed["files"]:  # its checksums begun now: ready when asked
-                            path = folder / entry["name"]
-                            service.pending[str(path)] = service.checksums.submit(checksum, path)
-                        service.served["manifests"] += 1
-                        return self.answer(200, listed)
-                    path = folder / query.get("name", "")
-                    if path.parent != folder or not loaded(path) or path.is_symlink():
-                        return self.answer(404, {"error": "no such file in that folder"})
-                    if url.path == CHECKSUM:
-                        return self.answer(200, {"crc32": service.checksum(path), **stamp(path)})
-                    if url.path == FILE:
-                        return service.send_file(self, path)
-                    return self.answer(404, {"error": f"no route {url.path}"})
-                except FolderRefused as exc:
-                    return self.answer(403, {"error": str(exc)})
-
-        return Handler
+    def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+        service = self.server
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        if url.path == "/health":
+            return self.answer(
+                200,
+                {"status": "ok", "roots": [str(r) for r in service.roots], "served": service.served},
+            )
+        if service.key and not authorized(self.headers.get("Authorization"), service.key):
+            return self.answer(
+                401,
+                {"error": "unauthorized: send the service's API key as 'Authorization: Bearer KEY'"},
+            )
+        try:
+            folder = served_folder(service.roots, query.get("folder", ""))
+            if url.path == MANIFEST:
+                listed = manifest(folder)
+                for entry in listed["files"]:  # its checksums begun now: ready when asked
+                    path = folder / entry["name"]
+                    service.pending[str(path)] = service.checksums.submit(checksum, path)
+                service.served["manifests"] += 1
+                return self.answer(200, listed)
+            path = folder / query.get("name", "")
+            if path.parent != folder or not loaded(path):
+                return self.answer(404, {"error": "no such file in that folder"})
+            if url.path == CHECKSUM:
+                ahead = service.pending.get(str(path))
+                crc = ahead.result() if ahead is not None else checksum(path)
+                return self.answer(200, {"crc32": crc, **stamp(path)})
+            if url.path == FILE:
+                return service.send_file(self, path)
+            return self.answer(404, {"error": f"no route {url.path}"})
+        except FolderRefused as exc:
+            return self.answer(403, {"error": str(exc)})
 
 
 class MirrorError(RuntimeError):
     """A folder did not arrive whole: refused, cut short, or not what the manifest said."""
-
-
-def target_folder(folder: str, roots: list[Path]) -> Path:
-    """Where a mirror writes: ``folder`` itself, which must lie under one of ``roots`` (a root's own
-    files are a server's starting model, never written over)."""
-    path = Path(folder).resolve()
-    if not any(path.is_relative_to(r) and path != r for r in roots):
-        raise FolderRefused(f"{folder} is not under a folder this server loads weights from (--weights-from)")
-    return path
 
 
 async def mirror(
@@ -208,7 +186,10 @@ async def mirror(
             f"this server fetches weights only from the service it was started with (--fetch-from "
             f"{pinned or 'none: it fetches none'}), not {source}"
         )
-    target = target_folder(folder, roots)
+    # written to ``folder`` itself, under one of ``roots`` (a root's own files are a server's starting model)
+    target = Path(folder).resolve()
+    if not any(target.is_relative_to(r) and target != r for r in roots):
+        raise FolderRefused(f"{folder} is not under a folder this server loads weights from (--weights-from)")
     return await asyncio.to_thread(_mirror, source, folder, target, key)
 
 
@@ -219,7 +200,6 @@ def _mirror(source: str, folder: str, target: Path, key: str | None) -> dict[str
     loads it; files the folder no longer holds go. The engines of one node take turns (a lock
     file), so they never write one file at once."""
     import fcntl
-    import json
 
     start = time.perf_counter()
     target.mkdir(parents=True, exist_ok=True)
@@ -250,9 +230,8 @@ def _mirror(source: str, folder: str, target: Path, key: str | None) -> dict[str
                 size, crc = service.fetch(folder, name, part)
                 status, body = service.get(CHECKSUM, folder=folder, name=name)
                 sent = json.loads(body) if status == 200 else {}
-                if (size, crc) != (entry["size"], sent.get("crc32")) or sent.get("mtime_ns") != entry[
-                    "mtime_ns"
-                ]:
+                expected = (entry["size"], sent.get("crc32"), entry["mtime_ns"])
+                if (size, crc, sent.get("mtime_ns")) != expected:
                     raise MirrorError(
                         f"{folder}/{name} arrived as {size} bytes, CRC-32 {crc:#010x}; the service sent "
                         f"{entry['size']} bytes, CRC-32 {sent.get('crc32')} ({status}; a file rewritten meanwhile "
@@ -265,15 +244,13 @@ def _mirror(source: str, folder: str, target: Path, key: str | None) -> dict[str
             record[name] = {"source": entry, "here": stamp(path)}
             fetched += size
         names = {e["name"] for e in files}
-        for stale in (
-            p for p in target.iterdir() if loaded(p) and not p.is_symlink() and p.name not in names
-        ):
-            stale.unlink()
+        for stale in target.iterdir():
+            if loaded(stale) and stale.name not in names:
+                stale.unlink()
         record_file.write_text(json.dumps({k: v for k, v in record.items() if k in names}))
-    total = sum(e["size"] for e in files)
     return {
         "files": len(files),
-        "bytes": total,
+        "bytes": sum(e["size"] for e in files),
         "fetched": fetched,
         "seconds": round(time.perf_counter() - start, 3),
     }
@@ -284,10 +261,6 @@ class _Service:
     into one buffer, 8 MiB at a time (httpx's 64 KiB reads held a 500 MB file to ~350 MB/s)."""
 
     def __init__(self, source: str, key: str | None) -> None:
-        import http.client
-        from concurrent.futures import ThreadPoolExecutor
-        from urllib.parse import urlsplit
-
         url = urlsplit(source)
         kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
         self.conn = kind(url.hostname, url.port, timeout=600)
@@ -303,8 +276,6 @@ class _Service:
         self.writer.shutdown()
 
     def request(self, path: str, **query: str) -> Any:
-        from urllib.parse import urlencode
-
         try:
             self.conn.request("GET", f"{path}?{urlencode(query)}", headers=self.headers)
             return self.conn.getresponse()
@@ -318,9 +289,6 @@ class _Service:
     def fetch(self, folder: str, name: str, into: Path) -> tuple[int, int]:
         """A file into ``into``: its size and CRC-32, as received. Two buffers: one is filled from
         the socket while a thread checksums and writes the other."""
-        import http.client
-        from concurrent.futures import wait
-
         resp = self.request(FILE, folder=folder, name=name)
         if resp.status != 200:
             raise MirrorError(
@@ -339,11 +307,8 @@ class _Service:
             try:
                 while n := resp.readinto(buffers[turn % 2]):
                     crc = pending.result() if pending is not None else crc
-                    pending, size, turn = (
-                        self.writer.submit(put, buffers[turn % 2][:n], crc),
-                        size + n,
-                        turn + 1,
-                    )
+                    pending = self.writer.submit(put, buffers[turn % 2][:n], crc)
+                    size, turn = size + n, turn + 1
                 crc = pending.result() if pending is not None else crc
             except (OSError, http.client.HTTPException) as exc:
                 raise MirrorError(f"{folder}/{name} was cut off after {size} bytes: {exc!r}") from None
@@ -359,8 +324,6 @@ async def vllm_mirror(request: Any, call_next: Any) -> Any:
     adds it inside ``auth.vllm_guard``, which has checked the key by then)."""
     if route(request) != "/mirror_weights":
         return await call_next(request)
-    import json
-
     from starlette.responses import JSONResponse
 
     try:
@@ -370,12 +333,9 @@ async def vllm_mirror(request: Any, call_next: Any) -> Any:
         return JSONResponse(
             await mirror(body["source"], body["folder"], roots, os.environ.get(KEY_ENV), pinned=pinned)
         )
-    except (ValueError, KeyError, TypeError) as exc:
-        return JSONResponse({"error": f"/mirror_weights: {exc}"}, status_code=400)
-    except FolderRefused as exc:
-        return JSONResponse({"error": f"/mirror_weights: {exc}"}, status_code=403)
-    except MirrorError as exc:
-        return JSONResponse({"error": f"/mirror_weights: {exc}"}, status_code=502)
+    except (ValueError, KeyError, TypeError, FolderRefused, MirrorError) as exc:
+        status = 403 if isinstance(exc, FolderRefused) else 502 if isinstance(exc, MirrorError) else 400
+        return JSONResponse({"error": f"/mirror_weights: {exc}"}, status_code=status)
 
 
 def main() -> None:
@@ -392,12 +352,10 @@ def main() -> None:
         service = WeightService(args.root, key, args.host, args.port)
     except OSError as exc:  # a port taken: one line, no traceback
         sys.exit(f"error: the weight service cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
-    host = service.httpd.server_address[0]  # what it is bound to, not what was asked
+    host = service.server_address[0]  # what it is bound to, not what was asked
     print(f"[rstar2] weight service on http://{host}:{service.port}", file=sys.stderr, flush=True)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         service.serve_forever()
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":

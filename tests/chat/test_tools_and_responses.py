@@ -4,13 +4,13 @@ import json
 
 import pytest
 
-from rstar2.chat import (
+from rstar2.chat.tool_response import render_result
+from rstar2.chat.tools import (
     PYTHON_TOOL,
     SESSION_TOOL,
     ToolCall,
     ToolCallError,
     parse_tool_calls,
-    render_result,
     tool_schemas,
 )
 from rstar2.sandbox.result import ExecResult

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from rstar2.engines.server import PRETEND_LOADS_FROM
+from rstar2.engines.served_weights import PRETEND_LOADS_FROM
 from rstar2.rl.run.content_check import FLOOR, MARGIN, ContentCheck, Probe, tolerance, verdict
 
 from ..conftest import free_port, start_cli, stop, wait_http

@@ -21,8 +21,8 @@ def exited(code: int) -> int:
 
 
 def output(limits: Limits, out: bytes = b"", err: bytes = b"", report: bytes = b"") -> CallOutput:
-    cap, writing_ends = CallOutput.with_pipes(limits)
-    for w, data in zip(writing_ends, (out, err, report), strict=True):
+    cap = CallOutput(limits)
+    for w, data in zip(cap.writing_ends, (out, err, report), strict=True):
         os.write(w, data)
         os.close(w)
     for r in cap.streams:

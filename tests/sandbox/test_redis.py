@@ -13,7 +13,7 @@ import pytest
 from redis.exceptions import ResponseError
 
 from rstar2.sandbox import ExecRequest
-from rstar2.sandbox.redis_queue import PASSWORD_ENV, RedisBackend, exposed_warning, shown
+from rstar2.sandbox.redis_queue import PASSWORD_ENV, TASKS, RedisBackend, exposed_warning, shown
 
 from ..conftest import start_cli, stop
 
@@ -82,7 +82,7 @@ async def test_killed_worker_tasks_are_redelivered(redis_server):
     async def held_by(consumer: str) -> int:
         try:
             rows = await backend._redis.xpending_range(
-                backend.tasks_key, "workers", min="-", max="+", count=10_000, consumername=consumer
+                TASKS, "workers", min="-", max="+", count=10_000, consumername=consumer
             )  # noqa: SLF001
         except ResponseError:  # the workers have not created the group yet
             return 0
@@ -103,7 +103,7 @@ async def test_killed_worker_tasks_are_redelivered(redis_server):
         # nothing left unacknowledged once the surviving node is done (a re-delivered copy
         # whose first run already answered may still be running when the last result arrives)
         for _ in range(300):
-            info = await backend._redis.xpending(backend.tasks_key, "workers")  # noqa: SLF001
+            info = await backend._redis.xpending(TASKS, "workers")  # noqa: SLF001
             if info["pending"] == 0:
                 break
             await asyncio.sleep(0.1)

@@ -25,8 +25,6 @@ def top_share_mask(values: Sequence[float], share: float) -> list[bool]:
     """The ``share`` highest values (at least one when any), ties broken by position."""
     if not 0 < share <= 1:
         raise ValueError(f"--top must be in (0, 1], got {share}")
-    if not values:
-        return []
     k = max(1, round(share * len(values)))
     order = sorted(range(len(values)), key=lambda i: (-values[i], i))
     chosen = set(order[:k])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +14,6 @@ from ..config import DEFAULT_ROLLOUT, DEFAULT_RUN
 from ..jsonl import iter_jsonl
 from ..plots import pyplot, save_figure
 from .entropy import Summary, TrajectoryEntropy, mark_high, summarize, teacher_forced_entropy
-
-
-def trajectory_rows(path: Path, limit: int | None = None) -> Iterator[dict[str, Any]]:
-    """A JSONL file's trajectories with their token ids (other and cut lines skipped)."""
-    n = 0
-    for _, d in iter_jsonl(path, strict=False):
-        if limit is not None and n >= limit:
-            return
-        if isinstance(d, dict) and "response_ids" in d and "prompt_ids" in d:
-            n += 1
-            yield d
 
 
 def analyze(
@@ -37,7 +26,6 @@ def analyze(
     limit: int | None = None,
     temperature: float = DEFAULT_ROLLOUT.temperature,
     device: str = "auto",
-    html_trajectories: int = 20,
     progress: bool = True,
 ) -> Summary:
     from tqdm.auto import tqdm
@@ -46,15 +34,10 @@ def analyze(
     from ..adapters import load_model
     from ..device import pick_device
 
-    if not Path(model_path).is_dir():
-        raise ValueError(f"--model {model_path}: no such directory")
-    if not Path(trajectories).is_file():
-        raise ValueError(f"--trajectories {trajectories}: no such file")
-    if not 0 < top <= 1:
-        raise ValueError(f"--top must be in (0, 1], got {top}")
     model = load_model(model_path).to(pick_device(device)).eval()  # an adapter checkpoint merged
     tok = AutoTokenizer.from_pretrained(str(model_path))
-    rows = list(trajectory_rows(trajectories, limit))
+    lines = (d for _, d in iter_jsonl(trajectories, strict=False) if isinstance(d, dict))  # cut lines skipped
+    rows = list(islice((d for d in lines if "response_ids" in d and "prompt_ids" in d), limit))
     if not rows:
         raise ValueError(f"{trajectories}: no trajectories with prompt_ids and response_ids")
     decoded = TokenClasses(tok, window)  # each token id decoded once
@@ -68,7 +51,7 @@ def analyze(
     (out / "entropy.json").write_text(json.dumps(report, indent=1))
     (out / "entropy.md").write_text(markdown(summary, settings, len(items)))
     plot(summary, out / "entropy.png")
-    (out / "tokens.html").write_text(tokens_html(items[:html_trajectories], top))
+    (out / "tokens.html").write_text(tokens_html(items[:20], top))
     return summary
 
 
@@ -125,11 +108,6 @@ def plot(s: Summary, path: Path) -> None:
     save_figure(fig, path)
 
 
-def _colour(e: float, hi: float) -> str:
-    t = max(0.0, min(1.0, e / hi)) if hi > 0 else 0.0
-    return f"rgba(220, 60, 40, {0.05 + 0.85 * t:.2f})"
-
-
 def tokens_html(items: list[TrajectoryEntropy], top: float) -> str:
     """Each trajectory's tokens on a white-to-red scale of entropy; high-entropy tokens underlined,
     tool tokens grey. Model text is escaped: it is untrusted."""
@@ -153,8 +131,8 @@ def tokens_html(items: list[TrajectoryEntropy], top: float) -> str:
                 parts.append(f"<span class='tool'>{text}</span>")
             else:
                 cls = " class='high'" if h else ""
-                parts.append(
-                    f"<span{cls} style='background:{_colour(e, hi)}' title='{c} · {e:.3f}'>{text}</span>"
-                )
+                t = max(0.0, min(1.0, e / hi)) if hi > 0 else 0.0
+                style = f"background:rgba(220, 60, 40, {0.05 + 0.85 * t:.2f})"
+                parts.append(f"<span{cls} style='{style}' title='{c} · {e:.3f}'>{text}</span>")
         parts.append("</div></section>")
     return "".join(parts)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import html
 from collections.abc import Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,6 @@ def find_files(target: Path) -> list[Path]:
     """A JSONL file as given; in a folder, every ``trajectories.jsonl`` and ``samples/*.jsonl``."""
     if target.is_file():
         return [target]
-    if not target.is_dir():
-        raise FileNotFoundError(f"{target}: no such file or folder")
     files = sorted(target.rglob("trajectories.jsonl")) + sorted(target.rglob("samples/*.jsonl"))
     if not files:
         raise FileNotFoundError(f"{target}: no trajectories.jsonl or samples/*.jsonl inside")
@@ -51,14 +50,13 @@ def load(
     files: list[Path], limit: int | None = None, sign: str | None = None
 ) -> list[tuple[str, dict[str, Any]]]:
     """Trajectories of ``files``; with ``sign``, only those showing that health sign."""
-    out = []
-    for f in files:
-        for _, d in iter_jsonl(f, strict=False):  # a line cut by a crash is skipped
-            if isinstance(d, dict) and "turns" in d and (sign is None or sign in health_signs(d)):
-                out.append((str(f), d))
-                if limit is not None and len(out) >= limit:
-                    return out
-    return out
+    found = (
+        (str(f), d)
+        for f in files
+        for _, d in iter_jsonl(f, strict=False)  # a line cut by a crash is skipped
+        if isinstance(d, dict) and "turns" in d and (sign is None or sign in health_signs(d))
+    )
+    return list(islice(found, limit))
 
 
 def _e(x: Any) -> str:

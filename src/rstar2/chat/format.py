@@ -25,11 +25,10 @@ class TemplateError(ValueError):
     """The chat template cannot be used token-in/token-out (see the message for why)."""
 
 
-def ensure_chat_template(tokenizer: Any) -> Any:
+def ensure_chat_template(tokenizer: Any) -> None:
     """Give a tokenizer without a chat template rstar2's ChatML one (with tool support)."""
     if not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = CHATML_TEMPLATE
-    return tokenizer
 
 
 def end_of_turn_ids(tokenizer: Any) -> tuple[int, ...]:

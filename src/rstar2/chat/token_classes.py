@@ -3,7 +3,9 @@ response, else ``reasoning``): for the trainer's entropy per class and ``rstar2 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from itertools import groupby
 from typing import Any
 
 from ..config import DEFAULT_RUN
@@ -12,22 +14,15 @@ from .tags import ANSWER_CLOSE, ANSWER_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 CLASSES = ("reasoning", "reflection", "code", "answer")
 NO_CLASS = -1  # a tool-response token: not the model's, no class
 _BLOCKS = (("code", TOOL_CALL_OPEN, TOOL_CALL_CLOSE), ("answer", ANSWER_OPEN, ANSWER_CLOSE))
+_BLOCK_RE = re.compile(
+    "|".join(f"(?P<{kind}>{re.escape(o)}.*?(?:{re.escape(c)}|\\Z))" for kind, o, c in _BLOCKS), re.DOTALL
+)
 
 
-def block_regions(text: str) -> list[tuple[int, int, str]]:
+def block_regions(text: str) -> list[tuple[int, int, str | None]]:
     """Character spans of ``<tool_call>…</tool_call>`` (code) and ``<answer>…</answer>`` blocks,
     tags included; an unclosed block runs to the end of the text."""
-    regions, pos = [], 0
-    while True:
-        found = [(text.find(o, pos), o, c, k) for k, o, c in _BLOCKS]
-        found = [f for f in found if f[0] >= 0]
-        if not found:
-            return regions
-        start, open_tag, close_tag, kind = min(found)
-        close = text.find(close_tag, start + len(open_tag))
-        end = len(text) if close < 0 else close + len(close_tag)
-        regions.append((start, end, kind))
-        pos = end
+    return [(m.start(), m.end(), m.lastgroup) for m in _BLOCK_RE.finditer(text)]
 
 
 def classify(
@@ -35,30 +30,26 @@ def classify(
 ) -> list[str | None]:
     """A class for each response token: ``None`` for tool tokens; ``code`` or ``answer`` for tokens
     touching such a block; ``reflection`` for the first ``window`` model tokens after a tool response."""
-    n = len(pieces)
-    if len(mask) != n:
-        raise ValueError(f"{n} token pieces but {len(mask)} mask values")
-    out: list[str | None] = [None] * n
-    i, after_tool = 0, False
-    while i < n:
-        if not mask[i]:
+    if len(mask) != len(pieces):
+        raise ValueError(f"{len(pieces)} token pieces but {len(mask)} mask values")
+    out: list[str | None] = []
+    after_tool = False
+    for model, run in groupby(zip(pieces, mask, strict=True), key=lambda pair: bool(pair[1])):
+        run_pieces = [piece for piece, _ in run]
+        if not model:
+            out += [None] * len(run_pieces)
             after_tool = True
-            i += 1
             continue
-        j = i
-        while j < n and mask[j]:
-            j += 1
-        regions = block_regions("".join(pieces[i:j]))
+        regions = block_regions("".join(run_pieces))
         pos = 0
-        for k in range(i, j):
-            start, end = pos, pos + len(pieces[k])
+        for k, piece in enumerate(run_pieces):
+            start, end = pos, pos + len(piece)
             pos = end
             kind = next(
                 (r for a, b, r in regions if (start < b and end > a) or (start == end and a <= start < b)),
                 None,
             )
-            out[k] = kind or ("reflection" if after_tool and k - i < window else "reasoning")
-        i = j
+            out.append(kind or ("reflection" if after_tool and k < window else "reasoning"))
     return out
 
 

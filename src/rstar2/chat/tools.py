@@ -89,12 +89,10 @@ def parse_call(raw: str, tools: tuple[str, ...] = (PYTHON_TOOL,)) -> ToolCall | 
             return ToolCallError("the arguments are a string that is not a JSON object", raw, name)
     if not isinstance(args, dict):
         return ToolCallError("the arguments must be a JSON object", raw, name)
-    required = ("code",)
+    if "code" not in args:
+        return ToolCallError(f"missing argument(s) code for {name}", raw, name)
     defaults = {"input": ""} if name == PYTHON_TOOL else {}  # models often omit the schema's input
-    missing = [a for a in required if a not in args]
-    if missing:
-        return ToolCallError(f"missing argument(s) {', '.join(missing)} for {name}", raw, name)
-    unknown = sorted(set(args) - {*required, *defaults})
+    unknown = sorted(set(args) - {"code", *defaults})
     if unknown:
         return ToolCallError(f"unexpected argument(s) {', '.join(unknown)} for {name}", raw, name)
     values = {**defaults, **args}

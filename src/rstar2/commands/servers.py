@@ -4,45 +4,45 @@ the key it requires and the folders it may load weights from."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import typer
 from rich.markup import escape
 
+from .. import auth
 from ..bounds import setting
 from ..config import DEFAULT_ROLLOUT, EngineSection, LoraSection
+from ..engines import vllm_launch as launch
 from ..engines.budget import CAPACITY_HELP, KEEP_HELP
-from ..engines.vllm_launch import LORA_SLOTS
-from .shared import (
-    ANY_PORT,
-    API_KEY,
-    FETCH_FROM,
-    MODEL_HELP,
-    PORT,
-    PORT_HELP,
-    WEIGHTS_FROM,
-    console,
-    failures,
+from ..sandbox.commands import ANY_PORT, API_KEY, PORT, PORT_HELP
+from .shared import MODEL_HELP, console, failures
+
+# the options both servers take (the key and port: the sandbox service's; typer checks each folder)
+WEIGHTS_FROM = typer.Option(
+    [],
+    "--weights-from",
+    exists=True,
+    file_okay=False,
+    help="A folder weight loads may come from (the trainer's run folders); repeat. None: no loads.",
+)
+FETCH_FROM = typer.Option(
+    None,
+    "--fetch-from",
+    help="The trainer's weight service (URL) whose folders /mirror_weights copies here before a load "
+    "(rstar2 launch, cluster.shared_fs: false). None: it fetches none.",
 )
 
 
-def required_key(api_key: str | None, host: str, what: str) -> str | None:
-    """The key service ``what`` requires, its warning (``auth.service_key``) said."""
-    from ..auth import service_key
-
-    key, warning = service_key(api_key, host, what)
+def access(
+    api_key: str | None, host: str, what: str, weights_from: list[Path], fetch_from: str | None
+) -> dict:
+    """Who may call service ``what`` and where its weights may come from; the key's warning
+    (``auth.service_key``) said."""
+    key, warning = auth.service_key(api_key, host, what)
     if warning:
         console.print(f"[yellow]\\[rstar2] {warning}[/yellow]")
-    return key
-
-
-def weights_roots(folders: list[Path]) -> list[Path]:
-    from ..auth import weights_roots as resolve
-
-    try:
-        return resolve(folders)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    return {"api_key": key, "weights_from": [f.resolve() for f in weights_from], "fetch_from": fetch_from}
 
 
 def serve(
@@ -84,11 +84,7 @@ def serve(
     from ..engines.server import serve as serve_model
 
     sizes = {"max_batch_size": max_batch_size, "capacity_tokens": capacity_tokens, "keep_tokens": keep_tokens}
-    access = {
-        "api_key": required_key(api_key, host, "rstar2 serve"),
-        "weights_from": weights_roots(weights_from),
-        "fetch_from": fetch_from,
-    }
+    allowed = access(api_key, host, "rstar2 serve", weights_from, fetch_from)
     with failures():  # a size the model cannot take (keep_tokens leaving no room): exit 2
         serve_model(
             model,
@@ -99,7 +95,7 @@ def serve(
             dtype=dtype,
             kind=kind,
             log=console.print,
-            **access,
+            **allowed,
             **sizes,
         )
 
@@ -130,7 +126,7 @@ def vllm_cmd(
         help="Serve adapters (model.lora) up to this rank, loaded at each update (default: none).",
     ),
     lora_slots: int = typer.Option(
-        LORA_SLOTS, min=1, help="With --lora-rank: adapters held at once, the newest."
+        launch.LORA_SLOTS, min=1, help="With --lora-rank: adapters held at once, the newest."
     ),
     python: str | None = typer.Option(
         None, help="The Python of vLLM's environment (default: $RSTAR2_VLLM_PYTHON, else .venv-vllm)."
@@ -147,10 +143,6 @@ def vllm_cmd(
 ) -> None:
     """Start a vLLM server ready for rstar2: in-place weight loads, each token's weight version, the
     sampled distribution's log-probs, priority scheduling. Arguments after -- go to vLLM."""
-    import shutil
-
-    from ..engines import vllm_launch as launch
-
     exe = launch.vllm_python(python)
     if not shutil.which(exe):
         raise typer.BadParameter(f"--python {exe}: not found (scripts/setup-vllm.sh installs vLLM)")
@@ -169,16 +161,12 @@ def vllm_cmd(
     bad = [r for r in open_route or () if not r.startswith("/") or "," in r]
     if bad:
         raise typer.BadParameter(f"--open-route {bad[0]}: give a route as vLLM names it, e.g. /sleep")
-    access = {
-        "api_key": required_key(api_key, host, "rstar2 vllm"),
-        "weights_from": weights_roots(weights_from),
-        "open_routes": list(open_route or ()),
-        "fetch_from": fetch_from,
-    }
+    allowed = access(api_key, host, "rstar2 vllm", weights_from, fetch_from)
     try:  # vLLM binds it before loading too, but says a port taken only as a traceback, after its imports
         launch.port_free(host, port)
     except OSError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
     console.print(f"\\[rstar2] {' '.join(args)}")
-    os.execve(exe, args, launch.environment(cores, kv_cache_gib, **access))  # signals reach vLLM itself
+    env = launch.environment(cores, kv_cache_gib, open_routes=open_route, **allowed)
+    os.execve(exe, args, env)  # signals reach vLLM itself

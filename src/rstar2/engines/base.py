@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol
 
 from ..config import DEFAULT_ROLLOUT
 
@@ -73,7 +73,6 @@ class WeightUpdate:
     folder: Path | None = None
 
 
-@runtime_checkable
 class Engine(Protocol):
     """The contract every engine keeps: what the rollout asks of it (``generate``, its capacity)
     and what the trainer asks (new weights, the version each token was sampled by). A new engine
@@ -107,7 +106,6 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
 
-@runtime_checkable
 class ServedEngine(Engine, Protocol):
     """A server's engine (``local = False``), made as ``Kind(url, capacity_tokens=, timeout_s=,
     reload_path=)`` (and ``weights_url=`` where the run sets one)."""

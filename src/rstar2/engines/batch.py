@@ -151,7 +151,6 @@ class RunningBatch:
         logits = self.forward(ids.to(self.device), kv, span, [len(n) for n in news])
         prefilled = sum(len(n) for n in news)
         self.stats["prefill_tokens"] += prefilled
-        # identical contexts prefilled once
         self.stats["shared_tokens"] += sum(len(c) for c in contexts) - sum(skip) - prefilled
         copies = [i for i in range(len(contexts)) if firsts[index[i]] != i]
         for i in copies:
@@ -200,13 +199,9 @@ class RunningBatch:
         rows = list(self.rows)
         contexts = [r.req.prompt_ids + r.out_ids for r in rows]
         self.reset()
-        try:
-            self.logits = self._prefill(self.kv, contexts, [None] * len(rows), rows)
-            for row in rows:
-                row.next_version = self.version
-        except BaseException:
-            self.reset()  # every row fails with the error (``guarded``)
-            raise
+        self.logits = self._prefill(self.kv, contexts, [None] * len(rows), rows)  # failed: ``guarded`` resets
+        for row in rows:
+            row.next_version = self.version
 
     def step(self) -> None:
         """Sample each row's next token; rows that end leave (their cache kept); the rest decode."""

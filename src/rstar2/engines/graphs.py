@@ -37,14 +37,11 @@ class StaticDecode:
         self.captures = 0  # graphs captured (a counter for tests and the benchmark)
         self.broken: str | None = None  # why a capture failed: the engine then decodes eagerly
 
-    def bucket(self, rows: int) -> int:
-        return next(b for b in self.sizes if b >= rows)
-
     def decode(self, kv: SlotCache, ids: list[int], pad_token_id: int) -> torch.Tensor | None:
         """One decode step of the batch's rows (row r feeds ``ids[r]``): each row's next-token logits,
         or None when its graph could not be captured (nothing committed: the caller decodes eagerly)."""
         n = len(ids)
-        b = self.bucket(n)
+        b = next(b for b in self.sizes if b >= n)
         kv.reserve(self.max_rows, max(kv.lens[:n]) + 1)
         buffers = (kv.buf_k[0].data_ptr(), kv.rows_cap, kv.cols_cap)
         if buffers != self._buffers:  # buffers grown: the captured graphs point elsewhere

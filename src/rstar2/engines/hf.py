@@ -51,7 +51,6 @@ class HFEngine:
         max_batch_size: int = DEFAULT_ROLLOUT.engine.max_batch_size,
         capacity_tokens: int | None = None,
         keep_tokens: int | None = None,
-        pad_token_id: int | None = None,
         compute: str = "auto",
         keep_stale_kv: bool = DEFAULT_ASYNC.keep_stale_kv,
         cuda_graphs: bool | None = None,
@@ -75,7 +74,7 @@ class HFEngine:
         )
         self.prefix_cache = self.keep_tokens > 0
         self.store = PrefixStore(self.keep_tokens)
-        self.pad_token_id = pad_token_id if pad_token_id is not None else (model.config.pad_token_id or 0)
+        self.pad_token_id = model.config.pad_token_id or 0
         self.lock = threading.Lock()  # held during a step; take it through ``paused()``
         # held by a caller waiting for ``lock``: the engine's thread does not start another step
         # meanwhile (a thread that releases a lock and takes it again at once starves the others)
@@ -152,8 +151,9 @@ class HFEngine:
             self.in_flight -= 1
 
     async def load_weights(self, update: WeightUpdate) -> dict[str, Any]:
-        """The trainer's tensors, loaded off the event loop and then checked held exactly; none: it decodes the trainer's own model, written in place, and only says so (torch does not
-        count every kind of write, e.g. through ``param.data``)."""
+        """The trainer's tensors, loaded off the event loop and then checked held exactly; none: it
+        decodes the trainer's own model, written in place, and only says so (torch does not count
+        every kind of write, e.g. through ``param.data``)."""
         if update.folder is not None:
             raise ValueError(f"engine {self.name} runs in this process: it takes tensors, not a folder")
         if update.tensors is None:
@@ -217,8 +217,7 @@ class HFEngine:
 
     @contextmanager
     def _loading(self, version: int) -> Iterator[None]:
-        """A write of new weights: one that fails half way leaves the engine refusing requests (a
-        ``ValueError`` raised before writing leaves it as it was); a whole one is ``version``."""
+        """A write of new weights as ``version``; one failing half way (not a ``ValueError``) breaks it."""
         try:
             yield
         except ValueError:
@@ -289,10 +288,9 @@ class HFEngine:
             self._pending.append(nxt)
         waiting = [r for r in self._pending if not r.abandoned]  # the others' callers stopped waiting
         self.stats["abandoned"] += len(self._pending) - len(waiting)  # they never start
-        self._pending = deque(waiting)
-        if len(self._pending) > free:  # short of rows: by priority, then arrival (a stable sort)
-            self._pending = deque(sorted(self._pending, key=lambda r: r.params.priority))
-        taken = [self._pending.popleft() for _ in range(min(free, len(self._pending)))]
+        if len(waiting) > free:  # short of rows: by priority, then arrival (a stable sort)
+            waiting.sort(key=lambda r: r.params.priority)
+        taken, self._pending = waiting[:free], deque(waiting[free:])
         now = time.perf_counter()
         self.stats["queue_wait_s"] += sum(now - r.arrived for r in taken)
         return taken

@@ -7,34 +7,25 @@ group ``rstar2.engines`` (``name = "module:Class"`` in their ``pyproject.toml``)
 user's own is registered without editing rstar2. A class with ``local = False`` is a served kind
 (tried before rstar2's, so that it can claim its own URLs before the OpenAI-compatible kind, which
 says yes to every URL); one with ``local = True`` an in-process kind, chosen by its name. What a
-kind keeps is the ``Engine`` contract (``engines/base.py``, and docs/engines.md's "your own
-engine"): a served kind is made as ``Kind(url, capacity_tokens=, timeout_s=, reload_path=)`` (and
-``weights_url=`` where the run sets one), answers ``serves(url)`` and is asked ``probe_capacity()``;
-an in-process kind is made over a loaded model (``Kind(model, name=, ...)``) or
-``Kind.from_pretrained(folder, device=, dtype=, ...)``."""
+kind keeps is the ``Engine`` contract (``engines/base.py``, and docs/engines.md's "your own engine")."""
 
 from __future__ import annotations
 
 from functools import cache
-from importlib import import_module
 from importlib.metadata import entry_points
+from pkgutil import resolve_name
 from typing import Any
 
 from ..config import DEFAULT_ASYNC, DEFAULT_ROLLOUT, EngineSection
 from .base import Engine
 
 ENTRY_POINTS = "rstar2.engines"
+# "module:Class", imported only when used (vLLM's needs no torch, HF's no httpx)
 SERVED = [  # tried in order: the last, any OpenAI-compatible server, says yes to every URL
     "rstar2.engines.vllm:VLLMEngine",
     "rstar2.engines.openai:OpenAIEngine",
 ]
 IN_PROCESS = {"hf": "rstar2.engines.hf:HFEngine"}
-
-
-def kind(path: str) -> Any:
-    """The class a table line names (imported only when used: vLLM's needs no torch, HF's no httpx)."""
-    module, name = path.split(":")
-    return getattr(import_module(module), name)
 
 
 @cache
@@ -43,15 +34,10 @@ def installed() -> dict[str, Any]:
     return {ep.name: ep.load() for ep in entry_points(group=ENTRY_POINTS)}
 
 
-def served_kinds() -> list[Any]:
-    """The served kinds in the order they are tried: installed ones first, then rstar2's."""
-    return [k for k in installed().values() if not k.local] + [kind(path) for path in SERVED]
-
-
 def in_process_kind(name: str) -> Any:
     """The in-process kind called ``name``: rstar2's own (``hf``) or an installed one."""
     if name in IN_PROCESS:
-        return kind(IN_PROCESS[name])
+        return resolve_name(IN_PROCESS[name])
     found = installed().get(name)
     if found is None or not found.local:
         known = sorted([*IN_PROCESS, *(n for n, k in installed().items() if k.local)])
@@ -65,7 +51,7 @@ def in_process_kind(name: str) -> Any:
 async def connect(url: str, settings: EngineSection = DEFAULT_ROLLOUT.engine) -> Engine:
     """The engine of the server at ``url``, of the first kind that serves it, once it has asked
     the server for its KV capacity (``settings.capacity_tokens`` where given)."""
-    for served in served_kinds():
+    for served in [k for k in installed().values() if not k.local] + [resolve_name(p) for p in SERVED]:
         if await served.serves(url):
             break
     else:

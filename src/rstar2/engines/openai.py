@@ -28,8 +28,7 @@ class RequestRefused(ServerError, ValueError):
 
 def stated_number(value: Any) -> int | None:
     """A version label as a policy version (a count of updates), or None (``default``, missing)."""
-    text = str(value) if value is not None else ""
-    return int(text) if text.isdigit() else None
+    return int(str(value)) if str(value).isdigit() else None
 
 
 DEFAULT_CAPACITY_TOKENS = 1 << 20  # when neither the config nor the server says
@@ -107,11 +106,9 @@ class OpenAIEngine:
         base_url: str,
         *,
         model: str | None = None,
-        name: str | None = None,
         capacity_tokens: int | None = None,
         timeout_s: float = DEFAULT_ROLLOUT.engine.server_timeout_s,
         retries: int = 3,
-        api_key: str | None = None,
         reload_path: str = DEFAULT_ROLLOUT.engine.reload_path,
         weights_url: str | None = None,
     ) -> None:
@@ -119,15 +116,12 @@ class OpenAIEngine:
         self.weights_url = weights_url  # the trainer's weight service, where the server fetches folders
         self.reload_path = reload_path  # the route that loads a model folder (SGLang's; rstar2 serve's)
         self.model = model
-        self.name = name or self.base_url
+        self.name = self.base_url
         self.capacity_tokens = capacity_tokens or DEFAULT_CAPACITY_TOKENS
         self.capacity_source = "config" if capacity_tokens else "default"
         self.prefix_cache = True  # vLLM and SGLang reuse a prompt's cached prefix
         self.retries = retries
-        # the server's API key ($RSTAR2_API_KEY unless given) on every request
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url, timeout=timeout_s, headers=client_headers(api_key)
-        )
+        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, headers=client_headers())
         self.in_flight = 0
         # set by probe_capacity: "tokens" (rstar2 serve, vLLM), "stated" (SGLang's /get_weight_version)
         self.version_source: str | None = None
@@ -268,7 +262,6 @@ class OpenAIEngine:
         request and gave no answer within the timeout is not asked again: the scheduler moves the
         turn to another engine, rather than wait the timeout out several times on this one."""
         what = what or f"{self.base_url}{path}"
-        delay = 0.5
         for attempt in range(retries + 1):
             try:
                 try:
@@ -281,14 +274,12 @@ class OpenAIEngine:
             else:
                 if resp.status_code == 200:
                     break
+                said = f"{what}: answered {resp.status_code}: {resp.text[:500]}"
                 if resp.status_code < 500:
-                    said = f"{what}: answered {resp.status_code}: {resp.text[:500]}"
                     raise RequestRefused(said, status=resp.status_code)
                 if attempt == retries:
-                    said = f"{what}: answered {resp.status_code}: {resp.text[:500]}"
                     raise ServerError(said, status=resp.status_code)
-            await asyncio.sleep(delay)
-            delay *= 2
+            await asyncio.sleep(0.5 * 2**attempt)
         try:
             answer = resp.json()
         except ValueError:

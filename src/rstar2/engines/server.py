@@ -7,30 +7,24 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..adapters import adapter_weights, base_names, is_adapter
-from ..auth import FolderRefused, allowed_folder, key_guard, opened_folder
+from ..auth import key_guard
 from ..chat.format import end_of_turn_ids, ensure_chat_template
 from ..chat.tags import TOOL_CALL_OPEN
 from ..chat.tools import ToolCall, parse_tool_calls
 from ..config import DEFAULT_ROLLOUT
-from .base import Generation, SamplingParams, weights_fingerprint
+from .base import Generation, SamplingParams
 from .hf import HFEngine
+from .served_weights import ServedWeights
 from .streaming import TextDeltas, stream, while_there
-
-# For tests alone: from this load on (1: the first), a load is answered as done, with the version
-# and the fingerprint of the tensors sent, while the model keeps its weights: the server that says
-# and does not do, which the trainer's content check must catch (tests/rl/test_content_check.py).
-PRETEND_LOADS_FROM = "RSTAR2_TEST_PRETEND_LOADS_FROM"
 
 
 class _WeightsPath(BaseModel):
@@ -98,151 +92,24 @@ def banned_ids(logit_bias: dict[str, float] | None, vocab: int) -> tuple[int, ..
 
 
 class Served:
-    """What every route shares: the engine, its tokenizer and name, the weights held, where from."""
+    """What every route shares: the engine, its tokenizer and name, the weights it holds."""
 
-    def __init__(
-        self,
-        engine: HFEngine,
-        tokenizer: Any,
-        model_name: str,
-        weights_from: list[Path] | None = None,
-        api_key: str | None = None,
-        fetch_from: str | None = None,
-    ) -> None:
+    def __init__(self, engine: HFEngine, tokenizer: Any, model_name: str, weights: ServedWeights) -> None:
         ensure_chat_template(tokenizer)
-        self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
-        self.weights_from = list(weights_from or [])
-        self.api_key = api_key  # also what it shows the trainer's weight service (a launch's one key)
-        self.fetch_from = fetch_from  # the one weight service /mirror_weights fetches from
+        self.engine, self.tokenizer, self.model_name, self.weights = engine, tokenizer, model_name, weights
         self.default_stops = end_of_turn_ids(tokenizer)
-        self.dtype = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
-        # loads so far, the last one's folder, the tensors it named and their fingerprint (None: not yet)
-        self.weights: dict[str, Any] = {"loads": 0, "path": None, "fingerprint": None, "keys": None}
 
-    def held_weights(self) -> dict[str, Any]:
-        """What the served model holds: policy version, loads, folder, and a fingerprint of the
-        tensors the last load named, read back from the model (computed when first asked)."""
-        w = self.weights
-        if w["fingerprint"] is None:
-            with self.engine.paused():
-                model = self.engine.model
-                if w.get("adapter"):  # the adapter's tensors, under the names of its folder
-                    held = adapter_weights(model)
-                else:  # the base's tensors under its own names, also while an adapter is held
-                    state = model.state_dict()
-                    held = {plain: state[own] for plain, own in base_names(model).items()}
-                w["fingerprint"] = weights_fingerprint({k: held[k] for k in w["keys"] or list(held)})
-        return {
-            "weights_version": self.engine.version,
-            "weights_loads": w["loads"],
-            "weights_path": w["path"],
-            "weights_fingerprint": w["fingerprint"],
-            "dtype": self.dtype,
-        }
-
-    async def load(self, folder: str, version: str | None) -> int:
-        """The safetensors of ``folder`` written into the model as policy ``version``; how many
-        tensors. A folder outside ``--weights-from`` is refused before anything is read (403); one
-        whose tensors do not fit, from their headers, before their data is (400); a load that fails
-        half way (500) leaves the engine refusing requests until one succeeds. The files read are
-        those checked: each opened once and checked open (``auth.opened_folder``)."""
-        try:
-            folder = str(allowed_folder(folder, self.weights_from))
-        except FolderRefused as exc:
-            raise HTTPException(403, str(exc)) from exc
-        if not (version or "").isdigit():
-            raise HTTPException(
-                400,
-                f"weight_version {version!r}: give the policy version of these weights "
-                '(a count of updates, e.g. "0"): every token sampled says which version sampled it',
-            )
-        if self.weights["loads"] + 1 >= int(os.environ.get(PRETEND_LOADS_FROM) or 1 << 62):
-            return await asyncio.to_thread(self.pretend_load, folder, int(version))
-        try:
-            with opened_folder(Path(folder), self.weights_from) as private:
-                return await self.load_opened(folder, private, int(version))
-        except FolderRefused as exc:
-            raise HTTPException(403, str(exc)) from exc
-
-    async def load_opened(self, folder: str, private: Path, version: int) -> int:
-        """``load`` from ``private``, the folder of ``folder``'s files opened and checked."""
-        from safetensors.torch import load_file
-
-        if is_adapter(private):  # an adapter over the base weights held (model.lora)
-            try:
-                loaded = await asyncio.to_thread(self.engine.update_adapter, private, version)
-            except ValueError as exc:  # nothing was written
-                raise HTTPException(400, f"{folder}: {exc}; nothing was loaded") from exc
-            except Exception as exc:
-                self.weights.update(fingerprint=None, keys=None)
-                raise HTTPException(500, f"{folder}: {exc}") from exc
-            self.weights.update(
-                loads=self.weights["loads"] + 1, path=folder, fingerprint=None, keys=None, adapter=True
-            )
-            return loaded
-        files = sorted(private.glob("*.safetensors"))
-        if not files:
-            raise HTTPException(400, f"no *.safetensors files in {folder}")
-        misfits = await asyncio.to_thread(self.misfits, files)
-        if misfits:
-            raise HTTPException(
-                400, f"{folder}: tensors that do not fit the served model: {misfits[:5]}; nothing was loaded"
-            )
-        state: dict[str, Any] = {}
-        for f in files:
-            state.update(await asyncio.to_thread(load_file, str(f)))
-        try:
-            await asyncio.to_thread(self.engine.update_weights, state, version)
-        except ValueError as exc:  # nothing was written
-            raise HTTPException(400, f"{folder}: {exc}") from exc
-        except Exception as exc:  # written in part: what it holds is no longer what was fingerprinted
-            self.weights.update(fingerprint=None, keys=None)
-            raise HTTPException(500, f"{folder}: {exc}") from exc
-        self.weights.update(
-            loads=self.weights["loads"] + 1, path=folder, fingerprint=None, keys=list(state), adapter=False
-        )
-        return len(state)
-
-    def pretend_load(self, folder: str, version: int) -> int:
-        """For tests alone (``PRETEND_LOADS_FROM``): the answer of a load, with the version and the
-        fingerprint of the tensors sent, while the model keeps its weights."""
-        from safetensors.torch import load_file
-
-        sent = {
-            k: v for f in sorted(Path(folder).glob("*.safetensors")) for k, v in load_file(str(f)).items()
-        }
-        self.engine.invalidate(version)
-        self.weights.update(
-            loads=self.weights["loads"] + 1,
-            path=folder,
-            fingerprint=weights_fingerprint(sent, self.dtype),
-            keys=list(sent),
-            adapter=is_adapter(folder),
-        )
-        return len(sent)
-
-    def misfits(self, files: list[Path]) -> list[str]:
-        """The tensors of ``files`` the model has not, or has in another shape (from their headers)."""
-        from safetensors import safe_open
-
-        model = self.engine.model
-        state = model.state_dict()
-        held = {plain: tuple(state[own].shape) for plain, own in base_names(model).items()}
-        out = []
-        for f in files:
-            with safe_open(str(f), framework="pt") as fh:
-                for key in fh.keys():
-                    shape = tuple(fh.get_slice(key).get_shape())
-                    if held.get(key) != shape:
-                        served = list(held[key]) if key in held else "none"
-                        out.append(f"{key} {list(shape)} (served: {served})")
-        return out
-
-    def params(self, req: _Sampling, i: int) -> SamplingParams:
+    def start(
+        self, prompt_ids: list[int], req: _Sampling, push: Callable[[int, int, float], None] | None = None
+    ) -> Awaitable[list[Generation]]:
+        """``req.n`` generations of one prompt, each token to ``push(choice, token, logprob)``
+        when given; a setting the server does not take is a 400 now (the bounds of the others were
+        checked when the request was read)."""
         stops = () if req.ignore_eos else self.default_stops
-        try:
-            return SamplingParams(
-                banned_token_ids=banned_ids(req.logit_bias, len(self.tokenizer)),
+        banned = banned_ids(req.logit_bias, len(self.tokenizer))
+        params = [
+            SamplingParams(
+                banned_token_ids=banned,
                 max_new_tokens=req.max_tokens,
                 temperature=req.temperature,
                 top_p=req.top_p,
@@ -251,26 +118,14 @@ class Served:
                 seed=None if req.seed is None else req.seed + i,
                 priority=req.priority,
             )
-        except ValueError as exc:
-            raise HTTPException(400, str(exc)) from exc
-
-    def start(
-        self, prompt_ids: list[int], req: _Sampling, push: Callable[[int, int, float], None] | None = None
-    ) -> Awaitable[list[Generation]]:
-        """``req.n`` generations of one prompt, each token to ``push(choice, token, logprob)``
-        when given; a setting the server does not take is a 400 now."""
-        params = [self.params(req, i) for i in range(req.n)]
+            for i in range(req.n)
+        ]
         return asyncio.gather(
             *(
                 self.engine.generate(prompt_ids, p, None if push is None else functools.partial(push, i))
                 for i, p in enumerate(params)
             )
         )
-
-    async def generate(self, prompt_ids: list[int], req: _Sampling, client: Request) -> list[Generation]:
-        """``req.n`` whole generations; a request the engine refuses is a 400; stopped if the client
-        goes away first (``while_there``)."""
-        return await while_there(self.start(prompt_ids, req), client.receive)
 
     async def streamed(
         self,
@@ -281,26 +136,12 @@ class Served:
         last: Callable[[int, Generation], dict[str, Any]],
         first: dict[str, Any] | None = None,
     ) -> Any:
-        """``req``'s answer as server-sent events of ``kind`` chunks: ``first`` (a choice's opening,
-        e.g. the assistant's role) before each choice's first token, ``on_token``'s choice for each
-        token, ``last``'s for each finished generation, then the usage if asked for."""
-        prefix = "chatcmpl" if kind.startswith("chat") else "cmpl"
-        head = {"id": f"{prefix}-{uuid.uuid4().hex[:24]}", "object": kind, "created": int(time.time())}
-        head["model"] = self.model_name
-        opened: set[int] = set()
-
-        def token_chunks(i: int, tok: int, lp: float) -> list[dict[str, Any]]:
-            chunks = [] if first is None or i in opened else [{**head, "choices": [{"index": i, **first}]}]
-            opened.add(i)
-            return [*chunks, {**head, "choices": [{"index": i, **on_token(i, tok, lp)}]}]
-
-        def end_chunks(gens: list[Generation]) -> list[dict[str, Any]]:
-            chunks = [{**head, "choices": [{"index": i, **last(i, g)}]} for i, g in enumerate(gens)]
-            if (req.stream_options or {}).get("include_usage"):
-                chunks.append({**head, "choices": [], "usage": usage(len(prompt_ids), gens)})
-            return chunks
-
-        return await stream(lambda push: self.start(prompt_ids, req, push), token_chunks, end_chunks)
+        """``req``'s answer as server-sent events of ``kind`` chunks (``streaming.stream``), then
+        the usage if asked for."""
+        wants_usage = (req.stream_options or {}).get("include_usage")
+        count = functools.partial(usage, len(prompt_ids)) if wants_usage else None
+        start = functools.partial(self.start, prompt_ids, req)
+        return await stream(start, self.head(kind), on_token, last, first, count)
 
     def text_of(self, ids: list[int], stops: tuple[int, ...], skip_special: bool) -> str:
         ids = [i for i in ids if i not in stops]
@@ -308,17 +149,18 @@ class Served:
             ids, skip_special_tokens=skip_special, clean_up_tokenization_spaces=False
         )
 
-    def response(
-        self, kind: str, prefix: str, choices: list[dict], prompt: int, gens: list[Any]
-    ) -> dict[str, Any]:
+    def head(self, kind: str) -> dict[str, Any]:
+        """The fields an answer (or each of its chunks) starts with: its id, ``kind``, time, model."""
+        prefix = "chatcmpl" if kind.startswith("chat") else "cmpl"
         return {
             "id": f"{prefix}-{uuid.uuid4().hex[:24]}",
             "object": kind,
             "created": int(time.time()),
             "model": self.model_name,
-            "choices": choices,
-            "usage": usage(prompt, gens),
         }
+
+    def response(self, kind: str, choices: list[dict], prompt: int, gens: list[Any]) -> dict[str, Any]:
+        return {**self.head(kind), "choices": choices, "usage": usage(prompt, gens)}
 
 
 def usage(prompt: int, gens: list[Generation]) -> dict[str, int]:
@@ -326,11 +168,10 @@ def usage(prompt: int, gens: list[Generation]) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
 
 
-def server_routes(s: Served) -> APIRouter:
+def server_routes(app: FastAPI, s: Served) -> None:
     """Health, KV capacity (SGLang's server info), the model list, and loading new weights."""
-    router = APIRouter()
 
-    @router.get("/health")
+    @app.get("/health")
     async def health() -> dict[str, Any]:
         return {
             "status": "ok",
@@ -342,114 +183,89 @@ def server_routes(s: Served) -> APIRouter:
             "engine": await s.engine.counters(),  # decode steps, rows, joins, evictions (the trainer's engine/*)
         }
 
-    @router.get("/get_server_info")
+    @app.get("/get_server_info")
     async def server_info() -> dict[str, Any]:
         """KV capacity in tokens, under SGLang's key, for the rollout scheduler's ``kv`` policy."""
         info = {"model": s.model_name, "max_total_num_tokens": s.engine.capacity_tokens}
         engine = {"policy_version": s.engine.version, **await s.engine.counters()}
-        return {**info, **await asyncio.to_thread(s.held_weights), "engine": engine}
+        return {**info, **await asyncio.to_thread(s.weights.held), "engine": engine}
 
-    @router.post("/update_weights_from_disk")
+    @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(body: _WeightsPath) -> dict[str, Any]:
         """The RL trainer's weight load; the answer states the version and fingerprint held, to check."""
-        loaded = await s.load(body.model_path, body.weight_version)
-        held = await asyncio.to_thread(s.held_weights)
+        loaded = await s.weights.load(body.model_path, body.weight_version)
+        held = await asyncio.to_thread(s.weights.held)
         return {"success": True, "message": f"loaded {loaded} tensors from {body.model_path}", **held}
 
-    @router.post("/mirror_weights")
+    @app.post("/mirror_weights")
     async def mirror_weights(body: _Mirror) -> dict[str, Any]:
-        """A folder of the trainer's weight service copied here, checked, before it is loaded
-        (``weight_transfer``: engines without the trainer's filesystem)."""
-        from ..weight_transfer import MirrorError, mirror
+        return await s.weights.mirror(body.source, body.folder)
 
-        try:
-            return await mirror(body.source, body.folder, s.weights_from, s.api_key, pinned=s.fetch_from)
-        except FolderRefused as exc:
-            raise HTTPException(403, str(exc)) from None
-        except MirrorError as exc:
-            raise HTTPException(502, str(exc)) from None
-
-    @router.get("/v1/models")
+    @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": s.model_name, "object": "model", "owned_by": "rstar2"}]}
 
-    return router
 
-
-def completion_routes(s: Served) -> APIRouter:
+def completion_routes(app: FastAPI, s: Served) -> None:
     """``/v1/completions``: text or token ids in; text, token ids and logprobs out (vLLM's extras)."""
-    router = APIRouter()
 
-    @router.post("/v1/completions")
+    @app.post("/v1/completions")
     async def completions(req: CompletionRequest, client: Request) -> Any:
         tok = s.tokenizer
         prompt_ids = (
             req.prompt if isinstance(req.prompt, list) else tok.encode(req.prompt, add_special_tokens=False)
         )
-        if not prompt_ids:
-            raise HTTPException(400, "the prompt is empty")
         if any(not 0 <= t < len(tok) for t in prompt_ids):
             raise HTTPException(400, f"prompt token ids must be in [0, {len(tok)})")
         stops = s.default_stops + tuple(req.stop_token_ids or ())
+        decode = functools.partial(s.text_of, stops=stops, skip_special=req.skip_special_tokens)
+
+        def logprobs(ids: list[int], lps: list[float]) -> dict[str, Any] | None:
+            if req.logprobs is None:
+                return None
+            as_ids = req.return_tokens_as_token_ids
+            shown = [f"token_id:{t}" for t in ids] if as_ids else tok.convert_ids_to_tokens(ids)
+            return {"tokens": shown, "token_logprobs": lps, "top_logprobs": None}
+
         if req.stream:
-            deltas = [
-                TextDeltas(functools.partial(s.text_of, stops=stops, skip_special=req.skip_special_tokens))
-                for _ in range(req.n)
-            ]
+            deltas = [TextDeltas(decode) for _ in range(req.n)]
 
             def on_token(i: int, token: int, lp: float) -> dict[str, Any]:
-                choice: dict[str, Any] = {
-                    "text": deltas[i].add(token),
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-                if req.logprobs is not None:
-                    shown = (
-                        f"token_id:{token}"
-                        if req.return_tokens_as_token_ids
-                        else tok.convert_ids_to_tokens(token)
-                    )
-                    choice["logprobs"] = {"tokens": [shown], "token_logprobs": [lp], "top_logprobs": None}
+                text = deltas[i].add(token)
+                choice = {"text": text, "logprobs": logprobs([token], [lp]), "finish_reason": None}
                 if req.return_token_ids:
                     choice["token_ids"] = [token]
                 return choice
 
             def last(i: int, g: Generation) -> dict[str, Any]:
-                whole = s.text_of(g.token_ids, stops, req.skip_special_tokens)
-                return {"text": deltas[i].rest(whole), "logprobs": None, "finish_reason": g.finish_reason}
+                return {
+                    "text": deltas[i].rest(decode(g.token_ids)),
+                    "logprobs": None,
+                    "finish_reason": g.finish_reason,
+                }
 
             return await s.streamed(list(prompt_ids), req, "text_completion", on_token, last)
-        gens = await s.generate(list(prompt_ids), req, client)
+        gens = await while_there(s.start(list(prompt_ids), req), client.receive)
         choices = []
         for i, g in enumerate(gens):
             choice: dict[str, Any] = {
                 "index": i,
-                "text": s.text_of(g.token_ids, stops, req.skip_special_tokens),
+                "text": decode(g.token_ids),
                 "finish_reason": g.finish_reason,
-                "logprobs": None,
+                "logprobs": logprobs(g.token_ids, g.logprobs),
             }
-            if req.logprobs is not None:
-                tokens = (
-                    [f"token_id:{t}" for t in g.token_ids]
-                    if req.return_tokens_as_token_ids
-                    else tok.convert_ids_to_tokens(g.token_ids)
-                )
-                choice["logprobs"] = {"tokens": tokens, "token_logprobs": g.logprobs, "top_logprobs": None}
             if req.return_token_ids:
                 choice["token_ids"] = g.token_ids
                 choice["prompt_token_ids"] = list(prompt_ids)
                 choice["token_versions"] = g.versions  # rstar2's: the policy version of each token
             choices.append(choice)
-        return s.response("text_completion", "cmpl", choices, len(prompt_ids), gens)
-
-    return router
+        return s.response("text_completion", choices, len(prompt_ids), gens)
 
 
-def chat_routes(s: Served) -> APIRouter:
+def chat_routes(app: FastAPI, s: Served) -> None:
     """``/v1/chat/completions``: messages through the chat template; tool calls in the OpenAI shape."""
-    router = APIRouter()
 
-    @router.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, client: Request) -> Any:
         try:
             text = s.tokenizer.apply_chat_template(
@@ -476,14 +292,12 @@ def chat_routes(s: Served) -> APIRouter:
 
             opening = {"delta": {"role": "assistant", "content": ""}, "finish_reason": None}
             return await s.streamed(prompt_ids, req, "chat.completion.chunk", on_token, last, opening)
-        gens = await s.generate(prompt_ids, req, client)
+        gens = await while_there(s.start(prompt_ids, req), client.receive)
         choices = []
         for i, g in enumerate(gens):
-            message, finish = _assistant_message(s.text_of(g.token_ids, s.default_stops, False), names)
+            message, finish = _assistant_message(decode(g.token_ids), names)
             choices.append({"index": i, "message": message, "finish_reason": finish or g.finish_reason})
-        return s.response("chat.completion", "chatcmpl", choices, len(prompt_ids), gens)
-
-    return router
+        return s.response("chat.completion", choices, len(prompt_ids), gens)
 
 
 def _assistant_message(content: str, tools: tuple[str, ...]) -> tuple[dict[str, Any], str | None]:
@@ -507,22 +321,12 @@ def _assistant_message(content: str, tools: tuple[str, ...]) -> tuple[dict[str, 
     return message, "tool_calls"
 
 
-def create_app(
-    engine: HFEngine,
-    tokenizer: Any,
-    model_name: str,
-    *,
-    api_key: str | None = None,
-    weights_from: list[Path] | None = None,
-    fetch_from: str | None = None,
-) -> FastAPI:
-    """The server's routes over ``engine``; with ``api_key``, only for callers that send it; weight
-    loads only from under ``weights_from``."""
-    served = Served(engine, tokenizer, model_name, weights_from, api_key, fetch_from)
+def create_app(served: Served, api_key: str | None) -> FastAPI:
+    """The server's routes over ``served``; with ``api_key``, only for callers that send it."""
     app = FastAPI(title="rstar2 serve", version="1")
     app.middleware("http")(key_guard(api_key))
     for routes in (server_routes, completion_routes, chat_routes):
-        app.include_router(routes(served))
+        routes(app, served)
     return app
 
 
@@ -568,10 +372,11 @@ def serve(
             # no policy version until a trainer loads its weights: what it samples before is never
             # trained on (a server restarted mid-run serves its starting weights, not the trainer's)
             engine.version = -1
-            model_name = name or model_dir.name
-            access = {"api_key": api_key, "weights_from": weights_from, "fetch_from": fetch_from}
-            app.app = create_app(engine, AutoTokenizer.from_pretrained(str(model_dir)), model_name, **access)
-            log(f"serving {model_name} on {url} ({engine.model.device})")
+            tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+            weights = ServedWeights(engine, weights_from, api_key, fetch_from)
+            served = Served(engine, tokenizer, name or model_dir.name, weights)
+            app.app = create_app(served, api_key)
+            log(f"serving {served.model_name} on {url} ({engine.model.device})")
         except BaseException as exc:  # noqa: BLE001 - raised in the main thread, once the server stopped
             failed.append(exc)
             server.should_exit = True

@@ -60,26 +60,36 @@ class TextDeltas:
 
 async def stream(
     start: Callable[[Callable[[int, int, float], None]], Awaitable[list[Generation]]],
-    on_token: Callable[[int, int, float], list[dict[str, Any]]],
-    on_end: Callable[[list[Generation]], list[dict[str, Any]]],
+    head: dict[str, Any],
+    on_token: Callable[[int, int, float], dict[str, Any]],
+    last: Callable[[int, Generation], dict[str, Any]],
+    first: dict[str, Any] | None = None,
+    usage: Callable[[list[Generation]], dict[str, int]] | None = None,
 ) -> StreamingResponse:
     """The events of the generations ``start(push)`` runs (each token pushed as ``(choice, token,
-    logprob)``): ``on_token``'s chunks for each token, ``on_end``'s when all are done. A request
-    refused before its first token is an HTTP error (400: the engine refused it, 503: it holds no
-    whole weights), not a stream that ends at once."""
+    logprob)``), each chunk ``head``'s fields and one choice: ``first`` (a choice's opening, e.g. the
+    assistant's role) before each choice's first token, ``on_token``'s for each token, ``last``'s for
+    each finished generation; then ``usage``'s chunk where given. A request refused before its first
+    token is an HTTP error (400: the engine refused it, 503: it holds no whole weights), not a stream
+    that ends at once."""
     events: asyncio.Queue = asyncio.Queue()
     done = asyncio.ensure_future(start(lambda i, tok, lp: events.put_nowait((i, tok, lp))))
     done.add_done_callback(lambda _: events.put_nowait(None))
-    first = await events.get()
-    if first is None:
+    item = await events.get()
+    if item is None:
         await answered(done)  # raises the refusal
 
-    async def body() -> AsyncIterator[str]:
+    def chunk(i: int, choice: dict[str, Any]) -> str:
+        return event({**head, "choices": [{"index": i, **choice}]})
+
+    async def body(item: tuple[int, int, float] | None) -> AsyncIterator[str]:
+        opened: set[int] = set()
         try:
-            item = first
             while item is not None:
-                for chunk in on_token(*item):
-                    yield event(chunk)
+                if first is not None and item[0] not in opened:
+                    opened.add(item[0])
+                    yield chunk(item[0], first)
+                yield chunk(item[0], on_token(*item))
                 item = await events.get()
             try:
                 gens = await answered(done)
@@ -87,13 +97,15 @@ async def stream(
                 yield event({"error": {"message": exc.detail, "code": exc.status_code}})
                 yield DONE
                 return
-            for chunk in on_end(gens):
-                yield event(chunk)
+            for i, g in enumerate(gens):
+                yield chunk(i, last(i, g))
+            if usage is not None:
+                yield event({**head, "choices": [], "usage": usage(gens)})
             yield DONE
         finally:
             done.cancel()  # a client that went away: nothing left to send to
 
-    return StreamingResponse(body(), media_type="text/event-stream")
+    return StreamingResponse(body(item), media_type="text/event-stream")
 
 
 async def while_there(gens: Awaitable[list[Generation]], receive: Receive) -> list[Generation]:

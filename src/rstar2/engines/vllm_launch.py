@@ -53,15 +53,8 @@ def command(
     """``lora_rank``: adapters up to that rank load at run time (``model.lora``), ``lora_slots`` of
     them held at once (the newest: requests in flight finish on the adapter they named)."""
     args = [python, "-m", ENTRY, "--model", model, "--host", host, "--port", str(port), "--dtype", dtype]
-    args += [
-        "--enable-scale-out",
-        "--worker-extension-cls",
-        EXTENSION,
-        "--middleware",
-        MIRROR,
-        "--middleware",
-        GUARD,
-    ]
+    args += ["--enable-scale-out", "--worker-extension-cls", EXTENSION]
+    args += ["--middleware", MIRROR, "--middleware", GUARD]
     args += ["--logprobs-mode", "processed_logprobs", "--scheduling-policy", "priority"]
     args += ["--max-model-len", str(max_model_len)] if max_model_len else []
     if lora_rank:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -82,8 +83,6 @@ def _refuse_if_nothing_generated(results: dict[str, list[Trajectory]], out: Path
     """A benchmark whose every rollout failed (the engine refused them all: a prompt longer than
     the model, a dead server) measured nothing: ``NothingMeasured`` with the commonest cause, not a
     row of zeros."""
-    from collections import Counter
-
     for name, trajs in results.items():
         if trajs and all(t.finish_reason == "error" for t in trajs):
             (cause, count), *_ = Counter(t.verdict for t in trajs).most_common(1)

@@ -84,12 +84,3 @@ def services_answer(services: list[tuple[str, str, Callable[[dict[str, str]], An
         if keyed.status_code != 200:
             said = f"{keyed.status_code}: {keyed.text[:200]}"
             raise NodeError(f"{where}: {what} at {url} refused the launch's key ({said})")
-
-
-def healthy(url: str) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(url + "/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False

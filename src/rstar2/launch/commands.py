@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from enum import Enum
 from pathlib import Path
 
@@ -72,9 +73,11 @@ def launch(
     run_dir = Path(plan.run_dir)
     if run_dir.exists() and any(p.name != "launch" for p in run_dir.iterdir()) and not resume:
         raise _fail(f"{run_dir} holds a run: pass --resume to continue it, or choose another cluster.run_dir")
-    attempt = roads.next_attempt(plan)
+    attempt = 1 + len(list((run_dir / "launch").glob("attempt-*")))
     if on is Road.slurm:
-        script = roads.write_sbatch(plan, attempt)
+        script = run_dir / "launch" / "launch.sbatch"
+        script.parent.mkdir(parents=True, exist_ok=True)
+        script.write_text(roads.sbatch_script(plan, attempt))
         if dry_run:
             console.print(f"sbatch script: {script}", markup=False)
             return
@@ -86,7 +89,7 @@ def launch(
     logs = run_dir / "launch" / f"attempt-{attempt}"
     logs.mkdir(parents=True, exist_ok=True)
     (logs / "plan.json").write_text(plan.to_json())  # what this attempt ran (the secrets are in no file)
-    roads.stopped_by_signals()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # ends the launch as Ctrl-C does
     try:
         if on is Road.local:
             roads.run_local(plan, attempt, say=_say)

@@ -12,6 +12,7 @@ service from the trainer's side, then says go; when the trainer ends it says don
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ..auth import KEY_ENV, loopback
+from ..local_service import healthy
+from ..sandbox import linux
 from ..sandbox.redis_queue import PASSWORD_ENV
 from . import checks as C
 from . import plan as P
@@ -35,14 +38,10 @@ from .checks import NodeError
 DONE_WAIT_S = 10.0
 
 
-def set_death_signal(sig: int = signal.SIGTERM) -> None:
-    """This process gets ``sig`` when its parent dies (Linux), so nothing outlives a killed launcher."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+def set_death_signal() -> None:
+    """This process gets SIGTERM when its parent dies (Linux), so nothing outlives a killed launcher."""
+    with contextlib.suppress(OSError, AttributeError):  # not Linux
+        linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def spawn(args: list[str], log: Path, env: dict[str, str], cwd: str | None = None) -> subprocess.Popen:
@@ -73,10 +72,8 @@ class Role:
         return spawn(self.args, self.log, self.env)
 
     def signal(self, sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
 
     def tail(self, lines: int = 12) -> str:
         try:
@@ -134,7 +131,7 @@ class Node:
         return C.deadline(what, factor * self.cluster.start_timeout_s, checked, why)
 
     def wait_healthy(self, url: str, role: Role) -> None:
-        self.wait(f"{self.where(role.name)}: {url} did not answer /health", lambda: C.healthy(url), role.tail)
+        self.wait(f"{self.where(role.name)}: {url} did not answer /health", lambda: healthy(url), role.tail)
 
     @property
     def bind(self) -> str:
@@ -168,15 +165,12 @@ class Node:
             (self.run / "launch" / "canary").write_text(canary)
             self.redis.set(self.key("canary"), canary)
         sandbox = ["--host", host, "--port", str(self.port(P.SANDBOX))]
-        self.start(
-            "sandbox",
-            self.rstar2("sandbox", "serve", *sandbox, "--redis", P.redis_url(self.cluster, self.hosts)),
-        )
+        sandbox += ["--redis", P.redis_url(self.cluster, self.hosts)]
+        self.start("sandbox", self.rstar2("sandbox", "serve", *sandbox))
         if self.over_http:  # the run folder and the starting model, read-only
             serve = ["-m", "rstar2.weight_transfer", "--host", host, "--port", str(self.port(P.WEIGHTS))]
-            self.start(
-                "weights", [self.plan.python, *serve, "--root", str(self.run), "--root", self.starting_model]
-            )
+            serve += ["--root", str(self.run), "--root", self.starting_model]
+            self.start("weights", [self.plan.python, *serve])
 
     def connect(self) -> None:
         where, port = self.where(), self.port(P.REDIS, rank=0)
@@ -202,12 +196,8 @@ class Node:
 
     def start_worker(self) -> None:
         url, workers = P.redis_url(self.cluster, self.hosts), str(self.cluster.sandbox_workers_per_node)
-        self.start(
-            "worker",
-            self.rstar2(
-                "sandbox", "worker", "--redis", url, "--workers", workers, "--name", f"node{self.rank}"
-            ),
-        )
+        args = ["--redis", url, "--workers", workers, "--name", f"node{self.rank}"]
+        self.start("worker", self.rstar2("sandbox", "worker", *args))
 
     def start_engines(self) -> None:
         """An engine a GPU (one on a CPU), on the starting model the head names (fetched first when
@@ -228,12 +218,9 @@ class Node:
             if self.cluster.engine == "serve":
                 args += ["--device", "cuda" if self.cluster.gpus_per_node else "cpu"]
             args += ["--lora-rank", str(adapters)] if adapters else []
+            args += self.cluster.engine_args
             gpu = {"CUDA_VISIBLE_DEVICES": devices[g]} if g < len(devices) else {}
-            engines.append(
-                self.start(
-                    f"engine-{g}", self.rstar2(self.cluster.engine, *args, *self.cluster.engine_args), **gpu
-                )
-            )
+            engines.append(self.start(f"engine-{g}", self.rstar2(self.cluster.engine, *args), **gpu))
         for g, role in enumerate(engines):
             self.wait_healthy(f"http://{self.hosts[self.rank]}:{self.port(P.ENGINE + g)}", role)
 
@@ -265,23 +252,18 @@ class Node:
         stranger; the sandbox runs a call through the Redis workers."""
         import httpx
 
-        asked: list[tuple[str, str, Callable[[dict[str, str]], Any]]] = []
+        def get(url: str, **options: Any) -> Callable[[dict[str, str]], Any]:
+            return lambda headers: httpx.get(url, headers=headers, timeout=30, **options)
+
         for name, offset in (("weights", P.WEIGHTS), ("sandbox", P.SANDBOX)):
             role = next((r for r in self.roles if r.name == name), None)
             if role is not None:
                 self.wait_healthy(self.url(offset), role)
+        asked = []
         if self.over_http:
-            listed = {"folder": str(self.run)}
             weights = self.url(P.WEIGHTS) + "/weights/manifest"
-            asked.append(
-                (
-                    "the weight service",
-                    weights,
-                    lambda h: httpx.get(weights, params=listed, headers=h, timeout=30),
-                )
-            )
-        for url in P.engine_urls(self.cluster, self.hosts):
-            asked.append(("engine", url, lambda h, u=url: httpx.get(u + "/v1/models", headers=h, timeout=30)))
+            asked.append(("the weight service", weights, get(weights, params={"folder": str(self.run)})))
+        asked += [("engine", url, get(url + "/v1/models")) for url in P.engine_urls(self.cluster, self.hosts)]
         sandbox, call = self.url(P.SANDBOX) + "/run", {"code": "print(6 * 7)"}
         asked.append(
             ("the sandbox service", sandbox, lambda h: httpx.post(sandbox, json=call, headers=h, timeout=60))
@@ -297,18 +279,10 @@ class Node:
         tmp.write_text(yaml.safe_dump(P.run_tree(self.plan, self.hosts), sort_keys=False))
         tmp.replace(path)
         if self.plan.kind == "recipe":
-            return self.start(
-                "trainer",
-                self.rstar2(
-                    "train", "--recipe", str(path), "--out", str(self.run), "--resume", "--no-progress"
-                ),
-            )
-        torchrun = [
-            "--nnodes",
-            str(self.cluster.trainer_nodes),
-            "--nproc-per-node",
-            str(max(1, self.cluster.gpus_per_node)),
-        ]
+            train = ["train", "--recipe", str(path), "--out", str(self.run), "--resume", "--no-progress"]
+            return self.start("trainer", self.rstar2(*train))
+        torchrun = ["--nnodes", str(self.cluster.trainer_nodes)]
+        torchrun += ["--nproc-per-node", str(max(1, self.cluster.gpus_per_node))]
         torchrun += ["--node-rank", str(self.rank), "--master-addr", self.hosts[0]]
         torchrun += ["--master-port", str(self.port(P.RENDEZVOUS, rank=0))]
         train = ["-m", "rstar2", "train", str(path), "--resume", "--no-progress"]
@@ -323,13 +297,11 @@ class Node:
     # -- the whole node -------------------------------------------------------------------------------
     def up(self) -> Role | None:
         """Start and check this node's roles; the trainer's role where this node trains."""
-        ports = (
-            {P.ENGINE + g: f"engine-{g}" for g in range(P.engines_on(self.cluster))}
-            if self.kind == "engine"
-            else {}
-        )
+        ports: dict[int, str] = {}
         if self.kind == "head":
             ports = {P.REDIS: "redis", P.SANDBOX: "sandbox", P.WEIGHTS: "weights", P.RENDEZVOUS: "rendezvous"}
+        elif self.kind == "engine":
+            ports = {P.ENGINE + g: f"engine-{g}" for g in range(P.engines_on(self.cluster))}
         C.ports_free(self.bind, {self.port(o): role for o, role in ports.items()}, self.where())
         if self.kind == "head":
             self.start_head()

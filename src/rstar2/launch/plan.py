@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import secrets
 import sys
 from dataclasses import asdict, dataclass
@@ -44,7 +45,7 @@ class Plan:
         return cls(**json.loads(text))
 
 
-def new_plan(source: Path, overrides: list[str], python: str = sys.executable) -> Plan:
+def new_plan(source: Path, overrides: list[str]) -> Plan:
     """The plan of ``source`` (a config or a recipe file) with ``--set`` overrides, checked here:
     a broken config fails before any node starts."""
     from ..config_files import load_config, read_yaml
@@ -78,7 +79,7 @@ def new_plan(source: Path, overrides: list[str], python: str = sys.executable) -
     run_dir = Path(cluster.run_dir or default_dir).expanduser().resolve()
     tree = run.model_dump(mode="json")
     tree["cluster"] = {**cluster.model_dump(mode="json"), "run_dir": str(run_dir)}
-    return Plan(secrets.token_hex(6), str(run_dir), str(Path.cwd()), kind, tree, python)
+    return Plan(secrets.token_hex(6), str(run_dir), str(Path.cwd()), kind, tree, sys.executable)
 
 
 # -- nodes ----------------------------------------------------------------------------------------
@@ -146,8 +147,6 @@ def lora_rank(plan: Plan) -> int | None:
 
 def visible_gpus() -> list[str]:
     """This machine's GPUs as ``CUDA_VISIBLE_DEVICES`` names them (every one where it is unset)."""
-    import os
-
     given = os.environ.get("CUDA_VISIBLE_DEVICES")
     if given is not None:
         return [g for g in given.split(",") if g]

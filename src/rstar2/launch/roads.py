@@ -7,10 +7,10 @@ rotation); any other node lost ends the launch."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -35,24 +35,9 @@ def run_secrets() -> dict[str, str]:
     return {KEY_ENV: secrets.token_hex(24), PASSWORD_ENV: secrets.token_hex(24)}
 
 
-def next_attempt(plan: P.Plan) -> int:
-    return 1 + len(list((Path(plan.run_dir) / "launch").glob("attempt-*")))
-
-
-def node_args(plan: P.Plan, plan_file: str | None, rank: str, hosts: str, attempt: str) -> list[str]:
-    args = [
-        plan.python,
-        "-m",
-        "rstar2",
-        "launch-node",
-        "--rank",
-        rank,
-        "--hosts",
-        hosts,
-        "--attempt",
-        attempt,
-    ]
-    return args + (["--plan", plan_file] if plan_file else [])
+def node_args(python: str, plan_file: str | None, rank: str, hosts: str, attempt: str) -> list[str]:
+    args = ["launch-node", "--rank", rank, "--hosts", hosts, "--attempt", attempt]
+    return [python, "-m", "rstar2", *args, *(["--plan", plan_file] if plan_file else [])]
 
 
 def said_error(log: Path) -> str:
@@ -106,21 +91,11 @@ def supervise(nodes: list[NodeHandle], say: Callable[[str], None]) -> int:
             node.join()
 
 
-def stopped_by_signals() -> None:
-    """SIGTERM ends the launch as Ctrl-C does: every node stopped, with its grace."""
-
-    def stop(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
-
-
 # -- this machine ---------------------------------------------------------------------------------
 def run_local(plan: P.Plan, attempt: int, say: Callable[[str], None]) -> int:
     """Every node a process of this machine on 127.0.0.1 (a workstation's GPUs shared out in order)."""
-    cluster, logs = plan.cluster, Path(plan.run_dir) / "launch" / f"attempt-{attempt}"
-    logs.mkdir(parents=True, exist_ok=True)
-    plan_file = logs / "plan.json"  # written by the command, for every road
+    cluster, logs = plan.cluster, log_of(plan, attempt, 0).parent
+    plan_file = logs / "plan.json"  # written by the command (with the folder), for every road
     hosts = ",".join(["127.0.0.1"] * cluster.nodes)
     env = {**os.environ, **run_secrets(), P.RUN_ENV: plan.run_id}
     gpus = P.visible_gpus() if cluster.gpus_per_node else []
@@ -129,7 +104,8 @@ def run_local(plan: P.Plan, attempt: int, say: Callable[[str], None]) -> int:
         mine = gpus[rank * cluster.gpus_per_node : (rank + 1) * cluster.gpus_per_node]
         node_env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(mine)} if mine else env
         log = logs / f"node{rank}.log"
-        proc = spawn(node_args(plan, str(plan_file), str(rank), hosts, str(attempt)), log, node_env, plan.cwd)
+        args = node_args(plan.python, str(plan_file), str(rank), hosts, str(attempt))
+        proc = spawn(args, log, node_env, plan.cwd)
         nodes.append(
             NodeHandle(rank, P.node_kind(cluster, rank), proc.poll, *stopper(proc, cluster.grace_s), log)
         )
@@ -155,15 +131,11 @@ def sbatch_script(plan: P.Plan, attempt: int) -> str:
     import jinja2
 
     cluster = plan.cluster
-    roles = [
-        f"node {r}: {P.node_kind(cluster, r)}"
-        + (
-            f", engines on ports {P.port(cluster, r, P.ENGINE)}+"
-            if P.node_kind(cluster, r) == "engine"
-            else ""
-        )
-        for r in range(cluster.nodes)
-    ]
+    roles = []
+    for r in range(cluster.nodes):
+        kind = P.node_kind(cluster, r)
+        ports = f", engines on ports {P.port(cluster, r, P.ENGINE)}+" if kind == "engine" else ""
+        roles.append(f"node {r}: {kind}{ports}")
     shell = jinja2.Environment(keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
     shell.filters["q"] = shlex.quote
     template = shell.from_string(TEMPLATE.read_text())
@@ -173,19 +145,10 @@ def sbatch_script(plan: P.Plan, attempt: int) -> str:
         roles=roles,
         attempt=attempt,
         logs=f"{plan.run_dir}/launch",
-        node=" ".join(
-            [shlex.quote(plan.python), *node_args(plan, None, "$RANK", '"$HOSTS"', '"$ATTEMPT"')[1:]]
-        ),
+        node=" ".join(node_args(shlex.quote(plan.python), None, "$RANK", '"$HOSTS"', '"$ATTEMPT"')),
         plan_env=P.PLAN_ENV,
         run_env=P.RUN_ENV,
     )
-
-
-def write_sbatch(plan: P.Plan, attempt: int) -> Path:
-    path = Path(plan.run_dir) / "launch" / "launch.sbatch"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(sbatch_script(plan, attempt))
-    return path
 
 
 def run_slurm(plan: P.Plan, script: Path, attempt: int, say: Callable[[str], None]) -> int:
@@ -209,9 +172,8 @@ def run_slurm(plan: P.Plan, script: Path, attempt: int, say: Callable[[str], Non
             proc.wait()
         raise
     if code:
-        logs = sorted(
-            log_of(plan, attempt, 0).parent.glob("node*.log")
-        )  # this attempt's (a requeue's: later)
+        # this attempt's logs (a requeue's: later)
+        logs = sorted(log_of(plan, attempt, 0).parent.glob("node*.log"))
         said = [
             f"{log.name}: {said_error(log)}" for log in logs if "error:" in log.read_text(errors="replace")
         ]
@@ -225,16 +187,12 @@ def cancel(job: str, grace_s: float, waiting: subprocess.Popen, env: dict[str, s
     state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=env, capture_output=True, text=True)
     if state.stdout.strip() not in ("PENDING", ""):
         subprocess.run(["scancel", "--signal=TERM", "--full", job], env=env, check=False)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             waiting.wait(3 * grace_s + 30)
             return
-        except subprocess.TimeoutExpired:
-            pass
     subprocess.run(["scancel", job], env=env, check=False)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         waiting.wait(60)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 # -- Ray ------------------------------------------------------------------------------------------
@@ -264,21 +222,14 @@ def run_ray(plan: P.Plan, attempt: int, address: str, say: Callable[[str], None]
         # a task whose node dies fails at once (NodeDiedError), not retried: its bundle would wait to be
         # placed again, which a STRICT_SPREAD group short of a node never is
         node = ray.remote(max_retries=0)(run_node_task)
-        refs, nodes = [], []
+        nodes = []
         for rank in range(cluster.nodes):
             strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank)
             options = {"num_cpus": 1, "num_gpus": cluster.gpus_per_node, "scheduling_strategy": strategy}
             ref = node.options(**options).remote(plan.to_json(), rank, hosts, attempt, secrets_env)
-            refs.append(ref)
-            nodes.append(
-                NodeHandle(
-                    rank,
-                    P.node_kind(cluster, rank),
-                    ray_poll(ref, log_of(plan, attempt, rank)),
-                    *ray_stoppers(ref, cluster.grace_s),
-                    log_of(plan, attempt, rank),
-                )
-            )
+            log = log_of(plan, attempt, rank)
+            stop, join = ray_stoppers(ref, cluster.grace_s)
+            nodes.append(NodeHandle(rank, P.node_kind(cluster, rank), ray_poll(ref, log), stop, join, log))
         say(
             f"[rstar2] {cluster.nodes} nodes placed by Ray at {address} ({hosts}); logs in {log_of(plan, attempt, 0).parent}"
         )
@@ -335,7 +286,7 @@ def run_node_task(plan_json: str, rank: int, hosts: str, attempt: int, env: dict
     child_env = {**os.environ, **env, P.PLAN_ENV: plan_json}
     # this node's Python; its own session, out of the worker's process group (killed outright on a
     # force cancel): the worker's end is a SIGTERM, and the node stops its roles in order
-    args = [sys.executable, *node_args(plan, None, str(rank), hosts, str(attempt))[1:]]
+    args = node_args(sys.executable, None, str(rank), hosts, str(attempt))
     proc = spawn(args, log, child_env, plan.cwd if Path(plan.cwd).is_dir() else None)
     try:
         return proc.wait()

@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import multiprocessing
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,10 +30,14 @@ from ..eval.metrics import per_problem_accuracy
 from ..memory import peak_bytes, release_memory, reset_peak
 from ..plots import pyplot, save_figure
 from ..problems import source_name
+from ..rollout.build import open_services
 from ..rollout.stats import multiline_share, record
 from ..rollout.trajectory import read_trajectories
+from .curriculum import problem_rows
 from .report_card import eval_dir, paired_change, percent, sampled_trajectories, stage_metrics
+from .run import eval_rows, evaluate_model, run_recipe
 from .spec import DataSpec, Recipe, moved_home, parse_recipe, stage_rollout, stage_tree
+from .state import RecipeRun
 
 DEFAULT_VARIANTS = ("roc", "grpo-kept", "grpo-all")
 # the asynchronous variants: (asynchronous.max_staleness, loss.tis_cap: None is no correction)
@@ -132,8 +138,6 @@ def arm_tree(
 def apply_variant(stage: dict, variant: str, *, samples: int, keep: int) -> None:
     """Set ``variant``'s settings on the stage itself, so that none of its own undoes them;
     ``samples`` (2G) and ``keep`` (G): the stage's resolved settings."""
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}: choose from {', '.join(VARIANTS)}")
     roc = dict(stage.get("roc") or {})
     if variant == "roc" or variant in ASYNC:
         roc["enabled"] = True
@@ -234,9 +238,6 @@ def run_comparison(
             log(f"[rstar2] compare: {n}/{len(jobs)}: {name}")
             done(name, job(*args))
     else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
         log(f"[rstar2] compare: {len(jobs)} runs, {parallel} at a time: {', '.join(j[0] for j in jobs)}")
         context = multiprocessing.get_context("spawn")  # no copy of this process's threads or device
         with ProcessPoolExecutor(parallel, mp_context=context) as pool:
@@ -256,8 +257,6 @@ def _evaluation_job(recipe: Recipe, checkpoint: Path, folder: Path, progress: bo
 
 
 def _arm_job(recipe: Recipe, folder: Path, resume: bool, progress: bool) -> dict[str, float]:
-    from .run import run_recipe
-
     return measured(run_recipe, recipe, folder, resume=resume, progress=progress, log=print)
 
 
@@ -275,11 +274,6 @@ def measured(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, flo
 async def evaluate_start(recipe: Recipe, checkpoint: Path, folder: Path, progress: bool) -> None:
     """The SFT checkpoint on the held-out problems and every ``eval.also`` set, as the arms' final
     evaluations sample (``folder/heldout``, ``folder/<set>``)."""
-    from ..rollout.build import open_services
-    from .curriculum import problem_rows
-    from .run import eval_rows, evaluate_model
-    from .state import RecipeRun
-
     sets = {"heldout": eval_rows(recipe)}
     sets.update({source_name(n): problem_rows(DataSpec(files=[n]), recipe.seed) for n in recipe.eval.also})
     async with open_services(stage_rollout(recipe)) as services:
@@ -290,25 +284,6 @@ async def evaluate_start(recipe: Recipe, checkpoint: Path, folder: Path, progres
 
 
 # -- summarizing --------------------------------------------------------------------------------
-def arm_steps(arm: Arm, recipe: Recipe) -> list[dict[str, Any]]:
-    """The arm's step metrics across its stages, numbered on from stage to stage."""
-    rows, offset = [], 0
-    for _, stage_rows in stage_metrics(arm.folder, recipe):
-        rows += [{**r, "step": offset + r["step"]} for r in stage_rows]
-        offset += max((r["step"] for r in stage_rows), default=0)
-    return rows
-
-
-def final_evals(arm: Arm, recipe: Recipe) -> dict[str, Path]:
-    """Where the evaluations after the last stage are: ``heldout`` and each ``eval.also`` set."""
-    n, last = len(recipe.stages), recipe.stages[-1].name
-    where = {"heldout": eval_dir(arm.folder, n, last)}
-    where.update(
-        {source_name(s): eval_dir(arm.folder, n, f"{last}-{source_name(s)}") for s in recipe.eval.also}
-    )
-    return where
-
-
 def figures_in(out_dir: Path) -> tuple[dict[Any, float], float]:
     """An evaluation's per-problem accuracy and the share of its tool calls with two or more lines,
     from one read of its trajectories."""
@@ -316,32 +291,29 @@ def figures_in(out_dir: Path) -> tuple[dict[Any, float], float]:
     return per_problem_accuracy(trajs), multiline_share([record(t) for t in trajs])
 
 
-def _mean_over(per_seed: Sequence[dict[Any, float]]) -> dict[Any, float]:
-    """Per-problem accuracy averaged over seeds (the problems every seed evaluated)."""
-    common = set.intersection(*(set(d) for d in per_seed)) if per_seed else set()
-    return {p: sum(d[p] for d in per_seed) / len(per_seed) for p in common}
-
-
 def summarize(out: Path, recipe: Recipe, plan: Sequence[Arm]) -> dict[str, Any]:
     """Per variant: every finished seed's step curves, final accuracy (mean and spread over seeds),
     its paired change from the SFT checkpoint, and the first variant's paired difference from each."""
-    sets = ["heldout", *(source_name(s) for s in recipe.eval.also)]
+    index, last = len(recipe.stages), recipe.stages[-1].name  # the evaluations after the last stage
+    labels = {"heldout": last, **{source_name(s): f"{last}-{source_name(s)}" for s in recipe.eval.also}}
+    sets = list(labels)
     start_figures = {s: figures_in(out / "sft" / s) for s in sets} if (out / "sft").exists() else {}
-    start = {s: acc for s, (acc, _) in start_figures.items()}
-    done = [a for a in plan if _finished(a.folder)]
     variants: dict[str, Any] = {}
     finals: dict[str, dict[str, dict[Any, float]]] = {}
     for v in dict.fromkeys(a.variant for a in plan):
-        finished = [a for a in done if a.variant == v]
+        finished = [a for a in plan if a.variant == v and _finished(a.folder)]
         if not finished:
             continue
-        figures = [{k: figures_in(d) for k, d in final_evals(a, recipe).items()} for a in finished]
-        accs = [{k: acc for k, (acc, _) in f.items()} for f in figures]
-        steps = {a.seed: arm_steps(a, recipe) for a in finished}
+        figures = [
+            {s: figures_in(eval_dir(a.folder, index, label)) for s, label in labels.items()} for a in finished
+        ]
+        steps = {a.seed: [r for _, rows in stage_metrics(a.folder, recipe) for r in rows] for a in finished}
         entry: dict[str, Any] = {"seeds": [a.seed for a in finished], "steps": steps, "final": {}}
         for s in sets:
-            per_seed = [sum(acc[s].values()) / max(1, len(acc[s])) for acc in accs]
-            mean_acc = _mean_over([acc[s] for acc in accs])
+            accs = [f[s][0] for f in figures]
+            per_seed = [sum(acc.values()) / max(1, len(acc)) for acc in accs]
+            common = set.intersection(*(set(acc) for acc in accs))  # the problems every seed evaluated
+            mean_acc = {p: sum(acc[p] for acc in accs) / len(accs) for p in common}
             finals.setdefault(v, {})[s] = mean_acc
             row = {
                 "per_seed": per_seed,
@@ -350,12 +322,12 @@ def summarize(out: Path, recipe: Recipe, plan: Sequence[Arm]) -> dict[str, Any]:
                 "multiline": statistics.fmean(f[s][1] for f in figures),
             }
             if s in start_figures:
-                row["multiline_start"] = start_figures[s][1]
-            if start.get(s):
-                change, half, n = paired_change(start[s], mean_acc)
-                row.update(
-                    start=sum(start[s].values()) / len(start[s]), change=change, change_ci95=half, paired=n
-                )
+                start, row["multiline_start"] = start_figures[s]
+                if start:
+                    change, half, n = paired_change(start, mean_acc)
+                    row.update(
+                        start=sum(start.values()) / len(start), change=change, change_ci95=half, paired=n
+                    )
             entry["final"][s] = row
         variants[v] = entry
     first = next(iter(finals), None)  # the reference: the first variant asked for (roc by default)
@@ -374,9 +346,7 @@ def _tail_mean(rows: list[dict[str, Any]], key: str, last: int = 5) -> float | N
 def write_summary(out: Path, recipe: Recipe, plan: Sequence[Arm], costs: dict[str, Any]) -> Path:
     summary = summarize(out, recipe, plan)
     pngs = plot_steps(out, summary)
-    name = recipe.name
-    for a in plan:  # the arms' recipes are named RECIPE-VARIANT-sSEED
-        name = name.removesuffix(f"-{a.variant}-s{a.seed}")
+    name = recipe.name.removesuffix(f"-{plan[0].name}")  # the first arm's recipe, RECIPE-VARIANT-sSEED
     lines = [
         f"# RL variants over seeds: {name} ({', '.join(dict.fromkeys(a.variant for a in plan))})",
         "",

@@ -11,15 +11,16 @@ from typing import Any
 
 from ..config import RolloutSection
 from ..jsonl import write_jsonl
+from ..problems import load_problems
+from ..rollout.trajectory import read_trajectories
 from ..tasks.generator import FAMILIES, Task, cells, generate
+from .report_card import sampled_trajectories
 from .spec import DataSpec, FilterSpec, GeneratorSpec, LadderSpec, StageSpec, stage_rollout
 from .state import RecipeRun
 
 
 def problem_rows(data: DataSpec, seed: int, split: str = "train") -> list[dict[str, Any]]:
     """The problems of ``data``: its sources', its reasoning-gym draw's, its generator's ``split``."""
-    from ..problems import load_problems
-
     rows = [row for f in data.files for row in load_problems(f, data.columns)]
     rows += load_problems(data.gym) if data.gym is not None else []
     g = data.generator
@@ -90,9 +91,6 @@ async def solved_counts(
 ) -> list[int]:
     """How many of ``sampling.samples`` rollouts of the current policy solve each row, sampled as the
     stage samples (at ``sampling.temperature``): what the difficulty filter and the ladder read."""
-    from ..rollout.trajectory import read_trajectories
-    from .report_card import sampled_trajectories
-
     settings = stage_rollout(run.recipe, stage, temperature=sampling.temperature)
     await sample(run, settings, model_dir, rows, out_dir, samples=sampling.samples, seed=seed)
     trajs, _ = read_trajectories(sampled_trajectories(out_dir))

@@ -84,9 +84,16 @@ def accuracy_in(out_dir: Path) -> dict[Any, float]:
 
 
 def stage_metrics(out: Path, recipe: Any) -> list[tuple[str, list[dict[str, Any]]]]:
-    """Each stage's name and step metrics (``metrics.jsonl``; none for a stage not run)."""
-    files = [(s.name, out / f"{n:02d}-{s.name}" / "metrics.jsonl") for n, s in enumerate(recipe.stages, 1)]
-    return [(name, read_metrics(f) if f.exists() else []) for name, f in files]
+    """Each stage's name and step metrics (``metrics.jsonl``; none for a stage not run), its steps
+    numbered on from the stages before."""
+    stages: list[tuple[str, list[dict[str, Any]]]] = []
+    end = 0
+    for n, s in enumerate(recipe.stages, 1):
+        f = out / f"{n:02d}-{s.name}" / "metrics.jsonl"
+        rows = [{**r, "step": end + r["step"]} for r in (read_metrics(f) if f.exists() else [])]
+        stages.append((s.name, rows))
+        end = max((r["step"] for r in rows), default=end)
+    return stages
 
 
 def paired_change(before: dict[Any, float], after: dict[Any, float]) -> tuple[float, float, int]:
@@ -99,6 +106,15 @@ def paired_change(before: dict[Any, float], after: dict[Any, float]) -> tuple[fl
     return mean, half, len(common)
 
 
+def _change(before: Path, after: Path, pairs: str = "") -> str | None:
+    """The paired change of per-problem accuracy from one evaluation folder to another, in words
+    (``pairs``: what the pairs are called); None unless both hold trajectories."""
+    if not (sampled_trajectories(before).exists() and sampled_trajectories(after).exists()):
+        return None
+    change, half, n = paired_change(accuracy_in(before), accuracy_in(after))
+    return f"{100 * change:+.1f} points, 95% interval ± {100 * half:.1f} (paired over {n}{pairs})"
+
+
 def rl_gain(out: Path, recipe: Any, evals: dict[str, Any]) -> str | None:
     """One sentence: held-out accuracy before the first RL stage and after the last, and the change."""
     names = [s.name for s in recipe.stages]
@@ -108,17 +124,14 @@ def rl_gain(out: Path, recipe: Any, evals: dict[str, Any]) -> str | None:
     first, last = rl[0], rl[-1]
     before = (names[first - 1], first) if first else ("start", 0)
     after = (names[last], last + 1)
-    folders = [eval_dir(out, n, name) for name, n in (before, after)]
     if before[0] not in evals or after[0] not in evals:
         return None
-    if not all(sampled_trajectories(f).exists() for f in folders):
+    if (change := _change(*(eval_dir(out, n, name) for name, n in (before, after)), " problems")) is None:
         return None
-    change, half, n = paired_change(*(accuracy_in(f) for f in folders))
     a, b = evals[before[0]]["pass@1"], evals[after[0]]["pass@1"]
     return (
         f"RL ({', '.join(names[i] for i in rl)}) took held-out accuracy from {percent(a)} (after {before[0]}) "
-        f"to {percent(b)} (after {after[0]}): {100 * change:+.1f} points, 95% interval ± {100 * half:.1f} "
-        f"(paired over {n} problems)."
+        f"to {percent(b)} (after {after[0]}): {change}."
     )
 
 
@@ -128,22 +141,10 @@ def also_changes(out: Path, recipe: Any, name: str, by_model: dict[str, Any]) ->
     labels = [label for label in by_model if label in index]
     if len(labels) < 2:
         return []
-
-    def accuracy(label: str) -> dict[Any, float] | None:
-        folder = eval_dir(out, index[label], f"{label}-{source_name(name)}")
-        return accuracy_in(folder) if sampled_trajectories(folder).exists() else None
-
-    last, after = labels[-1], accuracy(labels[-1])
-    lines = []
-    for label in labels[:-1]:
-        before = accuracy(label)
-        if after is None or before is None:
-            continue
-        change, half, n = paired_change(before, after)
-        lines.append(
-            f"from {label} to {last}: {100 * change:+.1f} points, 95% interval ± {100 * half:.1f} (paired over {n})"
-        )
-    return lines
+    folders = {label: eval_dir(out, index[label], f"{label}-{source_name(name)}") for label in labels}
+    *earlier, last = labels
+    changes = [(label, _change(folders[label], folders[last])) for label in earlier]
+    return [f"from {label} to {last}: {change}" for label, change in changes if change is not None]
 
 
 def health_section(
@@ -181,15 +182,15 @@ def _plot_steps(out: Path, stages: list[tuple[str, list[dict[str, Any]]]]) -> Pa
         return None
     plt = pyplot()
     fig, axes = plt.subplots(1, len(keys), figsize=(4.0 * len(keys), 3.2), squeeze=False)
-    offset = 0
+    end = 0
     for name, rows in stages:
         for ax, (k, _) in zip(axes.flat, keys, strict=True):
-            pts = [(offset + r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float))]
+            pts = [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float))]
             if pts:
                 ax.plot(*zip(*pts, strict=True), label=name, marker="." if len(pts) < 50 else None)
-        offset += max((r["step"] for r in rows), default=0)
+        end = max((r["step"] for r in rows), default=end)
         for ax in axes.flat:
-            ax.axvline(offset, color="grey", lw=0.5, ls=":")
+            ax.axvline(end, color="grey", lw=0.5, ls=":")
     for ax, (_, title) in zip(axes.flat, keys, strict=True):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step (all stages)")

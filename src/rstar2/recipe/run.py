@@ -21,15 +21,8 @@ from ..jsonl import read_jsonl, write_jsonl
 from ..memory import release_memory
 from ..problems import source_name
 from .curriculum import filter_problems, generated, ladder_rows, problem_rows, sample
-from .spec import (
-    PROBE_FILE,
-    DataSpec,
-    Recipe,
-    StageSpec,
-    eval_rollout,
-    stage_rollout,
-    stage_tree,
-)
+from .report_card import eval_dir, sampled_trajectories, table, write_report
+from .spec import PROBE_FILE, DataSpec, Recipe, StageSpec, eval_rollout, stage_rollout, stage_tree
 from .state import STATE_FILE, RecipeRun
 
 
@@ -48,8 +41,7 @@ def prepare_model(recipe: Recipe, out: Path) -> Path:
 
         import_model(m.source, target)
         return target
-    from .corpus import tiny_corpus
-    from .tiny_model import SHAPE, build_model, build_tokenizer, save_pretrained
+    from .tiny_model import SHAPE, build_model, build_tokenizer, save_pretrained, tiny_corpus
 
     tok = build_tokenizer(tiny_corpus(recipe), m.vocab)
     model = build_model(tok, seed=recipe.seed, **m.model_dump(include=SHAPE))
@@ -137,8 +129,6 @@ async def _evaluate(
     """``model`` on the held-out problems and on each ``also`` set (``eval.also``: a name and its
     rows) where the recipe evaluates them at that point (``eval.heldout_at``, ``eval.also_at``),
     once per label: each result saved in the run's state as it is done."""
-    from .report_card import eval_dir
-
     run.where = f"evaluation {label}"
     heldout_here, also_here = run.recipe.evaluated_at("start" if index == 0 else label)
     todo = [(run.state["evals"], label, held_out)] if held_out and heldout_here else []
@@ -210,7 +200,6 @@ def run_named(
 ) -> str:
     """``rstar2 train --recipe`` and ``rstar2 demo``: a recipe run into ``out`` (default ``runs/NAME``);
     returns the evaluation table, the RL gain and the report's path."""
-    from .report_card import table
     from .spec import find_recipe, load_recipe
 
     recipe = load_recipe(find_recipe(name), overrides)
@@ -250,13 +239,13 @@ def on_local_vllm(recipe: Recipe, out: Path, log: Callable[[str], None]) -> Iter
     options = spec.model_dump(exclude={"if_installed"})
     options["lora_rank"] = adapter_rank(recipe)  # its RL stages' adapters load at run time
     with vllm_launch.local_server(model, out / "vllm.log", weights_from=[out, model], **options) as url:
-        yield recipe.with_servers([url])
+        engine = {**(recipe.rollout.get("engine") or {}), "servers": [url]}
+        yield recipe.model_copy(update={"rollout": {**recipe.rollout, "engine": engine}, "vllm": None})
 
 
 async def _stages(run: RecipeRun, resume: bool) -> Path:
     """The stages not yet finished, the evaluations, the final model's token entropy, the report."""
     from ..rollout.build import open_services
-    from .report_card import write_report
 
     recipe, out = run.recipe, run.out
     precision = resolve_precision(pick_device(recipe.model.device), recipe.model.compute)
@@ -321,8 +310,6 @@ async def _train(run: RecipeRun, n: int, current: Path, resume: bool) -> Path:
 
 def _final_entropy(run: RecipeRun, model: Path) -> None:
     """``rstar2 analyze entropy`` of the final model on its own held-out trajectories, once per model."""
-    from .report_card import eval_dir, sampled_trajectories
-
     recipe, last = run.recipe, run.recipe.stages[-1].name
     trajectories = sampled_trajectories(eval_dir(run.out, len(recipe.stages), last))
     limit = recipe.eval.entropy_trajectories

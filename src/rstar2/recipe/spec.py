@@ -25,7 +25,8 @@ from ..config import (
 )
 from ..config_files import ConfigError, parse_config, read_yaml, validate
 from ..engines.vllm_launch import GPU_SHARE
-from ..tasks.generator import MAX_LEVEL, expand_families
+from ..problems import ALIASES, BENCHMARKS, check_source, gym
+from ..tasks.generator import check_ranges, expand_families
 
 
 class _Spec(BaseModel):
@@ -89,12 +90,7 @@ class GeneratorSpec(_Spec):
         expand_families(list(self.weights))
         if any(w < 1 for w in self.weights.values()):
             raise ValueError(f"weights are turns in the round, at least 1: got {self.weights}")
-        if not 1 <= self.digits[0] <= self.digits[1]:
-            raise ValueError(f"digits must be [lo, hi] with 1 <= lo <= hi, got {list(self.digits)}")
-        if not 1 <= self.levels[0] <= self.levels[1] <= MAX_LEVEL:
-            raise ValueError(
-                f"levels must be [lo, hi] with 1 <= lo <= hi <= {MAX_LEVEL}, got {list(self.levels)}"
-            )
+        check_ranges(self.digits, self.levels)
         return self
 
 
@@ -117,7 +113,7 @@ class DataSpec(_Spec):
 class Drawing(_Spec):
     """How the policy's own samples are drawn before a stage, over the stage's rollout settings:
     ``samples`` rollouts a problem at ``temperature``, each the stage's own unless given (filled in
-    when the recipe is read, ``Recipe._drawings``)."""
+    when the recipe is read, ``Recipe._stages``)."""
 
     samples: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0)
@@ -154,9 +150,8 @@ class EvalSpec(EvalSection):
 
     data: DataSpec | None = None  # default: held-out problems of the first RL stage's generator
     count: int = Field(128, ge=1)  # held-out problems drawn from that generator
-    seed: int | None = Field(
-        None, ge=0
-    )  # their seed (default: the recipe's); fixed, every seed's run is scored alike
+    # their seed (default: the recipe's); fixed, every seed's run is scored alike
+    seed: int | None = Field(None, ge=0)
     before: bool = True  # also evaluate the starting model
     # and once more plain: the bare problem, no tools, one turn, lenient answer checking (the
     # zero-shot baseline of a model never taught this format)
@@ -177,9 +172,6 @@ class EvalSpec(EvalSection):
 
 SECTIONS = ("model", "rollout", "asynchronous", "roc", "loss", "optim", "run", "sft")
 STAGE_MODEL_KEYS = {"lora"}  # of model:, what a stage (or defaults.KIND) may set for itself
-# what defaults.KIND sets for the stages of a kind: a stage's sections but rollout:, which the
-# recipe's rollout: already is for every stage (one place for it, the chat keys SFT's too)
-DEFAULTS_SECTIONS = tuple(s for s in SECTIONS if s != "rollout")
 PROBE_FILE = "probe.jsonl"  # an SFT stage's probe conversations, in its folder
 # stage keys that had a second name, and their one name now (under stages.NAME.): ``moved_home``
 # reads an old run folder's recipe.yaml with them; a recipe written with them gets "unknown key"
@@ -295,7 +287,7 @@ class Recipe(_Spec):
         if not self.stages:
             raise ValueError("a recipe needs at least one stage")
         for kind, own in self.defaults.items():  # a stage's sections, but rollout: is the recipe's own
-            unknown = sorted(set(own) - set(DEFAULTS_SECTIONS))
+            unknown = sorted(set(own) - (set(SECTIONS) - {"rollout"}))
             unknown += sorted(f"model.{k}" for k in set(own.get("model") or {}) - STAGE_MODEL_KEYS)
             if unknown:
                 raise ValueError(
@@ -304,7 +296,7 @@ class Recipe(_Spec):
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"stage names must be distinct, got {names}")
-        if self.vllm is not None and self.servers:
+        if self.vllm is not None and (self.rollout.get("engine") or {}).get("servers"):
             raise ValueError(
                 "give rollout.engine.servers (running engines) or vllm (one the recipe starts), not both"
             )
@@ -315,12 +307,7 @@ class Recipe(_Spec):
                     f"eval.{key}: {unknown} is neither `start` nor a stage of this recipe {names}"
                 )
         validate(RolloutSection, self.rollout, "rollout")
-        return self
-
-    @model_validator(mode="after")
-    def _drawings(self) -> Recipe:
-        """A filter's and a ladder's samples and temperature left open: the stage's rollout's."""
-        for stage in self.stages:
+        for stage in self.stages:  # filters' and ladders' open samples, temperature: the stage's rollout's
             for key in ("filter", "ladder"):
                 drawing = getattr(stage, key)
                 if drawing is None or None not in (drawing.samples, drawing.temperature):
@@ -347,18 +334,9 @@ class Recipe(_Spec):
         return heldout_at is None or point in heldout_at, point in (sft if also_at is None else also_at)
 
     @property
-    def servers(self) -> list[str]:
-        return list((self.rollout.get("engine") or {}).get("servers") or [])
-
-    @property
     def chat(self) -> ChatSection:
         """The chat keys of ``rollout``: the format SFT data, rollouts and evaluations share."""
         return ChatSection(**{k: v for k, v in self.rollout.items() if k in ChatSection.model_fields})
-
-    def with_servers(self, servers: list[str]) -> Recipe:
-        """This recipe sampling on ``servers`` (a local vLLM it started)."""
-        engine = {**(self.rollout.get("engine") or {}), "servers": servers}
-        return self.model_copy(update={"rollout": {**self.rollout, "engine": engine}, "vllm": None})
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -410,15 +388,11 @@ def eval_rollout(recipe: Recipe, **overrides: Any) -> RolloutSection:
 
 def _named(f: str) -> bool:
     """A source that is not a path relative to the recipe: a shipped benchmark, gym:TASK, or a path that exists."""
-    from ..problems import ALIASES, BENCHMARKS, gym
-
     return Path(f).exists() or f in BENCHMARKS or f in ALIASES or gym.is_gym(f)
 
 
 def _must_exist(key: str, sources: list[str | GymSection] | DataSpec) -> None:
     """Each source (a ``DataSpec``'s files and gym draw) can be read, or an error naming ``key``."""
-    from ..problems import check_source
-
     if isinstance(sources, DataSpec):
         sources = [*sources.files, *([sources.gym] if sources.gym else [])]
     for source in sources:
@@ -426,17 +400,6 @@ def _must_exist(key: str, sources: list[str | GymSection] | DataSpec) -> None:
             check_source(source)
         except (OSError, ValueError, ImportError) as exc:
             raise ConfigError(f"{key}: {exc}") from None
-
-
-def check_stage(recipe: Recipe, stage: StageSpec, check_paths: bool = True) -> None:
-    """Validate a stage's config now, with stand-in paths, so a typo fails before anything runs."""
-    try:
-        parse_config(stage_tree(recipe, stage, model_path="model", train="data.jsonl", out="out"))
-    except ConfigError as exc:
-        raise ConfigError(f"stages.{stage.name}: {exc}") from None
-    for key, data in (("data", stage.data), ("sft.probe", stage.probe)):
-        if check_paths and data is not None:
-            _must_exist(f"stages.{stage.name}.{key}", data)
 
 
 def moved_home(tree: dict[str, Any]) -> dict[str, Any]:
@@ -477,8 +440,14 @@ def parse_recipe(tree: dict[str, Any], base: Path | None = None, check_paths: bo
                 stage.sft["probe"] = stage.probe.files[0]
             elif written is not None:
                 written["files"] = stage.probe.files
-    for stage in recipe.stages:
-        check_stage(recipe, stage, check_paths)
+    for stage in recipe.stages:  # its config now, with stand-in paths: a typo fails before anything runs
+        try:
+            parse_config(stage_tree(recipe, stage, model_path="model", train="data.jsonl", out="out"))
+        except ConfigError as exc:
+            raise ConfigError(f"stages.{stage.name}: {exc}") from None
+        for key, data in (("data", stage.data), ("sft.probe", stage.probe)):
+            if check_paths and data is not None:
+                _must_exist(f"stages.{stage.name}.{key}", data)
     if not check_paths:
         return recipe
     if recipe.eval.data is not None:

@@ -4,6 +4,7 @@ through ``from_pretrained``, the same code path as any real model."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from ..chat import tags
 from ..chat.prompt import CHATML_SPECIAL_TOKENS, CHATML_TEMPLATE
 from ..chat.tools import PYTHON_TOOL
 from ..config import DEFAULT_RUN
-from .spec import ModelSpec
+from .spec import ModelSpec, Recipe
 
 # The shape of `model: {build: tiny}` (the spec's defaults), and build_model's keywords for it
 TINY = ModelSpec(build="tiny")
@@ -104,3 +105,32 @@ def save_pretrained(model: Any, tokenizer: Any, out: str | Path) -> Path:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def tiny_corpus(recipe: Recipe, count: int = 1500) -> list[str]:
+    """The text the tiny tokenizer learns its merges from: ``count`` conversations in the recipe's own
+    chat format (problems, tool calls, outputs, errors, answers), so its tokens fit what the model will
+    read and write. Tool outputs are written, not run: only their wording matters."""
+    from ..chat.prompt import problem_messages
+    from ..chat.tool_response import render_result
+    from ..sandbox.result import ExecResult
+    from ..tasks.generator import generate
+    from .sft_data import break_code, conversation
+
+    render = build_tokenizer(["x"], 260)  # a template renderer only
+    chat = recipe.chat
+    error = render_result(
+        ExecResult(status="error", stderr="NameError: name 'x' is not defined"),
+        chat.tool_limit_chars,
+        chat.tool_traceback_lines,
+    )
+    rng = random.Random(recipe.seed)
+    texts = []
+    for t in generate(count, digits=(1, 4), seed=recipe.seed):
+        calls = [(break_code(t.code, rng), error)] if rng.random() < 0.3 else []
+        calls.append((t.code, str(t.answer)))
+        msgs = conversation(
+            problem_messages(t.problem, chat.system_prompt, chat.user_prefix), calls, t.answer
+        )
+        texts.append(render.apply_chat_template(msgs, tokenize=False))
+    return texts

@@ -11,21 +11,16 @@ from .offload import SandboxVerifier
 from .verifier_pool import VerifierPool, default_pool, verify_batch
 
 
-def check(reference: str, response: str, *, mode: Mode = DEFAULT_ROLLOUT.verify_mode) -> Verdict:
-    """The full verdict (answer found, path, reason, seconds) on the shared default pool."""
-    return default_pool().check(reference, response, mode=mode)
-
-
 def verify_answer(reference: str, response: str, *, mode: Mode = DEFAULT_ROLLOUT.verify_mode) -> bool:
-    """True iff the final answer in ``response`` equals ``reference`` (2 s time box per check)."""
-    return check(reference, response, mode=mode).correct
+    """True iff the final answer in ``response`` equals ``reference`` (2 s time box per check, on the
+    shared default pool)."""
+    return default_pool().check(reference, response, mode=mode).correct
 
 
 __all__ = [
     "SandboxVerifier",
     "Verdict",
     "VerifierPool",
-    "check",
     "check_answer",
     "default_pool",
     "extract_answer",

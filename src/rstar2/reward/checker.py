@@ -14,15 +14,9 @@ import socket
 import sys
 from multiprocessing.connection import Connection
 
+from ..sandbox import linux
 from .equivalence import Verdict, check_answer, warm_up
 from .guards import MEMORY_CAP_REASON
-
-
-def _die_with_parent() -> None:
-    from ..sandbox import linux
-
-    with contextlib.suppress(OSError, AttributeError):  # not Linux: the socket's EOF ends it instead
-        linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def check_task(gym: dict, answer: str) -> Verdict:
@@ -50,12 +44,9 @@ def serve_checks(conn: Connection, memory_mb: int) -> None:
     conn.send("ready")
     while True:
         try:
-            task = conn.recv()
+            reference, answer, gym = conn.recv()
         except (EOFError, OSError):
             return
-        if task is None:
-            return
-        reference, answer, gym = task
         try:
             conn.send((check_task(gym, answer) if gym else check_answer(reference, answer)).to_dict())
         except MemoryError:
@@ -82,7 +73,8 @@ def template(control: socket.socket) -> None:
         if pid == 0:
             control.close()
             ours.close()
-            _die_with_parent()
+            with contextlib.suppress(OSError, AttributeError):  # not Linux: the socket's EOF ends it instead
+                linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
             code = 0
             try:
                 serve_checks(Connection(theirs.detach()), memory_mb)

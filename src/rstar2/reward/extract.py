@@ -82,15 +82,13 @@ def last_boxes(text: str) -> str | None:
     for m in _BOX_RE.finditer(text):
         if m.end() < len(text) and text[m.end()] == "{" and (end := pairs.get(m.end())) is not None:
             spans.append((m.start(), end))
-    if not spans:
-        return last_boxed(text)
-    run = [spans[-1]]
+    run = spans[-1:]
     for start, end in reversed(spans[:-1]):
         if end < run[0][0] and _BETWEEN_BOXES_RE.fullmatch(text, end + 1, run[0][0]):
             run.insert(0, (start, end))
         else:
             break
-    if len(run) == 1:
+    if len(run) < 2:
         return last_boxed(text)
     contents = [text[text.index("{", start) + 1 : end].strip() for start, end in run]
     return ", ".join(c for c in contents if c) or None
@@ -223,10 +221,8 @@ def _result_after(text: str) -> str | None:
 
 def _from_answer_block(scope: str) -> str | None:
     # a short answer: <answer>33</answer> or <answer>$\\frac{1}{2}$</answer>
-    for find in (last_boxes, _short_answer, _final_answer, _bare_final_number):
-        if (found := find(scope)) is not None:
-            return found
-    return None
+    finds = (last_boxes, _short_answer, _final_answer, _bare_final_number)
+    return next((found for find in finds if (found := find(scope)) is not None), None)
 
 
 def _lenient_scope(text: str) -> str | None:
@@ -243,11 +239,8 @@ def _lenient_scope(text: str) -> str | None:
 def extract_answer(response: str, mode: Mode = DEFAULT_ROLLOUT.verify_mode) -> str | None:
     """The final answer as written by the model, or None when there is none to grade. ``strict``:
     only the last ``<answer>…</answer>`` block counts (a response cut before ``</answer>`` has no
-    answer); inside it the last ``\\boxed{}`` wins, else the block's short text, else "answer is …",
-    else its last number. ``lenient``: the answer block if there is one, else the last boxed
-    anywhere, else "final answer is …", else the response itself when it is a short answer, else the
-    result stated in the last sentence (what follows its last "is" / "are" / "=" / "equals", or its
-    last math span), else its last number."""
+    answer). ``lenient``: that block if there is one, else, in order, the last box anywhere, "final
+    answer is …", the response itself when it is short, the result the last sentence states, its last number."""
     if mode not in ("strict", "lenient"):
         raise ValueError(f"mode must be 'strict' or 'lenient', not {mode!r}")
     response = cut_next_turn(response)

@@ -22,6 +22,7 @@ _OP = r"(<|>|\\leq|\\geq)"
 _CHAIN = re.compile(rf"^([^<>=\\]*?(?:\\[a-z]+[^<>=\\]*?)*)\s*{_OP}\s*([a-zA-Z])\s*{_OP}\s*(.+)$")
 _ONE_SIDED = re.compile(rf"^([a-zA-Z])\s*{_OP}\s*(.+)$")
 _ONE_SIDED_LEFT = re.compile(rf"^(.+?)\s*{_OP}\s*([a-zA-Z])$")
+_TURNED = {"<": ">", ">": "<", "\\leq": "\\geq", "\\geq": "\\leq"}
 _OR = re.compile(r"\s*(?:\\text\{\s*or\s*\}|\bor\b|\\cup|\\vee)\s*")
 _INTERVALISH = re.compile(r"^[\[(].*,.*[\])](?:\s*\\cup\s*[\[(].*,.*[\])])*$")
 
@@ -49,18 +50,14 @@ def inequality_as_interval(s: str) -> str | None:
             if op1 in (">", "\\geq"):  # b < x < a written downwards
                 a, op1, b, op2 = b, op2, a, op1
             pieces.append(f"{_bound(op1, True)}{a}, {b}{_bound(op2, False)}")
-        elif m := _ONE_SIDED.match(part):
+        elif m := _ONE_SIDED.match(part) or _ONE_SIDED_LEFT.match(part):
             v, op, a = (g.strip() for g in m.groups())
+            if m.re is _ONE_SIDED_LEFT:  # a < x is x > a
+                v, op, a = a, _TURNED[op], v
             if op in ("<", "\\leq"):
                 pieces.append(f"(-\\infty, {a}{_bound(op, False)}")
             else:
                 pieces.append(f"{_bound(op, True)}{a}, \\infty)")
-        elif m := _ONE_SIDED_LEFT.match(part):
-            a, op, v = (g.strip() for g in m.groups())
-            if op in ("<", "\\leq"):  # a < x
-                pieces.append(f"{_bound(op, True)}{a}, \\infty)")
-            else:  # a > x
-                pieces.append(f"(-\\infty, {a}{_bound(op, False)}")
         else:
             return None
         bounds = pieces[-1][1:-1].split(", ")

@@ -56,23 +56,20 @@ def refuse(answer: str) -> str | None:
     """Why this answer is not worth a CAS call, or None when it is safe to parse."""
     if _HEDGE.search(answer):
         return "a hedged answer (approximate, or a question)"
-    why = unreadable(answer)
-    if why is not None:  # the CAS would drop it, and what it holds with it
+    if (why := unreadable(answer)) is not None:  # the CAS would drop it, and what it holds with it
         return why
     if len(answer) > MAX_CHARS:
         return f"answer longer than {MAX_CHARS} characters"
     if nesting_depth(answer) > MAX_DEPTH:
         return f"brackets nested deeper than {MAX_DEPTH}"
-    for run in re.findall(r"\d+", answer):
-        if len(run) > MAX_DIGITS:
-            return f"a number with more than {MAX_DIGITS} digits"
+    if any(len(run) > MAX_DIGITS for run in re.findall(r"\d+", answer)):
+        return f"a number with more than {MAX_DIGITS} digits"
     if _TOWER.search(answer):
         return "a tower of numeric powers"
     for base, exp in _POWER.findall(answer):
         b, e = float(base), int(exp) if len(exp) < 12 else 10**12
         if b > 1 and e * math.log10(b) > MAX_RESULT_DIGITS:
             return f"a power with more than {MAX_RESULT_DIGITS} digits"
-    for n in _FACTORIAL.findall(answer):
-        if len(n) > 6 or int(n) > MAX_FACTORIAL:
-            return f"a factorial of more than {MAX_FACTORIAL}"
+    if any(len(n) > 6 or int(n) > MAX_FACTORIAL for n in _FACTORIAL.findall(answer)):
+        return f"a factorial of more than {MAX_FACTORIAL}"
     return None

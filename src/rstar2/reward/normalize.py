@@ -65,8 +65,9 @@ _RELATIONS = [
     (re.compile(r"\\lt(?![A-Za-z])"), "<"),
     (re.compile(r"\\gt(?![A-Za-z])"), ">"),
 ]
-_UNICODE = {"−": "-", "–": "-", "π": "\\pi ", "×": "\\times ", "·": "\\cdot ", "∞": "\\infty ", "\u00a0": " "}
-_UNICODE_RE = re.compile("|".join(map(re.escape, _UNICODE)))
+_UNICODE = str.maketrans(
+    {"−": "-", "–": "-", "π": "\\pi ", "×": "\\times ", "·": "\\cdot ", "∞": "\\infty ", "\u00a0": " "}
+)
 
 _ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
 _TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
@@ -86,7 +87,7 @@ def number_word(s: str) -> int | None:
 def normalize(answer: str, keep_assignment: bool = False) -> str:
     """Cosmetic clean-up that never changes a value (text macros by ``macros.resolve``'s rule); the
     ``x =`` / ``x \\in`` / ``5 = x`` of an assignment is kept only with ``keep_assignment``."""
-    s = strip_delimiters(_UNICODE_RE.sub(lambda m: _UNICODE[m.group(0)], answer))
+    s = strip_delimiters(answer.translate(_UNICODE))
     s = _SPACING.sub("", s)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\$", "").replace("$", "")
     s = _POWER_OP.sub("^", s)  # Python's x**2

@@ -17,8 +17,6 @@ from .equivalence import Verdict, check_answer, triage
 from .extract import Mode
 from .verifier_pool import DEFAULT_TIMEOUT_S
 
-_PROGRAM = "from rstar2.reward.offload import check_payload\ncheck_payload({payload!r})\n"
-
 
 class Sandbox(Protocol):
     async def run_many(self, requests: list[ExecRequest | str]) -> list[ExecResult]: ...
@@ -32,7 +30,7 @@ def check_payload(payload: str) -> None:
 
 def program_for(reference: str, answer: str) -> str:
     payload = base64.b64encode(json.dumps({"reference": reference, "answer": answer}).encode()).decode()
-    return _PROGRAM.format(payload=payload)
+    return f"from rstar2.reward.offload import check_payload\ncheck_payload({payload!r})\n"
 
 
 def verdict_from_result(result: ExecResult, answer: str, seconds: float) -> Verdict:

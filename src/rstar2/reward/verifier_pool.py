@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
@@ -46,9 +46,9 @@ class _Task:
     reference: str
     answer: str
     future: Future
-    submitted: float = field(default_factory=time.perf_counter)
-    timeout_s: float = DEFAULT_TIMEOUT_S  # its time box
-    gym: dict[str, Any] | None = None  # the reasoning-gym task whose scorer decides (rstar2.gym)
+    submitted: float
+    timeout_s: float  # its time box
+    gym: dict[str, Any] | None  # the reasoning-gym task whose scorer decides (rstar2.gym)
 
 
 class _Template:
@@ -129,7 +129,6 @@ class _Worker:
         self.deadline = 0.0  # when to look again at the running check
         self.hard_deadline = 0.0  # wall-clock backstop
         self.cpu_at_start = 0.0
-        self.box_s = 0.0
 
     def cpu_seconds(self) -> float | None:
         """CPU time this checker has used (Linux /proc), or None where unknown."""
@@ -143,12 +142,13 @@ class _Worker:
     def over_box(self, now: float) -> bool:
         """Over the time box: its CPU time passed the box (a check starved of CPU by a busy
         machine is given more wall time, up to the backstop), or the backstop passed."""
+        assert self.task is not None
         if now >= self.hard_deadline or (cpu := self.cpu_seconds()) is None:
             return True
         used = cpu - self.cpu_at_start
-        if used >= self.box_s:
+        if used >= self.task.timeout_s:
             return True
-        self.deadline = now + max(0.05, self.box_s - used)
+        self.deadline = now + max(0.05, self.task.timeout_s - used)
         return False
 
     def kill(self) -> None:
@@ -339,7 +339,7 @@ class VerifierPool:
                     return
                 task = self._pending.popleft()
             box, now = task.timeout_s, time.perf_counter()
-            w.task, w.box_s, w.deadline = task, box, now + box
+            w.task, w.deadline = task, now + box
             w.hard_deadline = now + box * _WALL_BACKSTOP
             w.cpu_at_start = w.cpu_seconds() or 0.0
             try:

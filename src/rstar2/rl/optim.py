@@ -1,5 +1,4 @@
-"""AdamW with linear warm-up, then a constant or cosine learning rate, and the optimizer step that
-SFT and RL share: gradients accumulated over micro-batches, clipped, one step."""
+"""AdamW with linear warm-up, then a constant or cosine learning rate; the optimizer step SFT and RL share."""
 
 from __future__ import annotations
 

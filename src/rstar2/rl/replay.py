@@ -1,16 +1,15 @@
 """``rstar2 replay``: redo kept RL steps (``run.keep_steps``) and compare them with the run.
 
-The state before step N is the last checkpoint before it (or the run's start: its model, and the
-optimizer as the run began), then every kept step after it, each redone by the trainer's own
-``select_rows`` and ``update_on_rollouts`` with the threads and random state the run's update had.
-After each step every weight and optimizer tensor is compared with the fingerprint the run kept:
-equal, or how far apart. A what-if (``--set loss.clip_high=0.2``) redoes step N twice from the same
-state, as it ran and with the setting changed, and compares loss, gradient norm, entropy and how far
-the update moved each trained token's probability. Reports go to ``RUN/replay/``."""
+The state before step N is the last checkpoint before it (or the run's start), then every kept step
+after it, each redone by the trainer's own ``select_rows`` and ``update_on_rollouts`` with the
+threads and random state the run's update had; after each, every weight and optimizer tensor is
+compared with the fingerprint the run kept. A what-if (``--set loss.clip_high=0.2``) redoes step N
+from the same state as it ran and as changed, side by side. Reports go to ``RUN/replay/``."""
 
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 import time
@@ -20,20 +19,18 @@ from typing import Any
 
 import torch
 
-from ..adapters import base_reference, load_model
 from ..chat.token_classes import TokenClasses
 from ..config import RLConfig
 from ..config_files import ConfigError, parse_config
 from ..device import resolve_precision
-from ..rollout.trajectory import Trajectory
-from .algorithm.batch import Batch
 from .algorithm.select import Selection, select_rows
 from .optim import Learner, build_optimizer
 from .passes import logprobs_of
 from .run import distributed as D
 from .run.checkpoint import list_checkpoints
 from .run.keep import KeptStep, fingerprints, kept_steps, read_kept, set_rng_state
-from .run.launch import Start, load_learner, param_dtype
+from .run.launch import Start, load_learner, load_reference
+from .run.sync import saved_tensors
 from .update import optimizer_steps, rows_batch, stand_in, update_on_rollouts
 
 REPLAY_DIR = "replay"
@@ -92,8 +89,7 @@ class Replay:
 
 # -- where a replay starts --------------------------------------------------------------------
 def plan(run_dir: Path, first: int, last: int) -> tuple[Path | None, list[int]]:
-    """The checkpoint to start from (None: the run's start) and the steps to redo, through ``last``;
-    what is missing for them is an error that names it."""
+    """The checkpoint to start from (None: the run's start) and the steps to redo, through ``last``."""
     if first < 1 or last < first:
         raise NotReplayable(f"steps {first}..{last}: give steps from 1 on, the first not after the last")
     kept = set(kept_steps(run_dir))
@@ -104,7 +100,7 @@ def plan(run_dir: Path, first: int, last: int) -> tuple[Path | None, list[int]]:
         )
     before = [c for c in list_checkpoints(run_dir) if _step_of(c) < first]
     checkpoint = before[-1] if before else None
-    steps = list(range(_step_of(checkpoint) + 1 if checkpoint else 1, last + 1))
+    steps = list(range(_step_of(checkpoint) + 1, last + 1))
     missing = [s for s in steps if s not in kept]
     if missing:
         where = f"checkpoint {checkpoint.name}" if checkpoint else "the run's start (no checkpoint before it)"
@@ -121,14 +117,9 @@ def _step_of(checkpoint: Path | None) -> int:
 
 
 def _ranges(steps: list[int]) -> str:
-    out, i = [], 0
-    while i < len(steps):
-        j = i
-        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
-            j += 1
-        out.append(str(steps[i]) if i == j else f"{steps[i]}-{steps[j]}")
-        i = j + 1
-    return ", ".join(out) or "none"
+    """Ascending steps as runs: "1-3, 5"."""
+    runs = [[s for _, s in run] for _, run in itertools.groupby(enumerate(steps), lambda p: p[1] - p[0])]
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs) or "none"
 
 
 # -- the state ----------------------------------------------------------------------------------
@@ -158,12 +149,7 @@ def load_state(record: KeptStep, checkpoint: Path | None) -> State:
     start = Start(world, tokenizer, path, checkpoint, resolve_precision(world.device, record.precision))
     updates = optimizer_steps(cfg)
     learner, _, _ = load_learner(cfg, start, updates)  # cfg: as the run trained (micro-batches fitted)
-    ref = None
-    if cfg.needs_reference:
-        ref_path = cfg.run.init_from or cfg.model.path
-        ref = base_reference(learner.model, ref_path)  # as the run's (RLTrainer._reference)
-        if ref is None:
-            ref = load_model(ref_path, param_dtype(cfg)).to(world.device).eval().requires_grad_(False)
+    ref = load_reference(cfg, learner.model, world) if cfg.needs_reference else None
     return State(cfg, learner, tokenizer, ref, updates)
 
 
@@ -206,8 +192,7 @@ def restore(state: State, saved: dict[str, Any], optim_cfg: Any, ran: Any) -> No
 
 # -- one step -----------------------------------------------------------------------------------
 def redo(state: State, record: KeptStep, cfg: RLConfig | None = None) -> tuple[dict[str, float], Selection]:
-    """Step ``record.step``'s update as the run did it (its own config; ``cfg``: other settings), in
-    the threads and from the random state the run's update had; its metrics and RoC's selection."""
+    """Step ``record.step``'s update as the run did it (``cfg``: other settings), in its threads and RNG."""
     cfg = cfg or config_of(record)
     torch.set_num_threads(record.threads)
     set_rng_state(record.rng, state.learner.world.device)
@@ -216,7 +201,7 @@ def redo(state: State, record: KeptStep, cfg: RLConfig | None = None) -> tuple[d
     out = update_on_rollouts(
         state.learner,
         chosen.rows,
-        _stand_in(record),
+        stand_in(record.groups, record.args["pad_id"]),
         cfg,
         pad_id=record.args["pad_id"],
         banned=record.args["banned"],
@@ -228,11 +213,6 @@ def redo(state: State, record: KeptStep, cfg: RLConfig | None = None) -> tuple[d
     return out, chosen
 
 
-def _stand_in(record: KeptStep) -> Trajectory:
-    trajs = [t for g in record.groups for t in g]
-    return trajs[0] if trajs else stand_in(record.args["pad_id"])
-
-
 def compare(
     state: State, record: KeptStep, out: dict[str, float], chosen: Selection, run_dir: Path, rtol: float = 0.0
 ) -> StepResult:
@@ -241,7 +221,8 @@ def compare(
     differ but whose norm and largest difference are within ``rtol`` of the run's counts as close."""
     now = fingerprints(state.learner.model, state.learner.optimizer)
     differ = any(now.get(name, [None])[0] != digest for name, (digest, _) in record.after.items())
-    saved = _saved_weights(run_dir, record.step) if differ else {}
+    # the run's weights after the step where it saved a checkpoint then (else nothing: norms only)
+    saved = saved_tensors(Path(run_dir) / "checkpoints" / f"step-{record.step:06d}") if differ else {}
     tensors: dict[str, dict[str, Any]] = {}
     params = dict(state.learner.model.named_parameters())
     for name, (digest, norm) in record.after.items():
@@ -261,13 +242,8 @@ def compare(
     metrics = {}
     for k, v in record.result.items():
         if isinstance(v, (int, float)):
-            equal = _same(v, out.get(k))
-            metrics[k] = {
-                "run": v,
-                "replay": out.get(k),
-                "equal": equal,
-                "close": equal or _close(v, out.get(k), rtol),
-            }
+            got, equal = out.get(k), _same(v, out.get(k))
+            metrics[k] = {"run": v, "replay": got, "equal": equal, "close": equal or _close(v, got, rtol)}
     advantages = [r.advantage for r in chosen.rows]
     return StepResult(
         record.step,
@@ -286,19 +262,7 @@ def _close(a: Any, b: Any, rtol: float) -> bool:
 
 
 def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return a == b
-
-
-def _saved_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
-    """The run's weights after ``step`` where it saved a checkpoint then (else nothing: norms only)."""
-    folder = Path(run_dir) / "checkpoints" / f"step-{step:06d}"
-    if not (folder / "model.safetensors").exists():
-        return {}
-    from safetensors.torch import load_file
-
-    return load_file(folder / "model.safetensors")
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
 # -- the commands -------------------------------------------------------------------------------
@@ -311,9 +275,8 @@ def replay(
     rtol: float = 0.0,
 ) -> Replay:
     """Redo steps ``first``..``last`` (default: ``first`` alone) from the checkpoint before them; stop
-    at the first step that differs from the run (``rtol``: beyond that relative tolerance; 0, bit for
-    bit). ``overrides`` (loss./roc./optim. keys): a what-if on the last step, which is then redone as
-    it ran and as changed, from the same state."""
+    at the first that differs from the run beyond ``rtol`` (0: bit for bit). ``overrides``
+    (loss./roc./optim. keys): a what-if on the last step."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a bar per weight load
@@ -354,20 +317,18 @@ def replay(
 def what_if(
     state: State, record: KeptStep, overrides: list[str], run_dir: Path, rtol: float = 0.0
 ) -> tuple[dict[str, Any], StepResult]:
-    """Step ``record.step`` redone from the same state as it ran and with ``overrides``: the
-    update's metrics side by side, and how far each trained token's probability moved; and the
-    step as it ran compared with the run."""
+    """Step ``record.step`` redone from the same state as it ran and with ``overrides``, side by side
+    (metrics, how far each trained token's probability moved); and as it ran, compared with the run."""
     ran, changed = config_of(record), config_of(record, overrides)
     if changed.needs_reference and state.ref_model is None:
         raise ConfigError("a what-if with loss.kl_coef needs the reference model the run did not load")
     saved = snapshot(state.learner)
-    tokens = _trained_tokens(state, record, ran)
-    passes = {
-        "compute": record.precision,
-        "temperature": ran.rollout.temperature,
-        "banned": record.args["banned"],
-    }
-    sides, as_run = {}, None
+    # the tokens the step trained as it ran: the ratio of both sides is measured on the same ones
+    chosen = select_rows(record.groups, record.group_ids, record.step, ran)
+    first, pad = stand_in(record.groups, record.args["pad_id"]), record.args["pad_id"]
+    tokens = rows_batch(chosen.rows, first, pad, ran.loss.aggregation, None, state.learner.world)
+    passes = dict(compute=record.precision, temperature=ran.rollout.temperature, banned=record.args["banned"])
+    sides, as_run = {"as run": {}, "what-if": {}}, None  # the report's order
     for name, cfg in (("what-if", changed), ("as run", ran)):
         restore(state, saved, cfg.optim, ran.optim)
         before = logprobs_of(state.learner.model, tokens, cfg.optim.micro_batch_tokens, **passes)
@@ -380,24 +341,11 @@ def what_if(
             "rows": len(chosen.rows),
             **_ratio_stats(after - before, tokens.mask.bool(), ran),
         }
-    return {
-        "step": record.step,
-        "set": overrides,
-        "as run": sides["as run"],
-        "what-if": sides["what-if"],
-    }, as_run
-
-
-def _trained_tokens(state: State, record: KeptStep, cfg: RLConfig) -> Batch:
-    """The tokens the step trained as it ran: the ratio of both sides is measured on the same ones."""
-    chosen = select_rows(record.groups, record.group_ids, record.step, cfg)
-    pad = record.args["pad_id"]
-    return rows_batch(chosen.rows, _stand_in(record), pad, cfg.loss.aggregation, None, state.learner.world)
+    return {"step": record.step, "set": overrides, **sides}, as_run
 
 
 def _ratio_stats(log_ratio: torch.Tensor, mask: torch.Tensor, cfg: RLConfig) -> dict[str, float]:
-    """pi_after / pi_before over the trained tokens: the mean, the extremes, and the share outside
-    the run's clip range [1 - clip_low, 1 + clip_high]."""
+    """pi_after / pi_before over the trained tokens: mean, extremes, the share outside the clip range."""
     r = log_ratio[mask].double().exp()
     if not r.numel():
         return {}
@@ -475,8 +423,7 @@ def summary(report: Replay) -> str:
         ]
         for k in keys:
             a, b = w["as run"][k], w["what-if"][k]
-            change = f"{b - a:+.4g}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) else ""
-            lines.append(f"| {k} | {a:.6g} | {b:.6g} | {change} |")
+            lines.append(f"| {k} | {a:.6g} | {b:.6g} | {b - a:+.4g} |")
         lines += [
             "",
             "ratio/*: each trained token's probability after the update over before it, on the tokens the step trained as it ran.",

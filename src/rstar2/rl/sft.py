@@ -10,6 +10,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from ..chat.format import ChatFormat
 from ..config import SFTConfig
 from ..jsonl import iter_jsonl
 from ..memory import resident_gib, trim_heap
@@ -64,8 +65,6 @@ class SFTTrainer:
         self.step_no = 0
 
     def _load(self) -> None:
-        from ..chat.format import ChatFormat
-
         cfg = self.cfg
         start = begin(cfg, self.resume)
         self.world, self.tokenizer = start.world, start.tokenizer
@@ -85,8 +84,7 @@ class SFTTrainer:
         else:
             self.total = cfg.run.steps
         self.run = run = load_training(cfg, start, self.total)
-        self.cfg = run.cfg
-        self.step_no = run.step
+        self.cfg, self.step_no = run.cfg, run.step
         self.data = DataStream(examples, cfg.run.seed, cfg.data.shuffle, run.data_position)
 
     def train(self) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import torch
+from tqdm.auto import tqdm
 
 from ..chat.token_classes import TokenClasses
 from ..config import RLConfig
@@ -27,8 +27,8 @@ from ..problems import training_problems
 from ..rollout import health
 from ..rollout.multi_turn import CodeEnvironment, RewardFn, Verifier
 from ..rollout.trajectory import Trajectory
-from .algorithm.roc import GroupChoice, Scored, roc_counts
-from .algorithm.select import Row, Selection, seed_of, select_rows
+from .algorithm.roc import Scored, roc_counts
+from .algorithm.select import Selection, seed_of, select_rows
 from .algorithm.staleness import StalenessError, check_versions, staleness_metrics
 from .run import distributed as D
 from .run.content_check import untrue_turn
@@ -36,7 +36,7 @@ from .run.data import DataStream
 from .run.engine_mode import PROBE_PROBLEM, TrainerEngines, require_reported_versions
 from .run.feed import GroupFeed
 from .run.keep import KeptStep, keeping
-from .run.launch import RunError, Steps, begin, load_training, param_dtype, run_steps
+from .run.launch import RunError, Steps, begin, load_reference, load_training, run_steps
 from .run.step_metrics import engine_metrics, rollout_record, step_metrics
 from .update import optimizer_steps, stand_in, update_on_rollouts
 
@@ -56,8 +56,7 @@ def load_reward(spec: str) -> RewardFn:
 
 
 def has_spread(group: list[Trajectory]) -> bool:
-    """Whether a group's rollouts (those the system did not spoil) earned different rewards: only
-    then does it have an advantage to learn from."""
+    """Whether a group's unspoiled rollouts earned different rewards: only then is there an advantage."""
     return len({t.reward for t in group if t.fault is None}) > 1
 
 
@@ -68,8 +67,7 @@ def refill_order(rows: list[dict[str, Any]], cfg: RLConfig, position: int = 0) -
 
 
 def task_of(problem: dict[str, Any]) -> dict[str, Any]:
-    """The task a problem row names, for the step's pass rates by family and level: a generated
-    problem's ``family`` and ``level``, a reasoning-gym problem's task as its family."""
+    """A problem row's task for pass rates: a generated problem's family and level, a gym one's task."""
     family = problem.get("family") or (problem.get("gym") or {}).get("task")
     task = {"family": family} if family else {}
     return task if problem.get("level") is None else {**task, "level": problem["level"]}
@@ -77,8 +75,6 @@ def task_of(problem: dict[str, Any]) -> dict[str, Any]:
 
 def _say(line: str) -> None:
     """A line on stderr that does not break a progress bar."""
-    from tqdm.auto import tqdm
-
     tqdm.write(line, file=sys.stderr)
 
 
@@ -91,8 +87,7 @@ def fault_message(t: Trajectory) -> str:
 
 
 def causes(among: list[Trajectory], world: D.World, most: int = 8) -> str:
-    """What spoiled ``among``, each different cause once (the first ``most``, over every process:
-    every process calls it): several dead engines are each named."""
+    """What spoiled ``among``, each cause once (the first ``most``, over every process: all call it)."""
     mine = list(dict.fromkeys(fault_message(t) for t in among))[:most]
     every = list(dict.fromkeys(c for part in D.all_gather_objects(mine, world) for c in part))
     return "; ".join(every[:most]) + (f"; and {len(every) - most} more" if len(every) > most else "")
@@ -157,12 +152,10 @@ class RLTrainer:
         self.first_step, self.first_position = run.step, run.data_position
         h = cfg.run.health
         self.watch = health.Watch({s: getattr(h, s) for s in health.SIGNS}, h.patience, h.stop)
-        if self.world.main:  # every process continues the counts of the file the main one keeps
-            kept = health.keep_warnings_until(self.run_dir, self.step_no)
-        else:
-            kept = [w for w in health.read_warnings(self.run_dir) if w.get("step", 0) <= self.step_no]
+        # every process continues the counts of the file the main one keeps
+        kept = health.keep_warnings_until(self.run_dir, self.step_no, rewrite=self.world.main)
         self.watch.resume(kept, self.step_no)
-        self.ref_model = self._reference() if cfg.needs_reference else None
+        self.ref_model = load_reference(self.cfg, self.model, self.world) if cfg.needs_reference else None
         rows = training_problems(cfg.data)
         if self.world.main and any("gym" in r for r in rows):  # drawn here: kept with the run
             write_jsonl(rows, self.run_dir / "problems.jsonl")
@@ -173,17 +166,6 @@ class RLTrainer:
                 f"[rstar2] warning: asynchronous.max_staleness={cfg.asynchronous.max_staleness} without "
                 "loss.tis_cap: stale tokens are trained as if on-policy (no correction)"
             )
-
-    def _reference(self) -> torch.nn.Module:
-        """The KL's frozen reference: the policy this run (stage) started from, also when
-        resuming (a new stage moves it to its start: the paper's stage 3); unsharded on each process."""
-        from ..adapters import base_reference, load_model
-
-        start = self.cfg.run.init_from or self.cfg.model.path
-        if not self.world.distributed and (base := base_reference(self.model, start)) is not None:
-            return base  # an adapter new at this stage's start: its base is the start, no copy
-        ref = load_model(start, param_dtype(self.cfg))
-        return ref.to(self.world.device).eval().requires_grad_(False)
 
     # -- the loop ----------------------------------------------------------------------------
     async def train(self) -> list[dict[str, Any]]:
@@ -271,17 +253,14 @@ class RLTrainer:
         problem = self.problems.take(1)[0]
         if g % self.world.size != self.world.rank:  # another process's group
             return asyncio.sleep(0, result=[])
-        items, admitted = self._items(step, g, problem), self.step_no
         own_groups = len(range(self.world.rank, B, self.world.size))
         on_done = self._progress(step, own_groups * self.cfg.rollout.samples)
-
-        return self._group(items, admitted, on_done)
+        return self._group(self._items(step, g, problem), self.step_no, on_done)
 
     async def _group(
         self, items: list[dict[str, Any]], admitted: int, on_done: Callable[[Trajectory], None] | None = None
     ) -> list[Trajectory]:
-        """One group's rollouts, rewarded (by the verifier, or ``reward:``), marked with the policy
-        version that admitted them."""
+        """One group's rollouts, rewarded, marked with the policy version that admitted them."""
         trajs = await self.rollout.run_many(items, on_done=on_done)
         for t in trajs:
             t.meta["admitted_version"] = admitted
@@ -292,8 +271,6 @@ class RLTrainer:
         if not (self.cfg.run.progress and self.world.main) or total < 2:
             return None
         if step not in self._bars:
-            from tqdm.auto import tqdm
-
             bar = tqdm(total=total, desc=f"rollouts step {step}", unit="traj", leave=False)
 
             def done(_: Trajectory) -> None:
@@ -318,19 +295,16 @@ class RLTrainer:
                 t.fault, t.verdict = "engine", why
         check_faults(trajs, cfg, self.world)  # a lost engine, or too many spoiled: no step
 
-        # RoC keeps G of each group's 2G, then group-normalised advantages; faults reach neither
         chosen = select_rows(sampled, own, step, cfg)
-        rows = chosen.rows
-        # every token to train sampled within max_staleness updates of the policy it trains
-        self._check_versions([row.trajectory for row in rows], trained_by=step - 1)
+        self._check_versions([row.trajectory for row in chosen.rows], trained_by=step - 1)
 
         t1 = time.perf_counter()
         pad = self.tokenizer.pad_token_id or 0
         update = await self.off_loop(
             self._keeping(step, sampled, own, chosen) if cfg.run.keep_steps else update_on_rollouts,
             self.run.learner,
-            rows,
-            trajs[0] if trajs else stand_in(pad),  # no rows here: still in every collective
+            chosen.rows,
+            stand_in(sampled, pad),  # no rows here: still in every collective
             cfg,
             pad_id=pad,
             banned=self.rollout.banned_ids,
@@ -363,8 +337,7 @@ class RLTrainer:
         return keeping(update_on_rollouts, kept, self.run_dir, self.world.rank)
 
     async def rollouts(self) -> tuple[list[int], list[list[Trajectory]]]:
-        """This process's groups of the next step (indices, rollouts), started up to k updates ago,
-        and the groups that replace those without a reward spread (``roc.refill_groups``)."""
+        """This process's groups of the next step (indices, rollouts), and their refills (``_refill``)."""
         groups = await self.feed.step(self.step_no)
         own = [g for g in range(len(groups)) if g % self.world.size == self.world.rank]
         sampled = [groups[g] for g in own]
@@ -373,10 +346,9 @@ class RLTrainer:
         return own, sampled
 
     async def _refill(self, own: list[int], sampled: list[list[Trajectory]]) -> None:
-        """Fresh groups, sampled now, until ``run.batch_size`` groups of the step (over all processes)
-        have a reward spread or ``roc.refill_groups`` extra ones were drawn; appended to ``own`` and
-        ``sampled`` (group ``B + j`` is the step's j-th extra one, on process ``(B + j) % size``).
-        Every process draws every extra problem, so the order of the draws is the same on each."""
+        """Fresh groups, appended to ``own`` and ``sampled``, until ``run.batch_size`` groups of the step
+        (over all processes) have a reward spread or ``roc.refill_groups`` were drawn (group ``B + j`` is
+        process ``(B + j) % size``'s). Every process draws every extra problem: the same order on each."""
         B, step, world = self.cfg.run.batch_size, self.step_no + 1, self.world
         drawn = 0
         while True:
@@ -399,7 +371,6 @@ class RLTrainer:
         the rollouts' KV and the update's activations never lie under each other's peak."""
 
         def run() -> dict[str, Any]:
-            D.use_device(self.world)
             trim_heap()
             with self.engines.beside_update():
                 out = update(*args, **kw)
@@ -407,7 +378,7 @@ class RLTrainer:
             trim_heap()
             return out
 
-        return await asyncio.to_thread(run)
+        return await asyncio.to_thread(D.on_device(self.world, run))
 
     async def after_step(
         self,
@@ -430,7 +401,7 @@ class RLTrainer:
                 t.meta["step"] = step
         if self.world.main and self.cfg.run.samples_per_step > 0:
             self._save_samples(step, sampled)
-        metrics = {**update, **await self._metrics(step, chosen.rows, records, chosen.choices, times)}
+        metrics = {**update, **await self._metrics(step, chosen, records, times)}
         self.warnings = self.watch.observe(step, metrics)
         metrics["health/warnings"] = float(len(self.warnings))
         if self.world.main:
@@ -441,17 +412,12 @@ class RLTrainer:
         return metrics
 
     async def _metrics(
-        self,
-        step: int,
-        rows: list[Row],
-        records: list[dict[str, Any]],
-        choices: list[GroupChoice],
-        times: dict[str, float],
+        self, step: int, chosen: Selection, records: list[dict[str, Any]], times: dict[str, float]
     ) -> dict[str, float]:
         """The step's metrics over all processes, and the engines' work since the last step."""
         world = self.world
         all_records = [r for part in D.all_gather_objects(records, world) for r in part]
-        counts = roc_counts(choices)
+        counts = roc_counts(chosen.choices)
         counts = dict(zip(counts, D.all_sum(list(counts.values()), world), strict=True))
         # the groups past the step's batch are those drawn for groups without a spread
         counts["groups/refilled"] = counts["roc/groups"] - self.cfg.run.batch_size
@@ -459,7 +425,7 @@ class RLTrainer:
         # synchronous: the rollouts' own rate; asynchronous, they overlap the update: per step's time
         off_policy = self.cfg.asynchronous.off_policy
         per = times["step"] if off_policy else times["rollout"]
-        trained = [r.trajectory.model_versions for r in rows]
+        trained = [r.trajectory.model_versions for r in chosen.rows]
         lag = staleness_metrics(trained, trained_by=step - 1) if off_policy else {}
         t_then, then = self._counters
         self._counters = (time.perf_counter(), await self.engines.counters())
@@ -486,13 +452,12 @@ class RLTrainer:
 
     def _check_versions(self, trajs: list[Trajectory], trained_by: int) -> None:
         """Every token to train within ``max_staleness`` updates of ``trained_by``, else every rank stops."""
+        refusal = None
         try:
             check_versions(trajs, trained_by=trained_by, max_staleness=self.cfg.asynchronous.max_staleness)
-            refusal = None
         except StalenessError as exc:
             refusal = str(exc)
-        first = next((x for x in D.all_gather_objects(refusal, self.world) if x), None)
-        if first:
+        if first := next((x for x in D.all_gather_objects(refusal, self.world) if x), None):
             raise StalenessError(first)
 
     async def _publish(self, step: int) -> dict[str, float]:

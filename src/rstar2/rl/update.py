@@ -7,21 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..chat.token_classes import CLASSES, NO_CLASS
 from ..config import RLConfig
+from ..rollout.trajectory import Trajectory
 from .algorithm.batch import Batch, collate, take_rows, with_weights
 from .algorithm.grpo import policy_loss, weight_units
 from .algorithm.select import Row
 from .optim import Learner, accumulate, finish_step, start_step
 from .passes import forward_logprobs, logprobs_of, plan
 from .run.distributed import LOCAL, World, all_max, all_sum
-
-if TYPE_CHECKING:
-    from ..rollout.trajectory import Trajectory
 
 _MEANS = ("clip_low", "clip_high", "approx_kl", "entropy", "engine_gap", "ref_kl")
 
@@ -53,11 +50,10 @@ def optimizer_steps(cfg: RLConfig) -> int:
     return cfg.run.steps * cfg.optim.mini_batches * cfg.optim.epochs
 
 
-def stand_in(pad: int) -> Trajectory:
-    """A process without problems this step still joins every collective, with a zero-weight row."""
-    from ..rollout.trajectory import Trajectory
-
-    return Trajectory("", None, [pad], [pad], [0], [0.0])
+def stand_in(groups: Sequence[Sequence[Trajectory]], pad: int) -> Trajectory:
+    """What a process without rows joins the collectives with (zero weight): its first rollout, or a pad."""
+    first = next((t for g in groups for t in g), None)
+    return first if first is not None else Trajectory("", None, [pad], [pad], [0], [0.0])
 
 
 def rows_batch(
@@ -68,8 +64,7 @@ def rows_batch(
     token_classes: Callable[[Sequence[int], Sequence[int]], list[int]] | None,
     world: World,
 ) -> Batch:
-    """One mini-batch of kept rollouts, weighted over all processes (``loss.aggregation``); none
-    here: ``stand_in`` with zero weight, so this process still joins the collectives."""
+    """One mini-batch of kept rollouts, weighted over all processes (none here: ``stand_in``)."""
     if rows:
         seqs = [(t.prompt_ids, t.response_ids, t.loss_mask, t.logprobs) for t in (r.trajectory for r in rows)]
         classes = [token_classes(s[1], s[2]) for s in seqs] if token_classes else None
@@ -96,12 +91,10 @@ def update_on_rollouts(
     compute: str = "auto",
 ) -> dict[str, float]:
     """The RL update on the rollouts this process kept: ``optim.mini_batches`` optimizer steps, each
-    normalised over all processes, ``optim.epochs`` passes, the loss of ``cfg.loss``, log-probs under
-    the rollout's temperature and ``banned`` ids (what the engine sampled from); with
-    ``token_classes`` also the mean entropy of each class. A process with no rows joins the
-    collectives with a zero-weight copy of ``stand_in``. Off-policy (``asynchronous.max_staleness``
-    > 0): the old policy is the decoupled objective's proximal one, and the importance weights
-    pi_prox/mu are reported (as whenever ``loss.tis_cap`` applies)."""
+    normalised over all processes, for ``optim.epochs`` passes; log-probs under what the engine
+    sampled from (the rollout's temperature, ``banned`` ids). A process with no rows joins the
+    collectives with a zero-weight copy of ``stand_in``. Off-policy, the old policy is the decoupled
+    objective's proximal one; the importance weights pi_prox/mu are reported (so with ``loss.tis_cap``)."""
     model, world, optim, loss = learner.model, learner.world, cfg.optim, cfg.loss
     if all_sum([len(rows)], world)[0] == 0:
         return {"update/skipped": 1.0}
@@ -109,8 +102,6 @@ def update_on_rollouts(
     batches = [rows_batch(part, stand_in, pad_id, loss.aggregation, token_classes, world) for part in parts]
     tokens = optim.micro_batch_tokens
     passes = dict(compute=compute, temperature=cfg.rollout.temperature, banned=banned)
-    # The old policy (of the clip; the proximal one of the decoupled objective) is the weights before
-    # the first optimizer step: with one step per update, the step's own pass computes it
     if optim.mini_batches > 1 or optim.epochs > 1:
         batches = [replace(b, old_logp=logprobs_of(model, b, tokens, world, **passes)) for b in batches]
     if ref_model is not None:  # the KL to the start: a term of the loss (loss.kl_coef), or a metric
@@ -145,8 +136,7 @@ def update_on_rollouts(
 def importance_weights(
     log_ratios: Sequence[torch.Tensor], cap: float | None, world: World
 ) -> dict[str, float]:
-    """pi_old / mu over the trained tokens (old: the policy at the update's start; mu: the engine's):
-    the mean, the largest and the share truncated at ``cap`` (None: none reported)."""
+    """pi_old / mu over the trained tokens (mu: the engine's): mean, largest, the share over ``cap``."""
     total = count = over = top = 0.0
     for r in log_ratios:
         w = r.detach().clamp(-20.0, 20.0).exp()

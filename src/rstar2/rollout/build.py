@@ -1,12 +1,12 @@
-"""The one place where rollout settings (``RolloutSection``) become a running ``Rollout``: engines
-(``engines/kinds.py``), chat format, code environment and verifier. The RL trainer, the recipe's
-filters and evaluations, and the ``eval``/``chat`` commands all come through here, so they sample
-the same way."""
+"""The one place where rollout settings become a running ``Rollout`` (engines, chat format, code
+environment, verifier): the RL trainer, the recipe, ``eval`` and ``chat`` all come through here, so
+they sample the same way."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from ..chat.format import ChatFormat
@@ -17,8 +17,6 @@ from .multi_turn import CodeEnvironment, RewardFn, Rollout, Verifier
 
 def check_engine_choice(model: str | None, settings: RolloutSection, tokenizer: str | None) -> None:
     """A local model directory or servers, not both; with servers, a tokenizer."""
-    from pathlib import Path
-
     if bool(model) == bool(settings.engine.servers):
         raise ValueError("give either --model PATH or --servers URL")
     if model and not Path(model).is_dir():
@@ -31,28 +29,23 @@ def check_engine_choice(model: str | None, settings: RolloutSection, tokenizer: 
 async def open_services(
     settings: RolloutSection, code_env: CodeEnvironment | None = None, verifier: Verifier | None = None
 ) -> AsyncIterator[dict[str, Any]]:
-    """The code environment (``settings.sandbox``: the HTTP service, else a local pool) and the
-    verifier pool, as the ``code_env``/``verifier`` keywords of ``open_rollout``; one given by the
-    caller is passed through and left open."""
+    """The code environment (``settings.sandbox``'s service, else a local pool) and the verifier pool
+    for ``open_rollout``; one given by the caller is passed through and left open."""
     from ..reward import VerifierPool
     from ..sandbox import LocalPool
     from ..sandbox.client import Client
 
-    own_code_env, own_verifier = code_env is None, verifier is None
-    try:
-        if own_code_env:
+    async with AsyncExitStack() as owned:  # closed in reverse: the verifier, then the code environment
+        if code_env is None:
             code_env = (
                 Client(settings.sandbox) if settings.sandbox else LocalPool(workers=settings.sandbox_workers)
             )
+            owned.push_async_callback(code_env.close)  # also when it fails to start
             await code_env.start()
-        if own_verifier:
+        if verifier is None:
             verifier = VerifierPool(settings.verifier_workers).start()
+            owned.callback(verifier.close)
         yield {"code_env": code_env, "verifier": verifier}
-    finally:
-        if own_verifier and verifier is not None:
-            verifier.close()
-        if own_code_env and code_env is not None:
-            await code_env.close()
 
 
 @asynccontextmanager
@@ -62,17 +55,14 @@ async def open_rollout(
     model: str | None = None,
     tokenizer: Any = None,
     device: str = "auto",
-    dtype: str = "auto",
     engines: Sequence[Any] | None = None,
     code_env: CodeEnvironment | None = None,
     verifier: Verifier | None = None,
     reward: RewardFn | None = None,
 ) -> AsyncIterator[Rollout]:
     """A ready ``Rollout``. ``model``: a local model directory for the in-process engine (and the
-    tokenizer's default); ``tokenizer``: a directory or a loaded tokenizer. ``engines`` given by
-    the caller (the trainer, whose engine shares its model) replace those of the settings; so do a
-    running ``code_env`` and ``verifier`` (a recipe shares them by stage), which stay open.
-    ``reward``: a custom reward (the RL trainer's ``reward:``), scoring in the verifier's place."""
+    tokenizer's default); ``tokenizer``: a directory or a loaded one. ``engines``, ``code_env`` and
+    ``verifier`` given by the caller replace those of the settings, and stay open."""
     if tokenizer is None and model is None:
         raise ValueError("with --servers, give --tokenizer PATH (the served model's tokenizer directory)")
     if tokenizer is None or isinstance(tokenizer, str):
@@ -80,17 +70,12 @@ async def open_rollout(
 
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or model))
     fmt = ChatFormat.from_settings(tokenizer, settings)
-    own = engines is None
-    engines = await open_engines(settings.engine, model, device, dtype) if own else list(engines)
-    try:
-        async with open_services(settings, code_env, verifier) as services:
-            rollout = Rollout(
-                engines, fmt, services["code_env"], services["verifier"], settings, reward=reward
-            )
-            try:
-                yield rollout
-            finally:
-                rollout.close()
-    finally:
-        for e in engines if own else []:
-            await e.close()
+    async with AsyncExitStack() as owned:
+        if engines is None:
+            engines = await open_engines(settings.engine, model, device)
+            for e in reversed(engines):  # closed in order, after the services
+                owned.push_async_callback(e.close)
+        services = await owned.enter_async_context(open_services(settings, code_env, verifier))
+        rollout = Rollout(engines, fmt, services["code_env"], services["verifier"], settings, reward=reward)
+        owned.callback(rollout.close)
+        yield rollout

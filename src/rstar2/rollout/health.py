@@ -1,10 +1,10 @@
-"""Tool-use health: the failures peer systems' users report of agentic RL (the policy stops calling
-the tool, writes calls that do not parse, repeats its last call, prints more than it can read back).
-A step's share of rollouts showing each sign is ``health/<sign>`` in the metrics; ``Watch`` warns
-on every step over ``run.health``'s limit, and asks to stop after ``patience`` steps in a row."""
+"""Tool-use health: the failures peer systems' users report of agentic RL (``SIGNS``). A step's share
+of rollouts showing each sign is ``health/<sign>`` in the metrics; ``Watch`` warns on every step over
+``run.health``'s limit, and asks to stop after ``patience`` steps in a row."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -92,10 +92,7 @@ class Watch:
         """Continue the counts of a run resumed after ``step`` from its ``health.jsonl``."""
         warned = {(w.get("step"), w.get("sign")) for w in warnings}
         for sign in SIGNS:
-            n = 0
-            while (step - n, sign) in warned:
-                n += 1
-            self.over[sign] = n
+            self.over[sign] = next(n for n in itertools.count() if (step - n, sign) not in warned)
 
     def stop_reason(self, warnings: Sequence[HealthWarning]) -> str | None:
         """Why the run should stop now, or None."""
@@ -119,11 +116,11 @@ def read_warnings(run_dir: str | Path) -> list[dict[str, Any]]:
     return read_jsonl(path, strict=False) if path.exists() else []
 
 
-def keep_warnings_until(run_dir: str | Path, step: int) -> list[dict[str, Any]]:
-    """On resume, the warnings kept: the steps after the checkpoint are about to be redone."""
+def keep_warnings_until(run_dir: str | Path, step: int, rewrite: bool = True) -> list[dict[str, Any]]:
+    """On resume, the warnings up to ``step`` (the steps after it are redone); ``rewrite``: in the file."""
     path = Path(run_dir) / HEALTH_FILE
     kept = [w for w in read_warnings(run_dir) if w.get("step", 0) <= step]
-    if path.exists():
+    if rewrite and path.exists():
         write_jsonl(kept, path)
     return kept
 

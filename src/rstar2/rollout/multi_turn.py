@@ -5,6 +5,7 @@ only each new tool turn is tokenized (``ChatFormat``), with loss mask 0."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -79,20 +80,18 @@ class Rollout:
         code_env: CodeEnvironment,
         verifier: Verifier | None = None,
         config: RolloutSection | None = None,
-        scheduler: Scheduler | None = None,
         *,
         reward: RewardFn | None = None,
     ) -> None:
         """``config``'s chat fields are ``fmt``'s business; its engine and sandbox ``open_rollout``'s.
-        ``reward``: a custom reward (the RL trainer's ``reward:``) that scores every trajectory in the
-        verifier's place; given here, with everything else the rollout needs, so that no rollout
-        ever starts before its reward is known."""
+        ``reward``: a custom reward (the RL trainer's ``reward:``) scoring every trajectory in the
+        verifier's place, given here so that no rollout ever starts before its reward is known."""
         engines = [engines] if not isinstance(engines, Sequence) else list(engines)
         self.fmt = fmt
         self.code_env = code_env
         self.verifier = verifier
         self.config = config or RolloutSection()
-        self.scheduler = scheduler or Scheduler(
+        self.scheduler = Scheduler(
             engines,
             self.config.scheduler.policy,
             grant_tokens=self.config.scheduler.grant_tokens,
@@ -102,19 +101,12 @@ class Rollout:
             end_of_turn_ids(fmt.tokenizer)
         )
         self.banned_ids = token_ids(fmt.tokenizer, self.config.banned_tokens, "rollout.banned_tokens")
-        self._prompts: dict[str, list[int]] = {}
+        # the rendered prompt, once per problem: its 2G samples (or K eval samples) share it
+        self._prompt_ids = functools.lru_cache(maxsize=4096)(fmt.prompt_ids)
         # the RL trainer's: a token whose version the engine does not report is a failure of that engine
         self.require_versions = False
         self.reward = reward
         self._reward_threads: ThreadPoolExecutor | None = None  # made at the first custom reward
-
-    def _prompt_ids(self, problem: str) -> list[int]:
-        """The rendered prompt, once per problem: its 2G samples (or K eval samples) share it."""
-        if problem not in self._prompts:
-            if len(self._prompts) >= 4096:
-                self._prompts.clear()
-            self._prompts[problem] = self.fmt.prompt_ids(problem)
-        return self._prompts[problem]
 
     async def run(
         self,
@@ -124,17 +116,13 @@ class Rollout:
         seed: int | None = None,
         meta: dict[str, Any] | None = None,
         on_event: Event | None = None,
-        prompt_ids: list[int] | None = None,
         priority: int = 0,
         gym: dict[str, Any] | None = None,
     ) -> Trajectory:
         """One trajectory. ``priority``: its requests' place in an engine's queue when rows are short
-        (lower first; the trainer gives the step it trains at); a later turn goes ahead of earlier ones.
-        ``gym``: a reasoning-gym problem's scorer inputs (its row's ``gym``), passed to the verifier."""
+        (lower first); ``gym``: a reasoning-gym problem's scorer inputs, passed to the verifier."""
         started = time.perf_counter()
-        traj = Trajectory(
-            problem, reference, list(prompt_ids or self._prompt_ids(problem)), meta=dict(meta or {})
-        )
+        traj = Trajectory(problem, reference, list(self._prompt_ids(problem)), meta=dict(meta or {}))
         key = traj.meta.setdefault("id", uuid.uuid4().hex[:16])
         live = _Live(traj, key, seed, priority, on_event or (lambda kind, data: None))
         self.scheduler.open(key)
@@ -159,8 +147,7 @@ class Rollout:
         return traj
 
     async def _turns(self, live: _Live) -> FinishReason:
-        """Turn after turn (the model's, then its tool calls' outputs) until the model answers or
-        calls no tool, or a limit is reached; returns why it ended."""
+        """Turn after turn until the model answers or calls no tool, or a limit is reached: why it ended."""
         cfg, traj = self.config, live.traj
         for turn_no in range(cfg.max_turns):
             left = cfg.max_response_tokens - len(traj.response_ids)
@@ -224,10 +211,9 @@ class Rollout:
         return True
 
     async def _generate_turn(self, live: _Live, turn_no: int, budget: int) -> Generation:
-        """One model turn of up to ``budget`` tokens, in as many requests as the scheduler's grants
-        need (each continues from the ids so far); ``live.engine`` becomes the engine that served.
-        An engine that fails is taken out of rotation and the request retried on another; a bad
-        request (``ValueError``) is not retried."""
+        """One model turn of up to ``budget`` tokens, in as many requests as the scheduler's grants need;
+        ``live.engine`` becomes the engine that served. A failed engine is taken out of rotation and
+        the request retried on another; a bad request (``ValueError``) is not retried."""
         cfg, traj = self.config, live.traj
         ids: list[int] = []
         logprobs: list[float] = []
@@ -238,7 +224,16 @@ class Rollout:
             request = Request(live.key, len(context), budget - len(ids), live.engine, turn_no)
             used = await self.scheduler.acquire(request)
             grant = request.granted or request.max_new_tokens
-            params = self._sampling(live, turn_no, piece, grant)
+            params = SamplingParams(  # a seed for each piece of each turn; a later turn ahead in line
+                max_new_tokens=grant,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                top_k=cfg.top_k,
+                stop_token_ids=self.stop_ids,
+                banned_token_ids=self.banned_ids,
+                seed=None if live.seed is None else live.seed * 1000 + turn_no + 1_000_003 * piece,
+                priority=live.priority * TURNS_SPAN - min(turn_no, TURNS_SPAN - 1),
+            )
             try:
                 gen = await used.generate(context, params)
                 if self.require_versions and any(v < 0 for v in known_versions(gen)):
@@ -265,21 +260,6 @@ class Rollout:
             cut_short = gen.finish_reason == "length" and len(gen.token_ids) < grant  # model's positions
             if gen.finish_reason == "stop" or len(ids) >= budget or cut_short:
                 return Generation(ids, logprobs, gen.finish_reason, versions)
-
-    def _sampling(self, live: _Live, turn_no: int, piece: int, grant: int) -> SamplingParams:
-        """The rollout's sampling settings for one request: a seed of its own for each piece of
-        each turn, and a later turn ahead of earlier ones in an engine's queue."""
-        cfg = self.config
-        return SamplingParams(
-            max_new_tokens=grant,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
-            stop_token_ids=self.stop_ids,
-            banned_token_ids=self.banned_ids,
-            seed=None if live.seed is None else live.seed * 1000 + turn_no + 1_000_003 * piece,
-            priority=live.priority * TURNS_SPAN - min(turn_no, TURNS_SPAN - 1),
-        )
 
     async def _call(self, call: Any, key: str) -> ToolCallRecord:
         if not isinstance(call, ToolCall):
@@ -318,45 +298,34 @@ class Rollout:
         traj.verdict = getattr(verdict, "reason", "")
 
     async def _custom_reward(self, traj: Trajectory) -> Any:
-        """The custom reward of a finished trajectory, computed in a thread: on the event loop a slow
-        one would stall every rollout in flight (their turns, tool calls and rewards), not just its
-        own. The threads are the rollout's own, not asyncio's default ones, which the trainer's update
-        and checkpoints use: slow rewards never queue those. Up to ``REWARD_THREADS`` run at once, so
-        a custom reward must be safe to call from several threads. What it raises is raised here, as
-        when it ran on the loop: ``run`` fails (a broken reward is the config's error, not a fault
-        of the system that one rollout could absorb)."""
+        """The custom reward of a finished trajectory, in one of the rollout's own threads (up to
+        ``REWARD_THREADS`` at once: it must be thread-safe): on the event loop a slow one would stall
+        every rollout in flight, and asyncio's default threads are the update's and checkpoints'. What
+        it raises fails ``run``: a broken reward is the config's error, not a fault to absorb."""
         if self._reward_threads is None:
             self._reward_threads = ThreadPoolExecutor(REWARD_THREADS, thread_name_prefix="rstar2-reward")
         return await asyncio.get_running_loop().run_in_executor(self._reward_threads, self.reward, traj)
 
     def close(self) -> None:
-        """Let the custom reward's threads go (``open_rollout`` does, on leaving); a reward still
-        running finishes in its thread, unawaited."""
+        """Let the custom reward's threads go; a reward still running finishes in its thread, unawaited."""
         if self._reward_threads is not None:
             self._reward_threads.shutdown(wait=False, cancel_futures=True)
             self._reward_threads = None
 
     async def run_many(
-        self,
-        items: Sequence[dict[str, Any]],
-        *,
-        concurrency: int | None = None,
-        on_done: Callable[[Trajectory], None] | None = None,
+        self, items: Sequence[dict[str, Any]], *, on_done: Callable[[Trajectory], None] | None = None
     ) -> list[Trajectory]:
-        """Items are dicts with ``problem`` and optional ``answer``, ``seed``, ``meta``, ``priority``,
-        ``gym``; results keep their order. ``on_done`` sees each trajectory as soon as it finishes."""
-        gate = asyncio.Semaphore(concurrency or max(1, len(items)))
+        """Items: dicts of ``problem``, ``answer``, ``seed``, …; results in order, each to ``on_done``."""
 
         async def one(item: dict[str, Any]) -> Trajectory:
-            async with gate:
-                traj = await self.run(
-                    item["problem"],
-                    item.get("answer"),
-                    seed=item.get("seed"),
-                    meta=item.get("meta"),
-                    priority=item.get("priority", 0),
-                    gym=item.get("gym"),
-                )
+            traj = await self.run(
+                item["problem"],
+                item.get("answer"),
+                seed=item.get("seed"),
+                meta=item.get("meta"),
+                priority=item.get("priority", 0),
+                gym=item.get("gym"),
+            )
             if on_done is not None:
                 on_done(traj)
             return traj

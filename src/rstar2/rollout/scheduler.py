@@ -21,13 +21,10 @@ class NoEngineError(RuntimeError):
 
 
 REVIVE_BACKOFF_S = 10.0  # the longest wait between two tries to bring a failed engine back (RL)
+REVIVE_AFTER_S = 60.0  # without ``Scheduler.revive``: a failed engine back as it is, in case it restarted
 
 # The kv policy's grant when ``rollout.scheduler.grant_tokens`` leaves it open (``grant_budget``)
 GRANT_TOKENS, GRANT_SHARE = 512, 64
-GRANT_HELP = (
-    f"{GRANT_TOKENS} new tokens, or 1/{GRANT_SHARE} of the smallest engine's capacity so that many "
-    "requests fit; whole turns where no engine keeps a prefix cache (a continued turn prefills again)"
-)
 
 
 def grant_budget(capacities: Sequence[int], prefix_cache: bool = True) -> int:
@@ -81,14 +78,12 @@ class Policy:
         self._seq = itertools.count()
         self.rejected: list[tuple[Request, str]] = []  # requests no engine can ever take
 
-    # -- the trajectory's life (only ``static`` needs it) -----------------------------------------
     def open(self, trajectory: str) -> None:
-        pass
+        """A trajectory's life starts (only ``static`` needs to know)."""
 
     def close(self, trajectory: str) -> None:
-        pass
+        """A trajectory's life ends."""
 
-    # -- requests ---------------------------------------------------------------------------------
     def submit(self, request: Request) -> Request:
         if request.max_new_tokens < 1 or request.context_tokens < 0:
             raise ValueError(
@@ -137,9 +132,10 @@ class LeastRequests(Policy):
         live = self.live()
         if not live:
             return []
-        out = []
-        for req in self.queue:  # the first least busy engine, the previous one if among them
-            out.append(self._start(req, min(live, key=lambda e: (self.running[e], e != req.previous))))
+        # the first least busy engine, the previous one if among them
+        out = [
+            self._start(r, min(live, key=lambda e: (self.running[e], e != r.previous))) for r in self.queue
+        ]
         self.queue = []
         return out
 
@@ -284,8 +280,7 @@ def make_policy(name: str, capacities: Sequence[int], **options: Any) -> Policy:
 
 
 class Scheduler:
-    """A policy over real engines, for asyncio callers: ``acquire`` waits until the policy admits the
-    request and returns its engine; ``release`` ends the turn; ``fail`` takes an engine out."""
+    """A policy over real engines, for asyncio callers: ``acquire`` an engine, ``release`` it, ``fail`` it."""
 
     def __init__(
         self,
@@ -293,14 +288,11 @@ class Scheduler:
         policy: str = DEFAULT_SCHEDULER.policy,
         *,
         grant_tokens: int | None = None,
-        revive_after_s: float | None = 60.0,
         revive_for_s: float = DEFAULT_SCHEDULER.revive_for_s,
     ) -> None:
-        """``grant_tokens`` is for ``kv`` (ignored by the others; None: ``GRANT_HELP``).
-        ``revive``, set by the RL trainer, brings a failed engine back: it must load the current
-        weights into it, or raise."""
+        """``grant_tokens``: ``kv``'s (None: ``grant_budget``). ``revive``, set by the RL trainer, brings a
+        failed engine back: it must load the current weights into it, or raise."""
         self.engines = list(engines)
-        self.revive_after_s = revive_after_s
         self.revive_for_s = revive_for_s
         self.revive: Callable[[Engine], Awaitable[None]] | None = None
         self.down: str | None = None  # why nothing can be sampled any more (every engine is out)
@@ -355,12 +347,10 @@ class Scheduler:
         self._pump()
 
     def fail(self, engine: Engine, why: str = "") -> bool:
-        """``engine`` failed a request: True when the caller may retry the turn (on another engine,
-        or on this one once it is back). With ``revive`` it is out of rotation, the last one too,
-        until ``revive`` has loaded the current weights into it (tried with back-off for
-        ``revive_for_s``; then it is out for good, and once no engine is left every waiting request
-        fails with ``EngineDown``). Without, it is back after ``revive_after_s`` as it is, in case
-        it was restarted, and the last one left stays: its turns fail one by one instead."""
+        """``engine`` failed a request: True when the caller may retry the turn. With ``revive`` it is
+        out of rotation, the last one too, until ``revive`` has loaded the current weights into it
+        (tried for ``revive_for_s``; then it is out for good). Without, it is back after
+        ``REVIVE_AFTER_S``, and the last one left stays: its turns fail one by one instead."""
         i = self._index[id(engine)]
         if self.revive is not None:
             if self.down or i in self._gone:
@@ -377,8 +367,7 @@ class Scheduler:
         if not self.policy.alive[i] or self.policy.live() == [i]:
             return False
         self.policy.remove_engine(i)
-        if self.revive_after_s is not None:
-            asyncio.get_running_loop().call_later(self.revive_after_s, self._revive, i)
+        asyncio.get_running_loop().call_later(REVIVE_AFTER_S, self._revive, i)
         self._pump()
         return True
 
@@ -391,9 +380,8 @@ class Scheduler:
         return self.policy.alive[self._index[id(engine)]]
 
     def restore(self, engine: Engine) -> None:
-        """``engine`` holds the current weights again: back in rotation at once (``revive`` calls
-        this before it lets weights be published again, so no version passes it by); a failure
-        from now on takes it out again."""
+        """``engine`` holds the current weights again: back in rotation at once (``revive`` calls this
+        before it lets weights be published again, so no version passes it by)."""
         i = self._index[id(engine)]
         self._reviving.pop(i, None)
         self._revive(i)

@@ -1,7 +1,5 @@
-"""What a set of rollouts did, in one place for training and evaluation: accuracy, lengths, finish
-reasons and tool use. Each rollout is first reduced to a small ``record`` (plain values, so training
-processes can exchange them); the trainer's step metrics and ``rstar2 eval``'s summary are both
-computed from records, each under its own established keys."""
+"""What a set of rollouts did, for training and evaluation alike: accuracy, lengths, finish reasons
+and tool use, computed from small ``record``s (plain values, so training processes can exchange them)."""
 
 from __future__ import annotations
 

@@ -37,9 +37,7 @@ class ToolCallRecord:
         return "malformed" if self.result is None else self.result.status
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["result"] = self.result.to_dict() if self.result is not None else None
-        return d
+        return {**asdict(self), "result": self.result.to_dict() if self.result is not None else None}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ToolCallRecord:
@@ -70,10 +68,9 @@ class Turn:
 
 @dataclass
 class Trajectory:
-    """Prompt and response ids; ``loss_mask`` is 1 on the model's tokens and 0 on tool-turn tokens;
-    ``logprobs`` are the engine's for model tokens (0.0 on tool tokens), the behaviour policy's;
-    ``versions`` the policy version that sampled each model token (-1 on tool tokens, or where the
-    engine does not say)."""
+    """Prompt and response ids; per response token: ``loss_mask`` (1: the model's, 0: a tool turn's),
+    ``logprobs`` (the engine's, the behaviour policy's; 0.0 on tool tokens) and ``versions`` (the
+    policy version that sampled it; -1 on tool tokens, or where the engine does not say)."""
 
     problem: str
     reference: str | None
@@ -126,24 +123,15 @@ class Trajectory:
         return self.reward > 0
 
     @property
-    def truncated(self) -> bool:
-        return self.finish_reason == "max_length"
-
-    @property
     def response_tokens(self) -> int:
         return len(self.response_ids)
 
-    @property
-    def tool_seconds(self) -> float:
-        return sum(t.tool_s for t in self.turns)
-
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["turns"] = [
+        turns = [
             {**{k: v for k, v in asdict(t).items() if k != "calls"}, "calls": [c.to_dict() for c in t.calls]}
             for t in self.turns
         ]
-        return d
+        return {**asdict(self), "turns": turns}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trajectory:
@@ -158,12 +146,11 @@ def read_trajectories(path: str | Path) -> tuple[list[Trajectory], int]:
     """Every complete trajectory of a file (``rstar2 eval`` output, RL samples), and how many lines
     were not one (a line cut by a crash is dropped, and a resumed evaluation reruns it)."""
     out: list[Trajectory] = []
-    cut: list[int] = []  # lines that are not JSON
-    not_trajectories = 0
+    skipped: list[int] = []  # lines that are not JSON, or not a trajectory
     if Path(path).exists():
-        for _, row in iter_jsonl(path, strict=False, skipped=cut):
+        for n, row in iter_jsonl(path, strict=False, skipped=skipped):
             try:
                 out.append(Trajectory.from_dict(row))
             except (ValueError, TypeError, KeyError, AttributeError):
-                not_trajectories += 1
-    return out, len(cut) + not_trajectories
+                skipped.append(n)
+    return out, len(skipped)

@@ -53,25 +53,18 @@ def cut_middle(text: str, limit: int) -> tuple[str, bool]:
 
 class CallOutput:
     """A call's three streams (stdout, stderr, and the child's report on its own pipe), each captured
-    within its bounds, and the total it printed, checked against ``max_output_mb``."""
+    within its bounds, and the total it printed, checked against ``max_output_mb``. Each is a fresh
+    pipe: this captures its reading end; ``writing_ends`` (stdout, stderr, report) are the child's."""
 
     REPORT_BYTES = 4 << 20
 
-    def __init__(
-        self, output_bytes: int, max_output_mb: float, out_r: int, err_r: int, report_r: int
-    ) -> None:
-        self.out, self.err = Capture(output_bytes), Capture(output_bytes)
+    def __init__(self, limits: Limits) -> None:
+        (out_r, out_w), (err_r, err_w), (report_r, report_w) = os.pipe(), os.pipe(), os.pipe()
+        self.writing_ends = [out_w, err_w, report_w]
+        self.out, self.err = Capture(limits.output_bytes), Capture(limits.output_bytes)
         self.report_stream = Capture(self.REPORT_BYTES)
         self.streams = {out_r: self.out, err_r: self.err, report_r: self.report_stream}
-        self.hard_limit = int(max_output_mb * 1024 * 1024)
-
-    @classmethod
-    def with_pipes(cls, limits: Limits) -> tuple[CallOutput, list[int]]:
-        """Fresh pipes for a call: the capture of their reading ends, and their writing ends for the
-        child (stdout, stderr, report)."""
-        (out_r, out_w), (err_r, err_w), (report_r, report_w) = os.pipe(), os.pipe(), os.pipe()
-        output = cls(limits.output_bytes, limits.max_output_mb, out_r, err_r, report_r)
-        return output, [out_w, err_w, report_w]
+        self.hard_limit = int(limits.max_output_mb * 1024 * 1024)
 
     def read(self, fd: int) -> bool:
         """Take what is waiting on `fd`; False at its end."""

@@ -34,8 +34,17 @@ def reap_ready() -> None:
 class CgroupPair:
     """A cgroup v1 memory + pids pair for one worker; the worker and its calls live in it."""
 
-    def __init__(self, name: str, mem_dir: str, pids_dir: str) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
+        mem_dir = os.path.join(CGROUP_ROOT, "memory", "rstar2", name)
+        pids_dir = os.path.join(CGROUP_ROOT, "pids", "rstar2", name)
+        os.makedirs(mem_dir, exist_ok=True)
+        os.makedirs(pids_dir, exist_ok=True)
+        for d in (mem_dir, pids_dir):
+            write(os.path.join(d, "cgroup.procs"), str(os.getpid()))
+        # the cgroup's OOM killer should pick a call, never the worker (calls also raise theirs to 1000)
+        with contextlib.suppress(OSError):
+            write("/proc/self/oom_score_adj", "-1000")
         self._limit_fd = os.open(os.path.join(mem_dir, "memory.limit_in_bytes"), os.O_WRONLY)
         self._usage_fd = os.open(os.path.join(mem_dir, "memory.usage_in_bytes"), os.O_RDONLY)
         self._oom_fd = os.open(os.path.join(mem_dir, "memory.oom_control"), os.O_RDONLY)
@@ -48,33 +57,15 @@ class CgroupPair:
         self._mem_written = self._pids_written = -(1 << 62)
         self._oom_seen = self.oom_kills()
 
-    @classmethod
-    def create(cls, name: str) -> CgroupPair:
-        mem = os.path.join(CGROUP_ROOT, "memory", "rstar2", name)
-        pids = os.path.join(CGROUP_ROOT, "pids", "rstar2", name)
-        os.makedirs(mem, exist_ok=True)
-        os.makedirs(pids, exist_ok=True)
-        for d in (mem, pids):
-            write(os.path.join(d, "cgroup.procs"), str(os.getpid()))
-        # the cgroup's OOM killer should pick a call, never the worker (calls also raise theirs to 1000)
-        with contextlib.suppress(OSError):
-            write("/proc/self/oom_score_adj", "-1000")
-        return cls(name, mem, pids)
-
     def _read(self, fd: int) -> str:
         return os.pread(fd, 4096, 0).decode()
-
-    def _procs(self) -> str:
-        with open(
-            "cgroup.procs", opener=lambda path, flags: os.open(path, flags, dir_fd=self._pids_dir_fd)
-        ) as fh:
-            return fh.read()
 
     def kill_all_but(self, keep: set[int]) -> None:
         """Without a PID namespace: kill every process of the call that is still in our cgroup."""
         for _ in range(100):
             reap_ready()
-            pids = [int(x) for x in self._procs().split() if int(x) not in keep]
+            with open(os.open("cgroup.procs", os.O_RDONLY, dir_fd=self._pids_dir_fd)) as fh:
+                pids = [int(x) for x in fh.read().split() if int(x) not in keep]
             if not pids:
                 return
             _kill_each(pids)

@@ -7,7 +7,6 @@ import asyncio
 import json
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,107 +58,6 @@ def parse_preload(text: str | None) -> list[str] | None:
     return names
 
 
-def run_once(req: ExecRequest, url: str | None = None) -> ExecResult:
-    """One call: on the service at ``url``, else in a one-worker local pool."""
-    from .client import Client
-    from .local_pool import LocalPool
-
-    async def go() -> ExecResult:
-        if url:
-            async with Client(url) as client:
-                return await client.run(req)
-        async with LocalPool(workers=1) as pool:
-            return await pool.run(req)
-
-    return asyncio.run(go())
-
-
-def isolation_report() -> dict[str, Any]:
-    """What a started worker says of the isolation layers active on this machine."""
-    from .isolation import IsolationConfig
-    from .worker_handle import WorkerHandle
-
-    async def go() -> dict[str, Any]:
-        handle = WorkerHandle(0, Limits(), IsolationConfig())
-        await handle.start()
-        try:
-            return dict(handle.hello)
-        finally:
-            await handle.close()
-
-    return asyncio.run(go())
-
-
-def redis_warning(url: str) -> str | None:
-    from .redis_queue import exposed_warning
-
-    return exposed_warning(url)
-
-
-def serve(
-    host: str,
-    port: int,
-    *,
-    redis: str | None,
-    workers: int | None,
-    limits: Limits,
-    preload: list[str] | None,
-    deadline_s: float,
-    api_key: str | None = None,
-) -> None:
-    """The HTTP service over a local pool, or over Redis worker nodes (``redis``); with
-    ``api_key``, only for callers that send it. Its port is bound before the workers start: a port
-    taken is said at once (exit 2), and the address said is read from the socket it listens on; a
-    request that comes meanwhile waits for the workers."""
-    import uvicorn
-
-    from ..local_service import CannotListen, address, listen
-    from .service import create_app
-
-    try:
-        sock = listen(host, port)
-    except CannotListen as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2) from None
-    console.print(f"rstar2 sandbox serve: listening on {address(sock)}", highlight=False)
-    if redis:
-        from .redis_queue import RedisBackend
-
-        backend: Any = RedisBackend(redis, deadline_s=deadline_s)
-    else:
-        from .local_pool import LocalPool
-
-        backend = LocalPool(workers=workers, limits=limits, preload=preload)
-    uvicorn.Server(uvicorn.Config(create_app(backend, api_key), log_level="warning")).run(sockets=[sock])
-
-
-def run_worker_node(
-    redis: str,
-    *,
-    workers: int | None,
-    limits: Limits,
-    preload: list[str] | None,
-    lease_s: float,
-    name: str | None,
-    log: Callable[[str], None] = print,
-) -> None:
-    """A worker node: take calls from Redis, run them in a local pool, send the results back,
-    until SIGINT or SIGTERM."""
-    from .local_pool import LocalPool
-    from .redis_queue import RedisWorker, shown
-
-    async def go() -> None:
-        pool = LocalPool(workers=workers, limits=limits, preload=preload)
-        worker = RedisWorker(redis, pool, lease_s=lease_s, name=name)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, worker.stop)
-        log(f"worker {worker.name}: {pool.size} sandbox workers, Redis {shown(redis)}")
-        await worker.run()
-
-    asyncio.run(go())
-
-
 # -- the commands ----------------------------------------------------------------------------
 PRELOAD_HELP = (
     "Modules each worker imports once, comma-separated (default: math, fractions, itertools, "
@@ -185,9 +83,21 @@ def sandbox_run(
     url: str | None = typer.Option(None, help="Run on a sandbox service at this URL instead of locally."),
 ) -> None:
     """Run one piece of code in the sandbox and show what came back."""
+    from .client import Client
+    from .local_pool import LocalPool
+
     code = sys.stdin.read() if file == "-" else Path(file).read_text()
     stdin = input_file.read_text() if input_file else input
-    result = run_once(ExecRequest(code=code, input=stdin, timeout_s=timeout_s, memory_mb=memory_mb), url)
+    req = ExecRequest(code=code, input=stdin, timeout_s=timeout_s, memory_mb=memory_mb)
+
+    async def go() -> ExecResult:  # on the service at `url`, else in a one-worker local pool
+        if url:
+            async with Client(url) as client:
+                return await client.run(req)
+        async with LocalPool(workers=1) as pool:
+            return await pool.run(req)
+
+    result = asyncio.run(go())
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -205,7 +115,18 @@ def sandbox_run(
 @app.command("info")
 def sandbox_info(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Show which isolation layers are active on this machine, and why others are not."""
-    hello = isolation_report()
+    from .isolation import IsolationConfig
+    from .worker_handle import WorkerHandle
+
+    async def go() -> dict[str, Any]:  # what a started worker says of the layers active here
+        handle = WorkerHandle(0, Limits(), IsolationConfig())
+        await handle.start()
+        try:
+            return dict(handle.hello)
+        finally:
+            await handle.close()
+
+    hello = asyncio.run(go())
     if as_json:
         print(json.dumps(hello, indent=2))
         return
@@ -242,23 +163,34 @@ def sandbox_serve(
     api_key: str | None = API_KEY,
 ) -> None:
     """Serve the sandbox over HTTP (POST /run, /run_batch; GET /health, /metrics)."""
-    from ..auth import service_key
+    import uvicorn
 
+    from ..auth import service_key
+    from ..local_service import CannotListen, address, listen
+    from .service import create_app
+
+    if redis:
+        from .redis_queue import RedisBackend, exposed_warning
     key, warning = service_key(api_key, host, "rstar2 sandbox serve")
-    for said in (warning, redis_warning(redis) if redis else None):
+    for said in (warning, exposed_warning(redis) if redis else None):
         if said:
             console.print(f"[yellow]\\[rstar2] {escape(said)}[/yellow]")
-    limits, modules = Limits().merged(timeout_s, memory_mb), parse_preload(preload)
-    serve(
-        host,
-        port,
-        redis=redis,
-        workers=workers or None,
-        limits=limits,
-        preload=modules,
-        deadline_s=deadline_s,
-        api_key=key,
-    )
+    # The port is bound before the workers start: a port taken is said at once (exit 2), and the
+    # address said is read from the socket; a request that comes meanwhile waits for the workers.
+    try:
+        sock = listen(host, port)
+    except CannotListen as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None
+    console.print(f"rstar2 sandbox serve: listening on {address(sock)}", highlight=False)
+    if redis:
+        backend: Any = RedisBackend(redis, deadline_s=deadline_s)
+    else:
+        from .local_pool import LocalPool
+
+        limits = Limits().merged(timeout_s, memory_mb)
+        backend = LocalPool(workers=workers or None, limits=limits, preload=parse_preload(preload))
+    uvicorn.Server(uvicorn.Config(create_app(backend, api_key=key), log_level="warning")).run(sockets=[sock])
 
 
 @app.command("worker")
@@ -278,20 +210,24 @@ def sandbox_worker(
     name: str | None = typer.Option(None, help="Consumer name in Redis (default: host-pid-random)."),
 ) -> None:
     """Run a worker node: take calls from Redis, run them in isolation, send the results back."""
-    from .redis_queue import RedisRefused
+    from .local_pool import LocalPool
+    from .redis_queue import RedisRefused, RedisWorker, exposed_warning, shown
 
-    if said := redis_warning(redis):
+    if said := exposed_warning(redis):
         console.print(f"[yellow]\\[rstar2] {escape(said)}[/yellow]")
+
+    async def go() -> None:  # until SIGINT or SIGTERM
+        limits = Limits().merged(timeout_s, memory_mb)
+        pool = LocalPool(workers=workers or None, limits=limits, preload=parse_preload(preload))
+        worker = RedisWorker(redis, pool, lease_s=lease_s, name=name)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, worker.stop)
+        console.print(f"worker {worker.name}: {pool.size} sandbox workers, Redis {shown(redis)}")
+        await worker.run()
+
     try:
-        run_worker_node(
-            redis,
-            workers=workers or None,
-            limits=Limits().merged(timeout_s, memory_mb),
-            preload=parse_preload(preload),
-            lease_s=lease_s,
-            name=name,
-            log=console.print,
-        )
+        asyncio.run(go())
     except RedisRefused as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None

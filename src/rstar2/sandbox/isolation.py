@@ -51,9 +51,6 @@ class IsolationConfig:
     drop_uid: bool = True
     seccomp: bool = True
 
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
-
     @classmethod
     def from_dict(cls, data: dict) -> IsolationConfig:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
@@ -120,7 +117,7 @@ class WorkerIsolation:
             self.note("cgroup", False, "needs root")
             return
         try:
-            self.cgroup = CgroupPair.create(f"w{os.getpid()}")
+            self.cgroup = CgroupPair(f"w{os.getpid()}")
             self.note("cgroup", True, f"memory+pids cgroup {self.cgroup.name}")
         except OSError as exc:
             self.note("cgroup", False, f"cgroup v1 memory/pids controllers not usable here ({exc})")
@@ -237,22 +234,19 @@ class WorkerIsolation:
         """New session, private mount namespace with a fresh /tmp and /proc (needs privileges)."""
         if self.config.enabled:
             os.setsid()
-            if self.fs_ready:
-                linux.unshare(linux.CLONE_NEWNS)
+        if self.fs_ready:  # only ever with isolation enabled
+            linux.unshare(linux.CLONE_NEWNS)
+            linux.mount_raw(b"tmpfs", b"/tmp", b"tmpfs", linux.MS_NOSUID | linux.MS_NODEV, plan.tmp_options)
+            if self.pid_ns_fd is not None:
                 linux.mount_raw(
-                    b"tmpfs", b"/tmp", b"tmpfs", linux.MS_NOSUID | linux.MS_NODEV, plan.tmp_options
+                    b"proc", b"/proc", b"proc", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC, None
                 )
-                if self.pid_ns_fd is not None:
-                    linux.mount_raw(
-                        b"proc", b"/proc", b"proc", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC, None
-                    )
-                os.chdir("/tmp")
-            elif tmp_dir is not None:
-                os.chdir(tmp_dir)
-            with contextlib.suppress(OSError):
-                write("/proc/self/oom_score_adj", "1000")
+            os.chdir("/tmp")
         elif tmp_dir is not None:
             os.chdir(tmp_dir)
+        if self.config.enabled:
+            with contextlib.suppress(OSError):
+                write("/proc/self/oom_score_adj", "1000")
 
     def drop_privileges(self, plan: CallPlan, tmp_dir: str | None = None) -> None:
         """Limits, unprivileged uid, seccomp: after this the code may run. The environment is already

@@ -41,11 +41,10 @@ MOUNT_ATTR_RDONLY = 0x1
 MOUNT_ATTR_NOSUID = 0x2
 
 
-def _check(ret: int, what: str) -> int:
+def _check(ret: int, what: str) -> None:
     if ret == -1:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
-    return ret
 
 
 def unshare(flags: int) -> None:

@@ -81,7 +81,7 @@ class LocalPool:
 
     @property
     def layers(self) -> list[dict]:
-        return self.handles[0].layers if self.handles else []
+        return list(self.handles[0].hello.get("layers", []))
 
     async def run(self, code: str | ExecRequest, input: str = "", **kw) -> ExecResult:
         req = code if isinstance(code, ExecRequest) else ExecRequest(code=code, input=input, **kw)

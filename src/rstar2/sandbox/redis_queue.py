@@ -52,7 +52,7 @@ log = logging.getLogger("rstar2.sandbox.redis")
 PREFIX = "rstar2:sandbox"  # of every key, both sides
 TASKS = f"{PREFIX}:tasks"  # the stream of calls
 GROUP = "workers"
-_CONN_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+_CONN_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 _REFUSED = (AuthenticationError, NoPermissionError)  # a password or an ACL refused: no outage to wait out
 PASSWORD_ENV = "RSTAR2_REDIS_PASSWORD"
 
@@ -93,17 +93,15 @@ def refused(url: str, exc: BaseException) -> RedisRefused:
     )
 
 
-def _client(url: str, max_connections: int = 32) -> aioredis.Redis:
-    """A client whose pool makes callers wait for a free connection instead of failing; with the
-    URL's password or ``$RSTAR2_REDIS_PASSWORD`` (TLS for ``rediss://``, by redis-py)."""
-    extra = {} if urlsplit(url).password or not _password(url) else {"password": _password(url)}
+def _client(url: str) -> aioredis.Redis:
+    """A client whose pool makes callers wait for a free connection instead of failing."""
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
         decode_responses=True,
         socket_connect_timeout=5,
-        max_connections=max_connections,
+        max_connections=32,
         timeout=None,
-        **extra,
+        password=_password(url),  # the URL's own, when it has one, takes precedence in redis-py
     )
     return aioredis.Redis(connection_pool=pool)
 
@@ -111,7 +109,6 @@ def _client(url: str, max_connections: int = 32) -> aioredis.Redis:
 class RedisBackend:
     """The service side: enqueue calls, collect replies, re-submit after a Redis restart."""
 
-    tasks_key = TASKS
     STREAM_MAXLEN = 1_000_000  # the stream is trimmed (approximately) to this many calls
 
     def __init__(self, url: str, deadline_s: float = DEADLINE_S) -> None:
@@ -200,7 +197,7 @@ class RedisBackend:
 
     async def _enqueue(self, task: dict) -> None:
         assert self._redis is not None
-        await self._redis.xadd(self.tasks_key, task, maxlen=self.STREAM_MAXLEN, approximate=True)
+        await self._redis.xadd(TASKS, task, maxlen=self.STREAM_MAXLEN, approximate=True)
 
     async def _listen(self) -> None:
         """Collect replies; re-submit every call still waiting when Redis itself restarted (a connection
@@ -250,7 +247,6 @@ class RedisBackend:
 class RedisWorker:
     """A worker node: takes tasks from the stream, runs them in a local pool, replies, acknowledges."""
 
-    tasks_key = TASKS
     MAX_DELIVERIES = 3
     REPLY_TTL_S = 3600  # a reply list nobody reads (its backend is gone) is dropped after this
 
@@ -265,7 +261,7 @@ class RedisWorker:
 
     async def _ensure_group(self) -> None:
         try:
-            await self._redis.xgroup_create(self.tasks_key, GROUP, id="0", mkstream=True)
+            await self._redis.xgroup_create(TASKS, GROUP, id="0", mkstream=True)
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
@@ -293,7 +289,7 @@ class RedisWorker:
                             if free <= 0:
                                 continue
                         resp = await self._redis.xreadgroup(
-                            GROUP, self.name, {self.tasks_key: ">"}, count=max(1, free), block=1000
+                            GROUP, self.name, {TASKS: ">"}, count=max(1, free), block=1000
                         )
                         for _, entries in resp or []:
                             for entry_id, fields in entries:
@@ -321,34 +317,29 @@ class RedisWorker:
         lease, independently of the read loop, so a long call is not handed to another node."""
         while not self._stop.is_set():
             await asyncio.sleep(max(0.1, self.lease_s / 3))
+            if not self._running:
+                continue
             try:
-                await self._renew()
+                await self._redis.xclaim(
+                    TASKS, GROUP, self.name, min_idle_time=0, message_ids=list(self._running), justid=True
+                )
             except (*_CONN_ERRORS, ResponseError) as exc:
                 log.warning("could not renew leases (%s)", exc)
-
-    async def _renew(self) -> None:
-        if not self._running:
-            return
-        await self._redis.xclaim(
-            self.tasks_key, GROUP, self.name, min_idle_time=0, message_ids=list(self._running), justid=True
-        )
 
     async def _reclaim(self, free: int) -> None:
         """Take over tasks whose worker has held them past the lease (it died or hangs)."""
         lease_ms = int(self.lease_s * 1000)
         _, claimed, *_ = await self._redis.xautoclaim(
-            self.tasks_key, GROUP, self.name, min_idle_time=lease_ms, start_id="0-0", count=free
+            TASKS, GROUP, self.name, min_idle_time=lease_ms, start_id="0-0", count=free
         )
         ids = [entry_id for entry_id, fields in claimed if fields]
         counts: dict[str, int] = {}
         if ids:
-            info = await self._redis.xpending_range(
-                self.tasks_key, GROUP, min=ids[0], max=ids[-1], count=len(ids) * 4
-            )
+            info = await self._redis.xpending_range(TASKS, GROUP, min=ids[0], max=ids[-1], count=len(ids) * 4)
             counts = {row["message_id"]: int(row["times_delivered"]) for row in info}
         for entry_id, fields in claimed:
             if not fields:  # trimmed from the stream meanwhile
-                await self._redis.xack(self.tasks_key, GROUP, entry_id)
+                await self._redis.xack(TASKS, GROUP, entry_id)
                 continue
             await self._start(entry_id, fields, deliveries=counts.get(entry_id, 2))
 
@@ -382,8 +373,8 @@ class RedisWorker:
                 async with self._redis.pipeline(transaction=True) as pipe:
                     pipe.rpush(key, reply)
                     pipe.expire(key, self.REPLY_TTL_S)
-                    pipe.xack(self.tasks_key, GROUP, entry_id)
-                    pipe.xdel(self.tasks_key, entry_id)
+                    pipe.xack(TASKS, GROUP, entry_id)
+                    pipe.xdel(TASKS, entry_id)
                     await pipe.execute()
                 return
             except _CONN_ERRORS:

@@ -41,11 +41,9 @@ class ExecResult:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (shallow: one result per call, so this is on the hot path)."""
-        data = {name: getattr(self, name) for name in _RESULT_FIELDS}
-        if data["extra"]:
-            data["extra"] = dict(data["extra"])
-        else:
-            del data["extra"]
+        data = {name: getattr(self, name) for name in _RESULT_FIELDS if name != "extra"}
+        if self.extra:
+            data["extra"] = dict(self.extra)
         return data
 
     @classmethod

@@ -54,7 +54,6 @@ class RunBody(BaseModel):
     input: str = Field(default="", max_length=MAX_INPUT_CHARS)
     timeout_s: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
     memory_mb: int | None = Field(default=None, ge=MIN_MEMORY_MB, le=MAX_MEMORY_MB)
-
     session_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
 
     def to_request(self) -> ExecRequest:
@@ -67,28 +66,6 @@ class BatchBody(BaseModel):
     requests: list[RunBody] = Field(max_length=MAX_BATCH)
 
 
-class Metrics:
-    def __init__(self, backend: Backend) -> None:
-        self.registry = CollectorRegistry()
-        depth = Gauge("rstar2_sandbox_queue_depth", "calls waiting for a worker", registry=self.registry)
-        depth.set_function(lambda: backend.queue_depth)
-        running = Gauge("rstar2_sandbox_in_flight", "calls running now", registry=self.registry)
-        running.set_function(lambda: backend.in_flight)
-        self.latency = Histogram(
-            "rstar2_sandbox_latency_seconds",
-            "end-to-end latency of a call in the service",
-            buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-            registry=self.registry,
-        )
-        self.calls = Counter("rstar2_sandbox_calls", "calls by status", ["status"], registry=self.registry)
-        for status in STATUSES:
-            self.calls.labels(status)
-
-    def observe(self, result: ExecResult, seconds: float) -> None:
-        self.latency.observe(seconds)
-        self.calls.labels(result.status).inc()
-
-
 def _error_text(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors():
@@ -98,7 +75,20 @@ def _error_text(exc: RequestValidationError) -> str:
 
 
 def create_app(backend: Backend, api_key: str | None = None) -> FastAPI:
-    metrics = Metrics(backend)
+    registry = CollectorRegistry()
+    depth = Gauge("rstar2_sandbox_queue_depth", "calls waiting for a worker", registry=registry)
+    depth.set_function(lambda: backend.queue_depth)
+    running = Gauge("rstar2_sandbox_in_flight", "calls running now", registry=registry)
+    running.set_function(lambda: backend.in_flight)
+    latency = Histogram(
+        "rstar2_sandbox_latency_seconds",
+        "end-to-end latency of a call in the service",
+        buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        registry=registry,
+    )
+    calls = Counter("rstar2_sandbox_calls", "calls by status", ["status"], registry=registry)
+    for status in STATUSES:
+        calls.labels(status)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -107,7 +97,6 @@ def create_app(backend: Backend, api_key: str | None = None) -> FastAPI:
         await backend.close()
 
     app = FastAPI(title="rstar2 sandbox", lifespan=lifespan)
-    app.state.backend = backend
     app.middleware("http")(key_guard(api_key))
 
     @app.exception_handler(RequestValidationError)
@@ -120,7 +109,8 @@ def create_app(backend: Backend, api_key: str | None = None) -> FastAPI:
             result = await backend.run(req)
         except Exception as exc:  # noqa: BLE001 - the service keeps serving
             result = ExecResult.failure("internal", f"backend error: {exc!r}")
-        metrics.observe(result, time.monotonic() - t0)
+        latency.observe(time.monotonic() - t0)
+        calls.labels(result.status).inc()
         return result
 
     @app.post("/run")
@@ -138,6 +128,6 @@ def create_app(backend: Backend, api_key: str | None = None) -> FastAPI:
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

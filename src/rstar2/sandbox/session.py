@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 from . import linux
 from .capture import CallOutput
-from .defaults import SESSION_IDLE_S, SESSIONS_PER_WORKER
 from .interpreter import run_code
 from .isolation import WorkerIsolation, apply_rlimits, rlimit_values
 from .outcome import INTERNAL_EXIT, to_result
@@ -76,17 +75,21 @@ def holder_loop(sock: socket.socket, namespace: dict) -> None:
         _send(sock, outcome)
 
 
+def _recv(sock: socket.socket) -> tuple[dict, list[int]]:
+    """The worker's next message and its descriptors; exits when the worker closed the session."""
+    try:
+        msg, fds, _, _ = socket.recv_fds(sock, _MAX_MSG, 4)
+    except OSError:
+        os._exit(0)
+    if not msg:
+        os._exit(0)
+    return json.loads(msg), fds
+
+
 def _next_cell(sock: socket.socket) -> tuple[dict, list[int]]:
-    """The worker's next cell and its four descriptors (stdin, stdout, stderr, report pipe); exits
-    when the worker closed the session."""
+    """The worker's next cell and its four descriptors (stdin, stdout, stderr, report pipe)."""
     while True:
-        try:
-            msg, fds, _, _ = socket.recv_fds(sock, _MAX_MSG, 4)
-        except OSError:
-            os._exit(0)
-        if not msg:  # the worker closed the session
-            os._exit(0)
-        cmd = json.loads(msg)
+        cmd, fds = _recv(sock)
         if cmd.get("op") == "cell" and len(fds) == 4:
             return cmd, fds
         for fd in fds:  # e.g. a late "abort" for a cell that already finished
@@ -143,16 +146,11 @@ def _outlive_cell(sock: socket.socket, pid: int, handover_r: int, seq: int) -> d
 
 
 def _abort_asked(sock: socket.socket) -> bool:
-    """Read the worker's message while a cell runs: whether it asks to abort; exits if it closed."""
-    try:
-        msg, fds, _, _ = socket.recv_fds(sock, _MAX_MSG, 4)
-    except OSError:
-        msg, fds = b"", []
+    """Read the worker's message while a cell runs: whether it asks to abort."""
+    cmd, fds = _recv(sock)
     for fd in fds:
         os.close(fd)
-    if not msg:
-        os._exit(0)
-    return json.loads(msg).get("op") == "abort"
+    return cmd.get("op") == "abort"
 
 
 def session_init(iso: WorkerIsolation, limits: Limits, sock: socket.socket) -> None:
@@ -196,7 +194,7 @@ class SessionHandle:
 class SessionTable:
     """Live sessions of one worker: idle expiry, LRU eviction, a cap, and memory of what expired."""
 
-    def __init__(self, max_sessions: int = SESSIONS_PER_WORKER, idle_s: float = SESSION_IDLE_S) -> None:
+    def __init__(self, max_sessions: int, idle_s: float) -> None:
         self.max_sessions, self.idle_s = max_sessions, idle_s
         self.live: OrderedDict[str, SessionHandle] = OrderedDict()
         self.gone: OrderedDict[str, str] = OrderedDict()  # id -> why it ended (bounded)
@@ -269,13 +267,13 @@ def _send_cell(handle: SessionHandle, req: dict, limits: Limits, iso: WorkerIsol
     """Hand the session's holder the next cell with its stdin and three fresh pipes, and capture
     their reading ends. OSError: the holder is gone."""
     stdin_fd = linux.memfd_with("stdin", (req.get("input") or "").encode("utf-8", "surrogateescape"))
-    output, writing_ends = CallOutput.with_pipes(limits)
+    output = CallOutput(limits)
     handle.seq += 1
     cmd = {"op": "cell", "seq": handle.seq, "code": req["code"], "limits": limits.to_dict()}
     iso.prepare_call(limits)
     if iso.cgroup is not None:
         iso.cgroup.new_oom_kills()  # forget kills from before this cell
-    theirs = [stdin_fd, *writing_ends]
+    theirs = [stdin_fd, *output.writing_ends]
     try:
         socket.send_fds(handle.sock, [json.dumps(cmd).encode()], theirs)
     except OSError:
@@ -318,8 +316,8 @@ class _CellWatch:
                     break
             else:
                 wait = self.deadline - now
-                if wait <= 0 or self.output.over_limit:
-                    self._abort("timeout" if wait <= 0 else "output_limit")
+                if wait <= 0:  # (over the output limit, `_on_ready` has asked for an abort already)
+                    self._abort("timeout")
                     continue
             events = self.poller.poll(max(0.0, wait) * 1000)
             if not events and (self.outcome is not None or self.lost):
@@ -368,14 +366,10 @@ class _CellWatch:
     def result(self, limits: Limits, duration: float, oom: bool) -> ExecResult:
         outcome = self.outcome or {}
         done = "done" in outcome
-        wstatus: int | None = None
+        wstatus = outcome.get("crashed", outcome.get("status"))  # the holder's wait status of the cell
         if done:
             wstatus = (int(outcome["done"]) & 0xFF) << 8
             self.handle.cells += 1
-        elif "crashed" in outcome:
-            wstatus = int(outcome["crashed"])
-        elif "status" in outcome:
-            wstatus = int(outcome["status"])
         killed = None if done else self.killed  # finished just as the limit struck: keep its result
         result = to_result(limits, duration, self.output, wstatus, killed, oom, None)
         sid = self.handle.session_id

@@ -1,12 +1,7 @@
 """The sandbox worker (``python -m rstar2.sandbox.worker CONFIG_JSON``): one process per
-``WorkerHandle``, running one call at a time.
-
-It sets up the isolation layers once, then forks its zygotes (`zygote.py`), which only fork: a light
-one holding the standard library takes a call when everything its code imports is already there (most
-model-written arithmetic; `routing.py`); a full one also holds numpy, sympy and the rest of the
-preload, and every session. Forking the smaller process is cheaper, and keeping this process's
-bookkeeping (capture, timeouts, results) out of the process that forks spares the copies that every
-page written after a fork costs.
+``WorkerHandle``, running one call at a time. It sets up the isolation layers once, then forks its
+light and full zygotes (`zygote.py`; which one takes a call: `routing.py`) and keeps its own
+bookkeeping (capture, timeouts, results) out of them, the processes that fork (why: `zygote.py`).
 """
 
 from __future__ import annotations
@@ -25,7 +20,6 @@ import time
 from . import linux
 from .capture import CallOutput
 from .cgroups import reap_ready
-from .defaults import SESSION_IDLE_S, SESSIONS_PER_WORKER
 from .framing import send_msg
 from .inbox import Inbox
 from .isolation import IsolationConfig, WorkerIsolation
@@ -57,10 +51,6 @@ class Worker:
     def zygotes(self) -> list[ZygoteHandle]:
         return [z for z in (self.light, self.full) if z is not None]
 
-    def start(self) -> None:
-        for zygote in self.zygotes:
-            zygote.start()
-
     def run(self, req: dict) -> ExecResult:
         overrides = tuple(sorted((req.get("limits") or {}).items()))
         limits, limits_json = _limits_and_json(self.defaults, overrides)
@@ -87,15 +77,15 @@ class Worker:
         code_fd = linux.memfd_with("code", code.encode("utf-8", "surrogateescape"))
         text = (req.get("input") or "").encode("utf-8", "surrogateescape")
         stdin_fd = linux.memfd_with("stdin", text) if text else self.devnull
-        output, writing_ends = CallOutput.with_pipes(limits)
+        output = CallOutput(limits)
         self.iso.prepare_call(limits)
         try:
-            pid, pidfd = zygote.fork(header, [code_fd, stdin_fd, *writing_ends])
+            pid, pidfd = zygote.fork(header, [code_fd, stdin_fd, *output.writing_ends])
         except ZygoteLost as exc:
             pid, pidfd, lost = -1, None, str(exc)
         else:
             lost = "fork failed"
-        for fd in (code_fd, *writing_ends):
+        for fd in (code_fd, *output.writing_ends):
             os.close(fd)
         if stdin_fd != self.devnull:
             os.close(stdin_fd)
@@ -150,15 +140,16 @@ class Worker:
             poller.register(inbox.rfd, select.POLLIN)
         hand_back_at, deadline = t0 + Inbox.HAND_BACK_S, t0 + timeout_s
         killed: str | None = None
-        exited_at: float | None = None
+        killed_at: float | None = None
+        exited_at: float | None = None  # when the zygote reported the end
         ended: tuple[int, float] | None = None
         open_fds = set(output.streams)
         while open_fds or exited_at is None:
             now = time.monotonic()
             if exited_at is not None:
                 wait = exited_at + 0.2 - now  # leftover writers (no PID namespace) get a short grace
-            elif killed is not None:
-                wait = 2.0
+            elif killed_at is not None:
+                wait = killed_at + 2.0 - now  # then `_collect` waits on the zygote itself
             else:
                 wait = deadline - now
             if exited_at is None and inbox.can_hand_back():
@@ -169,7 +160,7 @@ class Worker:
             if wait <= 0:
                 if exited_at is not None or killed is not None:
                     break
-                killed = "timeout"
+                killed, killed_at = "timeout", now
                 _kill(pidfd)
                 continue
             for fd, _ in poller.poll(wait * 1000):
@@ -185,7 +176,7 @@ class Worker:
                     poller.unregister(fd)
                     open_fds.discard(fd)
             if killed is None and output.over_limit:
-                killed = "output_limit"
+                killed, killed_at = "output_limit", time.monotonic()
                 _kill(pidfd)
         return killed, exited_at is not None, ended
 
@@ -236,21 +227,20 @@ def main(argv: list[str]) -> int:
     os.dup2(null, 1)
     os.close(null)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    index = int(cfg.get("index", 0))
+    index = cfg["index"]  # the config is WorkerHandle's, which writes every key but "preload"
     _pin_to_one_cpu(index)
-    iso = WorkerIsolation(IsolationConfig.from_dict(cfg.get("isolation", {})), index)
+    iso = WorkerIsolation(IsolationConfig.from_dict(cfg["isolation"]), index)
     try:  # the zygotes read their memory maps here; the private root hides /proc
         proc_fd: int | None = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         proc_fd = None
     iso.setup()
-    sessions = SessionTable(
-        int(cfg.get("max_sessions", SESSIONS_PER_WORKER)), float(cfg.get("session_idle_s", SESSION_IDLE_S))
-    )
+    sessions = SessionTable(cfg["max_sessions"], cfg["session_idle_s"])
     modules = list(cfg.get("preload", PRELOAD))
     inbox = Inbox(rfd, wfd)
-    worker = Worker(iso, Limits.from_dict(cfg.get("limits", {})), sessions, modules, proc_fd, inbox)
-    worker.start()
+    worker = Worker(iso, Limits.from_dict(cfg["limits"]), sessions, modules, proc_fd, inbox)
+    for zygote in worker.zygotes:
+        zygote.start()
     send_msg(wfd, _hello(worker))
     while True:
         msg = inbox.next()

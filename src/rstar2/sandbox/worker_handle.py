@@ -17,7 +17,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from .cgroups import remove_cgroups
 from .defaults import SESSION_IDLE_S, SESSIONS_PER_WORKER
@@ -85,7 +85,7 @@ class WorkerHandle:
     async def _spawn(self) -> None:
         cfg = {
             "index": self.index,
-            "isolation": self.isolation.to_dict(),
+            "isolation": asdict(self.isolation),
             "limits": self.limits.to_dict(),
             "max_sessions": self.max_sessions,
             "session_idle_s": self.session_idle_s,
@@ -135,10 +135,6 @@ class WorkerHandle:
         if hello.get("root_dir"):
             with contextlib.suppress(OSError):
                 os.rmdir(hello["root_dir"])
-
-    @property
-    def layers(self) -> list[dict]:
-        return list(self.hello.get("layers", []))
 
     async def run(self, req: ExecRequest, may_return: bool = False) -> ExecResult | None:
         """Run one call. With `may_return`, None means the call came back unstarted (queued behind a

@@ -238,16 +238,15 @@ class ZygoteHandle:
         self.loaded: frozenset[str] = frozenset()  # top-level names of every module it has imported
 
     def start(self) -> None:
-        iso, proc_fd = self.iso, self.proc_fd
         self.stop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
             try:
                 ours.close()
-                keep = {theirs.fileno(), *(fd for fd in (proc_fd, iso.pid_ns_fd) if fd is not None)}
+                keep = {theirs.fileno(), *(fd for fd in (self.proc_fd, self.iso.pid_ns_fd) if fd is not None)}
                 linux.close_fds_except(keep)
-                serve(theirs, iso, self.modules, self.defaults, proc_fd)
+                serve(theirs, self.iso, self.modules, self.defaults, self.proc_fd)
             finally:
                 os._exit(INTERNAL_EXIT)
         theirs.close()

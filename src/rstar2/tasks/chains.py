@@ -50,15 +50,11 @@ class _Story:
         self.lines.append(f"{_IDENT[name]} = {_IDENT[base]} {op} {written or operand}")
 
 
-def _newcomer(story: _Story) -> str:
-    return story.say.rng.choice([p for p in PEOPLE if p not in story.amounts])
-
-
 def _compare(story: _Story) -> bool:
     """A new person's amount told against someone's: more, fewer, times as many, or half."""
     say, r = story.say, story.say.rng
     base = r.choice(list(story.amounts))
-    b, new, it = story.amounts[base], _newcomer(story), story.item
+    b, new, it = story.amounts[base], r.choice([p for p in PEOPLE if p not in story.amounts]), story.item
     kind = r.choice(["more", "fewer", "times", "half"])
     if kind == "more":
         k = r.randint(2, 40)
@@ -220,10 +216,3 @@ FAMILIES: dict[str, Callable[[random.Random, int, Say], tuple[str, int, str]]] =
     "chain": chain,
     "undo": undo,
 }
-
-
-def draw(family: str, rng: random.Random, level: int, varied: bool) -> tuple[str, int, str]:
-    """One problem of ``family`` with ``level`` relations (1-6): its text, answer and program."""
-    if level not in LEVELS:
-        raise ValueError(f"level must be one of {LEVELS}, got {level}")
-    return FAMILIES[family](rng, level, Say(rng, varied))

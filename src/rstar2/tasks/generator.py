@@ -18,6 +18,7 @@ import yaml
 from ..config import DEFAULT_RUN
 from ..problems import DATA_DIR
 from . import chains, relations
+from .relations import Say
 
 HELDOUT_SHARE = 0.1  # the share of all possible problems reserved for evaluation
 
@@ -72,14 +73,10 @@ def _sum(rng: random.Random, digits: tuple[int, int]) -> Drawn:
     return {"items": xs}, sum(xs), f"print({' + '.join(map(str, xs))})"
 
 
-def _remainder(rng: random.Random, digits: tuple[int, int]) -> Drawn:
+def _divide(rng: random.Random, digits: tuple[int, int], op: str) -> Drawn:
+    """A number one digit longer than ``digits`` by another: its remainder (``%``) or quotient (``//``)."""
     a, b = number(rng, (digits[0] + 1, digits[1] + 1)), max(2, number(rng, digits))
-    return {"a": a, "b": b}, a % b, f"print({a} % {b})"
-
-
-def _quotient(rng: random.Random, digits: tuple[int, int]) -> Drawn:
-    a, b = number(rng, (digits[0] + 1, digits[1] + 1)), max(2, number(rng, digits))
-    return {"a": a, "b": b}, a // b, f"print({a} // {b})"
+    return {"a": a, "b": b}, a % b if op == "%" else a // b, f"print({a} {op} {b})"
 
 
 def _two_step(rng: random.Random, digits: tuple[int, int]) -> Drawn:
@@ -106,8 +103,8 @@ def _choose(rng: random.Random, digits: tuple[int, int]) -> Drawn:
 FAMILIES: dict[str, Callable[[random.Random, tuple[int, int]], Drawn]] = {
     "product": _product,
     "sum": _sum,
-    "remainder": _remainder,
-    "quotient": _quotient,
+    "remainder": functools.partial(_divide, op="%"),
+    "quotient": functools.partial(_divide, op="//"),
     "two_step": _two_step,
     "power_mod": _power_mod,
     "multiples": _multiples,
@@ -120,6 +117,14 @@ RELATION_FAMILIES = tuple(relations.FAMILIES)
 ALL_FAMILIES = (*FAMILIES, *LEVELED)
 GROUPS = {"arithmetic": tuple(FAMILIES), "relations": RELATION_FAMILIES, "chains": tuple(chains.FAMILIES)}
 MAX_LEVEL = max(chains.LEVELS)
+
+
+def check_ranges(digits: Sequence[int], levels: Sequence[int]) -> None:
+    """A generator's ``digits`` and ``levels``: [lo, hi] ranges it can draw from."""
+    if not 1 <= digits[0] <= digits[1]:
+        raise ValueError(f"digits must be [lo, hi] with 1 <= lo <= hi, got {list(digits)}")
+    if not 1 <= levels[0] <= levels[1] <= MAX_LEVEL:
+        raise ValueError(f"levels must be [lo, hi] with 1 <= lo <= hi <= {MAX_LEVEL}, got {list(levels)}")
 
 
 def level_range(family: str, levels: tuple[int, int]) -> tuple[int, int]:
@@ -181,15 +186,12 @@ def generate(
     round); the other settings are a recipe generator's (``GeneratorSpec``)."""
     names = expand_families(families)
     turns = [f for f in names for _ in range(_weight(f, weights or {}))]
-    if not (1 <= levels[0] <= levels[1] <= MAX_LEVEL):
-        raise ValueError(f"levels must be a range within 1..{MAX_LEVEL}, got {levels}")
+    check_ranges(digits, levels)
     if wording not in WORDINGS:
         raise ValueError(f"wording must be one of {', '.join(WORDINGS)}, got {wording!r}")
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
     lo, hi = digits
-    if not 1 <= lo <= hi:
-        raise ValueError(f"digits must be a range 1 <= lo <= hi, got {digits}")
     varied = wording == "varied"
     key = f"{seed}:{split}:{lo}-{hi}:{','.join(names)}" + (":varied" if varied else "")
     if any(f in LEVELED for f in names):
@@ -207,7 +209,7 @@ def generate(
         family = turns[tries % len(turns)]
         level = rng.randint(*level_range(family, levels)) if family in LEVELED else None
         if level is not None:
-            text, answer, code = LEVELED[family].draw(family, rng, level, varied)
+            text, answer, code = LEVELED[family].FAMILIES[family](rng, level, Say(rng, varied))
         else:
             values, answer, code = FAMILIES[family](rng, digits)
             text = _write(rng, varied, wordings()[family], values)

@@ -436,10 +436,3 @@ FAMILIES: dict[str, Callable[[random.Random, int, Say], Made]] = {
     "ages": _ages,
     "money": _money,
 }
-
-
-def draw(family: str, rng: random.Random, level: int, varied: bool) -> Made:
-    """One problem of ``family`` at ``level`` (1-3): its text, answer and program."""
-    if level not in LEVELS:
-        raise ValueError(f"level must be one of {LEVELS}, got {level}")
-    return FAMILIES[family](rng, level, Say(rng, varied))

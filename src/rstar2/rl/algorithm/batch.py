@@ -1,7 +1,6 @@
-"""Trajectories → right-padded training tensors, and micro-batches of them. Position t of
-``labels``/``mask``/``advantages`` predicts token t+1 (shifted here, once); the mask is 1 only on
-tokens the model sampled. Micro-batches group rows of similar length; their token weights were
-computed for the whole batch, so the split never changes the gradient."""
+"""Trajectories → right-padded training tensors (position t predicts token t+1: shifted here, once),
+and micro-batches of rows of similar length; their token weights were computed for the whole
+batch, so the split never changes the gradient."""
 
 from __future__ import annotations
 
@@ -56,8 +55,7 @@ def collate(
     pad_id: int = 0,
     classes: Sequence[Sequence[int]] | None = None,
 ) -> Batch:
-    """``sequences`` are (prompt_ids, response_ids, loss_mask, engine_logprobs) per row;
-    ``classes``, when given, a class index per response token (for entropy by class)."""
+    """Rows of (prompt_ids, response_ids, loss_mask, engine_logprobs); ``classes``: per response token."""
     if not sequences:
         raise ValueError("cannot build a training batch from zero trajectories")
     width = max(len(p) + len(r) for p, r, _, _ in sequences)

@@ -35,7 +35,6 @@ class Scored:
         return self.p_err + self.p_format
 
 
-# -- penalties ----------------------------------------------------------------------------------
 def error_penalty(num_calls: int, num_failed: int) -> float:
     """Failed tool calls / tool calls; 0.5 without any call (the paper's nudge towards using the tool)."""
     return 0.5 if num_calls == 0 else num_failed / num_calls
@@ -70,7 +69,6 @@ def score(
     return Scored(traj.reward, p_err, p_fmt)
 
 
-# -- counts -------------------------------------------------------------------------------------
 def class_counts(n_pos: int, n_neg: int, keep: int, min_per_class: int) -> tuple[int, int]:
     """Positives and negatives to keep: each class in proportion (round half to even: 2G → G is
     exactly half of each), the minority raised to ``min_per_class`` where it has that many. A group
@@ -90,12 +88,10 @@ def class_counts(n_pos: int, n_neg: int, keep: int, min_per_class: int) -> tuple
     return min(k_pos, n_pos), min(k_neg, n_neg)
 
 
-# -- choosing -----------------------------------------------------------------------------------
 def pick_positives(penalties: Sequence[float], k: int, mode: Mode, rng: random.Random) -> list[int]:
     """Indices of the k positives to keep. ``lowest``: ascending penalty, ties in rollout order (the
     released code); ``weighted``: drawn ∝ 1/penalty without replacement (the paper's text), zero
-    penalties (infinite weight) first; ``uniform``: at random, the control that tells RoC's choice
-    from its downsampling."""
+    penalties first; ``uniform``: the control that tells RoC's choice from its downsampling."""
     if k >= len(penalties):
         return list(range(len(penalties)))
     if mode == "lowest":
@@ -136,8 +132,7 @@ def select_group(group: Sequence[Scored], cfg: RocSection, rng: random.Random) -
 def roc_select(
     groups: Sequence[Sequence[Scored]], cfg: RocSection, rng: random.Random | Sequence[random.Random]
 ) -> list[GroupChoice]:
-    """RoC's choice in each group; ``rng``: one for all, or one per group (the trainer's are seeded by
-    global group index, so choices do not depend on how groups are spread over processes)."""
+    """RoC's choice in each group; ``rng``: one for all, or one per group (the trainer's, by its index)."""
     rngs = [rng] * len(groups) if isinstance(rng, random.Random) else list(rng)
     return [select_group(g, cfg, r) for g, r in zip(groups, rngs, strict=True)]
 

@@ -24,8 +24,7 @@ class Row(NamedTuple):
 
 
 class Selection(NamedTuple):
-    """What RoC made of a step's groups: the rollouts without faults, their scores, its choices, and
-    the rows to train (each kept rollout with its group-normalised advantage)."""
+    """What RoC made of a step's groups: the rollouts without faults, their scores, choices and rows."""
 
     groups: list[list[Trajectory]]
     scored: list[list[Scored]]
@@ -39,20 +38,15 @@ def seed_of(*parts: int) -> int:
     return hash(tuple(parts)) % (2**31 - 1)
 
 
-def roc_rng(seed: int, step: int, group: int) -> random.Random:
-    """RoC's random choices in group ``group`` (its index in the step, over all processes) of ``step``."""
-    return random.Random(seed_of(seed, step, group, 1))
-
-
 def select_rows(
     sampled: Sequence[Sequence[Trajectory]], group_ids: Sequence[int], step: int, cfg: RLConfig
 ) -> Selection:
-    """RoC keeps G of each group's 2G, then group-normalised advantages; faults reach neither. The
-    same for the trainer and for ``rstar2 replay`` (which may change ``cfg.roc`` or ``cfg.loss``)."""
+    """RoC keeps G of each group's 2G, then group-normalised advantages (the trainer's and replay's)."""
     groups = [[t for t in g if t.fault is None] for g in sampled]
     r = cfg.roc
     scored = [[score(t, r.error_penalty, r.format_penalty, r.format_turns) for t in g] for g in groups]
-    choices = roc_select(scored, r, [roc_rng(cfg.run.seed, step, g) for g in group_ids])
+    # RoC's random choices in each group, by its index in the step over all processes
+    choices = roc_select(scored, r, [random.Random(seed_of(cfg.run.seed, step, g, 1)) for g in group_ids])
     kept = [[g[i] for i in c.kept] for g, c in zip(groups, choices, strict=True)]
     advantages = group_advantages(
         [[t.reward for t in g] for g in kept], cfg.loss.adv_eps, cfg.loss.scale_by_std

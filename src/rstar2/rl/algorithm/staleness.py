@@ -1,10 +1,9 @@
 """Bounded staleness: which groups may start, which tokens may be trained, how old they were.
 
-Group ``i`` is trained at step ``i // batch_size`` by the policy of that version (updates before
-it). It may start while the policy is at version ``v`` only if ``i // batch_size - v <= k``
-(``asynchronous.max_staleness``): every token it samples is then at most ``k`` updates older than
-the policy it trains. The bound is kept at admission, so no finished rollout is thrown away; at
-``k = 0`` this is the synchronous loop, the same tokens and weights."""
+Group ``i`` is trained at step ``i // batch_size`` by the policy of that version. It may start while
+the policy is at version ``v`` only if ``i // batch_size - v <= k`` (``asynchronous.max_staleness``),
+so every token it samples is at most ``k`` updates older than the policy it trains: the bound is
+kept at admission, and no finished rollout is thrown away."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Checkpoints that resume exactly and that Hugging Face loads as they are: ``step-000012/`` holds
-the model (or only its adapter, ``model.lora``) and tokenizer, ``trainer_state.pt`` (optimizer, schedule, RNG) and ``state.json``. Each is
-written to a temporary folder and renamed when complete, so a run killed while saving leaves the
-previous one intact; ``latest_checkpoint`` only ever sees complete ones."""
+the model (or only its adapter) and tokenizer, ``trainer_state.pt`` (optimizer, schedule, RNG) and
+``state.json``. Each is written to a temporary folder and renamed when complete, so a run killed
+while saving leaves the previous one intact."""
 
 from __future__ import annotations
 
@@ -30,18 +30,7 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    found = list_checkpoints(run_dir)
-    return found[-1] if found else None
-
-
-def _optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, world: World) -> dict:
-    if not world.distributed:
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    return get_optimizer_state_dict(
-        model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
+    return (list_checkpoints(run_dir) or [None])[-1]
 
 
 def save_checkpoint(
@@ -58,7 +47,13 @@ def save_checkpoint(
     """Save step ``step``; every process must call it (the weights are gathered), rank 0 writes."""
     final = Path(run_dir) / "checkpoints" / f"step-{step:06d}"
     weights = full_state_dict(model, world)
-    optim_state = _optimizer_state(model, optimizer, world)
+    if world.distributed:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        optim_state = get_optimizer_state_dict(model, optimizer, options=options)
+    else:
+        optim_state = optimizer.state_dict()
     if world.main:
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -108,8 +103,8 @@ def load_trainer_state(
 def carry_optimizer_state(
     path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, world: World = LOCAL
 ) -> bool:
-    """The previous stage's AdamW moments for a new stage starting from its checkpoint ``path`` (its
-    own lr, betas and weight decay kept); False for a plain model folder."""
+    """The previous stage's AdamW moments for a new stage from its checkpoint ``path`` (its own settings
+    kept); False for a plain model folder."""
     if not (Path(path) / "trainer_state.pt").exists():
         return False
     mine = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]

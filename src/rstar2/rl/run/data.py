@@ -15,20 +15,16 @@ class DataStream:
         if not rows:
             raise ValueError("the training set is empty")
         self.rows, self.seed, self.shuffle, self.position = list(rows), seed, shuffle, position
-        self._epoch, self._cached = -1, []
-
-    def _order(self, epoch: int) -> list[int]:
-        if epoch != self._epoch:
-            self._cached = list(range(len(self.rows)))
-            if self.shuffle:
-                random.Random(self.seed * 7919 + epoch).shuffle(self._cached)
-            self._epoch = epoch
-        return self._cached
+        self._epoch, self._order = -1, []  # the order of the epoch the position is in
 
     def take(self, n: int) -> list[Any]:
         out = []
         for _ in range(n):
             epoch, i = divmod(self.position, len(self.rows))
-            out.append(self.rows[self._order(epoch)[i]])
+            if epoch != self._epoch:
+                self._epoch, self._order = epoch, list(range(len(self.rows)))
+                if self.shuffle:
+                    random.Random(self.seed * 7919 + epoch).shuffle(self._order)
+            out.append(self.rows[self._order[i]])
             self.position += 1
         return out

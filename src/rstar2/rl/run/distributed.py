@@ -64,18 +64,13 @@ def shard(model: torch.nn.Module, world: World) -> torch.nn.Module:
     return model
 
 
-def use_device(world: World) -> None:
-    """A worker thread (``asyncio.to_thread``) runs on this process's GPU from here on: CUDA's
-    current device belongs to each thread, and a new one starts on device 0."""
-    if world.device.type == "cuda":
-        torch.cuda.set_device(world.device)
-
-
 def on_device(world: World, fn: Callable[..., T]) -> Callable[..., T]:
-    """``fn`` for a worker thread, on this process's GPU (``use_device``)."""
+    """``fn`` for a worker thread (``asyncio.to_thread``), on this process's GPU: CUDA's current
+    device belongs to each thread, and a new one starts on device 0."""
 
     def run(*args: Any, **kwargs: Any) -> T:
-        use_device(world)
+        if world.device.type == "cuda":
+            torch.cuda.set_device(world.device)
         return fn(*args, **kwargs)
 
     return run

@@ -1,8 +1,7 @@
 """How the RL trainer's engines hold its weights, decided once per run: ``shared`` (one process,
-synchronous, in-process: the engine decodes the trainer's own model, nothing to publish), ``copy``
-(in-process with weights of its own: under torchrun, where the trained model is sharded, or while
-the update writes the weights at ``max_staleness > 0``), or ``servers`` (loading each version from
-disk); each engine takes them through its own ``load_weights`` (``sync.publish``)."""
+synchronous, in-process: the engine decodes the trainer's own model), ``copy`` (in-process with
+weights of its own: under torchrun, where the trained model is sharded, or while the update writes
+the weights at ``max_staleness > 0``), or ``servers`` (loading each version from disk)."""
 
 from __future__ import annotations
 
@@ -46,12 +45,10 @@ def require_reported_versions(engines: Sequence[Engine], max_staleness: int) -> 
 
 
 def require_adapter_slots(engines: Sequence[Engine], max_staleness: int) -> None:
-    """Every engine that holds adapters by name (vLLM) must hold ``max_staleness + 1`` at once. A
-    request names the newest adapter when it starts; its group belongs to a step at most k + 1
-    ahead of that adapter's version, and that step's update publishes only once the group has
-    finished, so while it decodes at most k newer adapters load: it needs its own and those k.
-    With fewer, vLLM drops the adapter it decodes under, and reads it again from a folder since
-    written over (or its load fails) while the request runs (docs/adapters.md)."""
+    """Every engine that holds adapters by name (vLLM) must hold ``max_staleness + 1`` at once: a
+    request names the newest adapter as it starts, and while it decodes at most k newer ones load
+    (its group's step publishes only once the group has finished). With fewer, vLLM drops the adapter
+    it decodes under and reads it again from a folder since written over (docs/adapters.md)."""
     for e in engines:
         slots = getattr(e, "adapter_slots", None)
         if slots is not None and slots < max_staleness + 1:
@@ -77,7 +74,7 @@ class TrainerEngines:
         self.engines: list[Any] = []
         # servers: the folders a server loads in order to hold the last published version, and it
         self.published: tuple[list[Path], int] | None = None
-        self._sending: asyncio.Lock | None = None  # a publish and a revive, one at a time
+        self._sending = asyncio.Lock()  # a publish and a revive, one at a time
         self.scheduler: Any = None  # servers: the rollout's (``attach``)
         cap = cfg.rollout.engine.weight_check_tol
         self.content = ContentCheck(cap) if cap is not None else None
@@ -110,8 +107,7 @@ class TrainerEngines:
 
     def serving(self) -> list[Engine]:
         """The engines in rotation (every one where no scheduler says otherwise)."""
-        rotation = self.scheduler
-        return [e for e in self.engines if rotation is None or rotation.in_rotation(e)]
+        return [e for e in self.engines if self.scheduler is None or self.scheduler.in_rotation(e)]
 
     def attach(self, scheduler: Any) -> None:
         """Servers: the rollout's scheduler says which are in rotation and takes out those that do
@@ -124,10 +120,11 @@ class TrainerEngines:
     async def publish(
         self, model: torch.nn.Module, step: int, folder: Path, probe_prompt: list[int], pad_id: int
     ) -> dict[str, float]:
-        """The trainer's weights as policy version ``step`` to the engines in rotation, checked
-        (``sync.publish``). Once the run has started, a server that does not take them leaves the
-        rotation; one out of it comes back only through ``revive``, which loads these weights."""
-        async with self._lock():
+        """The trainer's weights as policy version ``step`` to the engines (those in rotation once the
+        run has started), checked (``sync.publish``). A server that does not take them leaves the
+        rotation, at the start too while others did (an engine node lost before a stage starts; with
+        none left the run stops); it comes back only through ``revive``, which loads these weights."""
+        async with self._sending:
             whole = self.published is None  # an adapter's base goes to the servers once a run
             rotation = self.scheduler
             started = self.published is not None and rotation is not None  # at the start: every one
@@ -157,8 +154,6 @@ class TrainerEngines:
                 whole=whole,
                 check=self.content,
                 on_untrue=untrue if rotation is not None else None,
-                # at the start too: one that does not take them leaves the rotation while others did
-                # (an engine node lost before a stage starts); with none left the run stops
                 on_lost=lost if rotation is not None else None,
             )
             self.published = (whole_parts(model, folder), step)
@@ -166,7 +161,7 @@ class TrainerEngines:
 
     async def revive(self, engine: Any) -> None:
         """A failed (or restarted) server loads the weights all hold, checked, before it serves again."""
-        async with self._lock():
+        async with self._sending:
             if self.published is None:
                 raise WeightSyncError(f"engine {engine.name}: no weights published yet")
             folders, version = self.published
@@ -178,11 +173,6 @@ class TrainerEngines:
                 require_reported_versions([engine], self.cfg.asynchronous.max_staleness)
             if self.scheduler is not None:  # in rotation before the next publish can pass it by
                 self.scheduler.restore(engine)
-
-    def _lock(self) -> asyncio.Lock:
-        if self._sending is None:  # made on the run's event loop
-            self._sending = asyncio.Lock()
-        return self._sending
 
     @contextmanager
     def beside_update(self) -> Iterator[None]:

@@ -11,9 +11,8 @@ from ..algorithm.staleness import admissible
 
 
 class GroupFeed:
-    """Starts groups as the bound allows (none past ``last_step``) and hands each step its own once
-    all have finished. ``launch(i)``, called as group ``i`` is admitted (in order), returns what to
-    await for its rollouts."""
+    """Starts groups as the bound allows (none past ``last_step``), each with ``launch(i)`` (in order),
+    and hands each step its own once all have finished."""
 
     def __init__(
         self,

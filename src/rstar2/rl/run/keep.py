@@ -1,13 +1,9 @@
 """What each RL step's update consumed and what it produced, kept when ``run.keep_steps`` is on, so
 ``rstar2 replay`` can redo the step and say whether the result is the same (rl/replay.py).
 
-One file a step, ``kept/step_000012.json.gz``: every rollout this process sampled for the step
-(whole groups, faulty ones too: RoC sees the same groups again), the groups' indices (RoC's random
-choices are seeded by them), RoC's choices and the advantages, the step's config as it trained
-(``optim.micro_batch_tokens`` as fitted to memory), what the passes computed in, the torch threads
-and random state inside the update's thread, and after the update its metrics and a fingerprint of
-every weight and optimizer tensor. JSON keeps a float exactly (shortest repr), so the token ids,
-masks, behaviour log-probs and versions read back are the ones trained on."""
+One file a step, ``kept/step_000012.json.gz`` (``KeptStep``): whole groups, faulty rollouts too, so
+RoC sees the same groups again. JSON keeps a float exactly (shortest repr), so the token ids, masks,
+behaviour log-probs and versions read back are the ones trained on."""
 
 from __future__ import annotations
 
@@ -26,8 +22,7 @@ import xxhash
 from ...rollout.trajectory import Trajectory
 
 KEPT_DIR = "kept"
-# update_on_rollouts' arguments that the config does not hold: the tokenizer's pad id, the ids the
-# engine was told to ban
+# update_on_rollouts' arguments that the config does not hold
 PLAIN_ARGS = ("pad_id", "banned")
 
 
@@ -36,13 +31,9 @@ def kept_path(run_dir: str | Path, step: int) -> Path:
 
 
 def kept_steps(run_dir: str | Path) -> list[int]:
-    folder = Path(run_dir) / KEPT_DIR
-    if not folder.is_dir():
-        return []
-    return sorted(int(p.name[5:11]) for p in folder.glob("step_??????.json.gz"))
+    return sorted(int(p.name[5:11]) for p in (Path(run_dir) / KEPT_DIR).glob("step_??????.json.gz"))
 
 
-# -- fingerprints -------------------------------------------------------------------------------
 def fingerprint(t: torch.Tensor) -> list[Any]:
     """[digest of the tensor's bytes, its L2 norm]: the digest says equal or not, the norm how far."""
     t = t.to_local() if hasattr(t, "to_local") else t  # FSDP: this process's shard
@@ -51,21 +42,16 @@ def fingerprint(t: torch.Tensor) -> list[Any]:
     return [digest, float(x.float().norm()) if x.is_floating_point() else float(x.sum())]
 
 
-def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    """Every weight (``model/NAME``) and optimizer tensor (``optimizer/NAME/exp_avg`` …) by name."""
-    out = {f"model/{n}": p for n, p in model.named_parameters()}
+def fingerprints(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, list[Any]]:
+    """Of every weight (``model/NAME``) and optimizer tensor (``optimizer/NAME/exp_avg`` …) by name."""
+    out = {f"model/{n}": fingerprint(p) for n, p in model.named_parameters()}
     for n, p in model.named_parameters():
         for k, v in optimizer.state.get(p, {}).items():
             if isinstance(v, torch.Tensor):
-                out[f"optimizer/{n}/{k}"] = v
+                out[f"optimizer/{n}/{k}"] = fingerprint(v)
     return out
 
 
-def fingerprints(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, list[Any]]:
-    return {k: fingerprint(v) for k, v in state_tensors(model, optimizer).items()}
-
-
-# -- random state -------------------------------------------------------------------------------
 def rng_state(device: torch.device) -> dict[str, str]:
     out = {"cpu": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
     if device.type == "cuda":
@@ -82,7 +68,6 @@ def set_rng_state(state: dict[str, str], device: torch.device) -> None:
         torch.cuda.set_rng_state(tensor(state["cuda"]), device)
 
 
-# -- the record ---------------------------------------------------------------------------------
 @dataclass
 class KeptStep:
     """One step's record; ``keeping`` fills in what only the update's thread knows."""
@@ -91,7 +76,7 @@ class KeptStep:
     cwd: str  # where the config's relative paths start
     config: dict[str, Any]  # the RL config as this step trained
     precision: str  # what the passes computed in: bf16 | fp32
-    group_ids: list[int]
+    group_ids: list[int]  # RoC's random choices are seeded by them
     groups: list[list[Trajectory]]
     choices: list[list[int]]
     advantages: list[float]

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ...adapters import load_model
+from ...adapters import base_reference, load_model
 from ...config import TrainConfig
 from ...config_files import dump_config
 from ...device import Precision, record, resolve_precision
@@ -81,10 +81,18 @@ def param_dtype(cfg: TrainConfig) -> torch.dtype:
     return torch.float32 if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
 
 
+def load_reference(cfg: TrainConfig, model: torch.nn.Module, world: D.World) -> torch.nn.Module:
+    """The KL's frozen reference: the policy this run (stage) started from, also when resuming (a new
+    stage moves it to its start: the paper's stage 3); unsharded on each process."""
+    start = cfg.run.init_from or cfg.model.path
+    if not world.distributed and (base := base_reference(model, start)) is not None:
+        return base  # an adapter new at this stage's start: its base is the start, no copy
+    return load_model(start, param_dtype(cfg)).to(world.device).eval().requires_grad_(False)
+
+
 def fit_to_memory(cfg: TrainConfig, vocab: int, world: D.World) -> TrainConfig:
-    """The config as the run trains: ``optim.micro_batch_tokens`` lowered where its logits would not
-    fit half the free memory, saying so (a copy; the one asked for is left as written). One process
-    only: under torchrun every rank must run the same micro-batches."""
+    """The config as the run trains (a copy): ``optim.micro_batch_tokens`` lowered where its logits would
+    not fit half the free memory. One process only: under torchrun every rank runs the same ones."""
     from ...memory import available_bytes, fit_micro_batch
 
     if world.size > 1:
@@ -108,9 +116,8 @@ def load_training(
     updates: int,
     before_shard: Callable[[torch.nn.Module], None] | None = None,
 ) -> Training:
-    """``updates``: optimizer steps of the whole run (the schedule's length). ``before_shard`` sees
-    the full model before FSDP shards it (the RL trainer copies it for its engine there). The run
-    trains with ``Training.cfg``: ``cfg`` with the micro-batch fitted to memory."""
+    """``updates``: the schedule's length. ``before_shard`` sees the full model before FSDP shards it
+    (the RL trainer copies it for its engine there). The run trains with ``Training.cfg``."""
     learner, resumed, cfg = load_learner(cfg, start, updates, before_shard, fit=True)
     run_dir = Path(cfg.run.out)
     log = MetricsLog(
@@ -133,11 +140,9 @@ def load_learner(
     before_shard: Callable[[torch.nn.Module], None] | None = None,
     fit: bool = False,
 ) -> tuple[Learner, dict[str, Any], TrainConfig]:
-    """The model, optimizer and schedule as the run stands at ``start`` (restored from its checkpoint,
-    or new, with the last stage's moments where asked), the checkpoint's state.json ({} when new) and
-    the config to train with (``fit``: the micro-batch fitted to memory, ``fit_to_memory``). Opens and
-    writes nothing in the run folder (``rstar2 replay`` loads a finished run's state with it, without
-    ``fit``: the micro-batches as the run fitted them, whatever memory is free now)."""
+    """The learner as the run stands at ``start`` (restored, or new with the last stage's moments where
+    asked), the checkpoint's state.json ({} when new) and the config to train with (``fit``:
+    ``fit_to_memory``). Writes nothing: ``rstar2 replay`` loads a finished run's state with it."""
     world = start.world
     model = load_model(start.path, param_dtype(cfg), cfg.model.lora, cfg.run.seed).to(world.device)
     if cfg.model.gradient_checkpointing:
@@ -213,8 +218,7 @@ class Steps:
 
 @contextmanager
 def run_steps(kind: str, cfg: TrainConfig, training: Training, total: int) -> Iterator[Steps]:
-    """Around a run's steps: a failure becomes one ``RunError`` naming the step (its traceback in
-    ``error.txt``); the bar, the log and the process group are closed whatever happens."""
+    """A failure becomes one ``RunError`` naming the step (traceback in ``error.txt``); all closed after."""
     steps, world = Steps(kind, cfg, training, total), training.start.world
     try:
         yield steps

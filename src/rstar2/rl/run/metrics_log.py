@@ -11,9 +11,11 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from ...chat.token_classes import CLASSES
 from ...config import DEFAULT_RUN
 from ...jsonl import read_jsonl, write_jsonl
 from ...plots import pyplot, save_figure
+from ...rollout.health import SIGNS
 
 PLOT_KEYS = (
     ("reward/mean", "reward (all rollouts)"),
@@ -22,14 +24,8 @@ PLOT_KEYS = (
     ("tools/error_ratio_correct_kept", "tool-error ratio, correct (kept)"),
     ("response/length_mean", "response tokens (mean)"),
     ("response/truncated_share", "share truncated"),
-    (
-        ("health/no_call", "health/unparseable", "health/repeated", "health/output_cut"),
-        "tool-use health (share of rollouts)",
-    ),
-    (
-        ("entropy/reasoning", "entropy/reflection", "entropy/code", "entropy/answer"),
-        "entropy by token class (nats)",
-    ),
+    (tuple(f"health/{s}" for s in SIGNS), "tool-use health (share of rollouts)"),
+    (tuple(f"entropy/{c}" for c in CLASSES), "entropy by token class (nats)"),
     (
         ("engine/occupancy", "engine/join_share", "engine/busy_share"),
         "engine: rows held, joins, busy (share)",

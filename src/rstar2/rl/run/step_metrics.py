@@ -4,13 +4,13 @@ processes can exchange them and a test can check them by hand."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, get_args
 
 from ...rollout import stats
-from ...rollout.trajectory import Trajectory
+from ...rollout.trajectory import FinishReason, Trajectory
 from ..algorithm.roc import Scored
 
-FINISH_REASONS = ("answer", "no_tool_call", "max_turns", "max_length", "error")
+FINISH_REASONS = get_args(FinishReason)
 FAULT_KINDS = ("engine", "sandbox", "verifier")
 
 
@@ -25,7 +25,7 @@ def rollout_record(t: Trajectory, kept: bool, scored: Scored | None) -> dict[str
         "kept": kept,
         "p_err": scored.p_err if scored else 0.0,
         "p_format": scored.p_format if scored else 0.0,
-        "tool_s": t.tool_seconds,
+        "tool_s": sum(turn.tool_s for turn in t.turns),
         "reward_s": float(t.meta.get("reward_s", 0.0)),
         "fault": t.fault,
     }
@@ -40,6 +40,11 @@ def step_metrics(all_records: list[dict[str, Any]]) -> dict[str, float]:
     d = stats.describe(records)
     finishes = d["finishes"]
     correct = [r for r in records if r["correct"]]
+    kept = [r for r in correct if r["kept"]]
+    dropped = [r for r in correct if not r["kept"]]
+    groups: dict[Any, set[float]] = {}
+    for r in records:
+        groups.setdefault(r.get("group"), set()).add(r["reward"])
     m = {
         "accuracy": d["accuracy"],
         "reward/mean": stats.mean([r["reward"] for r in records]),
@@ -51,52 +56,30 @@ def step_metrics(all_records: list[dict[str, Any]]) -> dict[str, float]:
         "tools/calls_per_traj": d["calls_per_traj"],
         "tools/error_ratio_all": d["error_ratio"],
         "tools/error_ratio_correct_all": d["error_ratio_correct"],
-        "tools/error_ratio_correct_kept": stats.tool_error_ratio([r for r in correct if r["kept"]]),
+        "tools/error_ratio_correct_kept": stats.tool_error_ratio(kept),
         "tools/correct_with_error_share": d["correct_with_error_share"],
         # RoC's format fault: no answer, or more than one (p_format > 0), in all and in correct rollouts
         "format/fault_share": stats.mean([float(r["p_format"] > 0) for r in records]),
         "format/fault_share_correct": stats.mean([float(r["p_format"] > 0) for r in correct]),
         "time/tool_s_per_traj": stats.mean([r["tool_s"] for r in records]),
         "time/reward_s_per_traj": stats.mean([r["reward_s"] for r in records]),
-    }
-    finish = {f"finish/{reason}": finishes[reason] / n for reason in FINISH_REASONS}
-    signs = {f"health/{sign}": share for sign, share in d["health"].items()}
-    return {
-        **m,
-        **program_metrics(records),
-        **pass_rates(records),
-        **finish,
-        **signs,
-        **faulted,
-        "rollouts": float(len(all_records)),
-    }
-
-
-def program_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
-    """What RL does to the programs and what RoC prefers: the share of tool calls of two or more lines
-    (all rollouts, the correct ones RoC kept), the mean length of the correct rollouts kept against
-    the correct ones dropped, and the share of groups whose rewards are all equal (no signal)."""
-    correct = [r for r in records if r["correct"]]
-    kept = [r for r in correct if r["kept"]]
-    dropped = [r for r in correct if not r["kept"]]
-    groups: dict[Any, set[float]] = {}
-    for r in records:
-        groups.setdefault(r.get("group"), set()).add(r["reward"])
-    out = {
-        "tools/multiline_share": stats.multiline_share(records),
+        # what RL does to the programs and what RoC prefers: multi-line tool calls, the lengths of
+        # correct rollouts kept and dropped, the share of groups whose rewards are all equal (no signal)
+        "tools/multiline_share": d["multiline_share"],
         "tools/multiline_share_correct_kept": stats.multiline_share(kept),
         "groups/zero_spread_share": stats.mean([float(len(v) == 1) for v in groups.values()]),
     }
     if kept:
-        out["roc/correct_kept_length"] = stats.mean([r["tokens"] for r in kept])
+        m["roc/correct_kept_length"] = stats.mean([r["tokens"] for r in kept])
     if dropped:
-        out["roc/correct_dropped_length"] = stats.mean([r["tokens"] for r in dropped])
-    return out
+        m["roc/correct_dropped_length"] = stats.mean([r["tokens"] for r in dropped])
+    finish = {f"finish/{reason}": finishes[reason] / n for reason in FINISH_REASONS}
+    signs = {f"health/{sign}": share for sign, share in d["health"].items()}
+    return {**m, **pass_rates(records), **finish, **signs, **faulted, "rollouts": float(len(all_records))}
 
 
 def pass_rates(records: list[dict[str, Any]]) -> dict[str, float]:
-    """Accuracy by task family (``pass/FAMILY``) and, where the family has levels, by level
-    (``pass/FAMILY/LEVEL``), over the rollouts whose problem names its family."""
+    """Accuracy by task family (``pass/FAMILY``) and, where it has levels, level (``pass/FAMILY/LEVEL``)."""
     cells: dict[str, list[float]] = {}
     for r in records:
         family = r.get("family")
@@ -111,8 +94,7 @@ def pass_rates(records: list[dict[str, Any]]) -> dict[str, float]:
 def engine_metrics(
     before: list[dict[str, Any] | None], after: list[dict[str, Any] | None], wall_s: float
 ) -> dict[str, float]:
-    """The engines' work over a step from their counters at its start and end (row occupancy, joins'
-    share of busy time, busy share, evictions, re-prefills, queue wait); engines without are left out."""
+    """The engines' work over a step from their counters at its start and end (engines without: out)."""
     pairs = [(b, a) for b, a in zip(before, after, strict=True) if b and a]
     if not pairs:
         return {}

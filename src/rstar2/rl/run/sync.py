@@ -1,11 +1,9 @@
 """The trainer's weights to the engines, with their policy version, and the proof that they serve
-them; off the event loop, so later steps' rollouts go on meanwhile. Each engine loads them its way
-(``Engine.load_weights``): one in the trainer's process from tensors, checked exactly; servers from
-a model folder rank 0 writes, all at once, retried; one that has not taken it stops the run (or,
-once it runs, leaves the rotation), so no step trains on tokens from servers on different versions.
-What a server states it holds must be what was sent, and what it computes must be the new policy
-(``content_check``: its sampled probe's log-probs against the trainer's new and previous policy).
-"""
+them. Each engine loads them its way (``Engine.load_weights``): one in the trainer's process from
+tensors, checked exactly; servers from a model folder rank 0 writes, all at once, retried; one that
+has not taken it stops the run (or, once it runs, leaves the rotation), so no step trains on tokens
+from servers on different versions. What a server states it holds must be what was sent, and what it
+computes must be the new policy (``content_check``)."""
 
 from __future__ import annotations
 
@@ -37,17 +35,15 @@ class WeightSyncError(RuntimeError):
 
 
 def permanent(exc: BaseException) -> bool:
-    """A refusal that asking again cannot change: the key (401), the folder (403: outside the
-    server's ``--weights-from``), or weights that do not fit the served model (a 400 that says
-    nothing was loaded). Anything else may pass: a server restarting or busy, a folder a shared
-    filesystem does not show yet."""
+    """A refusal that asking again cannot change: the key (401), the folder (403), or weights that do
+    not fit the served model (400). Anything else may pass: a server restarting or busy, a folder a
+    shared filesystem does not show yet."""
     status = getattr(exc, "status", None)
     return status in (401, 403) or (status == 400 and "nothing was loaded" in str(exc))
 
 
 async def reload_server(engine: Engine, path: Path, settings: EngineSection, version: int) -> dict[str, Any]:
-    """One server loads ``path`` as ``version``, retried with back-off (a ``permanent`` refusal not),
-    else a ``WeightSyncError``."""
+    """One server loads ``path`` as ``version``, retried with back-off unless ``permanent``."""
     for attempt in range(settings.reload_retries + 1):
         try:
             return await engine.load_weights(WeightUpdate(version, folder=path.resolve()))
@@ -75,11 +71,8 @@ def saved_tensors(folder: Path, weights: dict[str, torch.Tensor] | None = None) 
 
 
 def check_fingerprint(engine_name: str, answer: dict[str, Any], sent: dict[str, torch.Tensor]) -> None:
-    """When the server states what it holds (``rstar2 serve``), it must be what was ``sent``."""
-    stated = answer.get("weights_fingerprint")
-    if stated is None:
-        return
-    trainers = weights_fingerprint(sent, answer.get("dtype"))
+    """A server that states what it holds (``rstar2 serve``) must hold what was ``sent``."""
+    stated, trainers = answer["weights_fingerprint"], weights_fingerprint(sent, answer.get("dtype"))
     if abs(float(stated) - trainers) > 1e-9 * max(1.0, abs(trainers)):
         raise WeightSyncError(
             f"engine {engine_name} holds other weights than the trainer sent "
@@ -97,9 +90,8 @@ async def load_into_servers(
     drop_failed: bool = False,
 ) -> list[tuple[Engine, str]]:
     """Every server loads the folder as ``version`` at once, what each states it holds checked; any
-    failure is one ``WeightSyncError`` naming every server that did not take the weights, unless
-    ``drop_failed`` and some did: then those that did not are returned with why (to leave the
-    rotation)."""
+    failure is one ``WeightSyncError`` naming every server that failed, unless ``drop_failed`` and
+    some did not: then those that failed are returned with why (to leave the rotation)."""
     answers = await asyncio.gather(
         *(reload_server(e, folder, settings, version) for e in engines), return_exceptions=True
     )
@@ -180,10 +172,9 @@ async def probe_engines(
 def write_parts(
     model: torch.nn.Module, folder: Path, state: dict[str, torch.Tensor], whole: bool = True
 ) -> list[tuple[Path, dict[str, torch.Tensor]]]:
-    """What servers load, in order, written under ``folder``: each folder with the tensors it holds.
-    A whole model: ``folder`` itself. An adapter: ``folder`` holds it alone (megabytes, where the
-    model is gigabytes), after ``folder/base`` (the frozen base's tensors) when ``whole``. Their
-    files take the trainer's umask (``auth.follow_umask``): servers may run as another user."""
+    """What servers load, in order, written under ``folder``, each with the tensors it holds: a whole
+    model, or an adapter alone (megabytes, where the model is gigabytes) after ``folder/base`` when
+    ``whole``. Their files take the trainer's umask: servers may run as another user."""
 
     def on_cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
@@ -229,14 +220,12 @@ async def publish(
     on_lost: Callable[[Any, str], None] | None = None,
     on_untrue: Callable[[Any, str], None] | None = None,
 ) -> dict[str, float]:
-    """The trainer's weights as policy version ``step`` to ``engines``, checked; ``sync/*``. An
-    engine in this process (``Engine.local``) loads the tensors and checks them exactly (``in_place``:
-    it decodes the trainer's own model, which the update wrote, and only learns the version); rank 0
-    writes a folder every server loads (a model with an adapter: the adapter alone, after its base
-    when ``whole``), checked by what each states and by what it computes (``check``). With
-    ``on_lost``, a server that does not take them is handed to it (out of rotation, to be revived),
-    one that says it did and computes otherwise to ``on_untrue``, and the others go on (on every
-    process: rank 0's word holds); only when none serves them does the step stop."""
+    """The trainer's weights as policy version ``step`` to ``engines``, checked; ``sync/*``.
+    ``in_place``: the local engine decodes the trainer's own model and only learns the version;
+    ``whole``: an adapter's base too; ``check``: what each server computes. With ``on_lost``, a server
+    that does not take them is handed to it (out of rotation, to be revived), one that says it did and
+    computes otherwise to ``on_untrue``, and the others go on (on every process: rank 0's word holds);
+    only when none serves them does the step stop."""
     served = [e for e in engines if not e.local]
     # off the event loop (rollouts and tool calls of the next steps go on meanwhile), on this GPU
     gather = not in_place or served  # a server loads what rank 0 writes of them, always
@@ -265,10 +254,8 @@ async def publish(
     told = D.all_gather_objects((said, [e.name for e in engines if e.name not in lost]), world)
     if error is not None:
         raise error
-    if any(x for x, _ in told):
-        raise WeightSyncError(
-            f"another process could not publish the weights of version {step}: {next(x for x, _ in told if x)}"
-        )
+    if other := next((x for x, _ in told if x), None):
+        raise WeightSyncError(f"another process could not publish the weights of version {step}: {other}")
     if not served:
         return {}
     live = [e for e in served if e.name in told[0][1]]  # rank 0 loaded them: its word holds
