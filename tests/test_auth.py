@@ -229,6 +229,25 @@ def test_rstar2s_client_sends_the_key_from_the_environment(keyed_server, monkeyp
     assert len(asyncio.run(sample()).token_ids) == 3
 
 
+def test_a_key_given_to_the_client_is_sent(keyed_server, monkeypatch):
+    """``OpenAIEngine(url, api_key=...)``, for a caller in Python: the key given, not the environment's."""
+    from rstar2.engines.openai import OpenAIEngine
+
+    url, _ = keyed_server
+    monkeypatch.setenv(KEY_ENV, "wrong")
+
+    async def sample(key):
+        engine = OpenAIEngine(url, api_key=key, retries=0)
+        try:
+            return await engine.generate([5, 6, 7], SamplingParams(max_new_tokens=3))
+        finally:
+            await engine.close()
+
+    with pytest.raises(ServerError, match="401"):
+        asyncio.run(sample(None))
+    assert len(asyncio.run(sample(KEY)).token_ids) == 3
+
+
 def test_the_sandbox_service_refuses_a_caller_without_its_key(monkeypatch):
     from rstar2.sandbox.client import Client
 

@@ -111,6 +111,7 @@ class OpenAIEngine:
         retries: int = 3,
         reload_path: str = DEFAULT_ROLLOUT.engine.reload_path,
         weights_url: str | None = None,
+        api_key: str | None = None,  # default: $RSTAR2_API_KEY
     ) -> None:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.weights_url = weights_url  # the trainer's weight service, where the server fetches folders
@@ -121,7 +122,9 @@ class OpenAIEngine:
         self.capacity_source = "config" if capacity_tokens else "default"
         self.prefix_cache = True  # vLLM and SGLang reuse a prompt's cached prefix
         self.retries = retries
-        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, headers=client_headers())
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url, timeout=timeout_s, headers=client_headers(api_key)
+        )
         self.in_flight = 0
         # set by probe_capacity: "tokens" (rstar2 serve, vLLM), "stated" (SGLang's /get_weight_version)
         self.version_source: str | None = None
