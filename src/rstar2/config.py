@@ -145,7 +145,7 @@ class SchedulerSection(_Section):
     """Which engine serves each turn (``rollout/scheduler.py``)."""
 
     policy: Literal["kv", "least_requests", "static"] = "kv"
-    # kv: new tokens per admitted request (None: rollout/scheduler.py's GRANT_HELP)
+    # kv: new tokens per admitted request (None: rollout/scheduler.py's grant_budget)
     grant_tokens: int | None = Field(None, ge=1)
     retries: int = Field(2, ge=0)  # a turn whose engine failed is retried on another
     # RL: a failed engine is out until it holds the current weights again (loaded by the trainer,

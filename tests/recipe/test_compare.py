@@ -71,6 +71,8 @@ def test_an_arm_is_the_rl_stages_from_the_sft_checkpoint_with_the_variants_roc(s
         arm_tree(tree, checkpoint, "roc", 0, stages=["sft"])
     with pytest.raises(ValueError, match="unknown variants"):
         arms(source, ["roc", "ppo"], [0])
+    with pytest.raises(ValueError, match="unknown variant 'ppo'"):  # called from Python: never plain GRPO
+        arm_tree(tree, checkpoint, "ppo", 0)
     with pytest.raises(ValueError, match="not a recipe run folder"):
         source_run(source / "01-sft")
 

@@ -264,7 +264,8 @@ async def test_a_server_that_returns_no_log_probs_is_an_error_not_a_probability_
         choice = {"token_ids": [5, 6], "finish_reason": "stop", "logprobs": None}
         return httpx.Response(200, json={"choices": [choice]})
 
-    engine = OpenAIEngine("http://other:8000")
+    engine = OpenAIEngine("http://other:8000", name="other")  # a name for logs and faults
+    assert (engine.name, OpenAIEngine("http://other:8000/v1").name) == ("other", "http://other:8000")
     engine._client = httpx.AsyncClient(base_url=engine.base_url, transport=httpx.MockTransport(handler))
     with pytest.raises(Exception, match="no log-prob for each sampled token"):
         await engine.generate([1, 2], SamplingParams(max_new_tokens=2))

@@ -106,6 +106,7 @@ class OpenAIEngine:
         base_url: str,
         *,
         model: str | None = None,
+        name: str | None = None,  # in logs and faults (default: the URL)
         capacity_tokens: int | None = None,
         timeout_s: float = DEFAULT_ROLLOUT.engine.server_timeout_s,
         retries: int = 3,
@@ -117,7 +118,7 @@ class OpenAIEngine:
         self.weights_url = weights_url  # the trainer's weight service, where the server fetches folders
         self.reload_path = reload_path  # the route that loads a model folder (SGLang's; rstar2 serve's)
         self.model = model
-        self.name = self.base_url
+        self.name = name or self.base_url
         self.capacity_tokens = capacity_tokens or DEFAULT_CAPACITY_TOKENS
         self.capacity_source = "config" if capacity_tokens else "default"
         self.prefix_cache = True  # vLLM and SGLang reuse a prompt's cached prefix

@@ -138,6 +138,8 @@ def arm_tree(
 def apply_variant(stage: dict, variant: str, *, samples: int, keep: int) -> None:
     """Set ``variant``'s settings on the stage itself, so that none of its own undoes them;
     ``samples`` (2G) and ``keep`` (G): the stage's resolved settings."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}: choose from {', '.join(VARIANTS)}")
     roc = dict(stage.get("roc") or {})
     if variant == "roc" or variant in ASYNC:
         roc["enabled"] = True
