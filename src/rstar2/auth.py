@@ -22,6 +22,7 @@ from typing import Any
 
 KEY_ENV = "RSTAR2_API_KEY"
 WEIGHTS_FROM_ENV = "RSTAR2_WEIGHTS_FROM"  # rstar2 vllm: --weights-from for its worker extension
+FETCH_FROM_ENV = "RSTAR2_FETCH_FROM"  # rstar2 vllm: --fetch-from, for /mirror_weights inside vLLM
 OPEN_ROUTES_ENV = "RSTAR2_VLLM_OPEN_ROUTES"  # rstar2 vllm: --open-route, closed routes an operator opens
 OPEN_PATHS = frozenset({"/health"})
 # vLLM's routes a caller with the key may take: its APIs (/v1, /v2, /inference, ...), the other inference and

@@ -26,7 +26,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from .auth import KEY_ENV, WEIGHTS_FROM_ENV, FolderRefused, authorized, client_headers, exposed_warning, route
+from .auth import (
+    FETCH_FROM_ENV,
+    KEY_ENV,
+    WEIGHTS_FROM_ENV,
+    FolderRefused,
+    authorized,
+    client_headers,
+    exposed_warning,
+    route,
+)
 
 CHUNK = 8 << 20
 LOADED = (".safetensors", ".json", ".jinja", ".txt", ".model")  # what a load reads (not optimizer state)
@@ -79,7 +88,6 @@ try:
     BOOT = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 except OSError:
     BOOT = uuid.uuid4().hex  # no boot id: no file here is ever taken for a served one
-FETCH_FROM_ENV = "RSTAR2_FETCH_FROM"  # rstar2 vllm: --fetch-from, for /mirror_weights inside vLLM
 
 
 class WeightService(ThreadingHTTPServer):

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import rstar2
 
-from ..auth import KEY_ENV, OPEN_ROUTES_ENV, WEIGHTS_FROM_ENV
-from ..weight_transfer import FETCH_FROM_ENV
+from ..auth import FETCH_FROM_ENV, KEY_ENV, OPEN_ROUTES_ENV, WEIGHTS_FROM_ENV
 
 SRC = Path(rstar2.__file__).resolve().parents[1]  # the folder holding the rstar2 package
 EXTENSION = "rstar2.engines.vllm_worker.WorkerExtension"
